@@ -1,0 +1,1 @@
+"""toposerve launcher: probe the GPU topology, plan TP/PP/replicas, check the machine, serve."""

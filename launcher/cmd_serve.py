@@ -1,0 +1,184 @@
+"""`launcher serve`: the main job. Plans like `launcher plan`, then starts and supervises."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from launcher import supervise, tinymodel
+from launcher.errors import LauncherError, ModelError
+from launcher.launchspec import LaunchSpec, command_line, replica_specs
+from launcher.serve import Supervision, run
+
+# vLLM's CPU backend reserves --gpu-memory-utilization of *host* memory unless a KV-cache size is
+# given; on a shared machine that start-up check fails, so the CPU path sizes the cache itself.
+CPU_KV_CACHE_GIB = "1"
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="plan, start vLLM and the proxy, and keep them running",
+        description="Serve a model behind the toposerve proxy. Without --model, serves the "
+        "embedded tiny model (generated locally on first use) on the CPU engine.",
+    )
+    p.add_argument("--model", help="local model directory or Hugging Face id (in the local "
+                   "cache); default: the embedded tiny model")
+    p.add_argument("--served-model-name", help="name clients use (default: the model's)")
+    p.add_argument("--host", default="127.0.0.1", help="address the proxy binds (default "
+                   "127.0.0.1; anything else exposes the API to the network)")
+    p.add_argument("--port", type=int, default=8000, help="proxy port (default 8000)")
+    p.add_argument("--engine-port", type=int, help="first internal vLLM port (default: free)")
+    p.add_argument("--api-key", action="append", default=[], help="require this key (repeat "
+                   "for several); also TOPOSERVE_API_KEYS=k1,k2")
+    p.add_argument("--api-key-file", type=Path, help="file with one key per line (mode 600)")
+    p.add_argument("--plan", type=Path, help="use a plan saved by `launcher plan --json` or "
+                   "`launcher tune` instead of planning")
+    p.add_argument("--topology", help="plan for a saved topology (JSON) instead of NVML")
+    p.add_argument("--workload", choices=("interactive", "throughput"), default="interactive")
+    p.add_argument("--concurrency", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--tp", type=int, help="force the tensor-parallel size")
+    p.add_argument("--pp", type=int, help="force the pipeline-parallel (layer split) size")
+    p.add_argument("--dp", type=int, help="force the number of replicas")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let vLLM run code shipped with the model (off unless asked)")
+    p.add_argument("--ray-address", help="run on an existing Ray cluster (multi-node)")
+    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for vLLM")
+    p.add_argument("--restart-attempts", type=int, default=5)
+    p.add_argument("--grace", type=float, default=30.0, help="seconds to drain on shutdown")
+    p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
+    p.add_argument("extra", nargs=argparse.REMAINDER,
+                   help="after --: extra arguments passed to vllm serve as they are")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console(stderr=False, highlight=False)
+    supervise.check_port_free(args.host, args.port)
+    keys = collect_api_keys(args.api_key, args.api_key_file, os.environ)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
+        console.print(f"[bold red]WARNING:[/] binding to {args.host} without an API key: anyone "
+                      "who can reach this machine can use the model. Pass --api-key.")
+    spec = build_spec(args, keys)
+    for line in spec.summary:
+        console.print(line)
+    if args.dry_run:
+        return 0
+    log_dir = args.log_dir or tinymodel.default_cache_dir(os.environ) / "logs"
+    sup = Supervision(ready_timeout_s=args.ready_timeout, restart_attempts=args.restart_attempts,
+                      grace_s=args.grace, log_dir=log_dir)
+    return run(spec, sup, console)
+
+
+def collect_api_keys(flags: Sequence[str], path: Path | None,
+                     env: Mapping[str, str]) -> tuple[str, ...]:
+    keys = [k for k in flags if k]
+    keys += [k.strip() for k in env.get("TOPOSERVE_API_KEYS", "").split(",") if k.strip()]
+    if path is not None:
+        keys += read_key_file(path)
+    return tuple(dict.fromkeys(keys))
+
+
+def read_key_file(path: Path) -> list[str]:
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text()
+    except OSError as exc:
+        raise LauncherError(f"cannot read the API key file {path}: {exc.strerror}") from exc
+    if mode & 0o077:
+        raise LauncherError(f"the API key file {path} is readable by other users: "
+                            f"run `chmod 600 {path}`")
+    return [line.strip() for line in text.splitlines() if line.strip()
+            and not line.lstrip().startswith("#")]
+
+
+def resolve_model(ref: str | None) -> tuple[str, str]:
+    """(model reference for vLLM, served name). None means the embedded tiny model."""
+    if ref is None:
+        return str(tinymodel.ensure_tiny_model()), tinymodel.SERVED_NAME
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} has no config.json: pass the directory that holds the "
+                             "model's config.json and weights")
+        return str(path.resolve()), path.resolve().name
+    if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
+        raise ModelError(f"model path {ref} does not exist: check the path, or pass a Hugging "
+                         "Face id such as meta-llama/Llama-3.3-70B-Instruct")
+    return ref, ref
+
+
+def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
+    # Imported here so that `launcher serve --help` stays fast and NVML is touched only when used.
+    from launcher.modelspec import load_model_spec
+    from launcher.plan import Policy, plan, plan_from_json
+    from launcher.render import render
+    from launcher.topology import load_topology
+
+    model_ref, default_name = resolve_model(args.model)
+    served = args.served_model_name or default_name
+    model = load_model_spec(model_ref)
+    if args.plan is not None:
+        chosen = plan_from_json(json.loads(args.plan.read_text()))
+    else:
+        policy = Policy(
+            workload=args.workload, concurrency=args.concurrency,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            force_tp=args.tp, force_pp=args.pp, force_dp=args.dp,
+        )
+        chosen = plan(load_topology(args.topology, os.environ), model, policy)
+    engine_port = args.engine_port or supervise.free_port(args.host)
+    extra = [a for a in (args.extra or []) if a != "--"]
+    if args.trust_remote_code:
+        extra.append("--trust-remote-code")
+    rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1",
+                      port=engine_port, extra_args=extra)
+    env = dict(rendered.env)
+    argv = list(rendered.argv)
+    if chosen.engine == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    if args.ray_address:
+        env["RAY_ADDRESS"] = args.ray_address
+        if "--distributed-executor-backend" not in argv:
+            argv += ["--distributed-executor-backend", "ray"]
+    replicas = replica_specs(argv, env, chosen.dp, "127.0.0.1", engine_port)
+    return LaunchSpec(
+        model_ref=model_ref, served_name=served, host=args.host, port=args.port,
+        api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
+        summary=summary_lines(chosen, replicas, model_ref),
+    )
+
+
+def plan_labels(chosen: Any, served: str) -> dict[str, str]:
+    return {
+        "mode": str(chosen.mode), "tp": str(chosen.tp), "pp": str(chosen.pp),
+        "dp": str(chosen.dp), "engine": str(chosen.engine),
+        "transport": str(getattr(chosen, "transport", "none")), "model": served,
+        "gpus": ",".join(str(g) for g in chosen.gpus) or "cpu",
+    }
+
+
+def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str) -> tuple[str, ...]:
+    lines = [f"[bold]Plan:[/] {chosen.mode} (tp={chosen.tp} pp={chosen.pp} dp={chosen.dp}, "
+             f"engine {chosen.engine}) for {model_ref}"]
+    lines += [f"  • {reason}" for reason in chosen.reasons]
+    pred = getattr(chosen, "predicted", None)
+    if pred is not None and chosen.engine != "cpu":
+        lines.append(f"  predicted: prefill {pred.prefill_tok_s:,.0f} tok/s, decode "
+                     f"{pred.decode_tok_s:,.1f} tok/s single stream, throughput "
+                     f"{pred.throughput_tok_s:,.0f} tok/s")
+    for r in replicas:
+        shown = {k: v for k, v in r.env.items() if k != "PATH"}
+        lines.append(f"  engine: {command_line(r.argv, shown)}")
+    return tuple(lines)
+

@@ -1,0 +1,185 @@
+"""Child processes of `launcher serve`: started in their own process group, watched, stopped.
+
+Every child (vLLM and its workers, the proxy) gets its own session, so one signal to the group
+reaches the whole tree, including the engine-core and worker processes vLLM forks. On Linux the
+children are also told to die with the launcher (PR_SET_PDEATHSIG), so even a SIGKILL of the
+launcher leaves no vLLM holding GPU memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import PortInUseError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec; failures must not stop the exec.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                env=dict(self.env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left."""
+        if self.proc is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_alive(self.proc.pid):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.1)
+            if self.proc.poll() is not None and not group_alive(self.proc.pid):
+                break
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        wait_group_gone(self.proc.pid, 5.0)
+
+    def log_tail(self, max_bytes: int = 200_000) -> str:
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - max_bytes))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A group whose only members are zombies still answers signal 0; look for live members.
+    return any(_pgid_of(pid) == pgid and not _is_zombie(pid) for pid in _all_pids())
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.05)
+    return not group_alive(pgid)
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may contain spaces; fields after it are fixed.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _pgid_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
+
+
+def _is_zombie(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail early, with the fix, when the port the user asked for is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(
+                f"port {port} on {host} is already in use ({exc.strerror}): stop the program "
+                f"using it (`ss -ltnp 'sport = :{port}'` shows which) or pass --port with another"
+            ) from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return 200 <= int(resp.status) < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    *,
+    interval_s: float = 0.5,
+    abort: Callable[[], bool] = lambda: False,
+    tick: Callable[[], None] = lambda: None,
+) -> bool:
+    """Poll ``predicate`` until true; False on timeout or when ``abort`` says to stop waiting."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if abort():
+            return False
+        tick()
+        time.sleep(interval_s)
+    return predicate()

@@ -1,0 +1,106 @@
+"""Session fixtures: the real stack (vLLM CPU engine + proxy) started once, through the launcher.
+
+`stack` runs `launcher serve` exactly as a user does (embedded tiny model, free ports), waits until
+the proxy reports ready, and at the end sends SIGTERM and checks that nothing is left running.
+Setting TOPOSERVE_TEST_VLLM_URL reuses an engine that is already up (for development: starting
+vLLM costs over a minute on two cores) and starts only the proxy in front of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+STACK_START_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Stack:
+    vllm_url: str
+    proxy_url: str
+    model: str
+    model_path: str
+    launcher_pid: int | None
+    log_path: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return 200 <= int(resp.status) < 300
+    except OSError:
+        return False
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if http_ok(url):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"stack exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        time.sleep(1.0)
+    raise RuntimeError(f"stack not ready after {timeout_s:.0f}s:\n{log.read_text()[-4000:]}")
+
+
+def _served_model(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
+        return str(json.load(resp)["data"][0]["id"])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> str:
+    from launcher.tinymodel import ensure_tiny_model
+
+    return str(ensure_tiny_model())
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("stack")
+    proxy_port = free_port()
+    reuse = os.environ.get("TOPOSERVE_TEST_VLLM_URL")
+    if reuse:
+        argv = [sys.executable, "-m", "server", "--upstream", reuse, "--port", str(proxy_port)]
+        vllm_url = reuse.rstrip("/")
+    else:
+        engine_port = free_port()
+        argv = [sys.executable, "-m", "launcher", "serve", "--port", str(proxy_port),
+                "--engine-port", str(engine_port), "--log-dir", str(logs), "--grace", "10"]
+        vllm_url = f"http://127.0.0.1:{engine_port}"
+    log = logs / "launcher.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    try:
+        _wait_ready(f"{proxy_url}/ready", proc, log, STACK_START_TIMEOUT_S)
+        yield Stack(vllm_url, proxy_url, _served_model(vllm_url), tiny_model_path,
+                    None if reuse else proc.pid, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
