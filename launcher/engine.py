@@ -8,8 +8,9 @@ interpreter; that module takes the same flags as ``vllm serve``.
 from __future__ import annotations
 
 import importlib.metadata as md
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import EngineError
@@ -58,8 +59,18 @@ def detect_engine() -> EngineInfo:
     )
 
 
-def engine_argv(rendered: Sequence[str], python: str = sys.executable) -> list[str]:
-    """Turn ``vllm serve MODEL ...`` into the module invocation that works for every build."""
+ENGINE_CMD_VAR = "TOPOSERVE_ENGINE_CMD"
+
+
+def engine_prefix(env: Mapping[str, str], python: str = sys.executable) -> list[str]:
+    """The command that stands for ``vllm serve``. TOPOSERVE_ENGINE_CMD replaces it, e.g. to run
+    vLLM under numactl or a wrapper script (and, in tests, a stand-in engine)."""
+    custom = env.get(ENGINE_CMD_VAR, "").strip()
+    return shlex.split(custom) if custom else [python, "-m", API_SERVER_MODULE]
+
+
+def engine_argv(rendered: Sequence[str], prefix: Sequence[str]) -> list[str]:
+    """Turn ``vllm serve MODEL ...`` into ``PREFIX --model MODEL ...``."""
     if len(rendered) < 3 or tuple(rendered[:2]) != ("vllm", "serve"):
         raise ValueError(f"expected a 'vllm serve MODEL ...' command, got {list(rendered)[:3]}")
-    return [python, "-m", API_SERVER_MODULE, "--model", rendered[2], *rendered[3:]]
+    return [*prefix, "--model", rendered[2], *rendered[3:]]

@@ -24,7 +24,7 @@ from types import FrameType
 from rich.console import Console
 
 from launcher import failures, progress, supervise
-from launcher.engine import detect_engine, engine_argv
+from launcher.engine import ENGINE_CMD_VAR, detect_engine, engine_argv, engine_prefix
 from launcher.errors import EngineError
 from launcher.failures import Diagnosis
 from launcher.launchspec import LaunchSpec, ReplicaSpec
@@ -85,7 +85,7 @@ class Runner:
     def _engine_child(self, replica: ReplicaSpec, extra_env: Mapping[str, str],
                       extra_args: Sequence[str]) -> supervise.Child:
         env = {**os.environ, **replica.env, **extra_env}
-        argv = [*engine_argv(replica.argv), *extra_args]
+        argv = [*engine_argv(replica.argv, engine_prefix(os.environ)), *extra_args]
         log = self.sup.log_dir / f"vllm-{replica.port}.log"
         return supervise.Child(f"vllm:{replica.port}", argv, env, log)
 
@@ -107,7 +107,8 @@ class Runner:
     # -- start-up ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        detect_engine()
+        if ENGINE_CMD_VAR not in os.environ:
+            detect_engine()
         self.engines = [self._engine_child(r, {}, ()) for r in self.spec.replicas]
         self.guard.children = self._all_children()
         for child in self.engines:

@@ -1,0 +1,121 @@
+"""The pure parts of `launcher serve`: failure diagnosis, progress, replica layout, keys."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from launcher import failures, progress
+from launcher.cmd_serve import collect_api_keys, read_key_file, resolve_model
+from launcher.engine import engine_argv, engine_prefix, parse_version
+from launcher.errors import LauncherError, ModelError
+from launcher.launchspec import command_line, replica_specs
+from tests.serve.standin_engine import SYMM_MEM_CRASH
+
+
+def test_symmetric_memory_crash_is_recognised_with_its_fallback() -> None:
+    diag = failures.diagnose("INFO loading\n" + SYMM_MEM_CRASH)
+    assert diag is not None and diag.name == "symm-mem-allreduce"
+    assert diag.fallback_env == {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+    assert "--compilation-config" in diag.fallback_args
+    assert diag.retryable
+
+
+@pytest.mark.parametrize(
+    ("log", "name"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB", "out-of-memory"),
+        ("ValueError: The model's max seq len (131072) is larger than the maximum number of "
+         "tokens that can be stored in KV cache (40000).", "kv-cache-too-small"),
+        ("OSError: [Errno 98] Address already in use", "port-in-use"),
+        ("NCCL WARN Cuda failure 'peer access is not supported'\nunhandled cuda error", "nccl-p2p"),
+    ],
+)
+def test_known_start_failures_are_named(log: str, name: str) -> None:
+    diag = failures.diagnose(log)
+    assert diag is not None and diag.name == name
+
+
+def test_an_illegal_access_outside_symmetric_memory_is_not_mistaken_for_it() -> None:
+    assert failures.diagnose("CUDA error: an illegal memory access was encountered") is None
+
+
+def test_last_error_line_skips_traceback_frames() -> None:
+    log = 'Traceback\n  File "x.py", line 3, in f\nValueError: bad model\nINFO shutting down\n'
+    assert failures.last_error_line(log) == "ValueError: bad model"
+
+
+@pytest.mark.parametrize(
+    ("log", "phase"),
+    [
+        ("", "starting"),
+        ("INFO Starting to load model /m\n", "loading weights"),
+        ("Loading weights took 3s\nCompiling a graph for dynamic shape\n",
+         "compiling (torch.compile)"),
+        ("Compiling a graph\nGPU KV cache size: 100 tokens\nCapturing CUDA graphs (decode)\n",
+         "capturing graphs"),
+        ("Capturing CUDA graph\nINFO:     Application startup complete.\n",
+         "starting API server"),
+    ],
+)
+def test_progress_phase_is_the_latest_mentioned(log: str, phase: str) -> None:
+    assert progress.current_phase(log) == phase
+
+
+def test_replicas_get_their_own_gpus_and_ports() -> None:
+    argv = ("vllm", "serve", "m", "--tensor-parallel-size", "2", "--port", "9", "--host", "h")
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    reps = replica_specs(argv, env, 2, "127.0.0.1", 7000)
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in reps] == ["0,1", "2,3"]
+    assert [r.port for r in reps] == [7000, 7001]
+    for r in reps:
+        assert r.argv.count("--port") == 1 and r.argv[-1] == str(r.port)
+        assert "h" not in r.argv and r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_single_cpu_replica_keeps_its_command() -> None:
+    (rep,) = replica_specs(("vllm", "serve", "m", "--port=5"), {}, 1, "127.0.0.1", 6000)
+    assert rep.argv == ("vllm", "serve", "m", "--host", "127.0.0.1", "--port", "6000")
+    assert rep.url == "http://127.0.0.1:6000"
+    assert command_line(rep.argv, {"A": "x y"}) == "A='x y' vllm serve m --host 127.0.0.1 " \
+        "--port 6000"
+
+
+def test_engine_is_started_as_the_api_server_module_or_the_configured_command() -> None:
+    prefix = engine_prefix({}, python="/py")
+    assert engine_argv(("vllm", "serve", "M", "--x"), prefix) == [
+        "/py", "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "--x"]
+    assert engine_prefix({"TOPOSERVE_ENGINE_CMD": "numactl -N 0 vllmw"}) == [
+        "numactl", "-N", "0", "vllmw"]
+    with pytest.raises(ValueError, match="vllm serve"):
+        engine_argv(("python", "x"), prefix)
+
+
+def test_version_parsing_tolerates_local_build_tags() -> None:
+    assert parse_version("0.32.0+cpu") == (0, 32)
+    assert parse_version("garbage") == (0, 0)
+
+
+def test_api_keys_come_from_flags_env_and_a_private_file(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text("# team keys\nk3\n\nk1\n")
+    key_file.chmod(0o600)
+    keys = collect_api_keys(["k1", "k2"], key_file, {"TOPOSERVE_API_KEYS": "k4, k2"})
+    assert keys == ("k1", "k2", "k4", "k3")
+
+
+def test_a_key_file_readable_by_others_is_refused_with_the_fix(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text("k\n")
+    os.chmod(key_file, 0o644)
+    with pytest.raises(LauncherError, match="chmod 600"):
+        read_key_file(key_file)
+
+
+def test_a_missing_model_path_says_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelError, match="config.json"):
+        resolve_model(str(tmp_path))
