@@ -1,0 +1,228 @@
+"""Cost model: predicted prefill, decode and aggregate tok/s of one candidate layout. Pure.
+
+Roofline per forward pass, then the communication the layout adds (docs/planner.md derives it):
+
+- compute: 2 FLOPs per active parameter per token (+ causal attention), at an achieved fraction
+  of the slowest card's dense BF16 rate; a tensor-parallel group divides it by ``tp``.
+- memory: every step streams the weights (and the sequences' KV cache) at an achieved fraction
+  of the slowest card's memory bandwidth. A step costs the larger of compute and memory.
+- tensor parallel: two all-reduces per layer of ``tokens × hidden`` activations, each costing
+  ``latency + 2(n-1)/n · bytes / link`` on the slowest link of the group (NVLink, P2P over PCIe
+  at the negotiated width, or NCCL's SHM bounce through host memory).
+- pipeline parallel: stages run one after another for a single sequence (a hop of
+  ``tokens × hidden`` between them); with many sequences ``pp`` micro-batches keep every stage busy.
+- data-parallel replicas split the streams between them and add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher import hardware
+from launcher.modelspec import ModelSpec
+from launcher.topology import Gpu, Pair, Topology, pair_link
+
+# Achieved fractions of datasheet peaks. vLLM decode kernels stream weights at ~75-85% of peak
+# bandwidth on large GEMVs; prefill GEMMs of a few hundred tokens reach ~50% of the dense tensor
+# rate (vLLM's own benchmarks on A100/H100 land at 45-60% MFU for 70B prefill).
+MEM_EFFICIENCY = 0.8
+MFU_PREFILL = 0.5
+MFU_DECODE = 0.35  # batched decode GEMMs are skinny: lower utilisation than prefill
+STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with CUDA graphs
+ACT_BYTES = 2  # bf16/fp16 activations on the wire
+
+# CPU engine (no GPU): vLLM's CPU backend. Assumed desktop/server DRAM rate and AVX2/AVX-512
+# FP32 rate; only used to order CPU candidates, never to promise a figure.
+CPU_MEM_GBS = 20.0
+CPU_GFLOPS_PER_CORE = 50.0
+
+
+@dataclass(frozen=True)
+class Link:
+    transport: str  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net' | 'none'
+    gbs: float  # achieved one-direction bandwidth, GB/s
+    latency_s: float
+
+
+NO_LINK = Link("none", float("inf"), 0.0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    prefill_tok_s: float  # one prompt of ``prompt_tokens``
+    decode_tok_s: float  # one stream
+    throughput_tok_s: float  # generated tokens/s over all streams at the given concurrency
+    ttft_s: float
+    e2e_s: float  # one request: prompt_tokens in, gen_tokens out
+    batch: int  # streams per replica the KV cache holds at once (≤ concurrency share)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the cost model needs of a candidate: one replica's GPUs per stage, and the links."""
+
+    tp: int
+    pp: int
+    dp: int
+    stages: tuple[tuple[Gpu, ...], ...]  # one replica: pp stages of tp GPUs each
+    tp_link: Link
+    pp_link: Link  # the slowest hop between consecutive stages
+    kv_budget_bytes: float  # KV-cache memory of one replica, all its GPUs together
+
+
+# --------------------------------------------------------------------------------------- links
+
+
+def pcie_gbs(g: Gpu) -> float:
+    """Achieved PCIe rate of a card: the generation it can reach (idle cards drop to Gen1, so
+    the current generation misleads) at the width it negotiated (x8/x4 slots show there)."""
+    gen = g.pcie_gen_max or g.pcie_gen_cur or 3
+    width = g.pcie_width_cur or g.pcie_width_max or 16
+    return hardware.PCIE_LANE_GBS.get(gen, 0.985) * width * hardware.PCIE_EFFICIENCY
+
+
+def link_between(topo: Topology, a: Gpu, b: Gpu) -> Link:
+    """Assumed (or, after `probe --measure`, measured) link between two GPUs of one machine."""
+    pair: Pair = topo.pair(a.index, b.index)
+    transport = pair_link(pair)
+    m = pair.measured
+    if transport == "nvlink":
+        per = hardware.gpu_model(a.name, a.cc).nvlink_gbs_per_link or 14.0625
+        gbs = max(pair.nvlinks, 1) * per * hardware.NVLINK_EFFICIENCY
+    elif transport == "p2p-pcie":
+        gbs = min(pcie_gbs(a), pcie_gbs(b))
+        if pair.common_ancestor in ("NODE", "SYS"):
+            gbs *= 0.5  # peer traffic crossing the CPU or the socket interconnect
+    else:
+        gbs = min(pcie_gbs(a), pcie_gbs(b)) * hardware.SHM_EFFICIENCY
+    if m is not None and m.bandwidth_gbs:
+        gbs = m.bandwidth_gbs if transport != "shm" else m.bandwidth_gbs * hardware.SHM_EFFICIENCY
+    latency = hardware.ALLREDUCE_LATENCY_S.get(transport, 12e-6)
+    if m is not None and m.latency_us:
+        latency = max(latency, m.latency_us * 1e-6)
+    return Link(transport, gbs, latency)
+
+
+def worst_link(links: Sequence[Link]) -> Link:
+    return min(links, key=lambda k: (k.gbs, -k.latency_s)) if links else NO_LINK
+
+
+def group_link(topo: Topology, gpus: Sequence[Gpu]) -> Link:
+    """A ring all-reduce goes as fast as its slowest pair."""
+    return worst_link([link_between(topo, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]])
+
+
+# ------------------------------------------------------------------------------ rates of a card
+
+
+def _mem_bytes_s(gpus: Sequence[Gpu]) -> float:
+    return min(hardware.gpu_model(g.name, g.cc).mem_bw_gbs for g in gpus) * 1e9 * MEM_EFFICIENCY
+
+
+def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
+    return min(hardware.gpu_model(g.name, g.cc).bf16_tflops for g in gpus) * 1e12 * mfu
+
+
+def embedding_bytes(m: ModelSpec) -> int:
+    return m.vocab_size * m.hidden_size * 2
+
+
+def streamed_weight_bytes(m: ModelSpec) -> float:
+    """Bytes a decode step reads: all weights except the input embedding table (one row is read);
+    for mixture-of-experts only the experts the batch routes to (bounded here by the active set)."""
+    untied_embed = embedding_bytes(m) if m.weight_bytes > 2 * embedding_bytes(m) else 0
+    dense = m.weight_bytes - untied_embed
+    return dense * (m.active_params / m.params) if m.num_experts else dense
+
+
+# --------------------------------------------------------------------------------- step times
+
+
+def _allreduce_s(link: Link, n: int, nbytes: float) -> float:
+    if n <= 1:
+        return 0.0
+    return link.latency_s + 2 * (n - 1) / n * nbytes / (link.gbs * 1e9)
+
+
+def _hop_s(link: Link, nbytes: float) -> float:
+    return link.latency_s + nbytes / (link.gbs * 1e9)
+
+
+def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
+    # QK^T and PV: 2 matmuls × 2 FLOPs × heads·head_dim per (query, key) pair
+    return 4.0 * m.num_layers * m.num_heads * m.head_dim * new_tokens * context
+
+
+def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
+    """Time to prefill one prompt of ``tokens`` through one replica (no other load)."""
+    gpus = [g for stage in lay.stages for g in stage]
+    flops = 2.0 * m.active_params * tokens + _attention_flops(m, tokens, tokens) / 2  # causal
+    compute = flops / (lay.tp * _flops_s(gpus, MFU_PREFILL))
+    memory = streamed_weight_bytes(m) / (lay.tp * _mem_bytes_s(gpus))
+    act = tokens * m.hidden_size * ACT_BYTES
+    comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
+    hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
+    return max(compute, memory) + comm + hops + STEP_OVERHEAD_S
+
+
+def _kv_shards(m: ModelSpec, tp: int) -> int:
+    # Past tp = kv_heads, vLLM replicates KV heads: the cache stops shrinking per GPU.
+    return min(tp, m.num_kv_heads)
+
+
+def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
+    """One decode step that advances ``batch`` sequences of ``context`` tokens by one token."""
+    gpus = [g for stage in lay.stages for g in stage]
+    micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
+    w_stage = streamed_weight_bytes(m) / (lay.tp * lay.pp)
+    kv_stage = micro * m.kv_bytes(context) / (_kv_shards(m, lay.tp) * lay.pp)
+    memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
+    flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) / (lay.tp * lay.pp)
+    compute = flops / _flops_s(gpus, MFU_DECODE)
+    act = micro * m.hidden_size * ACT_BYTES
+    comm = 2 * m.num_layers / lay.pp * _allreduce_s(lay.tp_link, lay.tp, act)
+    stage = max(memory, compute) + comm + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
+    # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
+    # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
+    return lay.pp * stage + STEP_OVERHEAD_S
+
+
+def predict(
+    m: ModelSpec, lay: Layout, *, prompt: int, gen: int, concurrency: int, max_num_seqs: int = 256
+) -> Prediction:
+    """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen)."""
+    ttft = prefill_s(m, lay, prompt)
+    ctx_mid = prompt + gen // 2
+    tpot = decode_step_s(m, lay, 1, ctx_mid)
+    per_replica = max(1, -(-concurrency // lay.dp))
+    fits = max(1, int(lay.kv_budget_bytes // m.kv_bytes(prompt + gen)))
+    batch = min(per_replica, fits, max_num_seqs)
+    # While ``batch`` requests run to completion the replica does their prefills and gen steps.
+    cycle = batch * (prefill_s(m, lay, prompt) - STEP_OVERHEAD_S) + gen * decode_step_s(
+        m, lay, batch, ctx_mid
+    )
+    throughput = lay.dp * batch * gen / cycle
+    return Prediction(
+        prefill_tok_s=prompt / ttft,
+        decode_tok_s=1.0 / tpot,
+        throughput_tok_s=throughput,
+        ttft_s=ttft,
+        e2e_s=ttft + (gen - 1) * tpot,
+        batch=batch,
+    )
+
+
+def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int) -> Prediction:
+    """The CPU engine, one replica: the same roofline with DRAM and AVX rates."""
+    flops_s = max(1, cores) * CPU_GFLOPS_PER_CORE * 1e9
+    mem_s = CPU_MEM_GBS * 1e9
+    weights = streamed_weight_bytes(m)
+    ttft = max(2.0 * m.active_params * prompt / flops_s, weights / mem_s)
+    tpot = max(weights / mem_s, 2.0 * m.active_params / flops_s)
+    batch = max(1, concurrency)
+    step = max(weights / mem_s, batch * 2.0 * m.active_params / flops_s)
+    cycle = batch * ttft + gen * step
+    return Prediction(
+        prompt / ttft, 1 / tpot, batch * gen / cycle, ttft, ttft + (gen - 1) * tpot, batch
+    )

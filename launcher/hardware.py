@@ -1,0 +1,118 @@
+"""Per-GPU-model and per-link figures the cost model uses: the ONE table, with sources.
+
+Datasheet peaks, not achieved rates: :mod:`launcher.costmodel` applies efficiency factors.
+``bf16_tflops`` is dense (no sparsity) BF16 tensor throughput with FP32 accumulate, which is what
+an inference GEMM uses; GeForce cards run that at half their FP16-accumulate rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    key: str  # substring matched against the NVML name, case-insensitive
+    mem_bw_gbs: float  # HBM/GDDR bandwidth, GB/s (1e9 bytes/s)
+    bf16_tflops: float  # dense BF16 tensor, FP32 accumulate
+    nvlink_gbs_per_link: float = 0.0  # one direction, per link
+    geforce: bool = False  # consumer card: P2P blocked by the stock driver, no NVSwitch
+
+
+# Longest key first wins ("H100 PCIe" before "H100").
+GPU_TABLE: tuple[GpuModel, ...] = (
+    # NVIDIA H200 datasheet: 4.8 TB/s HBM3e, 989 TFLOPS BF16 dense (1,979 with sparsity),
+    # NVLink 4: 900 GB/s bidirectional over 18 links → 25 GB/s per link per direction.
+    GpuModel("H200", 4800, 989, 25.0),
+    # NVIDIA H100 datasheet: SXM 3.35 TB/s, 989 TFLOPS; PCIe 2.0 TB/s, 756 TFLOPS; NVLink 4 as H200.
+    GpuModel("H100 PCIe", 2000, 756, 25.0),
+    GpuModel("H100 NVL", 3900, 835, 25.0),
+    GpuModel("H100", 3350, 989, 25.0),
+    # NVIDIA A100 datasheet: 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s, 312 TFLOPS BF16 dense;
+    # NVLink 3: 600 GB/s bidirectional over 12 links → 25 GB/s per link per direction.
+    GpuModel("A100-SXM4-80GB", 2039, 312, 25.0),
+    GpuModel("A100 80GB PCIe", 1935, 312, 25.0),
+    GpuModel("A100", 1555, 312, 25.0),
+    # NVIDIA L40S datasheet: 864 GB/s, 362 TFLOPS BF16 dense. L4: 300 GB/s, 121 TFLOPS.
+    GpuModel("L40S", 864, 362),
+    GpuModel("L40", 864, 181),
+    GpuModel("L4", 300, 121),
+    # NVIDIA A10 datasheet: 600 GB/s, 125 TFLOPS BF16 dense. A40: 696 GB/s, 150 TFLOPS, NVLink 3
+    # bridge 112.5 GB/s bidirectional over 4 links.
+    GpuModel("A10", 600, 125),
+    GpuModel("A40", 696, 150, 14.0625),
+    # NVIDIA RTX A6000 datasheet: 768 GB/s, 309.7 TFLOPS tensor (sparse) → 154.8 dense; NVLink
+    # bridge 112.5 GB/s bidirectional. RTX 6000 Ada: 960 GB/s, 364 TFLOPS dense (728 sparse).
+    GpuModel("RTX 6000 Ada", 960, 364),
+    GpuModel("RTX A6000", 768, 155, 14.0625),
+    # NVIDIA RTX PRO 6000 Blackwell datasheet: 1,792 GB/s; BF16 dense ~500 TFLOPS (1 PF FP4
+    # sparse / 4 for FP16 dense as NVIDIA quotes it).
+    GpuModel("RTX PRO 6000", 1792, 500),
+    # GeForce (NVIDIA Ampere GA102 whitepaper, Ada AD102 whitepaper, Blackwell GB202 whitepaper):
+    # RTX 3090: 936 GB/s, 71 TFLOPS FP16/BF16 tensor with FP32 accumulate (142 with FP16 acc.);
+    # NVLink 3 bridge: 4 links, 112.5 GB/s bidirectional → 14.06 GB/s per link per direction.
+    GpuModel("RTX 3090 Ti", 1008, 80, 14.0625, geforce=True),
+    GpuModel("RTX 3090", 936, 71, 14.0625, geforce=True),
+    GpuModel("RTX 3080", 760, 59.5, geforce=True),
+    # RTX 4090: 1,008 GB/s, 165.2 TFLOPS FP16/BF16 with FP32 accumulate; no NVLink.
+    GpuModel("RTX 4090", 1008, 165.2, geforce=True),
+    GpuModel("RTX 4080", 717, 97.5, geforce=True),
+    # RTX 5090: 1,792 GB/s, 209.5 TFLOPS FP16/BF16 with FP32 accumulate; no NVLink.
+    GpuModel("RTX 5090", 1792, 209.5, geforce=True),
+    # Tesla T4 datasheet: 320 GB/s, 65 TFLOPS FP16 (no BF16; vLLM runs it in FP16).
+    GpuModel("T4", 320, 65),
+)
+
+# Unknown names fall back by compute capability: conservative figures of that generation's
+# smallest data-centre card, so an unknown GPU is never predicted faster than it can be.
+FALLBACK_BY_CC: dict[tuple[int, int], GpuModel] = {
+    (7, 5): GpuModel("sm75", 320, 65),
+    (8, 0): GpuModel("sm80", 1555, 312, 25.0),
+    (8, 6): GpuModel("sm86", 600, 71),
+    (8, 9): GpuModel("sm89", 300, 121),
+    (9, 0): GpuModel("sm90", 2000, 756, 25.0),
+    (10, 0): GpuModel("sm100", 4000, 1000, 50.0),
+    (12, 0): GpuModel("sm120", 1000, 200),
+}
+GENERIC = GpuModel("unknown", 300, 30)
+
+
+def gpu_model(name: str, cc: tuple[int, int] | None = None) -> GpuModel:
+    """The table row for an NVML name; else the compute-capability fallback; else GENERIC."""
+    low = name.lower()
+    for row in sorted(GPU_TABLE, key=lambda r: -len(r.key)):
+        if row.key.lower() in low:
+            return row
+    if cc is not None:
+        exact = FALLBACK_BY_CC.get(cc)
+        if exact is not None:
+            return exact
+        older = [k for k in FALLBACK_BY_CC if k <= cc]
+        if older:
+            return FALLBACK_BY_CC[max(older)]
+    return GENERIC
+
+
+# PCIe per-lane payload rate per direction after line encoding (PCI-SIG base specs):
+# Gen1 2.5 GT/s 8b/10b → 0.25 GB/s; Gen2 0.5; Gen3 8 GT/s 128b/130b → 0.985; Gen4 1.969;
+# Gen5 3.938; Gen6 7.563 (PAM4, FLIT).
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+# What a peer copy achieves of the raw figure (TLP headers, flow control): p2pBandwidthLatencyTest
+# on Gen4 x16 reports ~25 GB/s of 31.5 → 0.8. NVLink peer copies reach ~0.9 of the link rate.
+PCIE_EFFICIENCY = 0.8
+NVLINK_EFFICIENCY = 0.9
+
+# Small-message all-reduce latency per collective, seconds, by transport. NCCL's own tuning
+# tables (src/graph/tuning.cc: hwLat NVLink ~0.6 us, PCI ~1 us per step, plus ~4-6 us base for
+# LL protocol) and vLLM's custom all-reduce (~5 us on 2 GPUs over P2P) put the P2P paths near
+# 6-8 us; through host shared memory NCCL needs an extra copy and a flag poll in host memory.
+ALLREDUCE_LATENCY_S = {"nvlink": 6e-6, "p2p-pcie": 8e-6, "shm": 12e-6, "net": 30e-6, "none": 0.0}
+
+# NCCL's SHM transport copies GPU → pinned host buffer → GPU in 4-8 slices with a host-side
+# handshake per slice; the field figure that two RTX 3090 at x8/x8 lose ~30% of TP prompt
+# speed to it (NVLink vs SHM) gives its effective rate as ~1/3 of one link's PCIe rate.
+SHM_EFFICIENCY = 0.33
+
+# Inter-node default: 100 Gb/s Ethernet/RoCE, ~80% achieved by NCCL's NET transport.
+DEFAULT_INTERNODE_GBS = 100 / 8 * 0.8

@@ -1,0 +1,313 @@
+"""Model sizing from ``config.json``: parameters, weight bytes, KV-cache bytes per token.
+
+Reads a local directory (or a config.json path) or a Hugging Face hub cache entry, never the
+network. Multimodal configs that nest the language model under ``text_config`` (Gemma 3,
+Mistral 3) are read from there; a vision tower's parameters are added to the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ModelError
+
+GIB = 1024**3
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2, "fp8": 1}
+# float32 checkpoints are served in 16 bits by vLLM's dtype=auto, so they cost 2 bytes too.
+
+# model_type → family, which picks the tool-call parser and chat defaults.
+_FAMILIES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "mistral3": "mistral",
+    "mixtral": "mistral",
+    "qwen2": "qwen2",
+    "qwen2_moe": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "phi3": "phi",
+    "deepseek_v3": "deepseek",
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    architecture: str
+    family: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    params: int  # every weight, vision tower included
+    active_params: int  # weights one token passes through (differs for mixture-of-experts)
+    weight_bytes: int
+    dtype: str  # activation / KV dtype vLLM will use
+    quantization: str | None  # 'awq' | 'gptq' | 'fp8' | 'bitsandbytes' | ... | None
+    weight_bits: float  # bits per parameter of the quantized linear layers (16 if none)
+    sliding_window: int | None = None
+    sliding_layers: int = 0  # layers that attend only over ``sliding_window`` tokens
+    num_experts: int = 0
+    path: str | None = None
+
+    @property
+    def full_layers(self) -> int:
+        return self.num_layers - self.sliding_layers
+
+    def kv_bytes_per_layer_token(self, kv_dtype_bytes: int = 2) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes  # K and V
+
+    def kv_bytes(self, tokens: int, kv_dtype_bytes: int = 2) -> int:
+        """KV cache of one sequence of ``tokens`` tokens; sliding layers keep only their window."""
+        per = self.kv_bytes_per_layer_token(kv_dtype_bytes)
+        window = min(tokens, self.sliding_window or tokens)
+        return per * (self.full_layers * tokens + self.sliding_layers * window)
+
+    def kv_bytes_per_token(self, context: int | None = None, kv_dtype_bytes: int = 2) -> float:
+        """Average KV bytes per token of a sequence ``context`` long (default: the full context)."""
+        n = context or self.max_position_embeddings
+        return self.kv_bytes(n, kv_dtype_bytes) / n
+
+    def tokens_fitting(self, kv_budget_bytes: float, kv_dtype_bytes: int = 2) -> int:
+        """The longest single sequence whose KV cache fits in ``kv_budget_bytes``."""
+        per = self.kv_bytes_per_layer_token(kv_dtype_bytes)
+        if kv_budget_bytes <= 0 or per == 0:
+            return 0
+        full = per * self.num_layers  # while shorter than the window every layer grows
+        w = self.sliding_window or 0
+        if not self.sliding_layers or kv_budget_bytes <= full * w:
+            return int(kv_budget_bytes // full)
+        rest = kv_budget_bytes - self.sliding_layers * per * w
+        return int(rest // (per * self.full_layers)) if self.full_layers else 1 << 30
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, Mapping):
+            return sub
+    return cfg
+
+
+def _vision_params(cfg: Mapping[str, Any]) -> int:
+    """A ViT tower: per layer attention (4·h²) and MLP (2·h·i); embeddings are small beside them."""
+    v = cfg.get("vision_config")
+    if not isinstance(v, Mapping):
+        return 0
+    h, inter, n = (
+        v.get("hidden_size", 0),
+        v.get("intermediate_size", 0),
+        v.get("num_hidden_layers", 0),
+    )
+    return int(n * (4 * h * h + 2 * h * inter))
+
+
+def _sliding_layers(t: Mapping[str, Any], model_type: str, layers: int) -> tuple[int | None, int]:
+    window = t.get("sliding_window")
+    types = t.get("layer_types")
+    if isinstance(types, list) and types:
+        n = sum(1 for x in types if x == "sliding_attention")
+        return (window, n) if window and n else (None, 0)
+    if not window:
+        return None, 0
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = int(t.get("sliding_window_pattern", 6))  # five local layers, then one global
+        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
+    if model_type == "gemma2":
+        return window, (layers + 1) // 2  # even layers are local
+    if t.get("use_sliding_window") is False:  # Qwen2 configs carry a window they do not use
+        return None, 0
+    return window, layers
+
+
+def _quantization(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | None, float, float]:
+    """(method, bits per weight of linear layers, overhead bytes per weight for scales/zeros)."""
+    q = cfg.get("quantization_config") or t.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None, 16.0, 0.0
+    method = str(q.get("quant_method", "unknown")).lower()
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        bits = float(q.get("bits", q.get("w_bit", 4)))
+        group = int(q.get("group_size", q.get("q_group_size", 128)) or 128)
+        group = group if group > 0 else 4096  # -1 means one group per output channel
+        # one fp16 scale and one packed zero point per group
+        return method.split("_")[0], bits, (2 + bits / 8) / group
+    if method == "fp8":
+        return "fp8", 8.0, 0.0
+    if method == "bitsandbytes":
+        return "bitsandbytes", 4.0 if q.get("load_in_4bit") else 8.0, 0.0
+    if method == "compressed-tensors":
+        bits = 16.0
+        for group in (q.get("config_groups") or {}).values():
+            w = group.get("weights") or {}
+            bits = min(bits, float(w.get("num_bits", 16)))
+        return "compressed-tensors", bits, 0.0
+    return method, 16.0, 0.0
+
+
+def _count_params(
+    t: Mapping[str, Any], layers: int, heads: int, kv: int, head_dim: int
+) -> tuple[int, int, int, int]:
+    """(embedding params, per-layer attention, per-layer MLP, per-layer MLP a token passes)."""
+    h, vocab = int(t["hidden_size"]), int(t["vocab_size"])
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o and k, v
+    if t.get("attention_bias") or t.get("model_type", "").startswith("qwen2"):
+        attn += (heads + 2 * kv) * head_dim  # q/k/v biases (Qwen2)
+    experts = int(
+        t.get("num_experts") or t.get("num_local_experts") or t.get("n_routed_experts") or 0
+    )
+    if experts:
+        inter = int(t.get("moe_intermediate_size") or t["intermediate_size"])
+        per_tok = int(t.get("num_experts_per_tok") or 2)
+        shared = int(t.get("shared_expert_intermediate_size") or 0)
+        mlp = 3 * h * inter * experts + 3 * h * shared + h * experts
+        active = 3 * h * inter * per_tok + 3 * h * shared + h * experts
+    else:
+        mlp = active = 3 * h * int(t["intermediate_size"])  # gate, up, down
+    embed = vocab * h * (1 if t.get("tie_word_embeddings", True) else 2)
+    return embed, attn + 2 * h, mlp, active
+
+
+def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
+    """Size a model from its parsed config.json; ModelError on fields that are missing."""
+    t = dict(_text_config(cfg))
+    # tie_word_embeddings sits at the top level in multimodal configs
+    t.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    model_type = str(t.get("model_type") or cfg.get("model_type") or "unknown")
+    try:
+        layers = int(t["num_hidden_layers"])
+        heads = int(t["num_attention_heads"])
+        kv = int(t.get("num_key_value_heads") or heads)
+        hidden = int(t["hidden_size"])
+        t.setdefault("vocab_size", _GEMMA3_VOCAB if model_type == "gemma3_text" else None)
+        head_dim = int(t.get("head_dim") or hidden // heads)
+        embed, attn, mlp, active_mlp = _count_params(t, layers, heads, kv, head_dim)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(
+            f"{name}: config.json lacks {exc} needed to size the model; "
+            "is it a decoder-only language model?"
+        ) from exc
+    dtype = str(
+        t.get("torch_dtype")
+        or cfg.get("torch_dtype")
+        or t.get("dtype")
+        or cfg.get("dtype")
+        or "bfloat16"
+    )
+    method, bits, overhead = _quantization(cfg, t)
+    dense_bytes = _DTYPE_BYTES.get(dtype, 2)
+    linear = layers * (attn - 2 * hidden + mlp)
+    other = embed + layers * 2 * hidden + hidden + _vision_params(cfg)
+    params = linear + other
+    weight_bytes = int(linear * (bits / 8 + overhead) + other * dense_bytes)
+    window, sliding = _sliding_layers(t, model_type, layers)
+    arch = (cfg.get("architectures") or [model_type])[0]
+    return ModelSpec(
+        name=name,
+        architecture=str(arch),
+        family=_FAMILIES.get(model_type, model_type),
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        vocab_size=int(t["vocab_size"]),
+        intermediate_size=int(t.get("intermediate_size") or 0),
+        max_position_embeddings=int(
+            t.get("max_position_embeddings") or cfg.get("max_position_embeddings") or 4096
+        ),
+        params=params,
+        active_params=params - layers * (mlp - active_mlp),
+        weight_bytes=weight_bytes,
+        dtype="float16"
+        if method in ("awq", "gptq")
+        else ("bfloat16" if dtype in ("float32", "float") else dtype),
+        quantization=method,
+        weight_bits=bits,
+        sliding_window=window,
+        sliding_layers=sliding,
+        num_experts=int(t.get("num_experts") or t.get("num_local_experts") or 0),
+        path=path,
+    )
+
+
+_GEMMA3_VOCAB = 262208  # Gemma3TextConfig's default; Gemma 3 configs leave it out
+
+
+# ---------------------------------------------------------------------------------- locating
+
+
+def hub_cache_dirs(env: Mapping[str, str]) -> list[Path]:
+    """Where huggingface_hub keeps downloads, in its own order of precedence."""
+    out = []
+    if env.get("HF_HUB_CACHE"):
+        out.append(Path(env["HF_HUB_CACHE"]))
+    if env.get("HUGGINGFACE_HUB_CACHE"):
+        out.append(Path(env["HUGGINGFACE_HUB_CACHE"]))
+    home = Path(
+        env.get("HF_HOME")
+        or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    )
+    out.append(home / "hub")
+    return out
+
+
+def find_config(ref: str, env: Mapping[str, str]) -> Path:
+    """config.json for a directory, a config.json path or a hub id (``org/name``) in the cache."""
+    p = Path(ref).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p / "config.json"
+        raise ModelError(
+            f"{ref} is a directory without config.json; point --model at the model's folder"
+        )
+    searched = []
+    for cache in hub_cache_dirs(env):
+        repo = cache / ("models--" + ref.replace("/", "--"))
+        searched.append(str(cache))
+        ref_file = repo / "refs" / "main"
+        snaps = [repo / "snapshots" / ref_file.read_text().strip()] if ref_file.is_file() else []
+        snaps += sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
+        for snap in snaps:
+            if (snap / "config.json").is_file():
+                return snap / "config.json"
+    raise ModelError(
+        f"model {ref!r} not found: not a local directory and not in the Hugging Face cache "
+        f"({', '.join(searched)}); download it first "
+        f"(`huggingface-cli download {ref} config.json`) "
+        "or pass the model's local folder"
+    )
+
+
+def load_model_spec(ref: str, env: Mapping[str, str] | None = None) -> ModelSpec:
+    """Size the model ``ref`` (local path or hub id) from its config.json, offline."""
+    env = os.environ if env is None else env
+    cfg_path = find_config(ref, env)
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"cannot read {cfg_path}: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path} is not a JSON object")
+    name = ref.rstrip("/").split("/")[-1] if Path(ref).exists() else ref
+    return spec_from_config(cfg, name=name, path=str(cfg_path.parent))
