@@ -1,0 +1,11 @@
+"""loadgen: prefill against token generation, measured exactly over an OpenAI-compatible API.
+
+from loadgen import Config, run
+report = run(Config(url="http://127.0.0.1:8000", prompt=512, gen=256, concurrency=4))
+"""
+
+from loadgen.api import Hooks, LevelResult, Report, run
+from loadgen.config import Config
+from loadgen.errors import LoadgenError
+
+__all__ = ["Config", "Hooks", "LevelResult", "LoadgenError", "Report", "run"]

@@ -1,0 +1,128 @@
+"""`run(config)`: the whole benchmark as one function; the CLI only builds the Config.
+
+Order of work: ask the target (model, context, token ids, plan), build prompts, then for each
+concurrency level: warm up, drive, and only afterwards turn raw timestamps into measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from loadgen.config import Config
+from loadgen.runner import Driven, Shape, drive, window
+from loadgen.stats import Summary, summarize
+from loadgen.target import Target
+from loadgen.timing import Expected, RawRequest, RequestResult, measure
+from loadgen.transport import Client, Endpoint
+from loadgen.workload import Workload, prepare
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int | None
+    rate: float | None
+    summary: Summary
+    requests: tuple[RequestResult, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    config: Config
+    target: Target
+    levels: tuple[LevelResult, ...]
+    ended_unix: float
+
+
+class Hooks:
+    """What the shell wants to hear about while a run goes (progress bar, live metrics)."""
+
+    def prepared(self, target: Target) -> None:
+        """The target answered and prompts are built; nothing has been sent yet."""
+
+    def level_started(
+        self, concurrency: int | None, total: int | None, duration: float | None
+    ) -> None:
+        """A level begins (after its warm-up)."""
+
+    def tick(self, finished: list[RawRequest], elapsed: float) -> None:
+        """Called about twice a second with the requests finished so far in the level."""
+
+    def level_done(self, level: LevelResult) -> None:
+        """A level ended and was measured."""
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop when it is installed (less loop overhead per token), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)  # type: ignore[no-any-return]
+
+
+def run(config: Config, hooks: Hooks | None = None) -> Report:
+    hooks = hooks or Hooks()
+    workload = prepare(config)
+    hooks.prepared(workload.target)
+    levels = run_async(_levels(workload, hooks))
+    return Report(config, workload.target, tuple(levels), time.time())
+
+
+async def _levels(workload: Workload, hooks: Hooks) -> list[LevelResult]:
+    config = workload.config
+    client = Client(Endpoint.parse(config.url), config.timeout_s)
+    payload = workload.payload_fn()
+    counter = itertools.count()  # request numbers never repeat, so neither do prompts
+    results = []
+    try:
+        for concurrency in config.levels():
+            if config.warmup:
+                warm = Shape(concurrency or 1, requests=config.warmup)
+                await drive(client, payload, _take(counter, config.warmup), warm)
+            level = await _level(client, payload, counter, workload, concurrency, hooks)
+            hooks.level_done(level)
+            results.append(level)
+    finally:
+        client.close()
+    return results
+
+
+async def _level(
+    client: Client,
+    payload: Callable[[int], bytes],
+    counter: Iterator[int],
+    workload: Workload,
+    concurrency: int | None,
+    hooks: Hooks,
+) -> LevelResult:
+    config = workload.config
+    requests = config.requests_for(concurrency)
+    shape = Shape(concurrency, config.rate, config.arrivals, requests, config.duration, config.seed)
+    indices: Iterator[int] = counter
+    if requests is not None:
+        # Build every request before the clock starts; the loop then only writes bytes.
+        built = {i: payload(i) for i in itertools.islice(counter, requests)}
+        indices, payload = iter(built), built.__getitem__
+    hooks.level_started(concurrency, requests, config.duration)
+    driven = await drive(client, payload, indices, shape, hooks.tick)
+    return measure_level(driven, workload.expected, concurrency, config.rate)
+
+
+def measure_level(
+    driven: Driven, expected: Expected, concurrency: int | None, rate: float | None
+) -> LevelResult:
+    """Pure: raw timestamps of one level -> its per-request results and summary."""
+    results = tuple(measure(raw, expected) for raw in driven.raws)
+    summary = summarize(results, window(driven.raws), driven.loop)
+    return LevelResult(concurrency, rate, summary, results)
+
+
+def _take(counter: Iterator[int], n: int) -> Iterator[int]:
+    return iter(list(itertools.islice(counter, n)))

@@ -1,0 +1,317 @@
+"""Command line: builds a Config, calls the API, renders, exports; errors become exit codes here.
+
+Exit codes: 0 all requests ok; 1 the target, an export, or some requests failed; 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from loadgen.api import Hooks, LevelResult, Report, run
+from loadgen.config import DEFAULT_URL, Config, parse_label, parse_sweep, validate
+from loadgen.errors import BadArgument, LoadgenError, RunFailed
+from loadgen.export import Metrics, serving
+from loadgen.report import format_notes, format_table, write_outputs, write_text
+from loadgen.runner import window
+from loadgen.stats import summarize
+from loadgen.target import Target
+from loadgen.timing import Expected, RawRequest, RequestResult, measure
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loadgen",
+        description="Measure prefill against token generation over an OpenAI-compatible API."
+        " `loadgen compare A.json B.json` compares two results.",
+    )
+    p.add_argument("--url", default=DEFAULT_URL, help="server base URL (default %(default)s)")
+    p.add_argument("--model", help="served model name (default: the first of /v1/models)")
+    p.add_argument("--api-key", help="bearer token for the server")
+    p.add_argument("--prompt", type=int, default=512, help="prompt tokens per request, exact")
+    p.add_argument("--gen", type=int, default=256, help="generated tokens per request, exact")
+    p.add_argument(
+        "--chat", action="store_true", help="use /v1/chat/completions (text fitted via /tokenize)"
+    )
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first N prompt tokens shared by all requests (prefix cache on purpose)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        help="closed loop: streams in flight (default 1); with --rate: cap on requests in flight",
+    )
+    p.add_argument(
+        "--sweep",
+        type=parse_sweep_arg,
+        default=(),
+        metavar="C1,C2,...",
+        help="one closed-loop run per concurrency, e.g. 1,2,4,8,16",
+    )
+    p.add_argument("--rate", type=float, help="open loop: requests per second")
+    p.add_argument("--arrivals", default="poisson", help="open-loop arrivals: poisson or constant")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument(
+        "--requests", type=int, help="measured requests per run (default 4×concurrency, at least 8)"
+    )
+    load.add_argument(
+        "--duration", type=float, help="seconds to keep sending, instead of --requests"
+    )
+    p.add_argument("--warmup", type=int, default=0, help="unmeasured requests before each run")
+    p.add_argument(
+        "--pptg", action="store_true", help="llama-bench style ppN/tgN single-stream tests"
+    )
+    p.add_argument("--repetitions", "-r", type=int, default=5, help="repetitions for --pptg")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    p.add_argument("--json", type=Path, help="write results as JSON")
+    p.add_argument("--csv", type=Path, help="write one row per request as CSV")
+    p.add_argument("--plot", type=Path, help="draw a sweep to this PNG")
+    p.add_argument("--pushgateway", help="push loadgen_* metrics to this Pushgateway URL")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve loadgen_* metrics on this port during the run"
+    )
+    p.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=15.0,
+        help="keep --metrics-port up this long after the run so it is scraped (default 15 s)",
+    )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        type=parse_label_arg,
+        metavar="K=V",
+        help="extra label on every exported series (repeatable)",
+    )
+    p.add_argument("--run-id", help="run id label (default: random)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_sweep_arg(text: str) -> tuple[int, ...]:
+    try:
+        return parse_sweep(text)
+    except BadArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_label_arg(text: str) -> tuple[str, str]:
+    try:
+        return parse_label(text)
+    except BadArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    extra = {"run_id": args.run_id} if args.run_id else {}
+    return validate(
+        Config(
+            url=args.url,
+            model=args.model,
+            api_key=args.api_key,
+            prompt=args.prompt,
+            gen=args.gen,
+            chat=args.chat,
+            shared_prefix=args.shared_prefix,
+            seed=args.seed,
+            concurrency=args.concurrency,
+            rate=args.rate,
+            arrivals=args.arrivals,
+            requests=args.requests,
+            duration=args.duration,
+            warmup=args.warmup,
+            sweep=args.sweep,
+            pptg=args.pptg,
+            repetitions=args.repetitions,
+            timeout_s=args.timeout,
+            json_path=args.json,
+            csv_path=args.csv,
+            plot_path=args.plot,
+            pushgateway=args.pushgateway,
+            metrics_port=args.metrics_port,
+            metrics_linger=args.metrics_linger,
+            labels=tuple(args.label),
+            progress=not args.no_progress,
+            **extra,
+        )
+    )
+
+
+class TerminalHooks(Hooks):
+    """Progress bar on stderr, refreshed from the loop's ticks (no refresh thread competing
+    with the loop for the GIL); live metrics when a metrics port is served."""
+
+    def __init__(self, config: Config, err: Console, stack: ExitStack) -> None:
+        self.config = config
+        self.stack = stack
+        self.metrics: Metrics | None = None
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=err,
+            auto_refresh=False,
+            transient=True,
+            disable=not config.progress,
+        )
+        self.task: TaskID | None = None
+        self._measured: dict[int, RequestResult] = {}
+        self._concurrency: int | None = None
+
+    def prepared(self, target: Target) -> None:
+        cfg = self.config
+        if cfg.pushgateway or cfg.metrics_port is not None:
+            self.metrics = Metrics(cfg, target)
+            self.stack.enter_context(serving(self.metrics, cfg.metrics_port))
+        self.stack.enter_context(self.progress)
+
+    def level_started(
+        self, concurrency: int | None, total: int | None, duration: float | None
+    ) -> None:
+        self._concurrency = concurrency
+        self._measured = {}
+        label = f"concurrency {concurrency}" if concurrency else f"rate {self.config.rate}/s"
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(label, total=total, rate="")
+        self.progress.refresh()
+
+    def tick(self, finished: list[RawRequest], elapsed: float) -> None:
+        if self.task is not None:
+            tokens = len(finished) * self.config.gen / elapsed if elapsed > 0 else 0.0
+            self.progress.update(
+                self.task, completed=len(finished), rate=f"~{tokens:,.0f} out tok/s"
+            )
+            self.progress.refresh()
+        if self.metrics is not None and self.config.metrics_port is not None and finished:
+            self._live(finished)
+
+    def _live(self, finished: list[RawRequest]) -> None:
+        expected = Expected(self.config.prompt, self.config.gen)
+        for raw in finished[len(self._measured) :]:
+            self._measured[raw.index] = measure(raw, expected)
+        summary = summarize(list(self._measured.values()), window(tuple(finished)))
+        assert self.metrics is not None
+        self.metrics.record(LevelResult(self._concurrency, self.config.rate, summary, ()))
+
+    def level_done(self, level: LevelResult) -> None:
+        if self.metrics is not None:
+            self.metrics.record(level)
+            if self.config.pushgateway:
+                self.metrics.push(self.config.pushgateway, self.config.run_id)
+
+
+def run_command(config: Config, out: Console, err: Console) -> int:
+    if config.pptg:
+        return pptg_command(config, out)
+    with ExitStack() as stack:
+        hooks = TerminalHooks(config, err, stack)
+        report = run(config, hooks)
+        stack.pop_all().close()  # progress bar gone before the table is printed
+        render(report, out)
+        write_outputs(report)
+        if config.plot_path:
+            from loadgen.plot import draw
+
+            draw(report, config.plot_path)
+        if hooks.metrics is not None:
+            hooks.metrics.record_report(report)
+            if config.pushgateway:
+                hooks.metrics.push(config.pushgateway, config.run_id)
+            if config.metrics_port is not None:
+                linger(hooks, config, err)
+    raise_for_failures(report)
+    return 0
+
+
+def linger(hooks: TerminalHooks, config: Config, err: Console) -> None:
+    assert hooks.metrics is not None
+    with serving(hooks.metrics, config.metrics_port):
+        err.print(
+            f"serving final metrics on :{config.metrics_port} for {config.metrics_linger:g} s"
+        )
+        time.sleep(config.metrics_linger)
+
+
+def render(report: Report, out: Console) -> None:
+    out.print(format_table(report))
+    for note in format_notes(report):
+        out.print(note, highlight=False)
+
+
+def raise_for_failures(report: Report) -> None:
+    failed = sum(lv.summary.requests_failed for lv in report.levels)
+    total = failed + sum(lv.summary.requests_ok for lv in report.levels)
+    if failed:
+        reasons: dict[str, int] = {}
+        for lv in report.levels:
+            for reason, n in lv.summary.failures.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        top = max(reasons, key=lambda k: reasons[k])
+        raise RunFailed(f"{failed} of {total} requests failed (most: {reasons[top]}× {top})")
+
+
+def pptg_command(config: Config, out: Console) -> int:
+    from loadgen.pptg import format_pptg, pptg_dict, run_pptg
+
+    if config.chat:
+        raise BadArgument("--pptg sends token-id prompts (1-token for tg): drop --chat")
+    report = run_pptg(config)
+    out.print(format_pptg(report))
+    if config.json_path:
+        write_text(config.json_path, json.dumps(pptg_dict(report), indent=2) + "\n")
+    if report.failures:
+        raise RunFailed(f"{len(report.failures)} pp/tg requests failed: {report.failures[0]}")
+    return 0
+
+
+def compare_command(argv: list[str], out: Console) -> int:
+    from loadgen.compare import format_comparison, load
+
+    p = argparse.ArgumentParser(
+        prog="loadgen compare", description="B/A ratios of two --json results"
+    )
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    args = p.parse_args(argv)
+    out.print(format_comparison(load(args.a), load(args.b), str(args.a), str(args.b)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out, err = Console(), Console(stderr=True)
+    try:
+        if argv[:1] == ["compare"]:
+            return compare_command(argv[1:], out)
+        args = build_parser().parse_args(argv)
+        config = config_from(args)
+        return run_command(config, out, err)
+    except LoadgenError as exc:
+        err.print(f"loadgen: error: {exc}", highlight=False, markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("loadgen: interrupted")
+        return 130

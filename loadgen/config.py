@@ -1,0 +1,133 @@
+"""Run configuration: one frozen value that the CLI builds and the Python API takes."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.errors import BadArgument
+from loadgen.schedule import ARRIVALS
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Labels loadgen sets itself; `plan` may be overridden (e.g. for a server without plan_info).
+FIXED_LABELS = ("run_id", "model", "prompt", "gen", "concurrency", "stat", "outcome", "job")
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str = DEFAULT_URL
+    model: str | None = None
+    api_key: str | None = None
+    prompt: int = 512
+    gen: int = 256
+    chat: bool = False
+    shared_prefix: int = 0
+    seed: int = 0
+    concurrency: int | None = None  # None: 1 in closed loop, no cap in open loop
+    rate: float | None = None
+    arrivals: str = "poisson"
+    requests: int | None = None  # None with no duration: a default per concurrency
+    duration: float | None = None
+    warmup: int = 0
+    sweep: tuple[int, ...] = ()
+    pptg: bool = False
+    repetitions: int = 5
+    timeout_s: float = 600.0
+    json_path: Path | None = None
+    csv_path: Path | None = None
+    plot_path: Path | None = None
+    pushgateway: str | None = None
+    metrics_port: int | None = None
+    metrics_linger: float = 15.0
+    labels: tuple[tuple[str, str], ...] = ()
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    progress: bool = True
+
+    def levels(self) -> tuple[int | None, ...]:
+        """Concurrency of each run: the sweep's, or the single one."""
+        if self.sweep:
+            return self.sweep
+        return (self.concurrency if self.rate else self.concurrency or 1,)
+
+    def requests_for(self, concurrency: int | None) -> int | None:
+        if self.duration is not None:
+            return self.requests
+        if self.requests is not None:
+            return self.requests
+        return max(8, 4 * (concurrency or 1))
+
+    def public(self) -> dict[str, Any]:
+        """The config as written to --json (no API key)."""
+        data = asdict(self)
+        data["api_key"] = "***" if self.api_key else None
+        for key in ("json_path", "csv_path", "plot_path"):
+            data[key] = str(data[key]) if data[key] else None
+        data["labels"] = dict(self.labels)
+        data["sweep"] = list(self.sweep)
+        return data
+
+
+def validate(config: Config) -> Config:
+    """BadArgument for any value that cannot work; returns the config unchanged otherwise."""
+    checks: list[tuple[bool, str]] = [
+        (config.prompt >= 1, f"--prompt must be at least 1 token, not {config.prompt}"),
+        (config.gen >= 1, f"--gen must be at least 1 token, not {config.gen}"),
+        (
+            0 <= config.shared_prefix < config.prompt or config.shared_prefix == 0,
+            f"--shared-prefix {config.shared_prefix} must be below --prompt {config.prompt}",
+        ),
+        (config.concurrency is None or config.concurrency >= 1, "--concurrency must be at least 1"),
+        (config.rate is None or config.rate > 0, "--rate must be above 0 requests/s"),
+        (config.arrivals in ARRIVALS, f"--arrivals must be one of {', '.join(ARRIVALS)}"),
+        (config.requests is None or config.requests >= 1, "--requests must be at least 1"),
+        (config.duration is None or config.duration > 0, "--duration must be above 0 seconds"),
+        (config.warmup >= 0, "--warmup cannot be negative"),
+        (
+            all(c >= 1 for c in config.sweep),
+            "--sweep takes concurrencies of at least 1, e.g. 1,2,4,8",
+        ),
+        (
+            not (config.sweep and config.rate),
+            "--sweep varies concurrency; it cannot be combined with --rate",
+        ),
+        (config.repetitions >= 1, "--repetitions must be at least 1"),
+        (config.metrics_linger >= 0, "--metrics-linger cannot be negative"),
+        (config.timeout_s > 0, "--timeout must be above 0 seconds"),
+        (not config.plot_path or bool(config.sweep), "--plot draws a sweep: add --sweep 1,2,4,..."),
+        (
+            config.url.startswith(("http://", "https://")),
+            f"--url must start with http:// or https://, not {config.url!r}",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise BadArgument(message)
+    for key, _ in config.labels:
+        if not _LABEL_NAME.match(key) or key.startswith("__") or key in FIXED_LABELS:
+            raise BadArgument(
+                f"--label {key}=...: not a label name loadgen can set; pick another name"
+            )
+    return config
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise BadArgument(f"--label takes key=value, not {text!r}")
+    return key.strip(), value
+
+
+def parse_sweep(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise BadArgument(
+            f"--sweep takes comma-separated integers like 1,2,4,8, not {text!r}"
+        ) from None
+    if not levels:
+        raise BadArgument("--sweep needs at least one concurrency, e.g. 1,2,4,8")
+    return levels

@@ -1,0 +1,134 @@
+"""loadgen_* metrics for Prometheus: pushed to a Pushgateway and/or served while the run lasts.
+
+Names and labels are the team's agreed ones (metrics.md). Every series carries run_id, model,
+prompt, gen, concurrency and plan, plus any --label; a sweep fills one series per concurrency
+and pushes the whole registry each time, so the Pushgateway group (job="loadgen", run_id) ends
+up holding every level.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, start_http_server
+
+from loadgen.api import LevelResult, Report
+from loadgen.config import Config
+from loadgen.errors import ExportError
+from loadgen.stats import STATS, Dist
+from loadgen.target import Target
+
+BASE_LABELS = ("run_id", "model", "prompt", "gen", "concurrency", "plan")
+_DISTS = {
+    "ttft_s": ("loadgen_ttft_seconds", "Time to first token per request (client side)"),
+    "itl_s": ("loadgen_itl_seconds", "Gaps between streamed tokens"),
+    "e2e_s": ("loadgen_e2e_seconds", "Request end to end latency"),
+    "prefill_tok_s": ("loadgen_prefill_tokens_per_second", "Prompt tokens / TTFT per request"),
+    "decode_tok_s": (
+        "loadgen_decode_tokens_per_second",
+        "(completion tokens - 1) / (last token - first token) per request",
+    ),
+}
+
+
+class Metrics:
+    def __init__(self, config: Config, target: Target) -> None:
+        self.registry = CollectorRegistry()
+        extra = dict(config.labels)
+        self._const = {
+            "run_id": config.run_id,
+            "model": target.model,
+            "prompt": str(config.prompt),
+            "gen": str(config.gen),
+            "plan": extra.pop("plan", target.plan),
+            **extra,
+        }
+        names = [*BASE_LABELS, *extra]
+        reg = self.registry
+        self._dists = {
+            key: Gauge(name, doc, [*names, "stat"], registry=reg)
+            for key, (name, doc) in _DISTS.items()
+        }
+        self._output = Gauge(
+            "loadgen_output_tokens_per_second",
+            "Generated tokens per second over the run (all streams)",
+            names,
+            registry=reg,
+        )
+        self._total = Gauge(
+            "loadgen_total_tokens_per_second",
+            "Prompt + generated tokens per second over the run",
+            names,
+            registry=reg,
+        )
+        self._requests = Gauge(
+            "loadgen_requests_total",
+            "Requests of the run by outcome",
+            [*names, "outcome"],
+            registry=reg,
+        )
+        self._ended = Gauge(
+            "loadgen_run_timestamp_seconds", "Unix time the run ended", names, registry=reg
+        )
+
+    def labels(self, concurrency: int | None) -> dict[str, str]:
+        return {**self._const, "concurrency": str(concurrency) if concurrency else "unbounded"}
+
+    def record(self, level: LevelResult, ended_unix: float | None = None) -> None:
+        labels = self.labels(level.concurrency)
+        s = level.summary
+        for key, gauge in self._dists.items():
+            d: Dist = getattr(s, key)
+            for stat in STATS:
+                value = d.get(stat)
+                if value is not None:
+                    gauge.labels(**labels, stat=stat).set(value)
+        if s.output_tok_s is not None:
+            self._output.labels(**labels).set(s.output_tok_s)
+        if s.total_tok_s is not None:
+            self._total.labels(**labels).set(s.total_tok_s)
+        self._requests.labels(**labels, outcome="ok").set(s.requests_ok)
+        self._requests.labels(**labels, outcome="failed").set(s.requests_failed)
+        self._ended.labels(**labels).set(ended_unix if ended_unix is not None else time.time())
+
+    def record_report(self, report: Report) -> None:
+        for level in report.levels:
+            self.record(level, report.ended_unix)
+
+    def push(self, gateway: str, run_id: str) -> None:
+        try:
+            push_to_gateway(
+                gateway,
+                job="loadgen",
+                registry=self.registry,
+                grouping_key={"run_id": run_id},
+                timeout=10,
+            )
+        except OSError as exc:
+            raise ExportError(
+                f"cannot push to the Pushgateway at {gateway} ({exc}): check --pushgateway;"
+                " the results above and any --json file are complete"
+            ) from None
+
+
+@contextmanager
+def serving(metrics: Metrics, port: int | None) -> Iterator[None]:
+    """Serve the registry on `port` (all interfaces) while the block runs; no-op for None."""
+    if port is None:
+        yield
+        return
+    try:
+        server, thread = start_http_server(port, registry=metrics.registry)
+    except OSError as exc:
+        raise ExportError(
+            f"cannot serve metrics on port {port} ({exc.strerror or exc}):"
+            " pick a free --metrics-port"
+        ) from None
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

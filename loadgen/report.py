@@ -1,0 +1,221 @@
+"""Results as data (JSON, CSV rows) and as a rich table. `format_*`/`*_dict` are pure."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from loadgen.api import LevelResult, Report
+from loadgen.errors import ExportError
+from loadgen.stats import STATS, Dist, Summary
+
+MEASURES = ("ttft_s", "itl_s", "e2e_s", "prefill_tok_s", "decode_tok_s")
+
+
+def dist_dict(d: Dist | None) -> dict[str, Any] | None:
+    return asdict(d) if d is not None else None
+
+
+def summary_dict(s: Summary) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "requests_ok": s.requests_ok,
+        "requests_failed": s.requests_failed,
+        "failures": s.failures,
+    }
+    for name in MEASURES:
+        data[name] = dist_dict(getattr(s, name))
+    data.update(output_tok_s=s.output_tok_s, total_tok_s=s.total_tok_s, duration_s=s.duration_s)
+    data["send_lag_s"] = dist_dict(s.send_lag_s)
+    data["loop"] = (
+        {"lag_s": dist_dict(s.loop.lag_s), "cpu_fraction": s.loop.cpu_fraction} if s.loop else None
+    )
+    return data
+
+
+def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
+    config = report.config.public()
+    config.update(
+        concurrency=level.concurrency,
+        rate=level.rate,
+        model=report.target.model,
+        plan=report.target.plan,
+        max_model_len=report.target.max_model_len,
+    )
+    requests = [
+        {
+            "index": r.index,
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "ttft_s": r.ttft_s,
+            "e2e_s": r.e2e_s,
+            "prefill_tok_s": r.prefill_tok_s,
+            "decode_tok_s": r.decode_tok_s,
+            "itl_s_max": max(r.itl_s) if r.itl_s else None,
+            "send_lag_s": r.send_lag_s,
+            "error": r.error,
+        }
+        for r in level.requests
+    ]
+    return {"config": config, "summary": summary_dict(level.summary), "requests": requests}
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """One level: the architecture.md schema. A sweep: {"config", "runs": [that schema, ...]}."""
+    if len(report.levels) == 1:
+        return level_dict(report, report.levels[0])
+    config = report.config.public()
+    config.update(model=report.target.model, plan=report.target.plan)
+    return {"config": config, "runs": [level_dict(report, lv) for lv in report.levels]}
+
+
+def csv_text(report: Report) -> str:
+    """One row per request, with the level's concurrency."""
+    out = io.StringIO()
+    fields = [
+        "concurrency",
+        "index",
+        "prompt_tokens",
+        "completion_tokens",
+        "ttft_s",
+        "e2e_s",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "itl_s_max",
+        "send_lag_s",
+        "error",
+    ]
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for level in report.levels:
+        for row in level_dict(report, level)["requests"]:
+            writer.writerow({"concurrency": level.concurrency, **{k: row[k] for k in fields[1:]}})
+    return out.getvalue()
+
+
+def write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write {path}: {exc.strerror or exc}; pick a writable path"
+        ) from None
+
+
+def write_outputs(report: Report) -> None:
+    cfg = report.config
+    if cfg.json_path:
+        write_text(cfg.json_path, json.dumps(report_dict(report), indent=2) + "\n")
+    if cfg.csv_path:
+        write_text(cfg.csv_path, csv_text(report))
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def _sec(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+_ROWS = (
+    ("TTFT ms", "ttft_s", _ms),
+    ("prefill tok/s", "prefill_tok_s", _rate),
+    ("decode tok/s", "decode_tok_s", _rate),
+    ("ITL ms", "itl_s", _ms),
+    ("e2e s", "e2e_s", _sec),
+)
+
+
+def _title(report: Report) -> str:
+    cfg = report.config
+    chat = " chat" if cfg.chat else ""
+    sizes = f"prompt {cfg.prompt} / gen {cfg.gen}"
+    return f"{report.target.model}{chat}  {sizes}  plan {report.target.plan}"
+
+
+def format_table(report: Report) -> Table:
+    """One level: measures × mean/p50/p90/p99. A sweep: one row of p50s per concurrency."""
+    if len(report.levels) == 1:
+        return _level_table(report, report.levels[0])
+    table = Table(title=_title(report))
+    heads = ("conc", "ok/fail", "TTFT ms", "prefill t/s", "decode t/s", "ITL p99 ms", "out tok/s")
+    for head in heads:
+        table.add_column(head, justify="right")
+    for level in report.levels:
+        s = level.summary
+        table.add_row(
+            str(level.concurrency),
+            f"{s.requests_ok}/{s.requests_failed}",
+            _ms(s.ttft_s.p50),
+            _rate(s.prefill_tok_s.p50),
+            _rate(s.decode_tok_s.p50),
+            _ms(s.itl_s.p99),
+            _rate(s.output_tok_s),
+        )
+    table.caption = "TTFT, prefill and decode are per-request p50"
+    return table
+
+
+def _level_table(report: Report, level: LevelResult) -> Table:
+    s = level.summary
+    load = f"rate {level.rate:g}/s" if level.rate else "concurrency"
+    if level.concurrency:
+        load += (
+            f" {level.concurrency}"
+            if not level.rate
+            else f", at most {level.concurrency} in flight"
+        )
+    table = Table(title=_title(report))
+    table.add_column("")
+    for stat in STATS:
+        table.add_column(stat, justify="right")
+    for label, key, fmt in _ROWS:
+        d: Dist = getattr(s, key)
+        table.add_row(label, *(fmt(d.get(stat)) for stat in STATS))
+    table.caption = (
+        f"{load}: {s.requests_ok} ok, {s.requests_failed} failed in {s.duration_s:.2f} s:"
+        f" output {_rate(s.output_tok_s)} tok/s, total {_rate(s.total_tok_s)} tok/s"
+    )
+    return table
+
+
+def format_notes(report: Report) -> list[str]:
+    """Lines under the table: failures and why, send lag, loadgen's own load."""
+    notes = []
+    for level in report.levels:
+        s = level.summary
+        at = f"concurrency {level.concurrency}: " if len(report.levels) > 1 else ""
+        total = s.requests_ok + s.requests_failed
+        if s.requests_failed:
+            why = "; ".join(f"{n}× {reason}" for reason, n in s.failures.items())
+            notes.append(f"{at}{s.requests_failed} of {total} requests failed: {why}")
+        if s.send_lag_s and s.send_lag_s.p99 is not None:
+            notes.append(
+                f"{at}send lag behind schedule p50 {_ms(s.send_lag_s.p50)} ms,"
+                f" p99 {_ms(s.send_lag_s.p99)} ms, max {_ms(s.send_lag_s.max)} ms"
+            )
+        if s.loop:
+            notes.append(
+                f"{at}loadgen loop lag p99 {_ms(s.loop.lag_s.p99)} ms, CPU"
+                f" {s.loop.cpu_fraction:.0%} of one core"
+            )
+            if s.loop.cpu_fraction > 0.8:
+                notes.append(
+                    f"{at}warning: loadgen itself was near one full core; timings may"
+                    " be late: use fewer streams per loadgen process"
+                )
+    return notes
+
+
+def stat_rows(summary: Summary) -> dict[str, dict[str, float | None]]:
+    return {name: {st: getattr(summary, name).get(st) for st in STATS} for name in MEASURES}

@@ -1,0 +1,118 @@
+"""Server-sent events of an OpenAI-style stream, parsed after the fact (pure).
+
+The request loop only stores the body pieces as they arrived, each with its arrival time. These
+functions turn those pieces into timed events and classify each one; nothing here reads a clock.
+
+An event is dispatched at the blank line that ends it (the SSE rule), so it carries the arrival
+time of the piece holding that blank line: the moment the client could first have used it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DONE = b"[DONE]"
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one event's data means to loadgen."""
+
+    tokens: bool = False  # carries generated output (one or more tokens)
+    usage: Usage | None = None
+    error: str | None = None
+    done: bool = False  # the `[DONE]` sentinel
+
+
+def parse_sse_line(line: bytes) -> bytes | None:
+    """The payload of a `data:` line, or None for any other line (comment, event:, id:, blank)."""
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:]
+    if payload.startswith(b" "):
+        payload = payload[1:]
+    return payload
+
+
+def timed_events(pieces: Iterable[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
+    """Join body pieces into (arrival time, data) events; a trailing unterminated event counts."""
+    events: list[tuple[float, bytes]] = []
+    buffer = b""
+    data: list[bytes] = []
+    last_t = 0.0
+    for t, piece in pieces:
+        buffer += piece
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw[:-1] if raw.endswith(b"\r") else raw
+            if line:
+                payload = parse_sse_line(line)
+                if payload is not None:
+                    data.append(payload)
+            elif data:
+                events.append((t, b"\n".join(data)))
+                data = []
+        last_t = t
+    if buffer:
+        payload = parse_sse_line(buffer.rstrip(b"\r"))
+        if payload is not None:
+            data.append(payload)
+    if data:
+        events.append((last_t, b"\n".join(data)))
+    return events
+
+
+def classify(payload: bytes) -> Chunk:
+    """Meaning of one event's data: tokens, usage, an error, `[DONE]`, or nothing we use."""
+    if payload.strip() == DONE:
+        return Chunk(done=True)
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return Chunk(error=f"malformed stream event: {payload[:80]!r}")
+    if not isinstance(body, dict):
+        return Chunk(error=f"malformed stream event: {payload[:80]!r}")
+    if "error" in body:
+        return Chunk(error=error_message(body))
+    return Chunk(tokens=_has_tokens(body.get("choices")), usage=_usage(body.get("usage")))
+
+
+def error_message(body: object) -> str:
+    """The human part of an OpenAI/vLLM/FastAPI error body."""
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body.get("message")))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        if error is not None:
+            return str(error)[:300]
+    return str(body)[:300]
+
+
+def _has_tokens(choices: object) -> bool:
+    # A chat stream opens with a role-only delta sent before any token; it is not output.
+    if not isinstance(choices, list) or not choices:
+        return False
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and "role" in delta:
+        return bool(delta.get("content") or delta.get("reasoning_content"))
+    return True
+
+
+def _usage(usage: object) -> Usage | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return Usage(prompt, completion)
+    return None

@@ -1,0 +1,151 @@
+"""What loadgen learns from the server before a run: model, context length, token ids, plan.
+
+A thin synchronous shell over httpx; the parsing parts are pure functions. Every failure becomes
+a TargetError whose message says what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadgen.errors import ContextTooShort, TargetError
+from loadgen.sse import error_message
+
+_PLAN_KEYS = ("mode", "tp", "pp", "dp", "transport", "engine")
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    model: str
+    max_model_len: int | None
+    plan: str  # "unknown" when the server does not export toposerve_plan_info
+
+
+@contextmanager
+def _translated(url: str, what: str) -> Iterator[None]:
+    """httpx failures -> TargetError with the fix."""
+    try:
+        yield
+    except httpx.ConnectError as exc:
+        raise TargetError(
+            f"cannot reach {url} ({exc}): start the server (`launcher serve`) or pass --url"
+        ) from None
+    except httpx.TimeoutException:
+        raise TargetError(f"{url} did not answer {what} in time: is it overloaded?") from None
+    except httpx.HTTPError as exc:
+        raise TargetError(f"{what} at {url} failed: {exc}") from None
+
+
+def _check(response: httpx.Response, what: str) -> Any:
+    if response.status_code in (401, 403):
+        raise TargetError(
+            f"{response.url} refused {what} (HTTP {response.status_code}): pass --api-key"
+        )
+    if response.status_code != 200:
+        try:
+            detail = error_message(response.json())
+        except ValueError:
+            detail = response.text[:200]
+        raise TargetError(
+            f"{response.url} answered {what} with HTTP {response.status_code}: {detail}"
+        )
+    try:
+        return response.json()
+    except ValueError:
+        raise TargetError(
+            f"{response.url} answered {what} with something that is not JSON"
+        ) from None
+
+
+class TargetClient:
+    """Control-plane calls (never timed): /v1/models, /tokenize, /metrics."""
+
+    def __init__(self, url: str, api_key: str | None, timeout_s: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def models(self) -> list[dict[str, Any]]:
+        with _translated(self.url, "/v1/models"):
+            body = _check(self._http.get("/v1/models"), "/v1/models")
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or not data:
+            raise TargetError(f"{self.url}/v1/models lists no model: is the engine loaded?")
+        return [m for m in data if isinstance(m, dict)]
+
+    def tokenize(self, model: str, **fields: Any) -> dict[str, Any]:
+        """POST /tokenize (vLLM's): `prompt=text` or `messages=[...]`."""
+        with _translated(self.url, "/tokenize"):
+            response = self._http.post("/tokenize", json={"model": model, **fields})
+        if response.status_code == 404:
+            raise TargetError(
+                f"{self.url} has no /tokenize, which loadgen needs to build exact prompts:"
+                " point --url at vLLM or the toposerve proxy"
+            )
+        body = _check(response, "/tokenize")
+        if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+            raise TargetError(f"{self.url}/tokenize answered without a token list")
+        return body
+
+    def metrics_text(self) -> str | None:
+        """The /metrics exposition, or None when the server has none (not an error)."""
+        try:
+            response = self._http.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return response.text if response.status_code == 200 else None
+
+
+def pick_model(models: list[dict[str, Any]], wanted: str | None, url: str) -> dict[str, Any]:
+    names = [str(m.get("id")) for m in models]
+    if wanted is None:
+        return models[0]
+    for model in models:
+        if model.get("id") == wanted:
+            return model
+    raise TargetError(
+        f"{url} does not serve model {wanted!r}; it serves {', '.join(names)}: fix --model"
+    )
+
+
+def max_model_len(model: Mapping[str, Any], tokenize_body: Mapping[str, Any] | None) -> int | None:
+    for source in (model, tokenize_body or {}):
+        value = source.get("max_model_len")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def plan_label(metrics_text: str | None) -> str:
+    """'tp=2,pp=1,dp=1,...' from toposerve_plan_info, or 'unknown' when it is absent."""
+    if not metrics_text:
+        return "unknown"
+    try:
+        families = list(text_string_to_metric_families(metrics_text))
+    except ValueError:
+        return "unknown"
+    for family in families:
+        for sample in family.samples:
+            if sample.name == "toposerve_plan_info" and sample.value == 1:
+                labels = sample.labels
+                return ",".join(f"{k}={labels[k]}" for k in _PLAN_KEYS if labels.get(k))
+    return "unknown"
+
+
+def check_context(max_len: int | None, prompt: int, gen: int, model: str) -> None:
+    if max_len is not None and prompt + gen > max_len:
+        raise ContextTooShort(
+            f"model {model!r} has a context of {max_len} tokens, shorter than --prompt {prompt}"
+            f" + --gen {gen} = {prompt + gen}: lower them, or serve it with a longer"
+            " --max-model-len"
+        )
