@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    console = Console(stderr=False, highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     supervise.check_port_free(args.host, args.port)
     keys = collect_api_keys(args.api_key, args.api_key_file, os.environ)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
@@ -120,15 +120,19 @@ def resolve_model(ref: str | None) -> tuple[str, str]:
 def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     # Imported here so that `launcher serve --help` stays fast and NVML is touched only when used.
     from launcher.modelspec import load_model_spec
-    from launcher.plan import Policy, plan, plan_from_json
-    from launcher.render import render
+    from launcher.plan import Policy, plan
+    from launcher.render import plan_from_json, render
     from launcher.topology import load_topology
 
     model_ref, default_name = resolve_model(args.model)
     served = args.served_model_name or default_name
     model = load_model_spec(model_ref)
+    extra = [a for a in (args.extra or []) if a != "--"]
     if args.plan is not None:
-        chosen = plan_from_json(json.loads(args.plan.read_text()))
+        saved = read_plan_file(args.plan)
+        chosen = plan_from_json(saved)
+        # A tuned plan carries the engine flags that won; flags given now come after and win.
+        extra = [*saved.get("vllm_extra_args", []), *extra]
     else:
         policy = Policy(
             workload=args.workload, concurrency=args.concurrency,
@@ -138,7 +142,6 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         )
         chosen = plan(load_topology(args.topology, os.environ), model, policy)
     engine_port = args.engine_port or supervise.free_port(args.host)
-    extra = [a for a in (args.extra or []) if a != "--"]
     if args.trust_remote_code:
         extra.append("--trust-remote-code")
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1",
@@ -157,6 +160,21 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
         summary=summary_lines(chosen, replicas, model_ref),
     )
+
+
+def read_plan_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise LauncherError(f"cannot read the plan file {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise LauncherError(
+            f"the plan file {path} is not JSON ({exc.msg} at line {exc.lineno}): "
+            "write it with `launcher plan --json > FILE` or `launcher tune`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise LauncherError(f"the plan file {path} does not hold a plan object")
+    return data
 
 
 def plan_labels(chosen: Any, served: str) -> dict[str, str]:

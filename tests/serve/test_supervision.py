@@ -1,0 +1,159 @@
+"""`launcher serve` as a user runs it, with a stand-in engine: failed starts, restarts, stop.
+
+The stand-in (standin_engine.py) replaces vLLM through TOPOSERVE_ENGINE_CMD so that each fault
+happens on cue; the proxy in front of it is the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.supervise import group_alive
+from tests.conftest import REPO, free_port, http_ok
+
+STANDIN = Path(__file__).with_name("standin_engine.py")
+
+
+class Launch:
+    def __init__(self, tmp: Path, env: dict[str, str], *args: str) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.out = tmp / "launcher.out"
+        self.err = tmp / "launcher.err"
+        full_env = {**os.environ, "TOPOSERVE_ENGINE_CMD": f"{sys.executable} {STANDIN}",
+                    "STANDIN_STATE": str(tmp / "state"), **env}
+        argv = [sys.executable, "-m", "launcher", "serve", "--port", str(self.port),
+                "--log-dir", str(tmp / "logs"), "--grace", "5", *args]
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.proc = subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=out, stderr=err)
+
+    def starts(self) -> list[dict[str, object]]:
+        path = self.tmp / "state" / "starts"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if http_ok(f"http://127.0.0.1:{self.port}/ready"):
+                return
+            assert self.proc.poll() is None, self.output()
+            time.sleep(0.3)
+        raise AssertionError(f"not ready: {self.output()}")
+
+    def output(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+    def assert_nothing_left(self) -> None:
+        for start in self.starts():
+            assert not group_alive(int(str(start["pgid"]))), f"engine group left: {start}"
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[list[Launch]]:
+    made: list[Launch] = []
+    yield made
+    for item in made:
+        if item.proc.poll() is None:
+            item.proc.kill()
+            item.proc.wait()
+
+
+def test_symmetric_memory_crash_is_retried_once_with_the_safe_fallback(
+    tmp_path: Path, launch: list[Launch]
+) -> None:
+    run = Launch(tmp_path, {"STANDIN_FAIL": "symm-mem"})
+    launch.append(run)
+    run.wait_ready()
+    starts = run.starts()
+    assert len(starts) == 2
+    assert starts[0]["symm"] is None and starts[1]["symm"] == "0"
+    assert "--compilation-config" in starts[1]["argv"]  # type: ignore[operator]
+    out = run.output()
+    assert "symmetric-memory all-reduce crashed" in out
+    assert "Retrying once with: VLLM_ALLREDUCE_USE_SYMM_MEM=0 --compilation-config" in out
+    assert run.stop() == 0
+    run.assert_nothing_left()
+
+
+def test_an_unrecognised_start_failure_is_one_line_with_the_log_path(
+    tmp_path: Path, launch: list[Launch]
+) -> None:
+    run = Launch(tmp_path, {"STANDIN_FAIL": "always"})
+    launch.append(run)
+    code = run.proc.wait(timeout=120)
+    err = run.err.read_text()
+    assert code == 4
+    assert "Traceback" not in run.output()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[-1].startswith("launcher: error: vLLM failed to start: ValueError: standin")
+    assert "full log:" in lines[-1]
+    assert len(run.starts()) == 1  # not recognised: no blind retry
+    run.assert_nothing_left()
+
+
+def test_an_engine_that_dies_is_restarted_and_the_stack_serves_again(
+    tmp_path: Path, launch: list[Launch]
+) -> None:
+    run = Launch(tmp_path, {"STANDIN_DIE_AFTER": "2"})
+    launch.append(run)
+    run.wait_ready()
+    deadline = time.monotonic() + 60
+    while len(run.starts()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert len(run.starts()) == 2, run.output()
+    run.wait_ready()
+    assert "restart 1/5" in run.output()
+    assert run.stop() == 0
+    run.assert_nothing_left()
+
+
+def test_sigterm_stops_proxy_and_engine_with_nothing_left(
+    tmp_path: Path, launch: list[Launch]
+) -> None:
+    run = Launch(tmp_path, {})
+    launch.append(run)
+    run.wait_ready()
+    assert run.stop() == 0
+    run.assert_nothing_left()
+    assert not http_ok(f"http://127.0.0.1:{run.port}/health")
+    assert "no process left behind" in run.output()
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "launcher", "serve", "--port", str(port)],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 5
+    assert res.stderr.strip().count("\n") == 0
+    assert f"port {port} on 127.0.0.1 is already in use" in res.stderr
+    assert "--port" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_missing_model_is_a_one_line_error(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--port", str(free_port()),
+         "--model", str(tmp_path / "no-such-model")],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip().count("\n") == 0
+    assert "does not exist" in res.stderr and "Traceback" not in res.stderr
