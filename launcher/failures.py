@@ -6,9 +6,11 @@ the user which setting it changed) instead of leaving them with a long traceback
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,47 @@ def last_error_line(log_text: str) -> str | None:
         if stripped and _ERROR_LINE.search(stripped) and not stripped.startswith("File "):
             return stripped[-400:]
     return None
+
+
+JSON_FLAGS = ("--compilation-config",)
+
+
+def apply_fallback_args(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """Add a fallback's flags to an engine command. A JSON-valued flag that is already present
+    (``--compilation-config``) is merged into, not given twice, since vLLM keeps only the last
+    occurrence and would drop the user's own settings (e.g. the CUDA-graph capture sizes)."""
+    out = list(argv)
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        value = extra[i + 1] if i + 1 < len(extra) else None
+        if flag in JSON_FLAGS and value is not None and flag in out[:-1]:
+            pos = len(out) - 1 - out[::-1].index(flag)
+            if pos + 1 < len(out):
+                out[pos + 1] = json.dumps(_deep_merge(_as_obj(out[pos + 1]), _as_obj(value)))
+                i += 2
+                continue
+        out.append(flag)
+        if value is not None and not value.startswith("--"):
+            out.append(value)
+            i += 1
+        i += 1
+    return out
+
+
+def _as_obj(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

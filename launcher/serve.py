@@ -85,7 +85,8 @@ class Runner:
     def _engine_child(self, replica: ReplicaSpec, extra_env: Mapping[str, str],
                       extra_args: Sequence[str]) -> supervise.Child:
         env = {**os.environ, **replica.env, **extra_env}
-        argv = [*engine_argv(replica.argv, engine_prefix(os.environ)), *extra_args]
+        argv = failures.apply_fallback_args(
+            engine_argv(replica.argv, engine_prefix(os.environ)), extra_args)
         log = self.sup.log_dir / f"vllm-{replica.port}.log"
         return supervise.Child(f"vllm:{replica.port}", argv, env, log)
 

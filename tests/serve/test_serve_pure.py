@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from tests.serve.standin_engine import SYMM_MEM_CRASH
 
 def test_symmetric_memory_crash_is_recognised_with_its_fallback() -> None:
     diag = failures.diagnose("INFO loading\n" + SYMM_MEM_CRASH)
-    assert diag is not None and diag.name == "symm-mem-allreduce"
+    assert diag is not None
+    assert diag.name == "symm-mem-allreduce"
     assert diag.fallback_env == {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
     assert "--compilation-config" in diag.fallback_args
     assert diag.retryable
@@ -35,7 +37,8 @@ def test_symmetric_memory_crash_is_recognised_with_its_fallback() -> None:
 )
 def test_known_start_failures_are_named(log: str, name: str) -> None:
     diag = failures.diagnose(log)
-    assert diag is not None and diag.name == name
+    assert diag is not None
+    assert diag.name == name
 
 
 def test_an_illegal_access_outside_symmetric_memory_is_not_mistaken_for_it() -> None:
@@ -71,8 +74,10 @@ def test_replicas_get_their_own_gpus_and_ports() -> None:
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in reps] == ["0,1", "2,3"]
     assert [r.port for r in reps] == [7000, 7001]
     for r in reps:
-        assert r.argv.count("--port") == 1 and r.argv[-1] == str(r.port)
-        assert "h" not in r.argv and r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert r.argv.count("--port") == 1
+        assert r.argv[-1] == str(r.port)
+        assert "h" not in r.argv
+        assert r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 def test_a_single_cpu_replica_keeps_its_command() -> None:
@@ -117,5 +122,22 @@ def test_a_key_file_readable_by_others_is_refused_with_the_fix(tmp_path: Path) -
 def test_a_missing_model_path_says_what_to_pass(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="does not exist"):
         resolve_model(str(tmp_path / "nope"))
-    with pytest.raises(ModelError, match="config.json"):
+    with pytest.raises(ModelError, match=r"config\.json"):
         resolve_model(str(tmp_path))
+
+
+def test_a_fallback_merges_into_the_users_compilation_config() -> None:
+    argv = ["py", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2], '
+            '"pass_config": {"other": true}}', "--x"]
+    out = failures.apply_fallback_args(argv, failures.SYMM_MEM_FALLBACK_ARGS)
+    assert out.count("--compilation-config") == 1
+    merged = json.loads(out[out.index("--compilation-config") + 1])
+    assert merged == {"cudagraph_capture_sizes": [1, 2],
+                      "pass_config": {"other": True, "fuse_allreduce_rms": False}}
+
+
+def test_fallback_flags_are_appended_when_absent() -> None:
+    assert failures.apply_fallback_args(["py"], ("--disable-custom-all-reduce",)) == [
+        "py", "--disable-custom-all-reduce"]
+    out = failures.apply_fallback_args(["py"], failures.SYMM_MEM_FALLBACK_ARGS)
+    assert out == ["py", *failures.SYMM_MEM_FALLBACK_ARGS]

@@ -83,7 +83,8 @@ def test_symmetric_memory_crash_is_retried_once_with_the_safe_fallback(
     run.wait_ready()
     starts = run.starts()
     assert len(starts) == 2
-    assert starts[0]["symm"] is None and starts[1]["symm"] == "0"
+    assert starts[0]["symm"] is None
+    assert starts[1]["symm"] == "0"
     assert "--compilation-config" in starts[1]["argv"]  # type: ignore[operator]
     out = run.output()
     assert "symmetric-memory all-reduce crashed" in out
@@ -146,7 +147,8 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
     assert res.returncode == 5
     assert res.stderr.strip().count("\n") == 0
     assert f"port {port} on 127.0.0.1 is already in use" in res.stderr
-    assert "--port" in res.stderr and "Traceback" not in res.stderr
+    assert "--port" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_a_missing_model_is_a_one_line_error(tmp_path: Path) -> None:
@@ -156,4 +158,5 @@ def test_a_missing_model_is_a_one_line_error(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert res.stderr.strip().count("\n") == 0
-    assert "does not exist" in res.stderr and "Traceback" not in res.stderr
+    assert "does not exist" in res.stderr
+    assert "Traceback" not in res.stderr

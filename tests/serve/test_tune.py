@@ -32,7 +32,7 @@ def test_candidate_specs_parse(text: str, expected: CandidateSpec) -> None:
 
 @pytest.mark.parametrize("text", ["tp=0", "tp=two", "colour=red", "tp"])
 def test_bad_candidate_specs_say_what_is_expected(text: str) -> None:
-    with pytest.raises(LauncherError, match="tp=N|key=value"):
+    with pytest.raises(LauncherError, match=r"tp=N|key=value"):
         parse_candidate(text)
 
 
@@ -84,7 +84,8 @@ def test_tune_ab_tests_two_cpu_engine_settings_and_writes_a_servable_plan(
     assert all(r["ok"] and r["score"] > 0 for r in tuned["results"])
     best = max(tuned["results"], key=lambda r: r["score"])
     assert tuned["winner"] == best["candidate"]
-    assert data["engine"] == "cpu" and data["mode"] == "single"
+    assert data["engine"] == "cpu"
+    assert data["mode"] == "single"
     if best["candidate"] == "small-prefill-chunks":
         assert data["vllm_extra_args"] == ["--max-num-batched-tokens", "256"]
     assert "launcher tune: measured through the proxy" in res.stdout
