@@ -11,6 +11,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.progress import (
@@ -33,8 +34,15 @@ from loadgen.target import Target
 from loadgen.timing import Expected, RawRequest, RequestResult, measure
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and the same exit path as every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadArgument(f"{message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="loadgen",
         description="Measure prefill against token generation over an OpenAI-compatible API."
         " `loadgen compare A.json B.json` compares two results.",
@@ -174,7 +182,7 @@ class TerminalHooks(Hooks):
             console=err,
             auto_refresh=False,
             transient=True,
-            disable=not config.progress,
+            disable=not config.progress or not err.is_terminal,
         )
         self.task: TaskID | None = None
         self._measured: dict[int, RequestResult] = {}
@@ -258,7 +266,7 @@ def linger(hooks: TerminalHooks, config: Config, err: Console) -> None:
 def render(report: Report, out: Console) -> None:
     out.print(format_table(report))
     for note in format_notes(report):
-        out.print(note, highlight=False)
+        out.print(note, highlight=False, soft_wrap=True)
 
 
 def raise_for_failures(report: Report) -> None:
@@ -290,9 +298,7 @@ def pptg_command(config: Config, out: Console) -> int:
 def compare_command(argv: list[str], out: Console) -> int:
     from loadgen.compare import format_comparison, load
 
-    p = argparse.ArgumentParser(
-        prog="loadgen compare", description="B/A ratios of two --json results"
-    )
+    p = _Parser(prog="loadgen compare", description="B/A ratios of two --json results")
     p.add_argument("a", type=Path)
     p.add_argument("b", type=Path)
     args = p.parse_args(argv)
@@ -310,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from(args)
         return run_command(config, out, err)
     except LoadgenError as exc:
-        err.print(f"loadgen: error: {exc}", highlight=False, markup=False)
+        err.print(f"loadgen: error: {exc}", highlight=False, markup=False, soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("loadgen: interrupted")
