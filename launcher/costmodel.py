@@ -92,8 +92,8 @@ def link_between(topo: Topology, a: Gpu, b: Gpu) -> Link:
         gbs = max(pair.nvlinks, 1) * per * hardware.NVLINK_EFFICIENCY
     elif transport == "p2p-pcie":
         gbs = min(pcie_gbs(a), pcie_gbs(b))
-        if pair.common_ancestor in ("NODE", "SYS"):
-            gbs *= 0.5  # peer traffic crossing the CPU or the socket interconnect
+        if pair.common_ancestor == "SYS":
+            gbs *= 0.5  # peer writes crossing the socket interconnect (QPI/UPI, xGMI) halve
     else:
         gbs = min(pcie_gbs(a), pcie_gbs(b)) * hardware.SHM_EFFICIENCY
     if m is not None and m.bandwidth_gbs:
@@ -125,13 +125,19 @@ def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
 
 
 def embedding_bytes(m: ModelSpec) -> int:
+    """One vocab × hidden table in 16 bits (quantization leaves embeddings and LM head alone)."""
     return m.vocab_size * m.hidden_size * 2
+
+
+def table_bytes(m: ModelSpec) -> int:
+    """The input embedding and, when untied, the LM head."""
+    return embedding_bytes(m) * (1 if m.tied_embeddings else 2)
 
 
 def streamed_weight_bytes(m: ModelSpec) -> float:
     """Bytes a decode step reads: all weights except the input embedding table (one row is read);
     for mixture-of-experts only the experts the batch routes to (bounded here by the active set)."""
-    untied_embed = embedding_bytes(m) if m.weight_bytes > 2 * embedding_bytes(m) else 0
+    untied_embed = 0 if m.tied_embeddings else embedding_bytes(m)
     dense = m.weight_bytes - untied_embed
     return dense * (m.active_params / m.params) if m.num_experts else dense
 
@@ -166,6 +172,11 @@ def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
     return max(compute, memory) + comm + hops + STEP_OVERHEAD_S
 
 
+def stage_share(m: ModelSpec, pp: int) -> float:
+    """Fraction of the layers on the fullest pipeline stage (vLLM splits 62 layers 21/21/20)."""
+    return -(-m.num_layers // pp) / m.num_layers
+
+
 def _kv_shards(m: ModelSpec, tp: int) -> int:
     # Past tp = kv_heads, vLLM replicates KV heads: the cache stops shrinking per GPU.
     return min(tp, m.num_kv_heads)
@@ -175,13 +186,14 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     """One decode step that advances ``batch`` sequences of ``context`` tokens by one token."""
     gpus = [g for stage in lay.stages for g in stage]
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
-    w_stage = streamed_weight_bytes(m) / (lay.tp * lay.pp)
-    kv_stage = micro * m.kv_bytes(context) / (_kv_shards(m, lay.tp) * lay.pp)
+    share = stage_share(m, lay.pp)
+    w_stage = streamed_weight_bytes(m) * share / lay.tp
+    kv_stage = micro * m.kv_bytes(context) * share / _kv_shards(m, lay.tp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
-    flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) / (lay.tp * lay.pp)
+    flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) * share / lay.tp
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
-    comm = 2 * m.num_layers / lay.pp * _allreduce_s(lay.tp_link, lay.tp, act)
+    comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
     stage = max(memory, compute) + comm + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.

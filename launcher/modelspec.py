@@ -62,6 +62,7 @@ class ModelSpec:
     sliding_window: int | None = None
     sliding_layers: int = 0  # layers that attend only over ``sliding_window`` tokens
     num_experts: int = 0
+    tied_embeddings: bool = True  # the LM head reuses the input embedding table
     path: str | None = None
 
     @property
@@ -232,7 +233,9 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
         vocab_size=int(t["vocab_size"]),
         intermediate_size=int(t.get("intermediate_size") or 0),
         max_position_embeddings=int(
-            t.get("max_position_embeddings") or cfg.get("max_position_embeddings") or 4096
+            t.get("max_position_embeddings")
+            or cfg.get("max_position_embeddings")
+            or _DEFAULT_CONTEXT.get(model_type, 4096)
         ),
         params=params,
         active_params=params - layers * (mlp - active_mlp),
@@ -245,11 +248,14 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
         sliding_window=window,
         sliding_layers=sliding,
         num_experts=int(t.get("num_experts") or t.get("num_local_experts") or 0),
+        tied_embeddings=bool(t.get("tie_word_embeddings", True)),
         path=path,
     )
 
 
 _GEMMA3_VOCAB = 262208  # Gemma3TextConfig's default; Gemma 3 configs leave it out
+# transformers' config defaults for fields real configs omit
+_DEFAULT_CONTEXT = {"gemma3_text": 131072, "gemma3": 131072, "gemma2": 8192, "llama": 2048}
 
 
 # ---------------------------------------------------------------------------------- locating

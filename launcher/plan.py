@@ -116,10 +116,11 @@ class Fit:
 
 
 def weights_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
-    # PP gives the embedding to the first stage and the LM head to the last: that stage carries
-    # one table more than an even share.
-    extra = costmodel.embedding_bytes(m) / tp if pp > 1 else 0.0
-    return m.weight_bytes / (tp * pp) + extra
+    # PP splits the layers evenly and gives the embedding to the first stage, the LM head to
+    # the last (a copy of the embedding when they are tied); TP splits the tables by vocabulary.
+    tables = costmodel.table_bytes(m)
+    per_stage = costmodel.embedding_bytes(m) if pp > 1 else tables
+    return (m.weight_bytes - tables) * costmodel.stage_share(m, pp) / tp + per_stage / tp
 
 
 def overhead_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
@@ -128,10 +129,16 @@ def overhead_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
     return BASE_OVERHEAD_BYTES + par + act
 
 
+def kv_shards(m: ModelSpec, tp: int, pp: int) -> float:
+    """Into how many parts the KV cache divides: KV heads over TP (replicated past the head
+    count), layers over PP (the fullest stage sets the size)."""
+    return min(tp, m.num_kv_heads) / costmodel.stage_share(m, pp)
+
+
 def fit(m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float) -> Fit:
     budget = min(g.memory_bytes for g in gpus) * util  # vLLM sizes every worker like the smallest
     fixed = weights_per_gpu(m, tp, pp) + overhead_per_gpu(m, tp, pp)
-    shards = min(tp, m.num_kv_heads) * pp
+    shards = kv_shards(m, tp, pp)
     kv_budget = max(0.0, budget - fixed) * shards
     return Fit(budget, fixed, kv_budget, m.tokens_fitting(kv_budget))
 
@@ -220,8 +227,8 @@ def _structural_reject(m: ModelSpec, s: _Shape) -> str | None:
         return (
             f"TP={s.tp}: {m.num_kv_heads} KV heads can be neither split nor replicated over {s.tp}"
         )
-    if m.num_layers % s.pp:
-        return f"PP={s.pp}: {m.num_layers} layers are not divisible by {s.pp}"
+    if s.pp > m.num_layers:
+        return f"PP={s.pp}: more stages than the {m.num_layers} layers"
     return None
 
 
@@ -309,7 +316,7 @@ def _evaluate(
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
     )
     wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
-    need = f.need_fixed + m.kv_bytes(wanted) / (min(s.tp, m.num_kv_heads) * s.pp)
+    need = f.need_fixed + m.kv_bytes(wanted) / kv_shards(m, s.tp, s.pp)
     gpus = tuple(g.index for grp in groups for g in grp)
     cand = Candidate(
         mode_name(s.tp, s.pp, s.dp),
@@ -557,27 +564,28 @@ def _no_fit(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candid
             except PlanError:
                 continue
             fixes.append(
-                f"{label} (~{_gib(v.weight_bytes)} GiB) as {mode_name(vp.tp, vp.pp, vp.dp)} "
-                f"TP={vp.tp} PP={vp.pp}"
+                f"{label} (~{_gib(v.weight_bytes)} GiB of weights) as TP={vp.tp} PP={vp.pp}"
             )
             break
-    per_gpu = biggest.budget_gib * GIB
-    total = weights_per_gpu(m, 1, 1) + m.kv_bytes(wanted) + overhead_per_gpu(m, 1, 1)
-    more = 1
-    while (
-        more * per_gpu - more * (PARALLEL_OVERHEAD_BYTES + BASE_OVERHEAD_BYTES) < total
-        and more < 64
-    ):
-        more *= 2
-    fixes.append(f"{more} GPUs like these (~{_gib(total)} GiB needed in all)")
-    ctx = max((c for c in cands if c.budget_gib), key=lambda c: c.budget_gib - c.need_gib)
-    if policy.max_model_len and ctx.budget_gib > 0:
-        room = ctx.budget_gib * GIB - (
-            ctx.need_gib * GIB - m.kv_bytes(wanted) / max(1, min(ctx.tp, m.num_kv_heads) * ctx.pp)
+    budget = max(c.budget_gib for c in sized) * GIB
+    kv_wanted = m.kv_bytes(wanted)
+    for k in (2, 4, 8, 16, 32, 64):
+        need = (
+            weights_per_gpu(m, k, 1)
+            + overhead_per_gpu(m, k, 1)
+            + kv_wanted / min(k, m.num_kv_heads)
         )
-        shorter = m.tokens_fitting(room * min(ctx.tp, m.num_kv_heads) * ctx.pp) if room > 0 else 0
-        if shorter >= 256:
-            fixes.append(f"a shorter context (--max-model-len {shorter})")
+        if k > len(topo.gpus) and m.num_heads % k == 0 and need <= budget:
+            fixes.append(f"{k} GPUs like these as TP={k} ({_gib(need)} GiB per GPU)")
+            break
+    rooms = [
+        (c.budget_gib * GIB - weights_per_gpu(m, c.tp, c.pp) - overhead_per_gpu(m, c.tp, c.pp), c)
+        for c in sized
+    ]
+    room, c = max(rooms, key=lambda rc: rc[0])
+    shorter = m.tokens_fitting(room * kv_shards(m, c.tp, c.pp)) if room > 0 else 0
+    if shorter >= 256:
+        fixes.append(f"a shorter context, --max-model-len {shorter} ({_label(c)})")
     return PlanError(msg + ". Would fit: " + "; or ".join(fixes))
 
 

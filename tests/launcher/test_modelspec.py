@@ -1,0 +1,107 @@
+"""Model sizing from config.json, table-driven over real configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import ModelError
+from launcher.modelspec import GIB, load_model_spec, spec_from_config
+from tests.launcher.paths import model
+
+# name, family, params (billions, published), weight GiB, KV bytes/token at 8k, sliding layers
+CASES = [
+    ("llama-3.3-70b", "llama", 70.6, 131.4, 327680, 0),
+    ("llama-3.3-70b-awq", "llama", 70.6, 37.0, 327680, 0),
+    ("qwen2.5-32b", "qwen2", 32.8, 61.0, 262144, 0),
+    ("gemma-3-27b", "gemma3", 27.4, 51.1, 135168, 52),
+    ("mistral-7b", "mistral", 7.25, 13.5, 131072, 0),
+    ("qwen3-32b", "qwen3", 32.8, 61.0, 262144, 0),
+    ("qwen3-30b-a3b", "qwen3", 30.5, 56.9, 98304, 0),
+]
+
+
+@pytest.mark.parametrize(("name", "family", "params_b", "weights_gib", "kv8k", "sliding"), CASES)
+def test_sizes_real_configs(
+    name: str, family: str, params_b: float, weights_gib: float, kv8k: int, sliding: int
+) -> None:
+    m = load_model_spec(model(name))
+    assert m.family == family
+    assert m.params / 1e9 == pytest.approx(params_b, rel=0.01)
+    assert m.weight_bytes / GIB == pytest.approx(weights_gib, abs=0.1)
+    assert m.kv_bytes_per_token(8192) == pytest.approx(kv8k)
+    assert m.sliding_layers == sliding
+
+
+def test_gemma3_reads_the_nested_text_config_and_its_defaults() -> None:
+    m = load_model_spec(model("gemma-3-27b"))
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim) == (
+        62,
+        5376,
+        32,
+        16,
+        128,
+    )
+    assert m.vocab_size == 262208
+    assert m.max_position_embeddings == 131072
+    assert m.sliding_window == 1024
+
+
+def test_sliding_layers_keep_only_their_window() -> None:
+    m = load_model_spec(model("gemma-3-27b"))
+    per = m.kv_bytes_per_layer_token()
+    assert m.kv_bytes(512) == per * 62 * 512
+    assert m.kv_bytes(32768) == per * (10 * 32768 + 52 * 1024)
+    # the inverse: the longest sequence a budget holds
+    assert m.tokens_fitting(m.kv_bytes(32768)) == 32768
+    assert m.tokens_fitting(m.kv_bytes(700)) == 700
+
+
+def test_awq_weights_are_a_quarter_plus_scales_and_16_bit_tables() -> None:
+    bf16 = load_model_spec(model("llama-3.3-70b"))
+    awq = load_model_spec(model("llama-3.3-70b-awq"))
+    assert (awq.quantization, awq.weight_bits, awq.dtype) == ("awq", 4.0, "float16")
+    assert 0.27 < awq.weight_bytes / bf16.weight_bytes < 0.30
+
+
+def test_mixture_of_experts_counts_active_parameters() -> None:
+    m = load_model_spec(model("qwen3-30b-a3b"))
+    assert m.active_params / 1e9 == pytest.approx(3.3, abs=0.1)
+    assert m.num_experts == 128
+
+
+def test_fp8_config() -> None:
+    cfg = json.loads(Path(model("llama-3.3-70b"), "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    m = spec_from_config(cfg, "fp8")
+    assert m.quantization == "fp8"
+    assert 67 < m.weight_bytes / GIB < 69  # the published FP8 checkpoint is ~72 GB
+
+
+def test_finds_a_model_in_the_hub_cache_offline(tmp_path: Path) -> None:
+    snap = tmp_path / "models--meta-llama--Llama-3.3-70B-Instruct" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(Path(model("llama-3.3-70b"), "config.json").read_text())
+    (tmp_path / "models--meta-llama--Llama-3.3-70B-Instruct" / "refs").mkdir()
+    (tmp_path / "models--meta-llama--Llama-3.3-70B-Instruct" / "refs" / "main").write_text("abc123")
+    m = load_model_spec("meta-llama/Llama-3.3-70B-Instruct", {"HF_HUB_CACHE": str(tmp_path)})
+    assert m.name == "meta-llama/Llama-3.3-70B-Instruct"
+    assert m.num_layers == 80
+
+
+def test_a_model_not_found_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="huggingface-cli download org/missing"):
+        load_model_spec("org/missing", {"HF_HUB_CACHE": str(tmp_path), "HF_HOME": str(tmp_path)})
+
+
+def test_a_config_without_layers_is_a_model_error() -> None:
+    with pytest.raises(ModelError, match="num_hidden_layers"):
+        spec_from_config({"model_type": "bert", "hidden_size": 8}, "x")
+
+
+def test_the_embedded_tiny_model_sizes(tiny_model_path: str) -> None:
+    m = load_model_spec(tiny_model_path)
+    assert (m.hidden_size, m.num_layers) == (256, 4)
+    assert m.weight_bytes > 0

@@ -1,0 +1,122 @@
+"""The NVML reader, driven by a stand-in pynvml module (no GPU exists on this machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import nvml
+from launcher.topology import topology_to_json
+from tests.launcher.fake_pynvml import FakeGpu, FakeNvml
+
+G3090 = "NVIDIA GeForce RTX 3090"
+
+
+def two_3090s(refuse: set[str] | None = None, bridge: bool = True) -> FakeNvml:
+    r = refuse or set()
+    gpus = [
+        FakeGpu(
+            G3090,
+            "GPU-aaaa",
+            "00000000:01:00.0",
+            24 << 30,
+            width=(8, 16),
+            nvlink_remote=["00000000:02:00.0"] * 4 if bridge else [],
+            refuse=r,
+        ),
+        FakeGpu(
+            G3090,
+            "GPU-bbbb",
+            "0000:02:00.0",
+            24 << 30,
+            width=(8, 16),
+            nvlink_remote=["00000000:01:00.0"] * 4 if bridge else [],
+            refuse=r,
+        ),
+    ]
+    ok = 0 if bridge else 1  # chipset not supported without the bridge
+    p2p = {(0, 1, i): ok for i in range(4)} | {(0, 1, 4): 1}
+    return FakeNvml(gpus, p2p)
+
+
+def test_reads_gpus_pairs_and_nvlink_bridge() -> None:
+    topo = nvml.read_topology({}, two_3090s())
+    assert [g.name for g in topo.gpus] == [G3090, G3090]
+    g0 = topo.gpus[0]
+    assert (g0.pcie_width_cur, g0.pcie_width_max, g0.pcie_gen_max) == (8, 16, 4)
+    assert g0.nvlinks_active == 4
+    assert g0.cpu_affinity == "0-7"
+    pair = topo.pair(0, 1)
+    assert pair.nvlinks == 4
+    assert pair.common_ancestor == "PHB"
+    assert (pair.p2p_read, pair.p2p_pci) == ("OK", "CHIPSET_NOT_SUPPORTED")
+    assert topo.driver == "550.120"
+
+
+def test_calls_that_geforce_refuses_become_unknown_not_a_crash() -> None:
+    refused = {
+        "nvmlDeviceGetNumaNodeId",
+        "nvmlDeviceGetPersistenceMode",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetP2PStatus",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetTopologyCommonAncestor",
+        "nvmlDeviceGetCpuAffinity",
+    }
+    topo = nvml.read_topology({}, two_3090s(refused))
+    g0 = topo.gpus[0]
+    assert g0.numa_node is None
+    assert g0.persistence_mode is None
+    assert g0.pcie_width_cur is None
+    assert g0.nvlinks_active == 0
+    pair = topo.pair(0, 1)
+    assert (pair.p2p_read, pair.common_ancestor, pair.nvlinks) == (None, None, 0)
+    topology_to_json(topo)  # unknowns serialise
+
+
+def test_no_driver_gives_zero_gpus() -> None:
+    topo = nvml.read_topology({}, FakeNvml([], {}, driver_loaded=False))
+    assert topo.gpus == ()
+    assert any("no GPU" in n for n in topo.notes)
+
+
+def test_cuda_visible_devices_narrows_the_reading() -> None:
+    topo = nvml.read_topology(
+        {"CUDA_VISIBLE_DEVICES": "GPU-bbbb", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, two_3090s()
+    )
+    assert [g.index for g in topo.gpus] == [1]
+    assert topo.pairs == ()
+
+
+def test_samples_counters_with_units_converted() -> None:
+    [s0, s1] = nvml.sample_gpus(two_3090s())
+    assert s0.name == G3090
+    assert s0.utilization_ratio == pytest.approx(0.42)
+    assert s0.power_watts == pytest.approx(250.5)
+    assert s0.pcie_tx_bytes_per_second == 1000 * 1024
+    assert s0.pcie_rx_bytes_per_second == 2000 * 1024
+    assert s0.nvlink_tx_bytes_total == 10 * 1024
+    assert s0.memory_total_bytes == 24 << 30
+    assert s1.index == 1
+
+
+def test_samples_record_none_where_nvml_refuses() -> None:
+    [s0, _] = nvml.sample_gpus(
+        two_3090s(
+            {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues", "nvmlDeviceGetPcieThroughput"}
+        )
+    )
+    assert s0.power_watts is None
+    assert s0.nvlink_tx_bytes_total is None
+    assert s0.pcie_rx_bytes_per_second is None
+    assert s0.utilization_ratio is not None
+
+
+def test_samples_are_empty_without_a_driver() -> None:
+    assert nvml.sample_gpus(FakeNvml([], {}, driver_loaded=False)) == []
+
+
+def test_real_pynvml_on_this_machine_reads_zero_gpus_or_some() -> None:
+    # The real module against the real (absent) driver: never raises.
+    topo = nvml.read_topology({})
+    assert isinstance(topo.gpus, tuple)
+    assert isinstance(nvml.sample_gpus(), list)

@@ -1,0 +1,282 @@
+"""The planner, table-driven over recorded topologies × real model configs, with invariants on
+every case, plus the field anchors the cost model must reproduce."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import replace
+
+import pytest
+
+from launcher.errors import PlanError
+from launcher.modelspec import ModelSpec, load_model_spec
+from launcher.plan import Candidate, Plan, Policy, plan
+from launcher.render import render
+from launcher.topology import Measured, Topology, load_topology
+from tests.launcher.paths import model, topo
+
+TOPOLOGIES = [
+    "h200x2-nvlink",
+    "2x3090-nvlink-x8x8",
+    "2x3090-pcie-x8x8-nop2p",
+    "2x3090-p2p-x16",
+    "3x3090-one-x4",
+    "4x4090-2socket",
+    "8xh100-nvswitch",
+    "mixed-3090-4090",
+]
+MODELS = [
+    "llama-3.3-70b",
+    "llama-3.3-70b-awq",
+    "qwen2.5-32b",
+    "gemma-3-27b",
+    "mistral-7b",
+    "qwen3-32b",
+    "qwen3-30b-a3b",
+]
+
+
+def T(name: str) -> Topology:
+    return load_topology(topo(name), {})
+
+
+def M(name: str) -> ModelSpec:
+    return load_model_spec(model(name))
+
+
+def pick(p: Plan, tp: int, pp: int, dp: int = 1) -> Candidate:
+    [c] = [c for c in p.candidates if (c.tp, c.pp, c.dp) == (tp, pp, dp)]
+    return c
+
+
+def check_invariants(t: Topology, m: ModelSpec, p: Plan) -> None:
+    assert m.num_heads % p.tp == 0
+    assert p.pp <= m.num_layers  # vLLM splits uneven layer counts (62 → 21/21/20)
+    assert p.tp * p.pp * p.dp == len(p.gpus)
+    assert len(set(p.gpus)) == len(p.gpus)
+    assert set(p.gpus) <= {g.index for g in t.gpus}
+    chosen = [c for c in p.candidates if (c.tp, c.pp, c.dp, c.gpus) == (p.tp, p.pp, p.dp, p.gpus)]
+    assert len(chosen) == 1
+    assert chosen[0].need_gib <= chosen[0].budget_gib  # the plan fits
+    pr = p.predicted
+    assert pr.prefill_tok_s > pr.decode_tok_s > 0
+    assert pr.throughput_tok_s > 0
+    assert pr.e2e_s > pr.ttft_s > 0
+    assert min(4096, m.max_position_embeddings) <= p.max_model_len <= m.max_position_embeddings
+    for c in p.candidates:
+        assert (c.predicted is None) != (c.rejected is None)
+        assert (c.scores is None) == (c.predicted is None)
+        if c.scores:
+            assert 0 < c.scores.interactive <= 1
+            assert 0 < c.scores.throughput <= 1
+    # TP beats layer split on the same GPUs for one stream, on any link (for prompts only with
+    # dense models: a mixture-of-experts computes so little per token that a slow all-reduce
+    # can cost more than it saves)
+    for c in p.candidates:
+        if c.tp > 1 and c.pp == 1 and c.dp == 1 and c.predicted:
+            pp = [o for o in p.candidates if (o.tp, o.pp, o.dp) == (1, c.tp, 1) and o.predicted]
+            for o in pp:
+                assert o.predicted is not None
+                if not m.num_experts:
+                    assert c.predicted.prefill_tok_s > o.predicted.prefill_tok_s
+                assert c.predicted.decode_tok_s > o.predicted.decode_tok_s
+    r = render(p, m.name, served_name=None, host="127.0.0.1", port=8000)
+    assert r.argv[:3] == ("vllm", "serve", m.name)
+    assert r.argv[r.argv.index("--tensor-parallel-size") + 1] == str(p.tp)
+    assert r.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, p.gpus))
+    assert r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+@pytest.mark.parametrize("workload", ["interactive", "throughput"])
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("topo_name", TOPOLOGIES)
+def test_every_topology_and_model(topo_name: str, model_name: str, workload: str) -> None:
+    t, m = T(topo_name), M(model_name)
+    room = sum(g.memory_bytes for g in t.gpus) * 0.9
+    try:
+        p: Plan | PlanError = plan(t, m, Policy(workload=workload))
+    except PlanError as exc:
+        p = exc
+    if isinstance(p, PlanError):
+        # the only acceptable failure: it cannot fit, and the message says by how much
+        assert m.weight_bytes > room * 0.7
+        assert re.search(r"needs [\d.]+ GiB per GPU .* has [\d.]+ GiB per GPU", str(p))
+        assert "Would fit: " in str(p)
+    else:
+        assert m.weight_bytes < room
+        check_invariants(t, m, p)
+
+
+def test_h200_llama_70b_chooses_tp2_for_interactive() -> None:
+    p = plan(T("h200x2-nvlink"), M("llama-3.3-70b"), Policy())
+    assert (p.mode, p.tp, p.pp, p.dp, p.gpus, p.transport) == ("tp", 2, 1, 1, (0, 1), "nvlink")
+    text = "\n".join(p.reasons)
+    assert "NV18" in text
+    assert "one GPU" in text
+    assert "126.4 GiB" in text
+    assert "chosen for interactive" in text
+    assert p.predicted.decode_tok_s > pick(p, 1, 2).predicted.decode_tok_s  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------ the field anchors
+
+AWQ = "llama-3.3-70b-awq"
+
+
+def forced(t: Topology, tp: int, pp: int) -> Plan:
+    return plan(t, M(AWQ), Policy(force_tp=tp, force_pp=pp, force_dp=1))
+
+
+def with_width(t: Topology, width: int) -> Topology:
+    return replace(t, gpus=tuple(replace(g, pcie_width_cur=width) for g in t.gpus))
+
+
+def test_nvlink_lifts_tp_prefill_about_30_percent_over_shm_but_not_decode() -> None:
+    nvl = forced(T("2x3090-nvlink-x8x8"), 2, 1).predicted
+    shm = forced(T("2x3090-pcie-x8x8-nop2p"), 2, 1).predicted
+    assert 1.2 < nvl.prefill_tok_s / shm.prefill_tok_s < 1.4
+    assert 1.0 <= nvl.decode_tok_s / shm.decode_tok_s < 1.1
+
+
+def test_layer_split_is_nearly_indifferent_to_the_link() -> None:
+    nvl = forced(T("2x3090-nvlink-x8x8"), 1, 2).predicted
+    shm = forced(T("2x3090-pcie-x8x8-nop2p"), 1, 2).predicted
+    assert nvl.prefill_tok_s / shm.prefill_tok_s == pytest.approx(1.0, abs=0.02)
+    assert nvl.decode_tok_s / shm.decode_tok_s == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize(("width", "loss"), [(8, 0.05), (4, 0.15)])
+def test_p2p_over_narrower_pcie_loses_as_measured(width: int, loss: float) -> None:
+    x16 = T("2x3090-p2p-x16")
+    full = forced(x16, 2, 1).predicted.prefill_tok_s
+    narrow = forced(with_width(x16, width), 2, 1).predicted.prefill_tok_s
+    assert 1 - narrow / full == pytest.approx(loss, abs=0.03)
+
+
+def test_measured_link_overrides_the_assumed_one() -> None:
+    t = T("2x3090-nvlink-x8x8")
+    slow = replace(t, pairs=(replace(t.pairs[0], measured=Measured(bandwidth_gbs=5.0)),))
+    assert forced(slow, 2, 1).predicted.prefill_tok_s < forced(t, 2, 1).predicted.prefill_tok_s
+
+
+# --------------------------------------------------------------------------- choices
+
+
+def test_workloads_are_scored_separately_and_can_disagree() -> None:
+    t, m = T("2x3090-pcie-x8x8-nop2p"), M("mistral-7b")
+    inter = plan(t, m, Policy(workload="interactive"))
+    thru = plan(t, m, Policy(workload="throughput", concurrency=64))
+    assert (inter.tp, inter.dp) == (2, 1)
+    assert (thru.tp, thru.dp) == (1, 2)
+    # and the same candidates carry both scores
+    for c in inter.candidates:
+        if c.scores:
+            assert c.scores.interactive > 0
+            assert c.scores.throughput > 0
+
+
+def test_replicas_do_not_win_throughput_by_rule_nvlink_keeps_tp() -> None:
+    # the same model and concurrency as above; NVLink changes the answer for few streams
+    p = plan(T("2x3090-nvlink-x8x8"), M("mistral-7b"), Policy(workload="throughput", concurrency=8))
+    assert (p.tp, p.dp) == (2, 1)
+
+
+def test_the_gpu_at_x4_is_left_out_of_tensor_parallel() -> None:
+    p = plan(T("3x3090-one-x4"), M(AWQ), Policy())
+    assert p.tp == 2
+    assert p.gpus == (0, 1)
+
+
+def test_replicas_keep_tp_groups_inside_a_socket() -> None:
+    p = plan(T("4x4090-2socket"), M(AWQ), Policy(workload="throughput", concurrency=64))
+    assert (p.tp, p.dp) == (2, 2)
+    groups = {frozenset(p.gpus[:2]), frozenset(p.gpus[2:])}
+    assert groups == {frozenset({0, 1}), frozenset({2, 3})}
+
+
+def test_mixed_cards_are_sized_to_the_smallest_and_say_so() -> None:
+    p = plan(T("mixed-3090-4090"), M(AWQ), Policy())
+    assert "mixed GPU models" in "\n".join(p.reasons)
+    t = T("mixed-3090-4090")
+    smallest = min(g.memory_bytes for g in t.gpus)
+    c = pick(p, 2, 1)
+    assert c.budget_gib == round(smallest * 0.9 / 2**30, 1)
+
+
+@pytest.mark.parametrize(
+    ("topo_name", "model_name", "env", "flag"),
+    [
+        ("2x3090-pcie-x8x8-nop2p", AWQ, {}, True),
+        ("2x3090-nvlink-x8x8", AWQ, {}, False),
+        ("2x3090-p2p-x16", AWQ, {"NCCL_P2P_LEVEL": "NODE", "VLLM_SKIP_P2P_CHECK": "0"}, False),
+        ("4x4090-2socket", "qwen2.5-32b", {}, True),
+        ("8xh100-nvswitch", "llama-3.3-70b", {}, False),
+        ("h200x2-nvlink", "llama-3.3-70b", {}, False),
+    ],
+)
+def test_link_settings(topo_name: str, model_name: str, env: dict[str, str], flag: bool) -> None:
+    p = plan(T(topo_name), M(model_name), Policy())
+    assert dict(p.env) == env
+    assert ("--disable-custom-all-reduce" in p.flags) == flag
+    if flag or env:
+        assert any(k in r for r in p.reasons for k in [*env, "--disable-custom-all-reduce"])
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_a_model_that_cannot_fit_gives_the_numbers_and_what_would_fit() -> None:
+    with pytest.raises(PlanError) as exc:
+        plan(T("2x3090-nvlink-x8x8"), M("llama-3.3-70b"), Policy())
+    msg = str(exc.value)
+    assert "131.4 GiB of weights" in msg
+    assert "has 21.6 GiB per GPU" in msg
+    assert "4-bit AWQ/GPTQ variant" in msg
+    assert "8 GPUs like these as TP=8" in msg
+    assert exc.value.exit_code == 3
+
+
+def test_a_context_too_long_for_memory_suggests_a_shorter_one() -> None:
+    with pytest.raises(PlanError, match=r"--max-model-len \d+"):
+        plan(T("2x3090-nvlink-x8x8"), M(AWQ), Policy(max_model_len=131072))
+
+
+def test_context_beyond_the_model_is_refused() -> None:
+    with pytest.raises(PlanError, match="max_position_embeddings 32768"):
+        plan(T("h200x2-nvlink"), M("qwen2.5-32b"), Policy(max_model_len=65536))
+
+
+def test_forcing_an_invalid_tp_reports_why() -> None:
+    with pytest.raises(PlanError, match="not divisible by 3"):
+        plan(T("3x3090-one-x4"), M(AWQ), Policy(force_tp=3))
+
+
+def test_forced_sizes_are_kept() -> None:
+    p = plan(T("h200x2-nvlink"), M("llama-3.3-70b"), Policy(force_pp=2))
+    assert (p.tp, p.pp) == (1, 2)
+
+
+# ------------------------------------------------------------------------------- CPU
+
+
+def test_no_gpu_plans_the_cpu_engine(tiny_model_path: str) -> None:
+    p = plan(Topology(gpus=()), load_model_spec(tiny_model_path), Policy())
+    assert (p.engine, p.mode, p.tp, p.pp, p.dp, p.gpus) == ("cpu", "single", 1, 1, 1, ())
+    assert "no GPU found: CPU engine, 1 replica" in p.reasons[0]
+    r = render(p, tiny_model_path, served_name="tiny", host="127.0.0.1", port=9000)
+    assert not any("parallel" in a or "gpu" in a for a in r.argv)
+    assert "CUDA_VISIBLE_DEVICES" not in r.env
+
+
+def test_plan_is_pure_and_repeatable() -> None:
+    t, m = T("8xh100-nvswitch"), M("qwen2.5-32b")
+    assert plan(t, m, Policy()) == plan(t, m, Policy())
+
+
+def test_every_pair_of_8_gpus_is_considered_once() -> None:
+    p = plan(T("8xh100-nvswitch"), M("mistral-7b"), Policy())
+    shapes = [(c.tp, c.pp, c.dp) for c in p.candidates]
+    assert len(shapes) == len(set(shapes))
+    assert all(a * b * c <= 8 for a, b, c in shapes)
+    assert len(list(itertools.combinations(range(8), 2))) == 28
