@@ -78,7 +78,8 @@ def replica_specs(
         if per:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i * per : (i + 1) * per])
         port = first_port + i
-        argv = (*base, "--host", host, "--port", str(port))
+        # Right after the model, so the user's own flags (at the end) stay last and win.
+        argv = (*base[:3], "--host", host, "--port", str(port), *base[3:])
         replicas.append(ReplicaSpec(argv, env, host, port))
     return tuple(replicas)
 

@@ -75,7 +75,7 @@ def test_replicas_get_their_own_gpus_and_ports() -> None:
     assert [r.port for r in reps] == [7000, 7001]
     for r in reps:
         assert r.argv.count("--port") == 1
-        assert r.argv[-1] == str(r.port)
+        assert r.argv[r.argv.index("--port") + 1] == str(r.port)
         assert "h" not in r.argv
         assert r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
@@ -86,6 +86,8 @@ def test_a_single_cpu_replica_keeps_its_command() -> None:
     assert rep.url == "http://127.0.0.1:6000"
     assert command_line(rep.argv, {"A": "x y"}) == "A='x y' vllm serve m --host 127.0.0.1 " \
         "--port 6000"
+    (rep,) = replica_specs(("vllm", "serve", "m", "--port", "1", "--x", "y"), {}, 1, "h", 2)
+    assert rep.argv[-2:] == ("--x", "y")
 
 
 def test_engine_is_started_as_the_api_server_module_or_the_configured_command() -> None:

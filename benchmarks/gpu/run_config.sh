@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One configuration of the GPU table, measured through toposerve itself:
+# `launcher serve` (plan forced by LAUNCHER_ARGS) + `loadgen` through the proxy.
+#
+#   benchmarks/gpu/run_config.sh NAME MODEL_DIR "LAUNCHER ARGS" "SCENARIOS"
+#
+# SCENARIOS: space-separated from single (512->256, 1 stream), long (3584-token prompt),
+# c8 and c32 (512->256 at concurrency 8 / 32), proxyab (c32 direct to vLLM vs through the proxy).
+# Results: $OUT/NAME/*.json (loadgen), launcher.out, nccl.txt (the transports NCCL logged).
+# Run with PYTHONPATH holding vLLM (see ../shared/gpu/README.md); multicast stays off.
+set -uo pipefail
+name=$1 model=$2 largs=$3 scenarios=$4
+root=${OUT:-/tmp/out}
+out=$root/$name
+mkdir -p "$out/logs"
+port=${PORT:-8000} eport=${ENGINE_PORT:-8100}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_DEBUG=INFO PYTHONUNBUFFERED=1
+CC=${COMPILATION_CONFIG:-'{"cudagraph_capture_sizes":[1,2,4,8,16,32,64]}'}
+t0=$(date +%s)
+# shellcheck disable=SC2086
+python3 -m launcher serve --model "$model" --port "$port" --engine-port "$eport" \
+  --log-dir "$out/logs" --ready-timeout 480 $largs \
+  -- --load-format dummy --compilation-config "$CC" >"$out/launcher.out" 2>&1 &
+lp=$!
+ready=0
+for _ in $(seq 1 500); do
+  if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/ready', timeout=2)" 2>/dev/null; then
+    ready=1; break
+  fi
+  kill -0 $lp 2>/dev/null || break
+  sleep 1
+done
+echo "$name: ready=$ready after $(( $(date +%s) - t0 ))s" | tee -a "$root/summary.txt"
+lg() { python3 -m loadgen --no-progress "$@" 2>&1 | tail -n 14; }
+if [[ $ready == 1 ]]; then
+  for s in $scenarios; do
+    case $s in
+      single) lg --prompt 512 --gen 256 --concurrency 1 --requests 4 --warmup 1 --json "$out/single.json" ;;
+      long)   lg --prompt 3584 --gen 16 --concurrency 1 --requests 3 --warmup 1 --json "$out/long.json" ;;
+      c8)     lg --prompt 512 --gen 256 --concurrency 8 --requests 24 --warmup 4 --json "$out/c8.json" ;;
+      c32)    lg --prompt 512 --gen 256 --concurrency 32 --requests 96 --warmup 8 --json "$out/c32.json" ;;
+      proxyab)
+        for round in 1 2; do
+          lg --url "http://127.0.0.1:$eport" --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 8 --json "$out/direct$round.json"
+          lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 8 --json "$out/proxy$round.json"
+        done ;;
+    esac
+  done > "$out/loadgen.txt"
+fi
+kill -TERM $lp 2>/dev/null; wait $lp; echo "$name: launcher exit $?" >> "$root/summary.txt"
+grep -ho "via [A-Za-z0-9/_]*" "$out"/logs/vllm-*.log 2>/dev/null | sort | uniq -c > "$out/nccl.txt"
+grep -h -E "Retrying once|failed to start|restart" "$out/launcher.out" >> "$root/summary.txt"
+# What remains of the GPU after the stop: nothing should hold memory.
+nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$root/summary.txt"

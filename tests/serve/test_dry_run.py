@@ -1,0 +1,88 @@
+"""`launcher serve --dry-run`: the plan and the exact engine commands, nothing started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO, SHARED, free_port
+
+H200 = SHARED / "fixtures" / "topologies" / "h200x2-nvlink.nvml.json"
+LLAMA70B = REPO / "benchmarks" / "gpu" / "models" / "llama-3.3-70b-shape"
+
+
+def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--dry-run", "--port", str(free_port()),
+         *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_without_gpus_the_embedded_model_is_planned_on_the_cpu_engine() -> None:
+    res = dry_run()
+    assert res.returncode == 0, res.stderr
+    assert "no GPU found: CPU engine, 1 replica" in res.stdout
+    assert "--served-model-name toposerve-tiny" in res.stdout
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in res.stdout
+
+
+def test_a_70b_model_on_two_nvlinked_h200s_is_served_with_tensor_parallel() -> None:
+    res = dry_run("--topology", str(H200), "--model", str(LLAMA70B))
+    assert res.returncode == 0, res.stderr
+    assert "--tensor-parallel-size 2" in res.stdout
+    assert "CUDA_VISIBLE_DEVICES=0,1" in res.stdout
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in res.stdout
+
+
+def test_forced_replicas_become_one_engine_per_gpu_on_its_own_port() -> None:
+    qwen32 = REPO / "benchmarks" / "gpu" / "models" / "qwen2.5-32b-shape"
+    res = dry_run("--topology", str(H200), "--model", str(qwen32), "--dp", "2",
+                  "--engine-port", "9100")
+    assert res.returncode == 0, res.stderr
+    engines = [ln for ln in res.stdout.splitlines() if ln.strip().startswith("engine:")]
+    assert len(engines) == 2
+    assert "CUDA_VISIBLE_DEVICES=0 " in engines[0]
+    assert "--port 9100" in engines[0]
+    assert "CUDA_VISIBLE_DEVICES=1 " in engines[1]
+    assert "--port 9101" in engines[1]
+    assert all("--data-parallel-size" not in e for e in engines)
+
+
+def test_ray_address_runs_the_engine_on_the_ray_cluster() -> None:
+    res = dry_run("--topology", str(H200), "--model", str(LLAMA70B),
+                  "--ray-address", "10.0.0.5:6379")
+    assert res.returncode == 0, res.stderr
+    assert "RAY_ADDRESS=10.0.0.5:6379" in res.stdout
+    assert "--distributed-executor-backend ray" in res.stdout
+
+
+def test_extra_arguments_reach_vllm_last(tmp_path: Path) -> None:
+    res = dry_run("--", "--max-num-seqs", "7")
+    assert res.returncode == 0, res.stderr
+    engine = next(ln for ln in res.stdout.splitlines() if "engine:" in ln)
+    assert engine.rstrip().endswith("--max-num-seqs 7")
+
+
+def test_a_saved_plan_is_served_as_saved(tmp_path: Path) -> None:
+    plan = subprocess.run(
+        [sys.executable, "-m", "launcher", "plan", "--topology", str(H200), "--model",
+         str(LLAMA70B), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    saved = json.loads(plan.stdout)
+    saved["vllm_extra_args"] = ["--max-num-seqs", "3"]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(saved))
+    res = dry_run("--plan", str(path), "--model", str(LLAMA70B))
+    assert res.returncode == 0, res.stderr
+    assert "--tensor-parallel-size 2" in res.stdout
+    assert "--max-num-seqs 3" in res.stdout
+
+
+def test_a_plan_file_that_is_not_json_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    res = dry_run("--plan", str(path))
+    assert res.returncode == 1
+    assert "is not JSON" in res.stderr
+    assert "Traceback" not in res.stderr
