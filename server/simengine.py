@@ -1,0 +1,797 @@
+"""A simulated OpenAI/vLLM engine with exact, drift-free timings, for benchmarks and fault tests.
+
+    python -m server.simengine --host 127.0.0.1 --port 8100 --ttft 0.05 --itl 0.02 [--model NAME]
+
+Timeline of a generation: the request is complete at t0 (the loop's monotonic clock, when the
+last body byte was parsed); streamed response headers go out at once; token k (k = 0..n-1) is
+written at exactly ``t0 + ttft + k * itl`` — an absolute deadline, so lateness never accumulates.
+Chat streams send the role chunk together with token 0, the last token's chunk carries
+``finish_reason``, then the usage chunk (only with ``stream_options.include_usage``) and
+``data: [DONE]``. A non-streamed answer is written when its last token would be
+(``t0 + ttft + (n-1) * itl``). n = ``max_tokens`` (or ``max_completion_tokens``; default
+``--default-max-tokens``); with ``--eos-after E`` a request without ``ignore_eos`` stops at
+``max(E, min_tokens)`` tokens with finish_reason "stop". Prompt tokens: see server.simtokens.
+
+Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /health, /metrics
+(vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
+vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
+/sim/control (POST JSON: fault, healthy, refuse, ttft, itl). Faults: see server.simfaults.
+
+It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
+templates, so that 256 streams stay on time on two shared cores. The default event loop is the
+standard one: its clock is time.monotonic() and its timers fire within ~1 ms after the deadline,
+whereas uvloop's clock and timers have 1 ms granularity (``--loop uvloop`` is there to compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from http import HTTPStatus
+from typing import Any, cast
+
+import httptools
+
+from server.simfaults import NO_FAULT, Fault, FaultSpecError, parse_fault
+from server.simtokens import PromptError, messages_token_ids, prompt_token_ids
+
+READY_PREFIX = "simengine listening on "
+TOKEN_TEXT = " tok"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    ttft: float = 0.05
+    itl: float = 0.02
+    model: str = "sim-model"
+    max_model_len: int = 32768
+    default_max_tokens: int = 16
+    eos_after: int | None = None
+    fault: Fault = NO_FAULT
+    accept_delay: float = 0.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    loop: str = "asyncio"
+
+
+@dataclass
+class SimStats:
+    """Counters a test reads through /sim/stats to check what the engine really saw."""
+
+    requests: int = 0
+    generations: int = 0
+    running: int = 0
+    completed: int = 0
+    aborted: int = 0
+    killed: int = 0
+    stalled: int = 0
+    faults: int = 0
+    connections: int = 0
+    open_connections: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    late_max_s: float = 0.0
+    late_sum_s: float = 0.0
+    by_route: dict[str, int] = field(default_factory=dict)
+    last_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    keep_alive: bool
+
+
+@dataclass
+class _Plan:
+    """What one generation will send: sizes, byte templates and its fault."""
+
+    chat: bool
+    stream: bool
+    n_tokens: int
+    prompt_tokens: int
+    finish_reason: str
+    include_usage: bool
+    fault: Fault
+    model: str
+
+
+class SimEngine:
+    """Shared state of one simulated engine; ``protocol_factory`` is what asyncio serves."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.stats = SimStats()
+        self.fault = cfg.fault
+        self.healthy = True
+        self.refuse = False
+        self.ttft = cfg.ttft
+        self.itl = cfg.itl
+
+    def protocol_factory(self) -> _Connection:
+        return _Connection(self)
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def handle(self, conn: _Connection, req: _Request) -> None:
+        route = req.path.split("?", 1)[0]
+        self.stats.requests += 1
+        self.stats.by_route[route] = self.stats.by_route.get(route, 0) + 1
+        self.stats.last_headers = dict(req.headers)
+        handler = _ROUTES.get((req.method, route))
+        if handler is None:
+            known = any(path == route for _, path in _ROUTES)
+            status = 405 if known else 404
+            conn.send_json(status, {"detail": HTTPStatus(status).phrase})
+            return
+        handler(self, conn, req)
+
+    def fault_for(self, req: _Request) -> Fault:
+        spec = req.headers.get("x-sim-fault")
+        return parse_fault(spec) if spec is not None else self.fault
+
+
+def _error(conn: _Connection, status: int, message: str, headers: Sequence[str] = ()) -> None:
+    err_type = "BadRequestError" if status < 500 else "InternalServerError"
+    if status == 404:
+        err_type = "NotFoundError"
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    conn.send_json(status, body, headers)
+
+
+def _json_body(conn: _Connection, req: _Request) -> dict[str, Any] | None:
+    try:
+        body = json.loads(req.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        _error(conn, 400, f"request body is not valid JSON: {exc}")
+        return None
+    if not isinstance(body, dict):
+        _error(conn, 400, "request body must be a JSON object")
+        return None
+    return body
+
+
+def _health(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    conn.send_bytes(200 if eng.healthy else 503, "application/json", b"")
+
+
+def _version(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    conn.send_json(200, {"version": "simengine"})
+
+
+def _models(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    card = {
+        "id": eng.cfg.model, "object": "model", "created": int(time.time()),
+        "owned_by": "vllm", "root": eng.cfg.model, "parent": None,
+        "max_model_len": eng.cfg.max_model_len, "permission": [],
+    }
+    conn.send_json(200, {"object": "list", "data": [card]})
+
+
+def _tokenize(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    body = _json_body(conn, req)
+    if body is None:
+        return
+    try:
+        if "messages" in body:
+            ids = messages_token_ids(body["messages"])
+        else:
+            ids = prompt_token_ids(body.get("prompt", ""))
+    except PromptError as exc:
+        _error(conn, 400, str(exc))
+        return
+    reply = {"count": len(ids), "max_model_len": eng.cfg.max_model_len, "tokens": ids,
+             "token_strs": None}
+    conn.send_json(200, reply)
+
+
+def _stats(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    conn.send_json(200, asdict(eng.stats))
+
+
+def _reset(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    running, open_conns = eng.stats.running, eng.stats.open_connections
+    eng.stats = SimStats(running=running, open_connections=open_conns)
+    conn.send_json(200, {"ok": True})
+
+
+def _control(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    body = _json_body(conn, req)
+    if body is None:
+        return
+    try:
+        if "fault" in body:
+            eng.fault = parse_fault(str(body["fault"] or ""))
+        eng.healthy = bool(body.get("healthy", eng.healthy))
+        eng.refuse = bool(body.get("refuse", eng.refuse))
+        eng.ttft = float(body.get("ttft", eng.ttft))
+        eng.itl = float(body.get("itl", eng.itl))
+    except (FaultSpecError, TypeError, ValueError) as exc:
+        _error(conn, 400, str(exc))
+        return
+    conn.send_json(200, {"ok": True})
+
+
+def _metrics(eng: SimEngine, conn: _Connection, req: _Request) -> None:
+    conn.send_bytes(200, "text/plain; version=0.0.4; charset=utf-8",
+                    render_metrics(eng.cfg.model, eng.stats).encode())
+
+
+def render_metrics(model: str, stats: SimStats) -> str:
+    """The vLLM metrics the simulated engine keeps, in Prometheus text format."""
+    labels = f'{{engine="0",model_name={json.dumps(model)}}}'
+    rows = [
+        ("vllm:num_requests_running", "gauge", stats.running),
+        ("vllm:num_requests_waiting", "gauge", 0),
+        ("vllm:prompt_tokens_total", "counter", stats.prompt_tokens),
+        ("vllm:generation_tokens_total", "counter", stats.generation_tokens),
+    ]
+    lines = []
+    for name, kind, value in rows:
+        lines += [f"# HELP {name} {name} (simulated engine)", f"# TYPE {name} {kind}",
+                  f"{name}{labels} {float(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _generate(eng: SimEngine, conn: _Connection, req: _Request, chat: bool) -> None:
+    body = _json_body(conn, req)
+    if body is None:
+        return
+    try:
+        fault = eng.fault_for(req)
+        plan = plan_generation(eng.cfg, body, chat, fault)
+    except (FaultSpecError, PromptError) as exc:
+        _error(conn, 400, str(exc))
+        return
+    except LookupError as exc:
+        _error(conn, 404, str(exc.args[0]))
+        return
+    if fault.active:
+        eng.stats.faults += 1
+    if fault.close:
+        conn.transport_close()
+        return
+    if fault.status is not None:
+        extra = [f"retry-after: {fault.retry_after}"] if fault.retry_after is not None else []
+        _error(conn, fault.status, f"simulated fault: status {fault.status}", extra)
+        return
+    _Generation(eng, conn, plan).start()
+
+
+def plan_generation(cfg: SimConfig, body: dict[str, Any], chat: bool, fault: Fault) -> _Plan:
+    """Decide sizes from the request; raises PromptError (400) or LookupError (404)."""
+    model = body.get("model")
+    if model is not None and model != cfg.model:
+        raise LookupError(f"The model `{model}` does not exist.")
+    ids = messages_token_ids(body.get("messages")) if chat else prompt_token_ids(
+        body.get("prompt", ""))
+    max_tokens = body.get("max_completion_tokens") if chat else None
+    max_tokens = max_tokens if max_tokens is not None else body.get("max_tokens")
+    max_tokens = cfg.default_max_tokens if max_tokens is None else max_tokens
+    if not _is_count(max_tokens) or max_tokens < 1:
+        raise PromptError("max_tokens must be a positive integer")
+    if len(ids) + max_tokens > cfg.max_model_len:
+        raise PromptError(
+            f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+            f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.")
+    if body.get("n", 1) not in (1, None):
+        raise PromptError("the simulated engine supports n=1 only")
+    n, finish = _token_count(cfg, body, max_tokens)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return _Plan(chat=chat, stream=bool(body.get("stream")), n_tokens=n, prompt_tokens=len(ids),
+                 finish_reason=finish, include_usage=include_usage, fault=fault, model=cfg.model)
+
+
+def _token_count(cfg: SimConfig, body: dict[str, Any], max_tokens: int) -> tuple[int, str]:
+    min_tokens = body.get("min_tokens") or 0
+    if not _is_count(min_tokens):
+        raise PromptError("min_tokens must be a non-negative integer")
+    if cfg.eos_after is None or body.get("ignore_eos"):
+        return max_tokens, "length"
+    n = min(max_tokens, max(cfg.eos_after, min_tokens))
+    return n, "length" if n == max_tokens else "stop"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_ROUTES: dict[tuple[str, str], Callable[[SimEngine, _Connection, _Request], None]] = {
+    ("GET", "/health"): _health,
+    ("GET", "/version"): _version,
+    ("GET", "/v1/models"): _models,
+    ("POST", "/tokenize"): _tokenize,
+    ("GET", "/metrics"): _metrics,
+    ("GET", "/sim/stats"): _stats,
+    ("POST", "/sim/reset"): _reset,
+    ("POST", "/sim/control"): _control,
+    ("POST", "/v1/completions"): lambda e, c, r: _generate(e, c, r, chat=False),
+    ("POST", "/v1/chat/completions"): lambda e, c, r: _generate(e, c, r, chat=True),
+}
+
+
+class _Templates:
+    """Pre-rendered bytes of one generation's chunks, so a token costs one concatenation."""
+
+    def __init__(self, plan: _Plan) -> None:
+        rid = uuid.uuid4().hex
+        head = (f'{{"id":"{"chatcmpl" if plan.chat else "cmpl"}-{rid}","object":'
+                f'"{"chat.completion.chunk" if plan.chat else "text_completion"}",'
+                f'"created":{int(time.time())},"model":{json.dumps(plan.model)},')
+        self.head = head
+        text = json.dumps(TOKEN_TEXT)
+        finish = json.dumps(plan.finish_reason)
+        if plan.chat:
+            choice = '"choices":[{"index":0,"delta":{%s},"logprobs":null,"finish_reason":%s}]}'
+            self.role = _sse(head + choice % ('"role":"assistant","content":""', "null"))
+            self.token = _sse(head + choice % (f'"content":{text}', "null"))
+            self.last = _sse(head + choice % (f'"content":{text}', finish))
+        else:
+            choice = ('"choices":[{"index":0,"text":%s,"logprobs":null,"finish_reason":%s,'
+                      '"stop_reason":null}]}')
+            self.role = b""
+            self.token = _sse(head + choice % (text, "null"))
+            self.last = _sse(head + choice % (text, finish))
+        self.plan = plan
+
+    def usage(self, completion_tokens: int) -> bytes:
+        return _sse(self.head + '"choices":[],"usage":' + _usage(self.plan, completion_tokens)
+                    + "}")
+
+    def full_response(self) -> bytes:
+        plan = self.plan
+        text = json.dumps(TOKEN_TEXT * plan.n_tokens)
+        if plan.chat:
+            head = self.head.replace('"chat.completion.chunk"', '"chat.completion"')
+            choice = (f'{{"index":0,"message":{{"role":"assistant","content":{text},'
+                      '"tool_calls":[]}')
+        else:
+            head = self.head
+            choice = f'{{"index":0,"text":{text}'
+        choice += (f',"logprobs":null,"finish_reason":{json.dumps(plan.finish_reason)},'
+                   '"stop_reason":null}')
+        return (head + f'"choices":[{choice}],"usage":{_usage(plan, plan.n_tokens)}}}').encode()
+
+
+def _sse(payload: str) -> bytes:
+    return b"data: " + payload.encode() + b"\n\n"
+
+
+def _usage(plan: _Plan, completion: int) -> str:
+    return (f'{{"prompt_tokens":{plan.prompt_tokens},"total_tokens":'
+            f'{plan.prompt_tokens + completion},"completion_tokens":{completion}}}')
+
+
+DONE = b"data: [DONE]\n\n"
+GARBAGE = b'data: {"id": "broken\x00\xff not json\n\nevent without data\n\n'
+
+
+class _Generation:
+    """One request's timed output; each token is a plain loop callback at an absolute time."""
+
+    def __init__(self, eng: SimEngine, conn: _Connection, plan: _Plan) -> None:
+        self.eng, self.conn, self.plan = eng, conn, plan
+        self.tpl = _Templates(plan)
+        self.sent = 0
+        self.first = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        stats = self.eng.stats
+        stats.generations += 1
+        stats.running += 1
+        stats.prompt_tokens += self.plan.prompt_tokens
+        self.conn.generation = self
+        t0 = self.conn.t_request
+        if self.plan.fault.header_delay:
+            t0 += self.plan.fault.header_delay
+            self.timer = loop.call_at(t0, self._begin, t0)
+        else:
+            self._begin(t0)
+
+    def _begin(self, t0: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.first = t0 + self.eng.ttft
+        self.itl = self.eng.itl
+        if self.plan.stream:
+            self.conn.send_head(200, "text/event-stream; charset=utf-8", None)
+            self.timer = loop.call_at(self.first, self._tick)
+        else:
+            self.timer = loop.call_at(self._last_time(), self._answer)
+
+    def _last_time(self) -> float:
+        fault = self.plan.fault
+        stop = self.plan.n_tokens - 1
+        for limit in (fault.kill_after, fault.stall_after):
+            if limit is not None:
+                stop = min(stop, limit)
+        return self.first + stop * self.itl
+
+    def _tick(self) -> None:
+        plan, fault = self.plan, self.plan.fault
+        k = self.sent
+        # How late this write is against its deadline: lets a test tell engine lateness
+        # from client-side measurement error.
+        late = asyncio.get_running_loop().time() - (self.first + k * self.itl)
+        stats = self.eng.stats
+        stats.late_sum_s += late
+        if late > stats.late_max_s:
+            stats.late_max_s = late
+        if fault.kill_after is not None and k >= fault.kill_after:
+            self._kill()
+            return
+        if fault.stall_after is not None and k >= fault.stall_after:
+            self.eng.stats.stalled += 1
+            self.timer = None
+            return
+        if fault.garbage_after is not None and k >= fault.garbage_after:
+            self.conn.send_chunk(GARBAGE)
+            self._finish().end_chunks()
+            return
+        last = k == plan.n_tokens - 1
+        data = self.tpl.last if last else self.tpl.token
+        if k == 0 and plan.chat:
+            data = self.tpl.role + data
+        if last:
+            if plan.include_usage:
+                data += self.tpl.usage(plan.n_tokens)
+            data += DONE
+        self.conn.send_chunk(data)
+        self.sent = k + 1
+        stats.generation_tokens += 1
+        if last:
+            self._finish().end_chunks()
+        else:
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_at(self.first + self.sent * self.itl, self._tick)
+
+    def _answer(self) -> None:
+        fault = self.plan.fault
+        if fault.kill_after is not None and fault.kill_after < self.plan.n_tokens:
+            self._kill()
+            return
+        if fault.stall_after is not None and fault.stall_after < self.plan.n_tokens:
+            self.eng.stats.stalled += 1
+            self.timer = None
+            return
+        self.eng.stats.generation_tokens += self.plan.n_tokens
+        self.sent = self.plan.n_tokens
+        body = GARBAGE if fault.garbage_after is not None else self.tpl.full_response()
+        conn = self._finish()
+        conn.send_bytes(200, "application/json", body)
+
+    def _kill(self) -> None:
+        self.done = True
+        self.eng.stats.running -= 1
+        self.eng.stats.killed += 1
+        self.conn.generation = None
+        self.conn.transport_abort()
+
+    def _finish(self) -> _Connection:
+        # Detach before the last write: ending the response may start the next pipelined one.
+        self.done = True
+        self.timer = None
+        self.eng.stats.running -= 1
+        self.eng.stats.completed += 1
+        self.conn.generation = None
+        return self.conn
+
+    def abort(self) -> None:
+        """The client went away before the end: stop and count it, like vLLM's abort."""
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.eng.stats.running -= 1
+        self.eng.stats.aborted += 1
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 keep-alive connection; pipelined requests are answered in order."""
+
+    def __init__(self, eng: SimEngine) -> None:
+        self.eng = eng
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.pending: deque[_Request] = deque()
+        self.busy = False
+        self.generation: _Generation | None = None
+        self.t_request = 0.0
+        self.counted = False
+        self._reset_message()
+
+    def _reset_message(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.keep_alive = True
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if self.eng.refuse:
+            self.transport.abort()
+            return
+        self.eng.stats.connections += 1
+        self.eng.stats.open_connections += 1
+        self.counted = True
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.eng.cfg.accept_delay:
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_later(self.eng.cfg.accept_delay, self._resume)
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted:
+            self.eng.stats.open_connections -= 1
+            self.counted = False
+        if self.generation is not None:
+            self.generation.abort()
+            self.generation = None
+        self.pending.clear()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._bad_request("protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._bad_request(f"malformed HTTP request: {exc}")
+
+    def _bad_request(self, message: str) -> None:
+        self.keep_alive = False
+        _error(self, 400, message)
+        self.transport_close()
+
+    # -- httptools callbacks -------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reset_message()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size <= self.eng.cfg.max_body_bytes:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.body_size > self.eng.cfg.max_body_bytes:
+            self._bad_request_status(413, "request body too large")
+            return
+        req = _Request(
+            method=self.parser.get_method().decode("latin-1"),
+            path=self.url.decode("latin-1"),
+            headers=self.headers,
+            body=b"".join(self.body),
+            keep_alive=self.parser.should_keep_alive(),
+        )
+        self.pending.append(req)
+        if not self.busy:
+            self._next()
+
+    def _bad_request_status(self, status: int, message: str) -> None:
+        self.keep_alive = False
+        _error(self, status, message)
+        self.transport_close()
+
+    def _next(self) -> None:
+        if not self.pending or self.transport is None:
+            self.busy = False
+            return
+        self.busy = True
+        req = self.pending.popleft()
+        self.keep_alive = req.keep_alive
+        self.t_request = asyncio.get_running_loop().time()
+        self.eng.handle(self, req)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def send_head(self, status: int, content_type: str, length: int | None,
+                  extra: Sequence[str] = ()) -> None:
+        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+                 f"content-type: {content_type}", "server: simengine"]
+        lines.append("transfer-encoding: chunked" if length is None else
+                     f"content-length: {length}")
+        if not self.keep_alive:
+            lines.append("connection: close")
+        lines.extend(extra)
+        self._write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+
+    def send_bytes(self, status: int, content_type: str, body: bytes,
+                   extra: Sequence[str] = ()) -> None:
+        self.send_head(status, content_type, len(body), extra)
+        self._write(body)
+        self._response_done()
+
+    def send_json(self, status: int, obj: Any, extra: Sequence[str] = ()) -> None:
+        self.send_bytes(status, "application/json", json.dumps(obj).encode(), extra)
+
+    def send_chunk(self, data: bytes) -> None:
+        self._write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def end_chunks(self) -> None:
+        self._write(b"0\r\n\r\n")
+        self._response_done()
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _response_done(self) -> None:
+        if not self.keep_alive:
+            self.transport_close()
+            return
+        self._next()
+
+    def transport_close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def transport_abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+def build_app(cfg: SimConfig) -> SimEngine:
+    """The engine state and protocol factory, to serve with ``loop.create_server``."""
+    return SimEngine(cfg)
+
+
+async def serve(cfg: SimConfig, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until cancelled; ``ready`` gets the base URL once the socket listens."""
+    engine = build_app(cfg)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(engine.protocol_factory, cfg.host, cfg.port,
+                                      backlog=4096, reuse_address=True)
+    port = server.sockets[0].getsockname()[1]
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    (ready or _print_ready)(f"http://{host}:{port}")
+    async with server:
+        await server.serve_forever()
+
+
+def _print_ready(url: str) -> None:
+    print(READY_PREFIX + url, flush=True)
+
+
+def run(cfg: SimConfig) -> None:
+    """Blocking entry point: serve on the configured event loop until interrupted."""
+    if cfg.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(serve(cfg))
+    else:
+        asyncio.run(serve(cfg))
+
+
+@contextmanager
+def spawn(cfg: SimConfig, timeout: float = 20.0) -> Iterator[str]:
+    """Run a simulated engine in a child process (its own core time and GIL); yields its URL."""
+    argv = [sys.executable, "-m", "server.simengine", *config_to_argv(replace(cfg, port=cfg.port))]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield _await_ready(proc, timeout)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _await_ready(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(READY_PREFIX):
+            return line[len(READY_PREFIX):].strip()
+        if not line and proc.poll() is not None:
+            break
+    raise RuntimeError(f"simengine did not start (exit code {proc.poll()}); run "
+                       f"`{' '.join(proc.args if isinstance(proc.args, list) else [])}` to see why")
+
+
+def config_to_argv(cfg: SimConfig) -> list[str]:
+    argv = ["--host", cfg.host, "--port", str(cfg.port), "--ttft", repr(cfg.ttft),
+            "--itl", repr(cfg.itl), "--model", cfg.model, "--max-model-len",
+            str(cfg.max_model_len), "--default-max-tokens", str(cfg.default_max_tokens),
+            "--accept-delay", repr(cfg.accept_delay), "--loop", cfg.loop]
+    if cfg.eos_after is not None:
+        argv += ["--eos-after", str(cfg.eos_after)]
+    if cfg.fault.active:
+        argv += ["--fault", fault_to_spec(cfg.fault)]
+    return argv
+
+
+def fault_to_spec(fault: Fault) -> str:
+    items = []
+    for key, value in asdict(fault).items():
+        if value is None or value is False or (value == 0.0 and key == "header_delay"):
+            continue
+        name = key.replace("_", "-")
+        items.append(name if value is True else f"{name}={value}")
+    return ",".join(items)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
+    p = argparse.ArgumentParser(prog="python -m server.simengine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100, help="0 picks a free port (printed)")
+    p.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
+    p.add_argument("--itl", type=float, default=0.02, help="seconds between tokens")
+    p.add_argument("--model", default="sim-model")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--eos-after", type=int, default=None,
+                   help="stop after this many tokens unless ignore_eos (default: never)")
+    p.add_argument("--fault", default="", help="fault spec for every request (server.simfaults)")
+    p.add_argument("--accept-delay", type=float, default=0.0,
+                   help="seconds a new connection waits before its request is read")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    a = p.parse_args(argv)
+    try:
+        fault = parse_fault(a.fault)
+    except FaultSpecError as exc:
+        p.error(str(exc))
+    return SimConfig(host=a.host, port=a.port, ttft=a.ttft, itl=a.itl, model=a.model,
+                     max_model_len=a.max_model_len, default_max_tokens=a.default_max_tokens,
+                     eos_after=a.eos_after, fault=fault, accept_delay=a.accept_delay,
+                     loop=a.loop)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    try:
+        run(cfg)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        sys.exit(f"simengine: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}; "
+                 "pick another --port (0 picks a free one)")
+
+
+if __name__ == "__main__":
+    main()
