@@ -92,11 +92,13 @@ def link_between(topo: Topology, a: Gpu, b: Gpu) -> Link:
         gbs = max(pair.nvlinks, 1) * per * hardware.NVLINK_EFFICIENCY
     elif transport == "p2p-pcie":
         gbs = min(pcie_gbs(a), pcie_gbs(b))
-        if pair.common_ancestor == "SYS":
-            gbs *= 0.5  # peer writes crossing the socket interconnect (QPI/UPI, xGMI) halve
     else:
         gbs = min(pcie_gbs(a), pcie_gbs(b)) * hardware.SHM_EFFICIENCY
-    if m is not None and m.bandwidth_gbs:
+    if transport != "nvlink" and pair.common_ancestor == "SYS":
+        gbs *= hardware.CROSS_SOCKET_FACTOR
+    if m is not None and m.allreduce_gbs:
+        gbs = m.allreduce_gbs  # what the all-reduce itself achieved: no factor needed
+    elif m is not None and m.bandwidth_gbs:
         gbs = m.bandwidth_gbs if transport != "shm" else m.bandwidth_gbs * hardware.SHM_EFFICIENCY
     latency = hardware.ALLREDUCE_LATENCY_S.get(transport, 12e-6)
     if m is not None and m.latency_us:

@@ -114,5 +114,10 @@ ALLREDUCE_LATENCY_S = {"nvlink": 6e-6, "p2p-pcie": 8e-6, "shm": 12e-6, "net": 30
 # speed to it (NVLink vs SHM) gives its effective rate as ~1/3 of one link's PCIe rate.
 SHM_EFFICIENCY = 0.33
 
+# PCIe traffic between GPUs on different sockets crosses QPI/UPI or xGMI, where peer writes and
+# host-memory bounces run at roughly half their single-socket rate (NCCL's topology code gives
+# the inter-socket link a lower bandwidth than PCIe Gen4 x16 for the same reason).
+CROSS_SOCKET_FACTOR = 0.5
+
 # Inter-node default: 100 Gb/s Ethernet/RoCE, ~80% achieved by NCCL's NET transport.
 DEFAULT_INTERNODE_GBS = 100 / 8 * 0.8

@@ -67,7 +67,8 @@ class Measured:
     """What `probe --measure` saw for one pair; overrides the assumed link figures."""
 
     bandwidth_gbs: float | None = None  # unidirectional peer copy, GB/s (1e9 bytes)
-    latency_us: float | None = None
+    allreduce_gbs: float | None = None  # NCCL all-reduce bus bandwidth, 64 MiB, GB/s
+    latency_us: float | None = None  # NCCL all-reduce of one value
     nccl_transport: str | None = None  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net'
     allreduce_ok: bool | None = None
 

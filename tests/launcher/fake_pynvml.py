@@ -54,7 +54,7 @@ class FakeNvml:
         self.calls: list[str] = []
         self.initialised = False
 
-    def _gpu(self, h: Any, fn: str) -> FakeGpu:
+    def _gpu(self, h: int, fn: str) -> FakeGpu:
         self.calls.append(fn)
         g = self.gpus[h]
         if fn in g.refuse:

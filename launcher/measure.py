@@ -1,0 +1,280 @@
+"""`probe --measure`: what the links really do, per GPU pair, with torch and NCCL.
+
+For each pair, in fresh processes that see only those two GPUs (CUDA_VISIBLE_DEVICES, PCI order):
+
+- a peer copy of 256 MiB, timed (the unidirectional figure p2pBandwidthLatencyTest reports);
+- a two-rank NCCL all-reduce with ``NCCL_DEBUG=INFO``: the transport NCCL picked is parsed from
+  its log (``via P2P/CUMEM``, ``via P2P/IPC``, ``via SHM/direct/direct``, ``via NET/...``), the
+  bus bandwidth of a 64 MiB all-reduce and the time of a one-value all-reduce are timed, and the
+  result is checked element by element (a P2P path the driver grants can still corrupt data).
+
+Parsing is pure (:func:`parse_nccl_log`); the workers run as ``python -m launcher.measure``.
+torch is imported only inside the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import MeasureError
+from launcher.topology import Measured, Pair, Topology
+
+WORKER_TIMEOUT_S = 180
+# NVLink multicast (NVLS) must stay off on the lent machines; a two-rank all-reduce never needs it.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+_CHANNEL = re.compile(
+    r"Channel\s+\d+(?:/\d+)?\s*:\s*(\d+)\[[0-9a-fA-Fx]+\]\s*->\s*(\d+)\[[0-9a-fA-Fx]+\]"
+    r"(?:\s*\[(?:send|receive)\])?\s+via\s+(\S+(?: pointer)?(?:/\S+)*)"
+)
+_VERSION = re.compile(r"NCCL version (\S+)")
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    version: str | None
+    connections: tuple[tuple[int, int, str], ...]  # (from rank, to rank, "P2P/CUMEM/read")
+
+    @property
+    def transports(self) -> frozenset[str]:
+        """The transport families seen: P2P, SHM, NET, NVLS, COLLNET."""
+        return frozenset(c[2].split("/")[0].split()[0].upper() for c in self.connections)
+
+
+def parse_nccl_log(text: str) -> NcclLog:
+    """Channel connections and the version from NCCL_DEBUG=INFO output (any number of ranks)."""
+    conns = []
+    for m in _CHANNEL.finditer(text):
+        conns.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+    version = _VERSION.search(text)
+    return NcclLog(version.group(1) if version else None, tuple(dict.fromkeys(conns)))
+
+
+def classify(log: NcclLog, nvlinks: int) -> str | None:
+    """The planner's transport name for what NCCL did between two GPUs on one host.
+
+    NCCL says P2P for NVLink and PCIe alike; NVML's link count tells them apart. The slowest
+    transport seen wins: one SHM channel among P2P ones sets the pace of a ring.
+    """
+    t = log.transports
+    if "NET" in t or "COLLNET" in t:
+        return "net"
+    if "SHM" in t:
+        return "shm"
+    if "P2P" in t or "NVLS" in t:
+        return "nvlink" if nvlinks > 0 else "p2p-pcie"
+    return None
+
+
+# ------------------------------------------------------------------------------ orchestration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pair_env(env: Mapping[str, str], p: Pair) -> dict[str, str]:
+    out = {**SAFE_ENV, **env}
+    out.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": f"{p.a},{p.b}"})
+    return out
+
+
+def _worker(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher.measure", *args],
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _finish(procs: Sequence[subprocess.Popen[bytes]], what: str) -> None:
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise MeasureError(
+                f"{what} did not finish in {WORKER_TIMEOUT_S} s; a hung NCCL "
+                "all-reduce often means P2P that the driver grants but the "
+                "board cannot carry: try NCCL_P2P_DISABLE=1"
+            ) from None
+        if proc.returncode != 0:
+            tail = out.decode(errors="replace").strip().splitlines()[-5:]
+            raise MeasureError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+
+def measure_pair(p: Pair, env: Mapping[str, str], workdir: Path) -> Measured:
+    penv = _pair_env(env, p)
+    copy_out = workdir / f"copy-{p.a}-{p.b}.json"
+    _finish([_worker(["copy", "--out", str(copy_out)], penv)], f"peer copy GPU{p.a}-GPU{p.b}")
+    copy = json.loads(copy_out.read_text())
+    port, ar_out = _free_port(), workdir / f"allreduce-{p.a}-{p.b}.json"
+    logs = workdir / f"nccl-{p.a}-{p.b}"
+    logs.mkdir()
+    nenv = {**penv, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": str(logs / "nccl.%p.log")}
+    procs = [
+        _worker(["allreduce", "--rank", str(r), "--port", str(port), "--out", str(ar_out)], nenv)
+        for r in (0, 1)
+    ]
+    _finish(procs, f"NCCL all-reduce GPU{p.a}-GPU{p.b}")
+    ar = json.loads(ar_out.read_text())
+    log = parse_nccl_log("\n".join(f.read_text(errors="replace") for f in logs.glob("nccl.*.log")))
+    return Measured(
+        bandwidth_gbs=copy["copy_gbs"],
+        allreduce_gbs=ar["busbw_gbs"],
+        latency_us=ar["latency_us"],
+        nccl_transport=classify(log, p.nvlinks),
+        allreduce_ok=ar["ok"],
+    )
+
+
+def measure_topology(topo: Topology, env: Mapping[str, str]) -> Topology:
+    """The topology with every pair's measured figures filled in."""
+    if not topo.gpus:
+        raise MeasureError(
+            "no GPU found, so there is nothing to measure; the planner will use "
+            "the CPU engine (run `launcher doctor` for why no GPU is seen)"
+        )
+    if len(topo.gpus) < 2:
+        raise MeasureError("one GPU only: there is no link to measure")
+    if importlib.util.find_spec("torch") is None:
+        raise MeasureError(
+            "--measure needs PyTorch with CUDA in this environment "
+            "(pip install torch); NVML alone cannot time a copy"
+        )
+    with tempfile.TemporaryDirectory(prefix="toposerve-measure-") as tmp:
+        pairs = tuple(replace(p, measured=measure_pair(p, env, Path(tmp))) for p in topo.pairs)
+    bad = [f"GPU{p.a}-GPU{p.b}" for p in pairs if p.measured and p.measured.allreduce_ok is False]
+    notes = [f"measured {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+    if bad:
+        notes.append(
+            f"all-reduce gave WRONG results between {', '.join(bad)}: do not use P2P there "
+            "(NCCL_P2P_DISABLE=1)"
+        )
+    return replace(topo, pairs=pairs, notes=(*topo.notes, *notes))
+
+
+# ------------------------------------------------------------------------------------ workers
+
+
+def _copy_worker(out: Path) -> None:
+    import torch
+
+    size = 256 << 20
+    src = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+    dst = torch.empty(size, dtype=torch.uint8, device="cuda:1")
+    peer = bool(torch.cuda.can_device_access_peer(0, 1))
+
+    def sync() -> None:
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+
+    for _ in range(3):
+        dst.copy_(src)
+    sync()
+    reps = 10
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src, non_blocking=True)
+    sync()
+    copy_gbs = size * reps / (time.perf_counter() - t0) / 1e9
+    small_src, small_dst = src[:4], dst[:4]
+    t0 = time.perf_counter()
+    for _ in range(200):
+        small_dst.copy_(small_src)
+        sync()
+    latency_us = (time.perf_counter() - t0) / 200 * 1e6
+    out.write_text(
+        json.dumps({"peer_access": peer, "copy_gbs": copy_gbs, "copy_latency_us": latency_us})
+    )
+
+
+def _allreduce_worker(rank: int, port: int, out: Path, world: int = 2) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    n = 16 << 20  # 64 MiB of float32
+    base = torch.arange(n, device="cuda", dtype=torch.float32).remainder_(251)
+    x = base + rank
+    dist.all_reduce(x)
+    # small integers: the float sums are exact, so any difference is corruption
+    ok = bool(torch.equal(x, base * world + sum(range(world))))
+    flags = torch.tensor([1 if ok else 0], device="cuda")
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    y = torch.ones(n, device="cuda")
+    for _ in range(3):
+        dist.all_reduce(y)
+    torch.cuda.synchronize()
+    reps = 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(y)
+    torch.cuda.synchronize()
+    per = (time.perf_counter() - t0) / reps
+    busbw = 2 * (world - 1) / world * n * 4 / per / 1e9
+    z = torch.ones(1, device="cuda")
+    for _ in range(20):
+        dist.all_reduce(z)
+    torch.cuda.synchronize()
+    # back to back, one sync at the end: what a step of decode pays per all-reduce (vLLM replays
+    # them from CUDA graphs; a sync per call would add the host round trip to every one)
+    t0 = time.perf_counter()
+    for _ in range(500):
+        dist.all_reduce(z)
+    torch.cuda.synchronize()
+    latency_us = (time.perf_counter() - t0) / 500 * 1e6
+    if rank == 0:
+        out.write_text(
+            json.dumps(
+                {"ok": bool(flags.item() == 1), "busbw_gbs": busbw, "latency_us": latency_us}
+            )
+        )
+    dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.measure", description="probe --measure workers"
+    )
+    sub = p.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("copy")
+    c.add_argument("--out", type=Path, required=True)
+    a = sub.add_parser("allreduce")
+    a.add_argument("--rank", type=int, required=True)
+    a.add_argument("--port", type=int, required=True)
+    a.add_argument("--out", type=Path, required=True)
+    args: Any = p.parse_args(argv)
+    if args.what == "copy":
+        _copy_worker(args.out)
+    else:
+        _allreduce_worker(args.rank, args.port, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
