@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
+import itertools
 import json
+import math
 import os
 import socket
 import subprocess
@@ -122,6 +125,7 @@ class SimEngine:
         self.refuse = False
         self.ttft = cfg.ttft
         self.itl = cfg.itl
+        self.ticker = _Ticker()
 
     def protocol_factory(self) -> _Connection:
         return _Connection(self)
@@ -144,6 +148,42 @@ class SimEngine:
     def fault_for(self, req: _Request) -> Fault:
         spec = req.headers.get("x-sim-fault")
         return parse_fault(spec) if spec is not None else self.fault
+
+
+class _Ticker:
+    """All deadlines of all generations in one heap of tuples, driven by one loop timer.
+
+    A TimerHandle per token costs a Python-level ``__lt__`` per heap step; plain tuples compare
+    in C and every token due in one loop iteration runs from a single callback.
+    """
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self.seq = itertools.count()
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed_for = math.inf
+
+    def at(self, when: float, callback: Callable[[float], None]) -> None:
+        heapq.heappush(self.heap, (when, next(self.seq), callback))
+        if when < self.armed_for:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.armed_for = when
+            self.handle = asyncio.get_running_loop().call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.handle, self.armed_for = None, math.inf
+        heap = self.heap
+        now = loop.time()
+        # asyncio fires a timer up to its clock resolution early; allow that much.
+        while heap and heap[0][0] <= now + 1e-6:
+            _, _, callback = heapq.heappop(heap)
+            callback(now)
+            now = loop.time()
+        if heap:
+            self.armed_for = heap[0][0]
+            self.handle = loop.call_at(self.armed_for, self._fire)
 
 
 def _error(conn: _Connection, status: int, message: str, headers: Sequence[str] = ()) -> None:
@@ -392,11 +432,10 @@ class _Generation:
         self.tpl = _Templates(plan)
         self.sent = 0
         self.first = 0.0
-        self.timer: asyncio.TimerHandle | None = None
+        self.t0 = 0.0
         self.done = False
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
         stats = self.eng.stats
         stats.generations += 1
         stats.running += 1
@@ -405,19 +444,22 @@ class _Generation:
         t0 = self.conn.t_request
         if self.plan.fault.header_delay:
             t0 += self.plan.fault.header_delay
-            self.timer = loop.call_at(t0, self._begin, t0)
+        self.t0 = t0
+        if t0 > self.conn.t_request:
+            self.eng.ticker.at(t0, self._begin)
         else:
             self._begin(t0)
 
-    def _begin(self, t0: float) -> None:
-        loop = asyncio.get_running_loop()
-        self.first = t0 + self.eng.ttft
+    def _begin(self, now: float) -> None:
+        if self.done:
+            return
+        self.first = self.t0 + self.eng.ttft
         self.itl = self.eng.itl
         if self.plan.stream:
             self.conn.send_head(200, "text/event-stream; charset=utf-8", None)
-            self.timer = loop.call_at(self.first, self._tick)
+            self.eng.ticker.at(self.first, self._tick)
         else:
-            self.timer = loop.call_at(self._last_time(), self._answer)
+            self.eng.ticker.at(self._last_time(), self._answer)
 
     def _last_time(self) -> float:
         fault = self.plan.fault
@@ -427,12 +469,14 @@ class _Generation:
                 stop = min(stop, limit)
         return self.first + stop * self.itl
 
-    def _tick(self) -> None:
+    def _tick(self, now: float) -> None:
+        if self.done:
+            return
         plan, fault = self.plan, self.plan.fault
         k = self.sent
         # How late this write is against its deadline: lets a test tell engine lateness
         # from client-side measurement error.
-        late = asyncio.get_running_loop().time() - (self.first + k * self.itl)
+        late = now - (self.first + k * self.itl)
         stats = self.eng.stats
         stats.late_sum_s += late
         if late > stats.late_max_s:
@@ -442,7 +486,6 @@ class _Generation:
             return
         if fault.stall_after is not None and k >= fault.stall_after:
             self.eng.stats.stalled += 1
-            self.timer = None
             return
         if fault.garbage_after is not None and k >= fault.garbage_after:
             self.conn.send_chunk(GARBAGE)
@@ -462,17 +505,17 @@ class _Generation:
         if last:
             self._finish().end_chunks()
         else:
-            loop = asyncio.get_running_loop()
-            self.timer = loop.call_at(self.first + self.sent * self.itl, self._tick)
+            self.eng.ticker.at(self.first + self.sent * self.itl, self._tick)
 
-    def _answer(self) -> None:
+    def _answer(self, now: float) -> None:
+        if self.done:
+            return
         fault = self.plan.fault
         if fault.kill_after is not None and fault.kill_after < self.plan.n_tokens:
             self._kill()
             return
         if fault.stall_after is not None and fault.stall_after < self.plan.n_tokens:
             self.eng.stats.stalled += 1
-            self.timer = None
             return
         self.eng.stats.generation_tokens += self.plan.n_tokens
         self.sent = self.plan.n_tokens
@@ -490,7 +533,6 @@ class _Generation:
     def _finish(self) -> _Connection:
         # Detach before the last write: ending the response may start the next pipelined one.
         self.done = True
-        self.timer = None
         self.eng.stats.running -= 1
         self.eng.stats.completed += 1
         self.conn.generation = None
@@ -500,9 +542,7 @@ class _Generation:
         """The client went away before the end: stop and count it, like vLLM's abort."""
         if self.done:
             return
-        self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
+        self.done = True  # its pending deadline, if any, is skipped when it comes up
         self.eng.stats.running -= 1
         self.eng.stats.aborted += 1
 
