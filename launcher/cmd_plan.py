@@ -8,6 +8,7 @@ import os
 import shlex
 from typing import Any
 
+from launcher import hardware
 from launcher.modelspec import load_model_spec
 from launcher.plan import WORKLOADS, Candidate, Plan, Policy, plan
 from launcher.render import Rendered, plan_to_json, render
@@ -46,6 +47,12 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus-per-node", type=int, help="GPUs used on each node (default: all of the topology)"
     )
+    p.add_argument(
+        "--network-gbps",
+        type=float,
+        default=100.0,
+        help="link between nodes in Gbit/s (default 100: 100G Ethernet/RoCE)",
+    )
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
@@ -59,6 +66,7 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         force_dp=args.dp,
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
+        internode_gbs=args.network_gbps / 8 * hardware.NETWORK_EFFICIENCY,
         cpu_cores=os.cpu_count() or 1,
     )
 

@@ -216,7 +216,8 @@ def predict(
     cycle = batch * (prefill_s(m, lay, prompt) - STEP_OVERHEAD_S) + gen * decode_step_s(
         m, lay, batch, ctx_mid
     )
-    throughput = lay.dp * batch * gen / cycle
+    busy = min(lay.dp, -(-concurrency // batch))  # fewer streams than replicas leave some idle
+    throughput = busy * batch * gen / cycle
     return Prediction(
         prefill_tok_s=prompt / ttft,
         decode_tok_s=1.0 / tpot,

@@ -23,7 +23,7 @@ MIN_CONTEXT = 4096  # below this a coding agent cannot work; shorter only when a
 BASE_OVERHEAD_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, CUDA graphs
 PARALLEL_OVERHEAD_BYTES = 0.25 * GIB  # NCCL buffers and the custom all-reduce's IPC buffers
 BATCHED_TOKENS = 2048  # vLLM's default max_num_batched_tokens with chunked prefill
-TIE = 0.03  # scores this close are a tie, broken by the other workload, then fewer GPUs
+TIE = 0.03  # scores this close are a tie, broken by fewer GPUs, then the other workload
 
 
 @dataclass(frozen=True)
@@ -681,9 +681,11 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     if policy.nodes > 1:
         flags = (*flags, "--distributed-executor-backend", "ray")
         why.append(
-            f"{policy.nodes} nodes: TP inside a node, PP across nodes (the network is the "
-            "slowest link); vLLM runs on a Ray cluster (--distributed-executor-backend ray)"
+            f"{policy.nodes} nodes: TP={chosen.tp} inside each node, PP={chosen.pp} stages, "
+            f"{policy.nodes - 1} of the hops over the network (~{policy.internode_gbs:.0f} GB/s "
+            "assumed); vLLM runs on a Ray cluster (--distributed-executor-backend ray)"
         )
+        why += _per_node_note(topology, model, policy)
     rejected = [
         f"rejected {_label(c) if c.gpus else _shape_label(c)}: {c.rejected}"
         for c in cands
@@ -729,9 +731,10 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
 def _multinode_candidates(
     topo: Topology, m: ModelSpec, policy: Policy, links: _Links
 ) -> list[Candidate]:
-    """N identical nodes of G GPUs: TP inside a node, PP across nodes (and inside, if TP < G).
+    """N identical nodes of G GPUs, one model over all of them: TP inside a node (TP never
+    crosses the network), PP across nodes (and inside a node too when TP < G).
 
-    Replicas (DP) per node are candidates too when one node holds the model.
+    ``topo`` is one node; every node is assumed to look like it.
     """
     per = policy.gpus_per_node or len(topo.gpus)
     if per > len(topo.gpus):
@@ -744,38 +747,42 @@ def _multinode_candidates(
     out = []
     for tp in (t for t in range(1, per + 1) if per % t == 0):
         s = _Shape(tp, per // tp * policy.nodes, 1)
-        if any(
-            f is not None and f != v
-            for f, v in ((policy.force_tp, s.tp), (policy.force_pp, s.pp), (policy.force_dp, 1))
-        ):
+        forced = ((policy.force_tp, s.tp), (policy.force_pp, s.pp), (policy.force_dp, 1))
+        if any(f is not None and f != v for f, v in forced):
             continue
-        out.append(_node_candidate(m, policy, links, node, s, net, replicas_per_node=False))
-        if policy.force_dp in (None, policy.nodes):
-            local = _Shape(tp, per // tp, policy.nodes)
-            out.append(_node_candidate(m, policy, links, node, local, net, replicas_per_node=True))
+        out.append(_node_candidate(m, policy, links, node, s, net))
     return out
 
 
 def _node_candidate(
-    m: ModelSpec,
-    policy: Policy,
-    links: _Links,
-    node: Sequence[Gpu],
-    s: _Shape,
-    net: Link,
-    replicas_per_node: bool,
+    m: ModelSpec, policy: Policy, links: _Links, node: Sequence[Gpu], s: _Shape, net: Link
 ) -> Candidate:
     why = _structural_reject(m, s)
-    label = Candidate(
-        mode_name(s.tp, s.pp, s.dp), s.tp, s.pp, s.dp, tuple(g.index for g in node), "none"
-    )
     if why:
-        return replace(label, rejected=why)
-    ordered = _order_replica(links, node, s.tp, s.pp if replicas_per_node else len(node) // s.tp)
-    replica = list(ordered) if replicas_per_node else list(ordered) * policy.nodes
-    groups = [tuple(replica)] * s.dp
-    cand, _ = _evaluate(m, policy, links, groups, s, None if replicas_per_node else net)
+        gpus = tuple(g.index for g in node)
+        return Candidate(mode_name(s.tp, s.pp, 1), s.tp, s.pp, 1, gpus, "none", rejected=why)
+    ordered = _order_replica(links, node, s.tp, len(node) // s.tp)
+    cand, _ = _evaluate(m, policy, links, [tuple(ordered) * policy.nodes], s, net)
+    # the GPUs are those of each node; the pipeline's extra stages are on the other nodes
     cand = replace(cand, gpus=tuple(g.index for g in ordered))
-    if s.tp == 1 and not replicas_per_node:
-        cand = replace(cand, transport="net")
-    return cand
+    return replace(cand, transport="net") if s.tp == 1 else cand
+
+
+def _per_node_note(topo: Topology, m: ModelSpec, policy: Policy) -> list[str]:
+    """When one node holds the model, replicas per node beat any split over the network."""
+    try:
+        one = plan(
+            topo,
+            m,
+            replace(
+                policy, nodes=1, gpus_per_node=None, force_tp=None, force_pp=None, force_dp=None
+            ),
+        )
+    except PlanError:
+        return [f"one node cannot hold {m.name}: the split over {policy.nodes} nodes is needed"]
+    return [
+        f"one node holds {m.name} ({mode_name(one.tp, one.pp, one.dp)} TP={one.tp} PP={one.pp}, "
+        f"{one.predicted.throughput_tok_s:.0f} tok/s there): {policy.nodes} independent replicas, "
+        "one `launcher serve` per node behind a load balancer, avoid the network entirely and "
+        f"would give ~{policy.nodes * one.predicted.throughput_tok_s:.0f} tok/s together"
+    ]
