@@ -147,7 +147,7 @@ def format_table(report: Report) -> Table:
     """One level: measures × mean/p50/p90/p99. A sweep: one row of p50s per concurrency."""
     if len(report.levels) == 1:
         return _level_table(report, report.levels[0])
-    table = Table(title=_title(report))
+    table = Table(title=_title(report), min_width=len(_title(report)) + 4)
     heads = ("conc", "ok/fail", "TTFT ms", "prefill t/s", "decode t/s", "ITL p99 ms", "out tok/s")
     for head in heads:
         table.add_column(head, justify="right")
@@ -175,7 +175,7 @@ def _level_table(report: Report, level: LevelResult) -> Table:
             if not level.rate
             else f", at most {level.concurrency} in flight"
         )
-    table = Table(title=_title(report))
+    table = Table(title=_title(report), min_width=len(_title(report)) + 4)
     table.add_column("")
     for stat in STATS:
         table.add_column(stat, justify="right")

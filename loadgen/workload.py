@@ -74,9 +74,11 @@ class Workload:
         return body
 
     def chat_text(self, index: int) -> str:
-        own = list(self.prompts.own_words)
-        random.Random(f"{self.config.seed}:{index}").shuffle(own)
-        return " ".join([*self.prompts.shared_words, *own])
+        # The first word has no space before it and may tokenize differently: it stays put.
+        words = [*self.prompts.shared_words, *self.prompts.own_words]
+        head, rest = words[:1], words[1 + len(self.prompts.shared_words[1:]) :]
+        random.Random(f"{self.config.seed}:{index}").shuffle(rest)
+        return " ".join([*head, *self.prompts.shared_words[1:], *rest])
 
     def payload_fn(
         self, gen: int | None = None, prompt: int | None = None

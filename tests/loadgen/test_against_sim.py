@@ -19,8 +19,25 @@ def _json(path: Path) -> dict:  # type: ignore[type-arg]
 
 def test_exact_counts_and_the_json_schema(sim_url: str, tmp_path: Path) -> None:
     out, csv = tmp_path / "r.json", tmp_path / "r.csv"
-    code = main(["--url", sim_url, "--prompt", "512", "--gen", "32", "--concurrency", "4",
-                 "--requests", "8", "--json", str(out), "--csv", str(csv), "--no-progress"])
+    code = main(
+        [
+            "--url",
+            sim_url,
+            "--prompt",
+            "512",
+            "--gen",
+            "32",
+            "--concurrency",
+            "4",
+            "--requests",
+            "8",
+            "--json",
+            str(out),
+            "--csv",
+            str(csv),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     data = _json(out)
     assert data["config"]["model"] == "sim-model"  # discovered from /v1/models
@@ -39,8 +56,27 @@ def test_exact_counts_and_the_json_schema(sim_url: str, tmp_path: Path) -> None:
 
 def test_chat_mode_fits_text_to_the_exact_prompt_count(sim_url: str, tmp_path: Path) -> None:
     out = tmp_path / "chat.json"
-    assert main(["--url", sim_url, "--chat", "--prompt", "300", "--gen", "16", "--requests", "3",
-                 "--concurrency", "3", "--json", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--url",
+                sim_url,
+                "--chat",
+                "--prompt",
+                "300",
+                "--gen",
+                "16",
+                "--requests",
+                "3",
+                "--concurrency",
+                "3",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = _json(out)["requests"]
     assert [(r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(300, 16)] * 3
 
@@ -49,8 +85,28 @@ def test_sweep_draws_the_plot_and_compare_prints_ratios(
     sim_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plot, out = tmp_path / "sweep.png", tmp_path / "sweep.json"
-    assert main(["--url", sim_url, "--prompt", "64", "--gen", "16", "--sweep", "1,2,4",
-                 "--requests", "4", "--plot", str(plot), "--json", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--url",
+                sim_url,
+                "--prompt",
+                "64",
+                "--gen",
+                "16",
+                "--sweep",
+                "1,2,4",
+                "--requests",
+                "4",
+                "--plot",
+                str(plot),
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot.stat().st_size > 20_000
     runs = _json(out)["runs"]
@@ -64,8 +120,9 @@ def test_sweep_draws_the_plot_and_compare_prints_ratios(
 
 def test_pptg_reports_mean_and_std_of_prefill_and_decode(sim_url: str, tmp_path: Path) -> None:
     out = tmp_path / "pptg.json"
-    result = run_cli("--url", sim_url, "--pptg", "-r", "3", "--prompt", "128", "--gen", "32",
-                     "--json", str(out))
+    result = run_cli(
+        "--url", sim_url, "--pptg", "-r", "3", "--prompt", "128", "--gen", "32", "--json", str(out)
+    )
     assert result.returncode == 0, result.stderr
     assert "pp128" in result.stdout and "tg32" in result.stdout and "±" in result.stdout
     data = _json(out)["pptg"]
@@ -76,9 +133,28 @@ def test_pptg_reports_mean_and_std_of_prefill_and_decode(sim_url: str, tmp_path:
 
 def test_open_loop_reports_schedule_lag(sim_url: str, tmp_path: Path) -> None:
     out = tmp_path / "rate.json"
-    assert main(["--url", sim_url, "--prompt", "32", "--gen", "8", "--rate", "20",
-                 "--arrivals", "constant", "--requests", "10", "--json", str(out),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--url",
+                sim_url,
+                "--prompt",
+                "32",
+                "--gen",
+                "8",
+                "--rate",
+                "20",
+                "--arrivals",
+                "constant",
+                "--requests",
+                "10",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     data = _json(out)
     lag = data["summary"]["send_lag_s"]
     assert lag["n"] == 10
@@ -88,8 +164,28 @@ def test_open_loop_reports_schedule_lag(sim_url: str, tmp_path: Path) -> None:
 
 def test_duration_keeps_sending_until_time_is_up(sim_url: str, tmp_path: Path) -> None:
     out = tmp_path / "dur.json"
-    assert main(["--url", sim_url, "--prompt", "16", "--gen", "4", "--duration", "1",
-                 "--concurrency", "2", "--warmup", "2", "--json", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--url",
+                sim_url,
+                "--prompt",
+                "16",
+                "--gen",
+                "4",
+                "--duration",
+                "1",
+                "--concurrency",
+                "2",
+                "--warmup",
+                "2",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     s = _json(out)["summary"]
     # each request takes 80 + 3*12 = 116 ms: 2 streams for 1 s send about 17
     assert 12 <= s["requests_ok"] <= 20

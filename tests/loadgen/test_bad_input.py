@@ -70,8 +70,9 @@ def test_context_shorter_than_prompt_plus_gen_is_refused_before_sending() -> Non
 def test_a_server_answering_errors_fails_the_run_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     with spawn(SimConfig(port=0, ttft=0.01, itl=0.001, fault=parse_fault("status=503"))) as url:
-        result = run_cli("--url", url, "--prompt", "8", "--gen", "4", "--requests", "4",
-                         "--json", str(out))
+        result = run_cli(
+            "--url", url, "--prompt", "8", "--gen", "4", "--requests", "4", "--json", str(out)
+        )
     assert result.returncode == 1
     line = _one_line_error(result.stderr)
     assert "4 of 4 requests failed" in line and "HTTP 503" in line
@@ -86,8 +87,9 @@ def test_a_stream_cut_mid_way_is_a_failure_not_a_short_sample() -> None:
 
 
 def _post(url: str, body: dict[str, object]) -> None:
-    request = urllib.request.Request(url, json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     urllib.request.urlopen(request, timeout=5).close()
 
 
@@ -108,8 +110,9 @@ def test_a_run_with_some_failures_says_how_many_and_why(tmp_path: Path) -> None:
 
         breaker = threading.Thread(target=break_after_two)
         breaker.start()
-        result = run_cli("--url", url, "--prompt", "8", "--gen", "16", "--requests", "8",
-                         "--json", str(out))
+        result = run_cli(
+            "--url", url, "--prompt", "8", "--gen", "16", "--requests", "8", "--json", str(out)
+        )
         breaker.join()
     assert result.returncode == 1
     s = json.loads(out.read_text())["summary"]

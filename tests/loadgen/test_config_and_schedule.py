@@ -89,8 +89,10 @@ def test_plan_label_reads_toposerve_plan_info(text: str | None, label: str) -> N
 
 
 def _run(conc: int, ttft: float, out: float) -> dict[str, object]:
-    return {"config": {"concurrency": conc},
-            "summary": {"ttft_s": {"p50": ttft}, "output_tok_s": out, "requests_ok": 3}}
+    return {
+        "config": {"concurrency": conc},
+        "summary": {"ttft_s": {"p50": ttft}, "output_tok_s": out, "requests_ok": 3},
+    }
 
 
 def test_comparison_gives_b_over_a_per_common_level() -> None:

@@ -52,7 +52,9 @@ def test_decode_rate_uses_usage_count_even_when_events_carry_several_tokens() ->
         (513, 1, "token count mismatch: prompt 513 != 512, completion 1 != 256"),
     ],
 )
-def test_a_count_mismatch_is_an_error_not_a_sample(prompt: int, completion: int, error: str) -> None:
+def test_a_count_mismatch_is_an_error_not_a_sample(
+    prompt: int, completion: int, error: str
+) -> None:
     raw = _stream(sent=0.0, ttft=0.1, itl=0.01, n=3, prompt=prompt)
     pieces = (*raw.pieces[:-1], _usage(0.2, prompt, completion))
     r = measure(RawRequest(0, 0.0, 0.2, 200, pieces), Expected(512, 256))

@@ -1,0 +1,149 @@
+"""The Prometheus path end to end: loadgen -> Pushgateway / metrics port -> Prometheus -> query.
+
+Real Debian binaries on free loopback ports (tests/support/prom.py); values are read back
+through Prometheus's HTTP API and compared with loadgen's own --json of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.loadgen.conftest import REPO, TTFT, run_cli
+from tests.support.prom import (
+    free_port,
+    host_port,
+    prometheus,
+    pushgateway,
+    scrape_config,
+    wait_for,
+)
+
+pytestmark = pytest.mark.prometheus
+
+
+def _value(rows: list[dict[str, object]]) -> float:
+    assert len(rows) == 1, rows
+    return float(rows[0]["value"][1])  # type: ignore[index]
+
+
+def test_pushed_metrics_can_be_queried_from_prometheus(sim_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    with (
+        pushgateway(tmp_path / "pgw") as pgw,
+        prometheus(scrape_config({"pushgateway": [host_port(pgw)]}), tmp_path / "prom") as prom,
+    ):
+        result = run_cli(
+            "--url",
+            sim_url,
+            "--prompt",
+            "512",
+            "--gen",
+            "32",
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--pushgateway",
+            pgw,
+            "--run-id",
+            "pushtest",
+            "--label",
+            "gpu=none",
+            "--json",
+            str(out),
+        )
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(out.read_text())["summary"]
+        sel = '{run_id="pushtest",stat="p50"}'
+        rows = wait_for(prom, f"loadgen_ttft_seconds{sel}", timeout=30)
+        labels = rows[0]["metric"]
+        assert labels["job"] == "loadgen"
+        assert (labels["model"], labels["prompt"], labels["gen"], labels["concurrency"]) == (
+            "sim-model",
+            "512",
+            "32",
+            "2",
+        )
+        assert (labels["plan"], labels["gpu"]) == ("unknown", "none")
+        assert _value(rows) == pytest.approx(summary["ttft_s"]["p50"])
+        assert _value(rows) == pytest.approx(TTFT, abs=0.02)
+        decode = wait_for(prom, f"loadgen_decode_tokens_per_second{sel}", timeout=10)
+        assert _value(decode) == pytest.approx(summary["decode_tok_s"]["p50"])
+        ok = wait_for(prom, 'loadgen_requests_total{run_id="pushtest",outcome="ok"}', timeout=10)
+        assert _value(ok) == 4
+        output = wait_for(prom, 'loadgen_output_tokens_per_second{run_id="pushtest"}', timeout=10)
+        assert _value(output) == pytest.approx(summary["output_tok_s"])
+        assert wait_for(prom, 'loadgen_run_timestamp_seconds{run_id="pushtest"}', timeout=10)
+
+
+def test_a_sweep_pushes_one_series_per_concurrency(sim_url: str, tmp_path: Path) -> None:
+    with (
+        pushgateway(tmp_path / "pgw") as pgw,
+        prometheus(scrape_config({"pushgateway": [host_port(pgw)]}), tmp_path / "prom") as prom,
+    ):
+        result = run_cli(
+            "--url",
+            sim_url,
+            "--prompt",
+            "64",
+            "--gen",
+            "8",
+            "--sweep",
+            "1,2,4",
+            "--requests",
+            "4",
+            "--pushgateway",
+            pgw,
+            "--run-id",
+            "sweeptest",
+        )
+        assert result.returncode == 0, result.stderr
+        promql = 'loadgen_decode_tokens_per_second{run_id="sweeptest",stat="p50"}'
+        rows = wait_for(prom, f"count({promql}) >= 3", timeout=30)
+        assert _value(rows) == 3
+
+
+def test_metrics_port_is_scraped_while_the_run_lasts(sim_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "loadgen",
+        "--url",
+        sim_url,
+        "--prompt",
+        "64",
+        "--gen",
+        "64",
+        "--concurrency",
+        "4",
+        "--duration",
+        "4",
+        "--metrics-port",
+        str(port),
+        "--metrics-linger",
+        "3",
+        "--run-id",
+        "porttest",
+    ]
+    with prometheus(scrape_config({"loadgen": [f"127.0.0.1:{port}"]}), tmp_path / "prom") as prom:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            # Seen during the run, before the process ends.
+            rows = wait_for(
+                prom, 'loadgen_requests_total{run_id="porttest",outcome="ok"} > 0', timeout=15
+            )
+            assert proc.poll() is None
+            assert rows[0]["metric"]["concurrency"] == "4"
+            itl = wait_for(prom, 'loadgen_itl_seconds{run_id="porttest",stat="p50"}', timeout=10)
+            assert _value(itl) == pytest.approx(0.012, abs=0.004)
+        finally:
+            _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err

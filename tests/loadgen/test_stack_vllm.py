@@ -1,0 +1,73 @@
+"""Exact counts against the real vLLM CPU engine (embedded tiny model), as a user runs loadgen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.loadgen.conftest import run_cli
+
+pytestmark = pytest.mark.stack
+
+
+def _rows(path: Path) -> list[tuple[Any, Any, Any]]:
+    data = json.loads(path.read_text())
+    return [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]]
+
+
+def test_prompt_512_gen_256_through_the_proxy_is_exact(stack: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = run_cli(
+        "--url",
+        stack.proxy_url,
+        "--prompt",
+        "512",
+        "--gen",
+        "256",
+        "--requests",
+        "3",
+        "--json",
+        str(out),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert _rows(out) == [(512, 256, None)] * 3
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["requests_ok"] == 3
+    assert summary["prefill_tok_s"]["p50"] > 0 and summary["decode_tok_s"]["p50"] > 0
+    assert json.loads(out.read_text())["config"]["model"] == stack.model
+
+
+@pytest.mark.parametrize("url_attr", ["vllm_url", "proxy_url"])
+def test_chat_mode_is_exact_with_the_real_chat_template(
+    stack: Any, tmp_path: Path, url_attr: str
+) -> None:
+    out = tmp_path / "chat.json"
+    result = run_cli(
+        "--url",
+        getattr(stack, url_attr),
+        "--chat",
+        "--prompt",
+        "200",
+        "--gen",
+        "24",
+        "--requests",
+        "3",
+        "--concurrency",
+        "3",
+        "--json",
+        str(out),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert _rows(out) == [(200, 24, None)] * 3
+
+
+def test_a_context_too_short_is_refused_by_the_real_engine_limits(stack: Any) -> None:
+    result = run_cli("--url", stack.vllm_url, "--prompt", "4000", "--gen", "256")
+    assert result.returncode == 1
+    assert "shorter than --prompt 4000 + --gen 256" in result.stderr
+    assert "Traceback" not in result.stderr
