@@ -45,7 +45,8 @@ def test_exact_counts_and_the_json_schema(sim_url: str, tmp_path: Path) -> None:
     assert (s["requests_ok"], s["requests_failed"]) == (8, 0)
     for key in ("ttft_s", "itl_s", "e2e_s", "prefill_tok_s", "decode_tok_s"):
         assert set(s[key]) >= {"mean", "p50", "p90", "p99"}
-    assert s["output_tok_s"] > 0 and s["total_tok_s"] > s["output_tok_s"]
+    assert s["output_tok_s"] > 0
+    assert s["total_tok_s"] > s["output_tok_s"]
     assert [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]] == [
         (512, 32, None)
     ] * 8
@@ -115,7 +116,9 @@ def test_sweep_draws_the_plot_and_compare_prints_ratios(
     capsys.readouterr()
     assert main(["compare", str(out), str(out)]) == 0
     shown = capsys.readouterr().out
-    assert "B/A" in shown and "1.000×" in shown and "decode tok/s p50" in shown
+    assert "B/A" in shown
+    assert "1.000×" in shown
+    assert "decode tok/s p50" in shown
 
 
 def test_pptg_reports_mean_and_std_of_prefill_and_decode(sim_url: str, tmp_path: Path) -> None:
@@ -124,7 +127,9 @@ def test_pptg_reports_mean_and_std_of_prefill_and_decode(sim_url: str, tmp_path:
         "--url", sim_url, "--pptg", "-r", "3", "--prompt", "128", "--gen", "32", "--json", str(out)
     )
     assert result.returncode == 0, result.stderr
-    assert "pp128" in result.stdout and "tg32" in result.stdout and "±" in result.stdout
+    assert "pp128" in result.stdout
+    assert "tg32" in result.stdout
+    assert "±" in result.stdout
     data = _json(out)["pptg"]
     assert data["pp128"]["n"] == 3
     assert data["tg32"]["mean"] == pytest.approx(DECODE, rel=0.02)

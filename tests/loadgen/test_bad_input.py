@@ -55,7 +55,8 @@ def test_unreachable_url_says_how_to_fix_it() -> None:
     result = run_cli("--url", f"http://127.0.0.1:{_closed_port()}", "--requests", "1")
     assert result.returncode == 1
     line = _one_line_error(result.stderr)
-    assert "cannot reach" in line and "--url" in line
+    assert "cannot reach" in line
+    assert "--url" in line
 
 
 def test_context_shorter_than_prompt_plus_gen_is_refused_before_sending() -> None:
@@ -75,7 +76,8 @@ def test_a_server_answering_errors_fails_the_run_with_the_reason(tmp_path: Path)
         )
     assert result.returncode == 1
     line = _one_line_error(result.stderr)
-    assert "4 of 4 requests failed" in line and "HTTP 503" in line
+    assert "4 of 4 requests failed" in line
+    assert "HTTP 503" in line
     assert json.loads(out.read_text())["summary"]["requests_failed"] == 4
 
 
@@ -116,7 +118,8 @@ def test_a_run_with_some_failures_says_how_many_and_why(tmp_path: Path) -> None:
         breaker.join()
     assert result.returncode == 1
     s = json.loads(out.read_text())["summary"]
-    assert s["requests_ok"] >= 2 and s["requests_failed"] >= 1
+    assert s["requests_ok"] >= 2
+    assert s["requests_failed"] >= 1
     assert s["requests_ok"] + s["requests_failed"] == 8
     failed = s["requests_failed"]
     assert f"{failed} of 8 requests failed: {failed}× HTTP 500" in result.stdout

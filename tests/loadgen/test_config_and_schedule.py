@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
@@ -57,7 +58,7 @@ def test_constant_arrivals_are_evenly_spaced() -> None:
 
 def test_poisson_arrivals_have_the_asked_mean_rate_and_are_seeded() -> None:
     offsets = list(arrival_offsets(50.0, "poisson", 1, count=5000))
-    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert statistics.mean(gaps) == pytest.approx(1 / 50.0, rel=0.05)
     assert statistics.stdev(gaps) == pytest.approx(1 / 50.0, rel=0.1)  # exponential: sd = mean
     assert offsets[:10] == list(arrival_offsets(50.0, "poisson", 1, count=10))
@@ -69,7 +70,8 @@ def test_duration_bounds_the_schedule() -> None:
 
 METRICS = """# HELP toposerve_plan_info The plan in force
 # TYPE toposerve_plan_info gauge
-toposerve_plan_info{dp="1",engine="vllm",gpus="0,1",mode="tp",model="m",pp="1",tp="2",transport="nvlink"} 1.0
+toposerve_plan_info{dp="1",engine="vllm",gpus="0,1",mode="tp",model="m",pp="1",tp="2",\
+transport="nvlink"} 1.0
 # TYPE toposerve_requests_in_flight gauge
 toposerve_requests_in_flight{model="m",route="/v1/completions"} 0.0
 """
