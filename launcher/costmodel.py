@@ -102,7 +102,7 @@ def link_between(topo: Topology, a: Gpu, b: Gpu) -> Link:
         gbs = m.bandwidth_gbs if transport != "shm" else m.bandwidth_gbs * hardware.SHM_EFFICIENCY
     latency = hardware.ALLREDUCE_LATENCY_S.get(transport, 12e-6)
     if m is not None and m.latency_us:
-        latency = max(latency, m.latency_us * 1e-6)
+        latency = m.latency_us * 1e-6  # replayed from a CUDA graph, as vLLM runs it
     return Link(transport, gbs, latency)
 
 

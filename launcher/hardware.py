@@ -107,7 +107,10 @@ NVLINK_EFFICIENCY = 0.9
 # tables (src/graph/tuning.cc: hwLat NVLink ~0.6 us, PCI ~1 us per step, plus ~4-6 us base for
 # LL protocol) and vLLM's custom all-reduce (~5 us on 2 GPUs over P2P) put the P2P paths near
 # 6-8 us; through host shared memory NCCL needs an extra copy and a flag poll in host memory.
-ALLREDUCE_LATENCY_S = {"nvlink": 6e-6, "p2p-pcie": 8e-6, "shm": 12e-6, "net": 30e-6, "none": 0.0}
+# Measured with `probe --measure` on the lent 2 x H200 (NCCL, one value, replayed from a CUDA
+# graph): 14.4 us over NVLink (vLLM's custom all-reduce, used there instead, is faster), 18.5 us
+# with NCCL_P2P_DISABLE=1 (SHM) -> the SHM figure below.
+ALLREDUCE_LATENCY_S = {"nvlink": 6e-6, "p2p-pcie": 8e-6, "shm": 18e-6, "net": 30e-6, "none": 0.0}
 
 # NCCL's SHM transport copies GPU → pinned host buffer → GPU in 4-8 slices with a host-side
 # handshake per slice; the field figure that two RTX 3090 at x8/x8 lose ~30% of TP prompt

@@ -14,6 +14,7 @@ from launcher.modelspec import ModelSpec, load_model_spec
 from launcher.plan import Candidate, Plan, Policy, plan
 from launcher.render import render
 from launcher.topology import Measured, Topology, load_topology
+from tests.launcher.paths import TOPOLOGIES as TOPOLOGY_DIR
 from tests.launcher.paths import model, topo
 
 TOPOLOGIES = [
@@ -280,3 +281,21 @@ def test_every_pair_of_8_gpus_is_considered_once() -> None:
     assert len(shapes) == len(set(shapes))
     assert all(a * b * c <= 8 for a, b, c in shapes)
     assert len(list(itertools.combinations(range(8), 2))) == 28
+
+
+def test_measured_h200_links_keep_the_nvlink_versus_shm_shape() -> None:
+    # recorded by `probe --measure` on the lent 2 x H200, once as is and once with
+    # NCCL_P2P_DISABLE=1 (NCCL then logged via SHM/direct/direct)
+    m = M("llama-3.3-70b")
+    nvl = load_topology(str(TOPOLOGY_DIR / "h200x2-measured.toposerve.json"), {})
+    shm = load_topology(str(TOPOLOGY_DIR / "h200x2-p2p-disabled.toposerve.json"), {})
+    assert nvl.pairs[0].measured is not None
+    assert shm.pairs[0].measured is not None
+    assert (nvl.pairs[0].measured.nccl_transport, shm.pairs[0].measured.nccl_transport) == (
+        "nvlink",
+        "shm",
+    )
+    a = plan(nvl, m, Policy(force_tp=2)).predicted
+    b = plan(shm, m, Policy(force_tp=2)).predicted
+    assert a.prefill_tok_s / b.prefill_tok_s > 1.3
+    assert a.decode_tok_s / b.decode_tok_s == pytest.approx(1.0, abs=0.1)
