@@ -131,12 +131,17 @@ class Runner:
     def _await_engine(self, index: int, replica: ReplicaSpec, *, retried: bool) -> None:
         child = self.engines[index]
         started = time.monotonic()
+        seen: list[str] = []
         with self.console.status(f"vLLM ({replica.url}): starting") as status:
 
             def tick() -> None:
                 phase = progress.current_phase(child.log_tail())
                 elapsed = time.monotonic() - started
                 status.update(f"vLLM ({replica.url}): {phase} … {elapsed:.0f}s")
+                # Without a terminal the spinner is invisible: log each new phase once instead.
+                if not self.console.is_terminal and phase not in seen:
+                    seen.append(phase)
+                    self.console.print(f"  vLLM ({replica.url}): {phase} … {elapsed:.0f}s")
 
             ok = supervise.wait_until(
                 lambda: supervise.http_ok(f"{replica.url}/health"),
