@@ -1,0 +1,158 @@
+"""What the proxy adds: the same load direct to the simulated engine and through the proxy.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--ttft 0.05] [--itl 0.02] [--tokens 64]
+        [--levels 1,64,256] [--rounds 3] [--sequential 20] [--json FILE]
+
+Starts a simulated engine (TTFT 50 ms, then a token every 20 ms: a 70B model's pace) and the
+proxy in front of it, each in its own process, then for every concurrency level runs the
+same burst direct and proxied, alternating, ``--rounds`` times, and prints medians side by side
+with ratios. Level 1 is ``--sequential`` requests one after another. Throughput is generated
+tokens over the wall time of the burst; TTFT is the client's, from request sent to the first
+token event. The client is a lean raw-asyncio one (server.simclient) on uvloop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from server.simclient import StreamResult, percentile, stream  # noqa: E402
+from server.simengine import SimConfig, spawn  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Round:
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_mean_ms: float
+    tok_per_s: float
+    errors: int
+
+
+def summarize(results: list[StreamResult], wall_s: float) -> Round:
+    ok = [r for r in results if r.error is None and r.token_times]
+    ttfts = [r.ttft * 1000 for r in ok if r.ttft is not None]
+    itls = [g * 1000 for r in ok for g in r.itls]
+    tokens = sum(len(r.token_times) for r in ok)
+    return Round(
+        ttft_p50_ms=percentile(ttfts, 50), ttft_p99_ms=percentile(ttfts, 99),
+        itl_mean_ms=statistics.fmean(itls) if itls else float("nan"),
+        tok_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+        errors=len(results) - len(ok))
+
+
+async def burst(url: str, concurrency: int, tokens: int, sequential: int) -> Round:
+    body = {"model": "sim-model", "prompt": "benchmark prompt", "max_tokens": tokens,
+            "ignore_eos": True, "stream": True}
+    target = url + "/v1/completions"
+    t0 = time.perf_counter()
+    if concurrency == 1:
+        results = [await stream(target, body) for _ in range(sequential)]
+    else:
+        results = list(await asyncio.gather(*(stream(target, body) for _ in range(concurrency))))
+    return summarize(results, time.perf_counter() - t0)
+
+
+def median_round(rounds: list[Round]) -> Round:
+    def med(attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in rounds)
+
+    return Round(med("ttft_p50_ms"), med("ttft_p99_ms"), med("itl_mean_ms"), med("tok_per_s"),
+                 sum(r.errors for r in rounds))
+
+
+@contextmanager
+def proxy_process(upstream: str, port: int) -> Iterator[str]:
+    argv = [sys.executable, "-m", "server", "--upstream", upstream, "--port", str(port),
+            "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env={**os.environ, "TOPOSERVE_API_KEYS": ""})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url + "/ready", proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the proxy exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("the proxy did not become ready in 30 s")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ttft", type=float, default=0.05)
+    p.add_argument("--itl", type=float, default=0.02)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--levels", default="1,64,256")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sequential", type=int, default=20)
+    p.add_argument("--proxy-url", help="measure this running proxy instead of starting one")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    import uvloop
+
+    levels = [int(x) for x in a.levels.split(",")]
+    report: dict[str, dict[str, object]] = {}
+    with ExitStack() as stack:
+        sim = stack.enter_context(spawn(SimConfig(ttft=a.ttft, itl=a.itl, max_model_len=1 << 20)))
+        proxy = a.proxy_url or stack.enter_context(proxy_process(sim, free_port()))
+        uvloop.run(burst(proxy, 4, 4, 1))  # warm both paths' connections
+        print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
+              f"{a.rounds} rounds (medians)")
+        header = (f"{'streams':>7} {'path':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
+                  f"{'tok/s':>8} {'err':>4}")
+        print(header)
+        for level in levels:
+            runs: dict[str, list[Round]] = {"direct": [], "proxied": []}
+            for _ in range(a.rounds):
+                for name, url in (("direct", sim), ("proxied", proxy)):
+                    runs[name].append(uvloop.run(burst(url, level, a.tokens, a.sequential)))
+            d, pr = median_round(runs["direct"]), median_round(runs["proxied"])
+            for name, r in (("direct", d), ("proxied", pr)):
+                print(f"{level:>7} {name:>7} {r.ttft_p50_ms:>8.2f}m {r.ttft_p99_ms:>8.2f}m "
+                      f"{r.itl_mean_ms:>6.2f}m {r.tok_per_s:>8.1f} {r.errors:>4}")
+            added = pr.ttft_p50_ms - d.ttft_p50_ms
+            ratio = pr.tok_per_s / d.tok_per_s if d.tok_per_s else float("nan")
+            print(f"{level:>7} {'=>':>7} TTFT p50 +{added:.2f} ms, throughput {ratio:.1%} of direct")
+            report[str(level)] = {"direct": asdict(d), "proxied": asdict(pr),
+                                  "ttft_p50_added_ms": added, "throughput_ratio": ratio}
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

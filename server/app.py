@@ -1,0 +1,374 @@
+"""The FastAPI surface: routing, request checks, errors, OpenAPI; streaming goes to server.relay.
+
+Routes: POST /v1/chat/completions and /v1/completions (checked, usage asked for, relayed with
+SSE inspection), GET /v1/models and every other path (relayed unchanged), GET /health (the proxy
+lives), GET /ready (an engine answers), GET /metrics. /v1/* and the relayed routes need an API
+key when keys are configured; /health, /ready and /metrics stay open unless --protect-metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.admission import Admission
+from server.config import ProxyConfig
+from server.errors import (
+    BadRequest,
+    BodyTooLarge,
+    NotFound,
+    ProxyError,
+    RequestTimeout,
+    Unauthorized,
+    UpstreamUnavailable,
+)
+from server.health import HealthChecker
+from server.metrics import GpuCollector, ProxyMetrics, route_label
+from server.relay import Call, Receive, Relay, Send, send_error
+from server.router import Router, affinity_key
+from server.schemas import ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger("toposerve.access")
+Scope = MutableMapping[str, Any]
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# Not forwarded: hop-by-hop headers, the proxy's own credentials, and what the relay sets.
+_DROP_HEADERS = frozenset({
+    "host", "connection", "keep-alive", "proxy-authorization", "proxy-connection", "te",
+    "trailer", "transfer-encoding", "upgrade", "content-length", "authorization", "x-api-key",
+    "x-request-id", "expect", "cookie",
+})
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+GENERATION_SCHEMAS: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+
+class Proxy:
+    """Everything one proxy instance holds; the app's routes are thin calls into it."""
+
+    def __init__(self, cfg: ProxyConfig, registry: CollectorRegistry | None = None) -> None:
+        self.cfg = cfg
+        self.registry = registry or CollectorRegistry()
+        self.metrics = ProxyMetrics(self.registry, cfg.plan_info)
+        self.registry.register(GpuCollector())
+        self.router = Router(cfg.upstreams, cfg.affinity_slack)
+        self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.queue_timeout_s)
+        self.relay = Relay(cfg, self.router, self.metrics, self.admission)
+        self.health = HealthChecker(cfg, self.router, self.metrics, lambda: self.relay.session)
+        self._keys = [k.encode() for k in cfg.api_keys]
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def authorize(self, headers: Mapping[str, str]) -> None:
+        """Constant-time check of ``Authorization: Bearer K`` or ``x-api-key: K``."""
+        if not self._keys:
+            return
+        given = headers.get("authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        token = token or headers.get("x-api-key", "").strip()
+        candidate = token.encode("utf-8", "surrogateescape")
+        ok = False
+        for key in self._keys:  # every key is compared: the time does not say which matched
+            ok |= hmac.compare_digest(candidate, key)
+        if not ok:
+            raise Unauthorized("missing or wrong API key: send it as 'Authorization: Bearer "
+                               "<key>' (the key given to launcher serve or python -m server)")
+
+    async def read_body(self, receive: Receive, headers: Mapping[str, str]) -> bytes:
+        limit = self.cfg.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(f"request body of {declared} bytes is over the {limit}-byte limit "
+                               "(raise it with --max-body-bytes)")
+        chunks, size = [], 0
+        try:
+            async with asyncio.timeout(self.cfg.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise BodyTooLarge(f"request body over the {limit}-byte limit (raise "
+                                           "it with --max-body-bytes)")
+                    chunks.append(chunk)
+                    if not message.get("more_body"):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body took over {self.cfg.body_timeout_s:g} s to "
+                                 "arrive; send it at once") from None
+
+    # -- the routes ----------------------------------------------------------------------------
+
+    async def generation(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/chat/completions and /v1/completions, in raw ASGI (the hot path)."""
+        path = scope["path"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        rid = pick_request_id(headers.get("x-request-id", ""))
+        try:
+            self.authorize(headers)
+            body = await self.read_body(receive, headers)
+            obj = parse_object(body)
+            check(GENERATION_SCHEMAS[path], obj)
+        except ProxyError as exc:
+            self.metrics.requests.labels("unknown", path, str(exc.status)).inc()
+            log.info("%s POST %s %d", rid, path, exc.status)
+            await send_error(send, exc, rid)
+            return
+        except ClientGone:
+            return
+        strip = False
+        if obj.get("stream"):
+            options = obj.get("stream_options") or {}
+            if not options.get("include_usage"):
+                # Usage feeds the token counters; the client did not ask, so it is dropped again.
+                obj["stream_options"] = {**options, "include_usage": True}
+                body = json.dumps(obj).encode()
+                strip = True
+        query = scope.get("query_string", b"").decode("latin-1")
+        call = Call(request_id=rid, method="POST", target=path + (f"?{query}" if query else ""),
+                    route=path, model=self.metrics.model_label(obj.get("model")),
+                    headers=upstream_headers(headers.items(), rid), body=body, inspect=True,
+                    strip_usage=strip, affinity=affinity_key(obj))
+        await self.relay.handle(call, receive, send)
+
+    async def passthrough(self, request: Request) -> Response:
+        rid = request_id(request)
+        self.authorize(request.headers)
+        try:
+            body = await self.read_body(request.receive, request.headers)
+        except ClientGone:
+            return Response(status_code=499)
+        call = Call(request_id=rid, method=request.method, target=_target(request),
+                    route=route_label(request.url.path), model="unknown",
+                    headers=upstream_headers(request.headers.items(), rid), body=body)
+        return RelayResponse(lambda _s, receive, send: self.relay.handle(call, receive, send))
+
+    async def ready(self) -> Response:
+        await self.health.check_all(timeout_s=min(2.0, self.cfg.connect_timeout_s))
+        states = [{"url": u.url, "up": u.up, "outstanding": u.outstanding}
+                  for u in self.router.upstreams]
+        if self.router.any_up:
+            return JSONResponse({"ready": True, "upstreams": states})
+        exc = UpstreamUnavailable("no engine is ready yet")
+        return JSONResponse({"ready": False, "upstreams": states}, status_code=503,
+                            headers={"retry-after": str(exc.retry_after)})
+
+    def metrics_text(self, request: Request) -> Response:
+        if self.cfg.protect_metrics:
+            self.authorize(request.headers)
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
+def upstream_headers(items: Iterable[tuple[str, str]], rid: str) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in items if k not in _DROP_HEADERS]
+    headers.append(("x-request-id", rid))
+    return headers
+
+
+class RelayResponse(Response):
+    """A response that is a raw ASGI callable: what FastAPI hands over to the relay."""
+
+    def __init__(self, asgi: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.asgi = asgi
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+        await self.asgi(scope, receive, send)
+
+
+class ProxyApp:
+    """The ASGI app: the two generation routes go straight to the lean path, the rest (and
+    the OpenAPI schema, which documents all of them) to FastAPI."""
+
+    def __init__(self, proxy: Proxy, fastapi: FastAPI) -> None:
+        self.proxy = proxy
+        self.fastapi = fastapi
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and scope["path"] in GENERATION_SCHEMAS):
+            await self.proxy.generation(scope, receive, send)
+        else:
+            await self.fastapi(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        return self.fastapi.openapi()
+
+
+def pick_request_id(given: str) -> str:
+    """The client's X-Request-Id when it is a safe token, else a fresh one."""
+    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def request_id(request: Request) -> str:
+    rid = pick_request_id(request.headers.get("x-request-id", ""))
+    request.state.request_id = rid
+    return rid
+
+
+def _target(request: Request) -> str:
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("request body must be a JSON object")
+    return obj
+
+
+def check(schema: type[BaseModel], obj: dict[str, Any]) -> None:
+    try:
+        schema.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise BadRequest(f"{param or 'body'}: {first['msg']}", param=param) from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+
+
+def _openapi_body(schema: type[BaseModel]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": inline_refs(schema.model_json_schema())}}}}
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema with its ``$defs`` substituted in place, so that it stands alone inside
+    the OpenAPI document (where ``#/$defs/...`` would point at the document's root)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.rsplit("/", 1)[1]])
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)  # type: ignore[no-any-return]
+
+
+def create_app(cfg: ProxyConfig, registry: CollectorRegistry | None = None) -> ProxyApp:
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series only double what Prometheus already knows
+    proxy = Proxy(cfg, registry)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        proxy.health.start()
+        try:
+            yield
+        finally:
+            await proxy.health.stop()
+            await proxy.relay.close()
+
+    app = FastAPI(title="toposerve proxy", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible proxy in front of vLLM.")
+    app.state.proxy = proxy
+    _add_error_handlers(app, proxy)
+    _add_routes(app, proxy)
+    return ProxyApp(proxy, app)
+
+
+def _add_routes(app: FastAPI, proxy: Proxy) -> None:
+    errors = {str(c): {"description": d} for c, d in [
+        (400, "Bad request (OpenAI error format)"), (401, "Missing or wrong API key"),
+        (413, "Body too large"), (429, "Too many requests (Retry-After)"),
+        (503, "Engine unavailable (Retry-After)")]}
+
+    @app.post("/v1/chat/completions", openapi_extra=_openapi_body(ChatCompletionRequest),
+              responses=errors)  # type: ignore[arg-type]
+    async def chat_completions(request: Request) -> Response:
+        return RelayResponse(proxy.generation)  # ProxyApp normally routes here before FastAPI
+
+    @app.post("/v1/completions", openapi_extra=_openapi_body(CompletionRequest),
+              responses=errors)  # type: ignore[arg-type]
+    async def completions(request: Request) -> Response:
+        return RelayResponse(proxy.generation)
+
+    @app.get("/v1/models", responses=errors)  # type: ignore[arg-type]
+    async def models(request: Request) -> Response:
+        return await proxy.passthrough(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", responses={"503": {"description": "No engine answers yet"}})
+    async def ready() -> Response:
+        return await proxy.ready()
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return proxy.metrics_text(request)
+
+    @app.api_route("/{path:path}", methods=_METHODS, include_in_schema=False)
+    async def relay_any(request: Request) -> Response:
+        return await proxy.passthrough(request)
+
+
+def _add_error_handlers(app: FastAPI, proxy: Proxy) -> None:
+    def render(request: Request, exc: ProxyError) -> JSONResponse:
+        rid = getattr(request.state, "request_id", None) or request_id(request)
+        headers = {k.decode(): v.decode() for k, v in exc.headers()}
+        headers["x-request-id"] = rid
+        route = route_label(request.url.path)
+        proxy.metrics.requests.labels("unknown", route, str(exc.status)).inc()
+        log.info("%s %s %s %d", rid, request.method, route, exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(ProxyError)
+    async def on_proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        return render(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err: ProxyError = NotFound(str(exc.detail)) if exc.status_code == 404 else BadRequest(
+            str(exc.detail))
+        err.status = exc.status_code
+        return render(request, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return render(request, BadRequest(f"invalid request: {exc.errors()[:1]}"))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logging.getLogger("toposerve").error("internal error on %s: %s",
+                                             route_label(request.url.path), type(exc).__name__)
+        err = ProxyError("internal error in the proxy; see its log")
+        return render(request, err)

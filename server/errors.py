@@ -1,0 +1,93 @@
+"""Errors of the proxy, each rendering itself as an OpenAI-format error body.
+
+    ProxyError                       base: status, type, code, retry_after
+    ├── BadRequest (400)             malformed JSON, wrong types, invalid UTF-8, nesting too deep
+    ├── Unauthorized (401)           missing or wrong API key
+    ├── NotFound (404)               no such route
+    ├── RequestTimeout (408)         the client sent its body too slowly
+    ├── BodyTooLarge (413)           body over --max-body-bytes
+    ├── TooManyRequests (429)        in-flight limit and queue full (Retry-After)
+    ├── UpstreamUnavailable (503)    no engine answers: down or restarting (Retry-After)
+    ├── UpstreamTimeout (504)        the engine did not answer in time
+    └── UpstreamBadResponse (502)    the engine answered something that is not HTTP/JSON/SSE
+ConfigError                          bad command line or key file; the message says the fix
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class ConfigError(Exception):
+    """A configuration the proxy cannot start with; the message tells the user what to do."""
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+    retry_after: int | None = None
+
+    def __init__(self, message: str, *, param: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        if self.retry_after is None:
+            return []
+        return [(b"retry-after", str(self.retry_after).encode())]
+
+
+class BadRequest(ProxyError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class Unauthorized(ProxyError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class RequestTimeout(ProxyError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
+class BodyTooLarge(ProxyError):
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class TooManyRequests(ProxyError):
+    status, type, code, retry_after = 429, "rate_limit_error", "rate_limit_exceeded", 1
+
+
+class UpstreamUnavailable(ProxyError):
+    status, type, code, retry_after = 503, "server_error", "engine_unavailable", 5
+
+
+class UpstreamTimeout(ProxyError):
+    status, type, code = 504, "server_error", "engine_timeout"
+
+
+class UpstreamBadResponse(ProxyError):
+    status, type, code = 502, "server_error", "bad_engine_response"
+
+
+def error_body(message: str, err_type: str, code: str | None,
+               param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def stream_error_event(message: str, code: str) -> bytes:
+    """The SSE events that end a broken stream: an error object, then ``[DONE]``, like vLLM."""
+    payload = json.dumps(error_body(message, "server_error", code))
+    return f"data: {payload}\n\ndata: [DONE]\n\n".encode()

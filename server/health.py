@@ -1,0 +1,61 @@
+"""Active health checks of the engine replicas: GET <upstream>/health every interval; a replica
+failing it is taken out of routing, one passing it is put back (the relay also takes a replica
+out at once when a connection to it fails)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from server.config import ProxyConfig
+from server.metrics import ProxyMetrics
+from server.router import Router, Upstream
+
+log = logging.getLogger("toposerve")
+
+
+class HealthChecker:
+    def __init__(self, cfg: ProxyConfig, router: Router, metrics: ProxyMetrics,
+                 session: Callable[[], aiohttp.ClientSession]) -> None:
+        self.cfg = cfg
+        self.router = router
+        self.metrics = metrics
+        self.session = session
+        self._task: asyncio.Task[None] | None = None
+        for up in router.upstreams:
+            metrics.upstream_up.labels(up.url).set(1 if up.up else 0)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await self.check_all(timeout_s=min(2.0, self.cfg.health_interval_s))
+            await asyncio.sleep(self.cfg.health_interval_s)
+
+    async def check_all(self, timeout_s: float) -> None:
+        await asyncio.gather(*(self._check(up, timeout_s) for up in self.router.upstreams))
+
+    async def _check(self, up: Upstream, timeout_s: float) -> None:
+        try:
+            async with self.session().get(
+                    up.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                ok = resp.status == 200
+                await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            ok = False
+        if ok != up.up or not up.checked:
+            log.log(logging.INFO if ok else logging.WARNING, "engine %s is %s", up.url,
+                    "up" if ok else "down (taken out of routing until its /health passes)")
+        up.up, up.checked = ok, True
+        self.metrics.upstream_up.labels(up.url).set(1 if ok else 0)

@@ -1,0 +1,162 @@
+"""The proxy's Prometheus metrics (names agreed in the team's metrics list) and the NVML GPU
+collector, read at scrape time. Every metric lives in an injected registry."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from server.config import PLAN_LABELS
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+                   7.5, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+KNOWN_ROUTES = frozenset({
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages",
+    "/v1/responses", "/tokenize", "/detokenize", "/v1/audio/transcriptions", "/pooling",
+    "/classify", "/score", "/rerank", "/v1/rerank", "/version",
+})
+MAX_MODEL_LABELS = 32
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry, plan: Mapping[str, str]) -> None:
+        r = registry
+        self.requests = Counter("toposerve_requests_total", "Requests answered by the proxy",
+                                ["model", "route", "status"], registry=r)
+        self.in_flight = Gauge("toposerve_requests_in_flight", "Requests being answered",
+                               ["model", "route"], registry=r)
+        self.queued = Gauge("toposerve_requests_queued", "Requests waiting for admission",
+                            registry=r)
+        self.ttft = FastHistogram("toposerve_ttft_seconds", "Time to first token at the proxy",
+                                  ("model", "route"), LATENCY_BUCKETS, r)
+        self.itl = FastHistogram("toposerve_itl_seconds", "Gaps between token events at the proxy",
+                                 ("model", "route"), ITL_BUCKETS, r)
+        self.e2e = FastHistogram("toposerve_e2e_seconds", "Request start to last byte",
+                                 ("model", "route"), LATENCY_BUCKETS, r)
+        self.prompt_tokens = Counter("toposerve_prompt_tokens", "Prompt tokens (from usage)",
+                                     ["model"], registry=r)
+        self.generation_tokens = Counter("toposerve_generation_tokens",
+                                         "Generated tokens (from usage)", ["model"], registry=r)
+        self.upstream_errors = Counter("toposerve_upstream_errors", "Engine failures by kind",
+                                       ["upstream", "kind"], registry=r)
+        self.upstream_up = Gauge("toposerve_upstream_up", "1 while the engine replica is healthy",
+                                 ["upstream"], registry=r)
+        info = Gauge("toposerve_plan_info", "The plan in force", list(PLAN_LABELS), registry=r)
+        info.labels(**{k: plan.get(k, "") for k in PLAN_LABELS}).set(1)
+        self._models: set[str] = set()
+
+    def model_label(self, model: object) -> str:
+        """A bounded label: clients choose model names, so only the first few are kept."""
+        if not isinstance(model, str) or not model:
+            return "unknown"
+        if model in self._models:
+            return model
+        if len(self._models) < MAX_MODEL_LABELS and len(model) <= 128:
+            self._models.add(model)
+            return model
+        return "other"
+
+
+class HistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class FastHistogram(Collector):
+    """A histogram for the per-token path: one bisect and two additions per observation.
+
+    prometheus_client's Histogram takes a lock and walks every bucket on each observe; the
+    proxy observes every inter-token gap on one event-loop thread, so neither is needed.
+    """
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...],
+                 buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name, self.doc, self.labelnames, self.buckets = name, doc, labelnames, buckets
+        self.children: dict[tuple[str, ...], HistogramChild] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> HistogramChild:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = HistogramChild(self.buckets)
+        return child
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self.name, self.doc, labels=list(self.labelnames))]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.doc, labels=list(self.labelnames))
+        for values, child in list(self.children.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip(self.buckets, child.counts, strict=False):
+                cumulative += count
+                buckets.append((_le(bound), cumulative))
+            buckets.append(("+Inf", cumulative + child.counts[-1]))
+            family.add_metric(list(values), buckets, child.sum)
+        yield family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def route_label(path: str) -> str:
+    return path if path in KNOWN_ROUTES else "other"
+
+
+class GpuCollector(Collector):
+    """toposerve_gpu_* from NVML at scrape time; nothing where there is no GPU or no NVML."""
+
+    FIELDS = (
+        ("utilization_ratio", "toposerve_gpu_utilization_ratio", "GPU busy fraction"),
+        ("memory_used_bytes", "toposerve_gpu_memory_used_bytes", "GPU memory in use"),
+        ("memory_total_bytes", "toposerve_gpu_memory_total_bytes", "GPU memory size"),
+        ("power_watts", "toposerve_gpu_power_watts", "GPU power draw"),
+        ("pcie_tx_bytes_per_second", "toposerve_gpu_pcie_tx_bytes_per_second", "PCIe TX rate"),
+        ("pcie_rx_bytes_per_second", "toposerve_gpu_pcie_rx_bytes_per_second", "PCIe RX rate"),
+        ("nvlink_tx_bytes_total", "toposerve_gpu_nvlink_tx_bytes_total", "NVLink bytes sent"),
+        ("nvlink_rx_bytes_total", "toposerve_gpu_nvlink_rx_bytes_total", "NVLink bytes received"),
+    )
+
+    def __init__(self, sampler: Any = None) -> None:
+        self._sampler = sampler
+
+    def _samples(self) -> list[Any]:
+        sampler = self._sampler
+        if sampler is None:
+            try:
+                from launcher.nvml import sample_gpus
+            except ImportError:
+                return []
+            sampler = sample_gpus
+        try:
+            return list(sampler())
+        except Exception:  # a scrape must never fail because NVML did
+            return []
+
+    def collect(self) -> Iterator[Metric]:
+        samples = self._samples()
+        if not samples:
+            return
+        for attr, name, doc in self.FIELDS:
+            family = GaugeMetricFamily(name, doc, labels=["gpu", "name"])
+            for s in samples:
+                value = getattr(s, attr, None)
+                if value is not None:
+                    family.add_metric([str(s.index), str(s.name)], float(value))
+            yield family

@@ -1,0 +1,374 @@
+"""The hot path: one request forwarded to an engine replica and its answer relayed back.
+
+This is raw ASGI on purpose (the FastAPI surface hands over to it): per chunk it costs one
+upstream read, a few byte tests (server.sse) and one ``send`` — no generator, no middleware.
+
+Control flow: the request's own task does the exchange; a small watcher task waits on
+``receive()`` for the client's disconnect, and a single lazily re-armed timer enforces the
+first-byte and idle timeouts. Either cancels the request task with a recorded reason, and
+closing the upstream response (not returning the connection to the pool) is what makes vLLM
+abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from server.admission import Admission
+from server.config import ProxyConfig
+from server.errors import (
+    ProxyError,
+    TooManyRequests,
+    UpstreamBadResponse,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_body,
+    stream_error_event,
+)
+from server.metrics import ProxyMetrics
+from server.router import Router, Upstream
+from server.sse import SseInspector, usage_of_body
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("toposerve.access")
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "content-length", "host", "authorization",
+    "x-api-key", "date", "server", "x-request-id",
+})
+CLIENT_GONE = 499
+
+
+@dataclass
+class Call:
+    """One request on its way through; ``status`` and ``upstream`` are filled in as it goes."""
+
+    request_id: str
+    method: str
+    target: str
+    route: str
+    model: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    inspect: bool = False
+    strip_usage: bool = False
+    affinity: bytes | None = None
+    t_start: float = field(default_factory=time.perf_counter)
+    status: int = 0
+    upstream: str = "-"
+    started: bool = False
+
+
+class _Guard:
+    """Turns a client disconnect or a timeout into a cancellation of the request task."""
+
+    def __init__(self, task: asyncio.Task[Any], cfg: ProxyConfig) -> None:
+        self.task = task
+        self.cfg = cfg
+        self.loop = asyncio.get_running_loop()
+        self.reason: str | None = None
+        self.active = True
+        self.streaming = False
+        self.last = self.loop.time()
+        self.timer = self.loop.call_at(self.last + cfg.first_byte_timeout_s, self._expire)
+
+    def fire(self, reason: str) -> None:
+        if self.active and self.reason is None:
+            self.reason = reason
+            self.task.cancel()
+
+    def touch(self) -> None:
+        self.last = self.loop.time()
+        if not self.streaming:
+            self.streaming = True
+            self.timer.cancel()
+            self.timer = self.loop.call_at(self.last + self.cfg.idle_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        if not self.streaming:
+            self.fire("first_byte")
+            return
+        due = self.last + self.cfg.idle_timeout_s
+        if self.loop.time() >= due:
+            self.fire("idle")
+        else:  # data came since this timer was set: look again when the new silence would end
+            self.timer = self.loop.call_at(due, self._expire)
+
+    def stop(self) -> None:
+        self.active = False
+        self.timer.cancel()
+
+
+async def _watch_disconnect(receive: Receive, guard: _Guard) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            guard.fire("client")
+            return
+
+
+class Relay:
+    def __init__(self, cfg: ProxyConfig, router: Router, metrics: ProxyMetrics,
+                 admission: Admission) -> None:
+        self.cfg = cfg
+        self.router = router
+        self.metrics = metrics
+        self.admission = admission
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=None, connect=self.cfg.connect_timeout_s,
+                                            sock_connect=self.cfg.connect_timeout_s)
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- one request -----------------------------------------------------------------------
+
+    async def handle(self, call: Call, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        guard = _Guard(task, self.cfg)
+        watcher = asyncio.create_task(_watch_disconnect(receive, guard))
+        in_flight = self.metrics.in_flight.labels(call.model, call.route)
+        in_flight.inc()
+        try:
+            await self._admitted(call, guard, send)
+        except ProxyError as exc:
+            guard.stop()
+            await self._fail(call, exc, send)
+        except asyncio.CancelledError:
+            guard.stop()
+            if guard.reason is None:
+                raise
+            task.uncancel()
+            await self._cancelled(call, guard.reason, send)
+        finally:
+            guard.stop()
+            watcher.cancel()
+            in_flight.dec()
+            self._record(call)
+
+    async def _admitted(self, call: Call, guard: _Guard, send: Send) -> None:
+        self.metrics.queued.set(self.admission.queued + 1)
+        try:
+            admitted = await self.admission.acquire()
+        finally:
+            self.metrics.queued.set(self.admission.queued)
+        if not admitted:
+            raise TooManyRequests(
+                f"too many requests in flight ({self.admission.limit}) and the queue is full; "
+                "retry after the Retry-After delay")
+        try:
+            await self._exchange(call, guard, send)
+        finally:
+            self.admission.release()
+
+    async def _exchange(self, call: Call, guard: _Guard, send: Send) -> None:
+        tried: list[Upstream] = []
+        while True:
+            up = self.router.pick(call.affinity, tried)
+            if up is None:
+                raise UpstreamUnavailable(
+                    "no engine is answering (it is starting, restarting or down); retry after "
+                    "the Retry-After delay")
+            call.upstream = up.url
+            up.outstanding += 1
+            try:
+                resp = await self._send_upstream(call, up)
+                if resp is None:
+                    tried.append(up)
+                    continue
+                try:
+                    await self._relay(call, up, resp, guard, send)
+                finally:
+                    if resp.content.is_eof():
+                        resp.release()
+                    else:
+                        resp.close()  # not back to the pool: the engine sees the abort
+                return
+            finally:
+                up.outstanding -= 1
+
+    async def _send_upstream(self, call: Call, up: Upstream) -> aiohttp.ClientResponse | None:
+        """The engine's response, or None when it could not be reached (try another)."""
+        try:
+            return await self.session.request(
+                call.method, up.url + call.target, data=call.body or None,
+                headers=call.headers, allow_redirects=False)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+            self.metrics.upstream_errors.labels(up.url, "connect").inc()
+            up.up = False
+            self.metrics.upstream_up.labels(up.url).set(0)
+            return None
+        except (aiohttp.ClientError, OSError) as exc:
+            self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
+            raise UpstreamUnavailable(
+                f"the engine closed the connection before answering ({type(exc).__name__}); "
+                "retry after the Retry-After delay") from None
+
+    async def _relay(self, call: Call, up: Upstream, resp: aiohttp.ClientResponse,
+                     guard: _Guard, send: Send) -> None:
+        if resp.status >= 500:
+            self.metrics.upstream_errors.labels(up.url, "status_5xx").inc()
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                   for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
+        headers.append((b"x-request-id", call.request_id.encode()))
+        if resp.content_type == "text/event-stream":
+            await self._relay_stream(call, up, resp, headers, guard, send)
+        else:
+            await self._relay_body(call, up, resp, headers, send)
+
+    async def _relay_body(self, call: Call, up: Upstream, resp: aiohttp.ClientResponse,
+                          headers: list[tuple[bytes, bytes]], send: Send) -> None:
+        try:
+            body = await resp.read()
+        except (aiohttp.ClientError, OSError) as exc:
+            self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
+            raise UpstreamBadResponse(
+                f"the engine broke off its answer ({type(exc).__name__}); retry the request"
+            ) from None
+        if call.inspect and resp.status == 200:
+            try:
+                json.loads(body)
+            except (ValueError, RecursionError):
+                self.metrics.upstream_errors.labels(up.url, "malformed").inc()
+                raise UpstreamBadResponse("the engine answered with malformed JSON") from None
+            self._count_usage(call, usage_of_body(body))
+        headers.append((b"content-length", str(len(body)).encode()))
+        call.status = resp.status
+        call.started = True
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _relay_stream(self, call: Call, up: Upstream, resp: aiohttp.ClientResponse,
+                            headers: list[tuple[bytes, bytes]], guard: _Guard,
+                            send: Send) -> None:
+        call.status = resp.status
+        call.started = True
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        inspector = SseInspector(call.strip_usage) if call.inspect else None
+        timing = _Timing(self.metrics, call)
+        try:
+            async for data in resp.content.iter_any():
+                guard.touch()
+                if inspector is not None:
+                    scan = inspector.feed(data)
+                    timing.tokens(scan.tokens)
+                    if scan.usage is not None:
+                        self._count_usage(call, scan.usage)
+                    data = scan.forward
+                    if scan.malformed:
+                        if data:
+                            await send({"type": "http.response.body", "body": data,
+                                        "more_body": True})
+                        await self._broken(call, up, "malformed",
+                                           "the engine sent a malformed event", send)
+                        return
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+        except (aiohttp.ClientError, OSError):
+            await self._broken(call, up, "stream_broken",
+                               "the engine broke off the stream; retry the request", send)
+            return
+        if inspector is not None and not inspector.done:
+            await self._broken(call, up, "stream_broken",
+                               "the engine ended the stream without [DONE]; retry the request",
+                               send)
+            return
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _broken(self, call: Call, up: Upstream, kind: str, message: str,
+                      send: Send) -> None:
+        self.metrics.upstream_errors.labels(up.url, kind).inc()
+        call.status = 502 if kind == "malformed" else 503
+        await send({"type": "http.response.body", "body": stream_error_event(message, kind)})
+
+    def _count_usage(self, call: Call, usage: tuple[int, int] | None) -> None:
+        if usage is not None:
+            self.metrics.prompt_tokens.labels(call.model).inc(usage[0])
+            self.metrics.generation_tokens.labels(call.model).inc(usage[1])
+
+    # -- endings ------------------------------------------------------------------------------
+
+    async def _cancelled(self, call: Call, reason: str, send: Send) -> None:
+        if reason == "client":
+            call.status = CLIENT_GONE
+            return
+        up = call.upstream
+        self.metrics.upstream_errors.labels(up, "timeout").inc()
+        what = ("the engine sent nothing for " f"{self.cfg.idle_timeout_s:g} s" if reason == "idle"
+                else f"the engine did not answer within {self.cfg.first_byte_timeout_s:g} s")
+        if call.started:
+            call.status = 504
+            await send({"type": "http.response.body",
+                        "body": stream_error_event(f"{what}; retry the request", "timeout")})
+            return
+        await self._fail(call, UpstreamTimeout(f"{what}; retry the request"), send)
+
+    async def _fail(self, call: Call, exc: ProxyError, send: Send) -> None:
+        call.status = exc.status
+        if call.started:
+            await send({"type": "http.response.body",
+                        "body": stream_error_event(exc.message, exc.code or "error")})
+            return
+        await send_error(send, exc, call.request_id)
+
+    def _record(self, call: Call) -> None:
+        elapsed = time.perf_counter() - call.t_start
+        self.metrics.requests.labels(call.model, call.route, str(call.status)).inc()
+        if call.status == 200:
+            self.metrics.e2e.labels(call.model, call.route).observe(elapsed)
+        log.info("%s %s %s %d %.1fms upstream=%s", call.request_id, call.method, call.route,
+                 call.status, elapsed * 1000, call.upstream)
+
+
+class _Timing:
+    """TTFT and inter-token gaps of one stream, observed as token events pass."""
+
+    def __init__(self, metrics: ProxyMetrics, call: Call) -> None:
+        self.call = call
+        self.ttft = metrics.ttft.labels(call.model, call.route)
+        self.itl = metrics.itl.labels(call.model, call.route)
+        self.last: float | None = None
+
+    def tokens(self, n: int) -> None:
+        if not n:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.ttft.observe(now - self.call.t_start)
+        else:
+            self.itl.observe(now - self.last)
+        for _ in range(n - 1):  # events that arrived in the same read: no gap between them
+            self.itl.observe(0.0)
+        self.last = now
+
+
+async def send_error(send: Send, exc: ProxyError, request_id: str) -> None:
+    body = json.dumps(error_body(exc.message, exc.type, exc.code, exc.param)).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()),
+               (b"x-request-id", request_id.encode()), *exc.headers()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

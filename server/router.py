@@ -1,0 +1,72 @@
+"""Choice of the engine replica for a request: least outstanding, with prefix affinity (pure).
+
+Requests sharing a conversation prefix (same model, same first messages) prefer one replica,
+chosen by rendezvous hashing over the replicas that are up, so vLLM's prefix cache there stays
+warm; the preference yields to the least-loaded replica when the preferred one has more than
+``slack`` requests above it. A replica is taken out when a connection to it fails or its
+health check does, and put back when a health check passes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+AFFINITY_CHARS = 2048
+
+
+@dataclass
+class Upstream:
+    url: str
+    up: bool = True
+    outstanding: int = 0
+    checked: bool = False
+
+
+class Router:
+    def __init__(self, urls: Sequence[str], slack: int = 4) -> None:
+        self.upstreams = [Upstream(u) for u in urls]
+        self.slack = slack
+        self._turn = 0
+
+    def pick(self, key: bytes | None, exclude: Sequence[Upstream] = ()) -> Upstream | None:
+        live = [u for u in self.upstreams if u.up and u not in exclude]
+        if not live:
+            return None
+        least = min(u.outstanding for u in live)
+        if key is not None and len(live) > 1:
+            preferred = max(live, key=lambda u: _score(key, u.url))
+            if preferred.outstanding <= least + self.slack:
+                return preferred
+        # Rotate among the least loaded so equal replicas share the work.
+        self._turn += 1
+        tied = [u for u in live if u.outstanding == least]
+        return tied[self._turn % len(tied)]
+
+    @property
+    def any_up(self) -> bool:
+        return any(u.up for u in self.upstreams)
+
+
+def _score(key: bytes, url: str) -> bytes:
+    return hashlib.blake2b(key + url.encode(), digest_size=8).digest()
+
+
+def affinity_key(body: dict[str, Any]) -> bytes | None:
+    """Bytes identifying a conversation's prefix: the model and the first two messages (the
+    system prompt and first user turn of an agent's session) or the head of the prompt."""
+    head: object
+    if isinstance(body.get("messages"), list):
+        head = body["messages"][:2]
+    elif isinstance(body.get("prompt"), str | list):
+        head = body["prompt"][:AFFINITY_CHARS]
+    else:
+        return None
+    try:
+        text = json.dumps([body.get("model"), head], sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return text[:AFFINITY_CHARS].encode("utf-8", "replace")

@@ -1,0 +1,40 @@
+"""Request shapes the proxy checks before forwarding (and documents in its OpenAPI schema).
+
+Only the fields the proxy relies on are typed; everything else passes to vLLM untouched
+(``extra="allow"``), which validates the rest and answers 400 itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Generation(_Open):
+    model: str | None = Field(None, description="served model name (see /v1/models)")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=0)
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[str] | list[int] | list[list[int]]
