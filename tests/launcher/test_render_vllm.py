@@ -12,8 +12,12 @@ from tests.launcher.paths import H200, model, topo
 
 CASES = [
     (topo("2x3090-pcie-x8x8-nop2p"), "llama-3.3-70b-awq", Policy(), (2, 1, 1, True, "llama3_json")),
-    (topo("4x4090-2socket"), "mistral-7b", Policy(workload="throughput", concurrency=64),
-     (2, 1, 2, True, "mistral")),
+    (
+        topo("4x4090-2socket"),
+        "mistral-7b",
+        Policy(workload="throughput", concurrency=64),
+        (2, 1, 2, True, "mistral"),
+    ),
     (str(H200), "qwen3-32b", Policy(nodes=2), (2, 2, 1, False, "hermes")),
     (None, "gemma-3-27b", Policy(), (1, 1, 1, False, None)),
 ]
@@ -25,18 +29,24 @@ def vllm_parser() -> object:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    return make_arg_parser(FlexibleArgumentParser())
+    return make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize(("node", "model_name", "policy", "want"), CASES)
-def test_rendered_flags_exist_in_vllm(vllm_parser: object, node: str | None, model_name: str,
-                                      policy: Policy, want: tuple[object, ...]) -> None:
+def test_rendered_flags_exist_in_vllm(
+    vllm_parser: object, node: str | None, model_name: str, policy: Policy, want: tuple[object, ...]
+) -> None:
     t = load_topology(node, {}) if node else Topology(gpus=())
     p = plan(t, load_model_spec(model(model_name)), policy)
     r = render(p, model(model_name), served_name="m", host="127.0.0.1", port=8000)
     ns = vllm_parser.parse_args(list(r.argv[3:]))  # type: ignore[attr-defined]
-    got = (ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size,
-           ns.disable_custom_all_reduce, ns.tool_call_parser)
+    got = (
+        ns.tensor_parallel_size,
+        ns.pipeline_parallel_size,
+        ns.data_parallel_size,
+        ns.disable_custom_all_reduce,
+        ns.tool_call_parser,
+    )
     assert got == want
     assert ns.max_model_len == p.max_model_len
     assert ns.enable_prefix_caching is True
