@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.topology import Topology, apply_visible_devices, from_nvml_dump
@@ -140,16 +140,19 @@ def dump(nv: Any) -> dict[str, Any]:
             return {"driver": None, "cuda": None, "gpus": [], "pairs": []}
         count = _call(nv, nv.nvmlDeviceGetCount)
         count = 0 if isinstance(count, str) else int(count)
-        handles = {i: nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)}
+        # A GPU NVML cannot open (lost, no permission) is left out rather than sinking the rest.
+        handles = {i: _call(nv, nv.nvmlDeviceGetHandleByIndex, i) for i in range(count)}
+        readable = sorted(i for i, h in handles.items() if not isinstance(h, str))
         return {
             "driver": _call(nv, nv.nvmlSystemGetDriverVersion),
             "cuda": _call(nv, nv.nvmlSystemGetCudaDriverVersion),
-            "gpus": [_dump_gpu(nv, i, h) for i, h in handles.items()],
+            "gpus": [_dump_gpu(nv, i, handles[i]) for i in readable],
             "pairs": [
                 _dump_pair(nv, a, b, handles[a], handles[b])
-                for a in range(count)
-                for b in range(a + 1, count)
+                for n, a in enumerate(readable)
+                for b in readable[n + 1 :]
             ],
+            "unreadable": [f"GPU{i}: {h}" for i, h in handles.items() if isinstance(h, str)],
         }
 
 
@@ -163,6 +166,9 @@ def read_topology(env: Mapping[str, str], nv: Any = None) -> Topology:
         return Topology(gpus=(), source="nvml", notes=("nvidia-ml-py (pynvml) is not installed",))
     data = dump(nv)
     topo = from_nvml_dump(data, source="nvml")
+    lost = data.get("unreadable") or []
+    if lost:
+        topo = replace(topo, notes=(*topo.notes, f"NVML could not open {', '.join(lost)}"))
     if not data["gpus"]:
         topo = Topology(
             gpus=(), source="nvml", notes=("NVML found no GPU (no driver or no device)",)

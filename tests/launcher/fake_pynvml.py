@@ -25,6 +25,10 @@ class NVMLError_DriverNotLoaded(NVMLError):
     pass
 
 
+class NVMLError_GpuIsLost(NVMLError):
+    pass
+
+
 @dataclass
 class FakeGpu:
     name: str

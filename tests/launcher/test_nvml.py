@@ -7,6 +7,7 @@ import pytest
 from launcher import nvml
 from launcher.topology import topology_to_json
 from tests.launcher.fake_pynvml import FakeGpu, FakeNvml
+from tests.launcher.fake_pynvml import NVMLError_GpuIsLost as NVMLErrorGpuIsLost
 
 G3090 = "NVIDIA GeForce RTX 3090"
 
@@ -120,3 +121,19 @@ def test_real_pynvml_on_this_machine_reads_zero_gpus_or_some() -> None:
     topo = nvml.read_topology({})
     assert isinstance(topo.gpus, tuple)
     assert isinstance(nvml.sample_gpus(), list)
+
+
+def test_a_gpu_nvml_cannot_open_is_left_out_with_a_note() -> None:
+    fake = two_3090s()
+    real_open = fake.nvmlDeviceGetHandleByIndex
+
+    def open_or_lost(i: int) -> int:
+        if i == 0:
+            raise NVMLErrorGpuIsLost()
+        return real_open(i)
+
+    fake.nvmlDeviceGetHandleByIndex = open_or_lost  # type: ignore[method-assign]
+    topo = nvml.read_topology({}, fake)
+    assert [g.index for g in topo.gpus] == [1]
+    assert topo.pairs == ()
+    assert any("GPU0" in n and "GpuIsLost" in n for n in topo.notes)
