@@ -15,7 +15,7 @@ Chat streams send the role chunk together with token 0, the last token's chunk c
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /health, /metrics
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
-/sim/control (POST JSON: fault, healthy, refuse, ttft, itl). Faults: see server.simfaults.
+/sim/control (POST JSON: fault, healthy, refuse (true or seconds), ttft, itl). Faults: see server.simfaults.
 
 It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
 templates, so that 256 streams stay on time on two shared cores. The default event loop is the
@@ -122,7 +122,7 @@ class SimEngine:
         self.stats = SimStats()
         self.fault = cfg.fault
         self.healthy = True
-        self.refuse = False
+        self.refuse_until = 0.0  # loop time until which new connections are reset
         self.ttft = cfg.ttft
         self.itl = cfg.itl
         self.ticker = _Ticker()
@@ -258,7 +258,11 @@ def _control(eng: SimEngine, conn: _Connection, req: _Request) -> None:
         if "fault" in body:
             eng.fault = parse_fault(str(body["fault"] or ""))
         eng.healthy = bool(body.get("healthy", eng.healthy))
-        eng.refuse = bool(body.get("refuse", eng.refuse))
+        refuse = body.get("refuse")
+        if refuse is not None:
+            # true: refuse from now on (over HTTP it cannot be undone); a number: for so many s
+            duration = math.inf if refuse is True else float(refuse or 0)
+            eng.refuse_until = asyncio.get_running_loop().time() + duration
         eng.ttft = float(body.get("ttft", eng.ttft))
         eng.itl = float(body.get("itl", eng.itl))
     except (FaultSpecError, TypeError, ValueError) as exc:
@@ -572,7 +576,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if self.eng.refuse:
+        if asyncio.get_running_loop().time() < self.eng.refuse_until:
             self.transport.abort()
             return
         self.eng.stats.connections += 1

@@ -1,0 +1,204 @@
+"""The simulated engine: exact timings, vLLM's stream shape, token counts, and its faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import statistics
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from server.simclient import stream
+from server.simengine import SimConfig, spawn
+from server.simfaults import Fault, FaultSpecError, parse_fault
+from server.simtokens import messages_token_ids, prompt_token_ids
+from tests.server.conftest import sim_stats, wait_for
+
+
+@pytest.fixture(scope="module")
+def timed_sim() -> Iterator[str]:
+    with spawn(SimConfig(ttft=0.08, itl=0.012)) as url:
+        yield url
+
+
+def events(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+def test_tokens_arrive_on_their_deadlines(timed_sim: str) -> None:
+    body = {"prompt": "a b c", "max_tokens": 40, "ignore_eos": True, "stream": True}
+    results = [asyncio.run(stream(timed_sim + "/v1/completions", body)) for _ in range(3)]
+    for r in results:
+        assert r.error is None and len(r.token_times) == 40
+        assert r.ttft is not None and 0.080 <= r.ttft < 0.080 * 1.06
+        mean_itl = (r.token_times[-1] - r.token_times[0]) / 39
+        assert mean_itl == pytest.approx(0.012, rel=0.01)
+    late = sim_stats(timed_sim)["late_max_s"]
+    assert late < 0.012
+
+
+def test_many_concurrent_streams_stay_drift_free(timed_sim: str) -> None:
+    body = {"prompt": "x", "max_tokens": 30, "ignore_eos": True, "stream": True}
+
+    async def burst() -> list[float]:
+        rs = await asyncio.gather(*(stream(timed_sim + "/v1/completions", body)
+                                    for _ in range(64)))
+        assert all(r.error is None and len(r.token_times) == 30 for r in rs)
+        return [(r.token_times[-1] - r.token_times[0]) / 29 for r in rs]
+
+    itls = asyncio.run(burst())
+    assert statistics.fmean(itls) == pytest.approx(0.012, rel=0.02)
+
+
+@pytest.mark.parametrize(("chat", "usage"), [(True, True), (True, False), (False, True),
+                                             (False, False)])
+def test_stream_has_vllm_shape(sim_url: str, chat: bool, usage: bool) -> None:
+    body: dict[str, object] = {"max_tokens": 3, "stream": True,
+                               "stream_options": {"include_usage": usage}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "one two three four"}]
+    else:
+        body["prompt"] = "one two three four"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    r = httpx.post(sim_url + path, json=body)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    evs = events(r.text)
+    assert evs[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in evs[:-1]]
+    if usage:
+        assert chunks[-1]["choices"] == []
+        assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 3,
+                                       "total_tokens": 7}
+        chunks = chunks[:-1]
+    assert all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    if chat:
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert [c["choices"][0]["delta"]["content"] for c in chunks[1:]] == [" tok"] * 3
+    else:
+        assert [c["choices"][0]["text"] for c in chunks] == [" tok"] * 3
+
+
+def test_non_streamed_answer_carries_usage(sim_url: str) -> None:
+    r = httpx.post(sim_url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2})
+    assert r.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert r.json()["choices"][0]["text"] == " tok tok"
+
+
+@pytest.mark.parametrize(("prompt", "count"), [("", 0), ("a", 1), ("a  b\tc\n", 3),
+                                                ([1, 2, 3, 4], 4), (["x y"], 2)])
+def test_prompt_tokens_are_deterministic(sim_url: str, prompt: object, count: int) -> None:
+    assert len(prompt_token_ids(prompt)) == count
+    r = httpx.post(sim_url + "/tokenize", json={"prompt": prompt})
+    assert r.json()["count"] == count
+    assert r.json()["tokens"] == prompt_token_ids(prompt)
+    assert set(r.json()) >= {"count", "max_model_len", "tokens"}
+
+
+def test_chat_tokens_count_the_words_of_every_message() -> None:
+    msgs = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi there you"}]}]
+    assert len(messages_token_ids(msgs)) == 5
+
+
+def test_eos_after_stops_early_unless_ignore_eos() -> None:
+    with spawn(SimConfig(ttft=0.0, itl=0.0, eos_after=2)) as url:
+        stopped = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 5})
+        full = httpx.post(url + "/v1/completions",
+                          json={"prompt": "x", "max_tokens": 5, "ignore_eos": True})
+        forced = httpx.post(url + "/v1/completions",
+                            json={"prompt": "x", "max_tokens": 5, "min_tokens": 4})
+    assert stopped.json()["usage"]["completion_tokens"] == 2
+    assert stopped.json()["choices"][0]["finish_reason"] == "stop"
+    assert full.json()["usage"]["completion_tokens"] == 5
+    assert forced.json()["usage"]["completion_tokens"] == 4
+
+
+def test_metrics_use_vllm_names(sim_url: str) -> None:
+    httpx.post(sim_url + "/v1/completions", json={"prompt": "a b", "max_tokens": 3})
+    text = httpx.get(sim_url + "/metrics").text
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="sim-model"} 2.0' in text
+    assert 'vllm:generation_tokens_total{engine="0",model_name="sim-model"} 3.0' in text
+    assert "vllm:num_requests_running{" in text
+
+
+@pytest.mark.parametrize(("spec", "fault"), [
+    ("", Fault()),
+    ("kill-after=3", Fault(kill_after=3)),
+    ("stall-after=0, status=503", Fault(stall_after=0, status=503)),
+    ("garbage", Fault(garbage_after=0)),
+    ("header-delay=0.5,close", Fault(header_delay=0.5, close=True)),
+])
+def test_fault_specs_parse(spec: str, fault: Fault) -> None:
+    assert parse_fault(spec) == fault
+
+
+@pytest.mark.parametrize("spec", ["explode", "kill-after=x", "stall-after=-1"])
+def test_bad_fault_specs_are_refused(spec: str) -> None:
+    with pytest.raises(FaultSpecError):
+        parse_fault(spec)
+
+
+def test_kill_after_breaks_the_stream(sim_url: str) -> None:
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.post(sim_url + "/v1/completions", headers={"x-sim-fault": "kill-after=2"},
+                   json={"prompt": "x", "max_tokens": 5, "stream": True})
+    assert sim_stats(sim_url)["killed"] == 1
+
+
+def test_status_fault_answers_openai_error(sim_url: str) -> None:
+    r = httpx.post(sim_url + "/v1/completions", headers={"x-sim-fault": "status=503,retry-after=7"},
+                   json={"prompt": "x"})
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "7"
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_garbage_is_not_sse(sim_url: str) -> None:
+    r = httpx.post(sim_url + "/v1/completions", headers={"x-sim-fault": "garbage-after=1"},
+                   json={"prompt": "x", "max_tokens": 3, "stream": True})
+    evs = events(r.text)
+    assert "[DONE]" not in evs
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(evs[1])
+
+
+def test_client_disconnect_counts_as_aborted(sim_url: str) -> None:
+    with httpx.stream("POST", sim_url + "/v1/completions",
+                      json={"prompt": "x", "max_tokens": 1000, "stream": True}) as r:
+        next(r.iter_raw())
+    assert wait_for(lambda: sim_stats(sim_url)["aborted"] == 1)
+    assert sim_stats(sim_url)["running"] == 0
+
+
+def test_stall_keeps_the_connection_silent(sim_url: str) -> None:
+    with pytest.raises(httpx.ReadTimeout), httpx.stream(
+            "POST", sim_url + "/v1/completions", headers={"x-sim-fault": "stall-after=1"},
+            json={"prompt": "x", "max_tokens": 5, "stream": True}, timeout=0.5) as r:
+        for _ in r.iter_raw():
+            pass
+    assert sim_stats(sim_url)["stalled"] == 1
+
+
+def test_refuse_closes_new_connections(sim_url: str) -> None:
+    httpx.post(sim_url + "/sim/control", json={"refuse": 0.5})
+    host, port = sim_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=2) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        try:
+            data = sock.recv(100)
+        except ConnectionResetError:
+            data = b""
+    assert data == b""
+    assert wait_for(lambda: _healthy(sim_url), timeout=3)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health").status_code == 200
+    except httpx.HTTPError:
+        return False
