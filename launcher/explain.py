@@ -1,0 +1,202 @@
+"""What the planner says: link settings with their reasons, descriptions, the no-fit error."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from launcher import costmodel, hardware
+from launcher.errors import PlanError
+from launcher.layouts import (
+    Links,
+    kv_shards,
+    overhead_per_gpu,
+    weights_per_gpu,
+)
+from launcher.modelspec import GIB, ModelSpec
+from launcher.plantypes import MIN_CONTEXT, Candidate, Plan, Policy, gib, label
+from launcher.topology import ANCESTOR_RANK, Topology
+
+Replan = Callable[[Topology, ModelSpec, Policy], Plan]
+
+
+# ------------------------------------------------------------------------------ the settings
+
+
+def _tp_pairs(topo: Topology, cand: Candidate) -> list[tuple[int, int]]:
+    """GPU pairs that share an all-reduce (same replica, same stage)."""
+    g, out = cand.gpus, []
+    for start in range(0, len(g), cand.tp):
+        grp = g[start : start + cand.tp]
+        out += [(a, b) for i, a in enumerate(grp) for b in grp[i + 1 :]]
+    return out
+
+
+def settings(topo: Topology, cand: Candidate) -> tuple[dict[str, str], tuple[str, ...], list[str]]:
+    """Environment and vLLM flags the chosen layout needs on these links, each with its reason."""
+    env: dict[str, str] = {}
+    flags: list[str] = []
+    why: list[str] = []
+    pairs = [topo.pair(a, b) for a, b in _tp_pairs(topo, cand)]
+    if cand.tp > 1 and cand.transport == "shm":
+        flags.append("--disable-custom-all-reduce")
+        why.append(
+            "--disable-custom-all-reduce: no P2P between the TP GPUs, and vLLM's custom "
+            "all-reduce needs CUDA IPC between them; NCCL goes through host memory (SHM)"
+        )
+    elif cand.tp > 2 and not all(p.nvlinks > 0 for p in pairs):
+        flags.append("--disable-custom-all-reduce")
+        why.append(
+            f"--disable-custom-all-reduce: TP={cand.tp} without NVLink between every pair; "
+            "vLLM's custom all-reduce only works there on full NVLink"
+        )
+    if cand.transport == "p2p-pcie" and pairs:
+        worst = max(
+            (p.common_ancestor or "SYS" for p in pairs), key=lambda a: ANCESTOR_RANK.get(a, 5)
+        )
+        if ANCESTOR_RANK.get(worst, 5) > ANCESTOR_RANK["PXB"]:
+            env["NCCL_P2P_LEVEL"] = worst
+            why.append(
+                f"NCCL_P2P_LEVEL={worst}: NVML grants P2P but the GPUs meet at {worst}, "
+                "past the PXB limit of NCCL's default (it would fall back to SHM)"
+            )
+        gpus = {g.index: g for g in topo.gpus}
+        if any(
+            hardware.gpu_model(gpus[i].name, gpus[i].cc).geforce for i in cand.gpus if i in gpus
+        ):
+            env["VLLM_SKIP_P2P_CHECK"] = "0"
+            why.append(
+                "VLLM_SKIP_P2P_CHECK=0: GeForce cards with P2P granted (patched driver): "
+                "let vLLM verify that peer copies really arrive before trusting them"
+            )
+    return env, tuple(flags), why
+
+
+# ------------------------------------------------------------------------------------ reasons
+
+
+def describe_topology(topo: Topology, links: Links) -> list[str]:
+    names: dict[str, int] = {}
+    for g in topo.gpus:
+        names[g.name] = names.get(g.name, 0) + 1
+    out = [
+        ", ".join(f"{n}× {name}" for name, n in names.items())
+        + " ("
+        + ", ".join(f"GPU{g.index} {gib(g.memory_bytes)} GiB" for g in topo.gpus)
+        + ")"
+    ]
+    for a, b in itertools.combinations(topo.gpus, 2):
+        link = links.between(a, b)
+        pair = topo.pair(a.index, b.index)
+        what = f"NV{pair.nvlinks}" if link.transport == "nvlink" else (pair.common_ancestor or "?")
+        out.append(
+            f"GPU{a.index}-GPU{b.index}: {link.transport} ({what}), ~{link.gbs:.1f} GB/s "
+            f"{'measured' if pair.measured and pair.measured.bandwidth_gbs else 'assumed'}"
+        )
+    if len(names) > 1:
+        out.append(
+            "mixed GPU models: every worker is sized to the smallest card's memory and runs "
+            "at the slowest card's speed"
+        )
+    return out
+
+
+def describe_model(m: ModelSpec) -> str:
+    q = f"{m.quantization} {m.weight_bits:g}-bit" if m.quantization else m.dtype
+    window = (
+        f", {m.sliding_layers} sliding-window layers ({m.sliding_window} tokens)"
+        if m.sliding_layers
+        else ""
+    )
+    return (
+        f"{m.name}: {m.params / 1e9:.1f}B parameters, {gib(m.weight_bytes)} GiB of weights ({q}), "
+        f"KV {m.kv_bytes_per_layer_token() * m.num_layers // 1024} KiB/token{window}"
+    )
+
+
+def describe_choice(
+    c: Candidate, cands: Sequence[Candidate], workload: str, streams: int
+) -> list[str]:
+    assert c.predicted is not None
+    p = c.predicted
+    out = [
+        f"{label(c)} chosen for {workload} (concurrency {streams}): "
+        f"prefill {p.prefill_tok_s:.0f} tok/s, decode {p.decode_tok_s:.1f} tok/s, "
+        f"{p.e2e_s:.1f} s for 512→256, {p.throughput_tok_s:.0f} tok/s "
+        f"over {streams} stream(s)"
+    ]
+    for o in cands:
+        if o is c or o.predicted is None or o.scores is None:
+            continue
+        out.append(
+            f"  vs {label(o)}: interactive {o.scores.interactive:.2f}, throughput "
+            f"{o.scores.throughput:.2f} (prefill {o.predicted.prefill_tok_s:.0f}, decode "
+            f"{o.predicted.decode_tok_s:.1f}, {o.predicted.throughput_tok_s:.0f} tok/s)"
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------- no fit
+
+
+def _variant(m: ModelSpec, bits: float) -> ModelSpec:
+    embed = costmodel.embedding_bytes(m)
+    linear_params = m.params - embed // 2
+    return replace(
+        m,
+        weight_bytes=int(linear_params * bits / 8 * 1.03 + embed),
+        quantization=f"{bits:g}-bit",
+        weight_bits=bits,
+    )
+
+
+def no_fit(
+    topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate], replan: Replan
+) -> PlanError:
+    """GiB needed against GiB available, and what would fit (``replan`` plans the variants)."""
+    sized = [c for c in cands if c.budget_gib > 0]
+    if not sized:
+        why = "; ".join(sorted({c.rejected or "" for c in cands}))
+        return PlanError(f"{m.name}: no layout of it is valid on {len(topo.gpus)} GPU(s): {why}")
+    biggest = min(sized, key=lambda c: c.need_gib - c.budget_gib)
+    wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
+    n = len(biggest.gpus)
+    msg = (
+        f"{m.name} does not fit: {label(biggest)} needs {biggest.need_gib} GiB per GPU "
+        f"({gib(m.weight_bytes)} GiB of weights in all, KV for {wanted} tokens), "
+        f"has {biggest.budget_gib} GiB per GPU "
+        f"({n} × {biggest.budget_gib} = {n * biggest.budget_gib:.1f} GiB)"
+    )
+    fixes = []
+    for bits, variant in ((8.0, "an FP8 variant"), (4.0, "a 4-bit AWQ/GPTQ variant")):
+        if m.weight_bits > bits:
+            v = _variant(m, bits)
+            try:
+                vp = replan(topo, v, replace(policy, force_tp=None, force_pp=None, force_dp=None))
+            except PlanError:
+                continue
+            fixes.append(
+                f"{variant} (~{gib(v.weight_bytes)} GiB of weights) as TP={vp.tp} PP={vp.pp}"
+            )
+            break
+    budget = max(c.budget_gib for c in sized) * GIB
+    kv_wanted = m.kv_bytes(wanted)
+    for k in (2, 4, 8, 16, 32, 64):
+        need = (
+            weights_per_gpu(m, k, 1)
+            + overhead_per_gpu(m, k, 1)
+            + kv_wanted / min(k, m.num_kv_heads)
+        )
+        if k > len(topo.gpus) and m.num_heads % k == 0 and need <= budget:
+            fixes.append(f"{k} GPUs like these as TP={k} ({gib(need)} GiB per GPU)")
+            break
+    rooms = [
+        (c.budget_gib * GIB - weights_per_gpu(m, c.tp, c.pp) - overhead_per_gpu(m, c.tp, c.pp), c)
+        for c in sized
+    ]
+    room, c = max(rooms, key=lambda rc: rc[0])
+    shorter = m.tokens_fitting(room * kv_shards(m, c.tp, c.pp)) if room > 0 else 0
+    if shorter >= 256:
+        fixes.append(f"a shorter context, --max-model-len {shorter} ({label(c)})")
+    return PlanError(msg + ". Would fit: " + "; or ".join(fixes))
