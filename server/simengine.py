@@ -40,7 +40,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -136,7 +136,8 @@ class SimEngine:
         route = req.path.split("?", 1)[0]
         self.stats.requests += 1
         self.stats.by_route[route] = self.stats.by_route.get(route, 0) + 1
-        self.stats.last_headers = dict(req.headers)
+        if route.startswith("/v1/"):  # the headers a proxy forwarded, for tests to read
+            self.stats.last_headers = dict(req.headers)
         handler = _ROUTES.get((req.method, route))
         if handler is None:
             known = any(path == route for _, path in _ROUTES)
@@ -748,11 +749,19 @@ def run(cfg: SimConfig) -> None:
 @contextmanager
 def spawn(cfg: SimConfig, timeout: float = 20.0) -> Iterator[str]:
     """Run a simulated engine in a child process (its own core time and GIL); yields its URL."""
-    argv = [sys.executable, "-m", "server.simengine", *config_to_argv(replace(cfg, port=cfg.port))]
+    with spawn_process(cfg, timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def spawn_process(cfg: SimConfig,
+                  timeout: float = 20.0) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """Like spawn, also yielding the process (for tests that kill the engine)."""
+    argv = [sys.executable, "-m", "server.simengine", *config_to_argv(cfg)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        yield _await_ready(proc, timeout)
+        yield _await_ready(proc, timeout), proc
     finally:
         proc.terminate()
         try:
