@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from server.config import config_from_args
 from tests.deploy.shipped import DEPLOY, PROMETHEUS_YML
 
 COMPOSE = DEPLOY / "compose.yaml"
@@ -201,3 +202,17 @@ def test_compose_builds_the_proxy_image_from_the_repository(compose: dict[str, A
     context = (DEPLOY / build["context"]).resolve()
     assert (context / build["dockerfile"]).is_file()
     assert (context / "pyproject.toml").is_file()
+
+
+def test_proxy_command_is_accepted_by_the_proxy(compose: dict[str, Any]) -> None:
+    config = config_from_args(compose["services"]["proxy"]["command"], env={})
+    assert config.upstreams == ("http://vllm:8001",)
+    assert (config.host, config.port) == ("0.0.0.0", 8000)
+
+
+def test_proxy_image_default_command_is_accepted_by_the_proxy() -> None:
+    lines = (DEPLOY / "docker" / "proxy.Dockerfile").read_text().splitlines()
+    entrypoint = yaml.safe_load(next(x for x in lines if x.startswith("ENTRYPOINT "))[11:])
+    cmd = yaml.safe_load(next(x for x in lines if x.startswith("CMD "))[4:])
+    assert entrypoint == ["python", "-m", "server"]
+    assert config_from_args(cmd, env={}).upstreams == ("http://vllm:8001",)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import build_parser
+from server.config import config_from_args
 from tests.deploy.shipped import DEPLOY
 
 UNITS_DIR = DEPLOY / "systemd"
@@ -136,3 +137,12 @@ def test_env_examples_define_every_variable_the_units_use() -> None:
         used = set(re.findall(r"\$\{?(\w+)\}?", exec_start))
         missing = used - set(env_example(example))
         assert not missing, f"{example} lacks {missing}"
+
+
+def test_proxy_unit_command_is_accepted_by_the_proxy() -> None:
+    path = UNITS_DIR / "toposerve-proxy.service"
+    argv = exec_argv(path, env_example("proxy.env.example"))
+    assert argv[:3] == [f"{INSTALL_PREFIX}/bin/python", "-m", "server"]
+    config = config_from_args(argv[3:], env={})
+    assert config.upstreams == ("http://127.0.0.1:8001",)
+    assert (config.host, config.port) == ("127.0.0.1", 8000)
