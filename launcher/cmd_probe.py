@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import TopologyError
+from launcher.errors import MeasureError, TopologyError
 from launcher.probeformat import format_topology
 from launcher.topology import load_topology, topology_to_json
 
@@ -31,6 +31,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.measure and args.topology:
+        raise MeasureError(
+            "--measure times this machine's GPUs; it cannot measure a saved "
+            "topology (run `launcher probe --measure --save FILE` on that machine)"
+        )
     topo = load_topology(args.topology, os.environ)
     if args.measure:
         from launcher import measure  # torch only when asked

@@ -1,0 +1,159 @@
+"""The commands through `launcher.cli.main`, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.render import plan_from_json
+from tests.launcher.paths import H200, TOPOLOGIES, model, topo
+
+CONTRACT = {"mode", "tp", "pp", "dp", "gpus", "predicted", "reasons", "argv", "env", "candidates"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_json_on_the_h200_dump_chooses_tp2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "--topology", str(H200), "--model", model("llama-3.3-70b"), "--json"
+    )
+    assert code == 0
+    d = json.loads(out)
+    assert d.keys() >= CONTRACT
+    assert (d["mode"], d["tp"], d["pp"], d["dp"], d["gpus"]) == ("tp", 2, 1, 1, [0, 1])
+    assert set(d["predicted"]) >= {"prefill_tok_s", "decode_tok_s", "throughput_tok_s"}
+    assert d["argv"][:2] == ["vllm", "serve"]
+    assert "--tensor-parallel-size" in d["argv"]
+    assert d["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    for c in d["candidates"]:
+        assert {"mode", "tp", "pp", "dp", "predicted", "rejected"} <= c.keys()
+    # the JSON reads back into the same plan (launcher serve --plan FILE)
+    back = plan_from_json(d)
+    assert (back.mode, back.tp, back.gpus, back.max_model_len) == (
+        "tp",
+        2,
+        (0, 1),
+        d["max_model_len"],
+    )
+
+
+def test_plan_text_shows_every_candidate_with_both_scores(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--topology",
+        topo("2x3090-nvlink-x8x8"),
+        "--model",
+        model("llama-3.3-70b-awq"),
+        "--workload",
+        "throughput",
+    )
+    assert code == 0
+    assert "inter" in out
+    assert "thru" in out
+    assert "rejected:" in out
+    assert "vllm serve" in out
+
+
+def test_a_model_that_cannot_fit_exits_3_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys,
+        "plan",
+        "--topology",
+        topo("2x3090-pcie-x8x8-nop2p"),
+        "--model",
+        model("llama-3.3-70b"),
+    )
+    assert code == 3
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("launcher: error: llama-3.3-70b does not fit")
+    assert "GiB" in err
+    assert "Would fit" in err
+
+
+def test_a_missing_model_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    code, _, err = run(capsys, "plan", "--model", "nobody/nothing")
+    assert code == 1
+    assert "not found" in err
+    assert err.count("\n") == 1
+
+
+def test_plan_without_gpu_uses_the_cpu_engine(
+    capsys: pytest.CaptureFixture[str], tiny_model_path: str
+) -> None:
+    code, out, _ = run(capsys, "plan", "--model", tiny_model_path, "--json")
+    d = json.loads(out)
+    assert code == 0
+    assert (d["engine"], d["mode"]) == ("cpu", "single")
+    assert "no GPU found: CPU engine, 1 replica" in d["reasons"][0]
+
+
+def test_doctor_on_this_machine_says_no_gpu_and_cpu_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0
+    assert "[WARN] gpu: no GPU found" in out
+    assert "CPU engine" in out
+
+
+def test_doctor_json_on_a_saved_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "doctor", "--topology", topo("mixed-3090-4090"), "--json")
+    checks = json.loads(out)
+    assert code == 0
+    assert any(c["name"] == "gpu models" and c["status"] == "WARN" for c in checks)
+
+
+def test_probe_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "probe")
+    assert code == 0
+    assert "No GPU found" in out
+
+
+def test_probe_prints_the_matrix_and_saves_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    saved = tmp_path / "t.json"
+    code, out, _ = run(
+        capsys, "probe", "--topology", topo("2x3090-nvlink-x8x8"), "--save", str(saved)
+    )
+    assert code == 0
+    assert "NV4" in out
+    assert "x8 (max Gen4 x16) NARROW" in out
+    # the saved file is the project's format and plans like the original
+    code, out, _ = run(
+        capsys, "plan", "--topology", str(saved), "--model", model("llama-3.3-70b-awq"), "--json"
+    )
+    assert json.loads(out)["transport"] == "nvlink"
+
+
+def test_probe_json_of_the_measured_h200(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "probe", "--topology", str(TOPOLOGIES / "h200x2-measured.toposerve.json"), "--json"
+    )
+    d = json.loads(out)
+    assert code == 0
+    assert d["format"] == "toposerve-topology/1"
+    m = d["pairs"][0]["measured"]
+    assert m["nccl_transport"] == "nvlink"
+    assert m["allreduce_ok"] is True
+
+
+def test_model_command_prints_the_sizing(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "model", "--model", model("gemma-3-27b"))
+    assert code == 0
+    assert "gemma3" in out
+    assert "sliding" in out
