@@ -28,6 +28,8 @@ class ProxyError(Exception):
     type = "server_error"
     code: str | None = None
     retry_after: int | None = None
+    # The request body was not read to its end: the connection cannot carry another request.
+    close_connection = False
 
     def __init__(self, message: str, *, param: str | None = None,
                  retry_after: int | None = None) -> None:
@@ -41,9 +43,10 @@ class ProxyError(Exception):
         return error_body(self.message, self.type, self.code, self.param)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        if self.retry_after is None:
-            return []
-        return [(b"retry-after", str(self.retry_after).encode())]
+        headers = [(b"connection", b"close")] if self.close_connection else []
+        if self.retry_after is not None:
+            headers.append((b"retry-after", str(self.retry_after).encode()))
+        return headers
 
 
 class BadRequest(ProxyError):
@@ -60,10 +63,12 @@ class NotFound(ProxyError):
 
 class RequestTimeout(ProxyError):
     status, type, code = 408, "invalid_request_error", "request_timeout"
+    close_connection = True
 
 
 class BodyTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
+    close_connection = True
 
 
 class TooManyRequests(ProxyError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class _Open(BaseModel):
@@ -16,7 +16,7 @@ class _Open(BaseModel):
 
 
 class StreamOptions(_Open):
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 class ChatMessage(_Open):
@@ -26,7 +26,8 @@ class ChatMessage(_Open):
 
 class _Generation(_Open):
     model: str | None = Field(None, description="served model name (see /v1/models)")
-    stream: bool | None = False
+    # Strict: "yes" must not silently become a stream (the proxy acts on this one itself).
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=0)
 

@@ -140,7 +140,8 @@ def sim_url(_shared_sim: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def _shared_proxy(_shared_sim: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
+def _shared_proxy(_shared_sim: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
     log_dir = tmp_path_factory.mktemp("proxy")
     with run_proxy([_shared_sim], "--idle-timeout", "1", "--first-byte-timeout", "3",
                    log_dir=log_dir) as proxy:

@@ -111,7 +111,8 @@ def test_no_engine_is_503_with_retry_after(spawn_proxy: SpawnProxy) -> None:
     assert int(r.headers["retry-after"]) > 0
     assert r.json()["error"]["type"] == "server_error"
     ready = httpx.get(p.url + "/ready")
-    assert ready.status_code == 503 and "retry-after" in ready.headers
+    assert ready.status_code == 503
+    assert "retry-after" in ready.headers
     assert httpx.get(p.url + "/health").status_code == 200
 
 

@@ -145,4 +145,5 @@ def test_request_id_is_kept_or_made_and_sent_upstream(proxy: ProxyProc, sim_url:
 def test_health_and_ready(proxy: ProxyProc) -> None:
     assert httpx.get(proxy.url + "/health").json() == {"status": "ok"}
     ready = httpx.get(proxy.url + "/ready")
-    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert ready.status_code == 200
+    assert ready.json()["ready"] is True
