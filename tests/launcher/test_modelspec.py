@@ -17,6 +17,7 @@ CASES = [
     ("llama-3.3-70b-awq", "llama", 70.6, 37.0, 327680, 0),
     ("qwen2.5-32b", "qwen2", 32.8, 61.0, 262144, 0),
     ("gemma-3-27b", "gemma3", 27.4, 51.1, 135168, 52),
+    ("gemma-2-27b", "gemma2", 27.2, 50.7, 282624, 23),  # every other layer local, 4096 window
     ("mistral-7b", "mistral", 7.25, 13.5, 131072, 0),
     ("qwen3-32b", "qwen3", 32.8, 61.0, 262144, 0),
     ("qwen3-30b-a3b", "qwen3", 30.5, 56.9, 98304, 0),

@@ -32,6 +32,7 @@ MODELS = [
     "llama-3.3-70b-awq",
     "qwen2.5-32b",
     "gemma-3-27b",
+    "gemma-2-27b",
     "mistral-7b",
     "qwen3-32b",
     "qwen3-30b-a3b",
