@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=1024)
     p.add_argument("--queue-timeout", type=float, default=30.0, metavar="S")
     p.add_argument("--health-interval", type=float, default=2.0, metavar="S")
+    p.add_argument("--affinity-slack", type=int, default=4, metavar="N",
+                   help="a conversation keeps its replica unless that one has more than N "
+                        "requests above the least busy (0: pure least-outstanding)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long in-flight requests may finish")
     p.add_argument("--log-level", default="info",
@@ -156,4 +159,5 @@ def config_from_args(argv: Sequence[str] | None = None,
         body_timeout_s=a.body_timeout, header_timeout_s=a.header_timeout,
         max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight, max_queue=a.max_queue,
         queue_timeout_s=a.queue_timeout, health_interval_s=a.health_interval,
+        affinity_slack=a.affinity_slack,
         drain_timeout_s=a.drain_timeout, log_level=a.log_level)

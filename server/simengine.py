@@ -15,7 +15,8 @@ Chat streams send the role chunk together with token 0, the last token's chunk c
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /health, /metrics
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
-/sim/control (POST JSON: fault, healthy, refuse (true or seconds), ttft, itl). Faults: see server.simfaults.
+/sim/control (POST JSON: fault, healthy, refuse (true or seconds), ttft, itl).
+Faults: see server.simfaults.
 
 It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
 templates, so that 256 streams stay on time on two shared cores. The default event loop is the

@@ -1,0 +1,141 @@
+"""Several engine replicas: least outstanding requests, prefix affinity, and a failed replica
+taken out of routing and put back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from server.router import Router, affinity_key
+from server.simengine import SimConfig, spawn, spawn_process
+from tests.server.conftest import SpawnProxy, post_json, sim_control, sim_stats, wait_for
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[str, str]]:
+    with spawn(SimConfig(ttft=0.01, itl=0.002)) as a, spawn(SimConfig(ttft=0.01, itl=0.002)) as b:
+        yield a, b
+
+
+@pytest.fixture
+def sims(pair: tuple[str, str]) -> tuple[str, str]:
+    for url in pair:
+        sim_control(url, fault="", healthy=True, refuse=0, ttft=0.01, itl=0.002)
+        post_json(url + "/sim/reset", {})
+    return pair
+
+
+def generations(url: str) -> int:
+    return int(sim_stats(url)["generations"])
+
+
+def chat(conversation: str, turn: int) -> dict[str, object]:
+    return {"model": "sim-model", "max_tokens": 2, "messages": [
+        {"role": "system", "content": f"you help with {conversation}"},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "answer"},
+        {"role": "user", "content": f"follow-up {turn}"}]}
+
+
+def test_a_conversation_stays_on_one_replica(spawn_proxy: SpawnProxy,
+                                             sims: tuple[str, str]) -> None:
+    p = spawn_proxy(list(sims))
+    for conversation in ("repo-a", "repo-b", "repo-c", "repo-d"):
+        before = [generations(u) for u in sims]
+        for turn in range(5):
+            assert httpx.post(p.url + "/v1/chat/completions",
+                              json=chat(conversation, turn)).status_code == 200
+        added = sorted(generations(u) - b for u, b in zip(sims, before, strict=True))
+        assert added == [0, 5]
+
+
+def test_concurrent_load_spreads_to_the_least_busy(spawn_proxy: SpawnProxy,
+                                                   sims: tuple[str, str]) -> None:
+    p = spawn_proxy(list(sims), "--affinity-slack", "0")
+    for url in sims:
+        sim_control(url, ttft=0.3)
+    threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
+                                kwargs={"json": {"prompt": f"distinct {i}", "max_tokens": 1},
+                                        "timeout": 10}) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [generations(u) for u in sims] == [4, 4]
+
+
+def test_failed_replica_is_taken_out_and_put_back(spawn_proxy: SpawnProxy,
+                                                  sims: tuple[str, str]) -> None:
+    a, b = sims
+    p = spawn_proxy([a, b])
+    sim_control(a, healthy=False)
+    down = f'toposerve_upstream_up{{upstream="{a}"}} 0.0'
+    up = f'toposerve_upstream_up{{upstream="{a}"}} 1.0'
+    assert wait_for(lambda: down in httpx.get(p.url + "/metrics").text)
+    for i in range(6):
+        assert httpx.post(p.url + "/v1/completions",
+                          json={"prompt": f"p{i}", "max_tokens": 1}).status_code == 200
+    assert generations(a) == 0
+    assert httpx.get(p.url + "/ready").json()["ready"] is True
+    sim_control(a, healthy=True)
+    assert wait_for(lambda: up in httpx.get(p.url + "/metrics").text)
+    for i in range(6):
+        httpx.post(p.url + "/v1/completions", json={"prompt": f"q{i}", "max_tokens": 1})
+    assert generations(a) > 0
+
+
+def test_unreachable_replica_is_skipped_at_once(spawn_proxy: SpawnProxy,
+                                                sims: tuple[str, str]) -> None:
+    _, b = sims
+    with spawn_process(SimConfig(ttft=0.01, itl=0.002)) as (a, proc):
+        p = spawn_proxy([a, b], "--health-interval", "30", "--affinity-slack", "0")
+        for i in range(4):
+            httpx.post(p.url + "/v1/completions", json={"prompt": f"w{i}", "max_tokens": 1})
+        assert generations(a) > 0
+        proc.kill()
+        proc.wait()
+        before = generations(b)
+        codes = [httpx.post(p.url + "/v1/completions",
+                            json={"prompt": f"r{i}", "max_tokens": 1}).status_code
+                 for i in range(6)]
+    assert codes == [200] * 6
+    assert generations(b) == before + 6
+    connect_errors = f'toposerve_upstream_errors_total{{kind="connect",upstream="{a}"}} 1.0'
+    assert connect_errors in httpx.get(p.url + "/metrics").text
+
+
+# -- the pure router -------------------------------------------------------------------------
+
+
+def test_router_prefers_affinity_within_slack() -> None:
+    r = Router(["http://a", "http://b"], slack=2)
+    key = b"conversation"
+    first = r.pick(key)
+    assert first is not None
+    first.outstanding = 2
+    assert r.pick(key) is first
+    first.outstanding = 3
+    other = r.pick(key)
+    assert other is not None and other is not first
+
+
+def test_router_skips_down_and_excluded() -> None:
+    r = Router(["http://a", "http://b"])
+    a, b = r.upstreams
+    a.up = False
+    assert r.pick(None) is b
+    assert r.pick(None, exclude=[b]) is None
+
+
+@pytest.mark.parametrize(("body", "same_as"), [
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                   {"role": "user", "content": "later"}]}, True),
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "other"}]},
+     False),
+])
+def test_affinity_key_is_the_conversation_head(body: dict[str, object], same_as: bool) -> None:
+    base = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
+    assert (affinity_key(body) == affinity_key(base)) is same_as
