@@ -45,5 +45,7 @@ def test_cpu_decode_prediction_is_within_a_factor_of_two(stack: Any) -> None:
         stream_decode_tok_s(stack.vllm_url, stack.model, " ".join(rng.choices(words, k=200)), 64)
         for _ in range(3)
     )
-    p = plan(Topology(gpus=()), load_model_spec(stack.model_path), Policy(cpu_cores=os.cpu_count() or 1))
+    p = plan(
+        Topology(gpus=()), load_model_spec(stack.model_path), Policy(cpu_cores=os.cpu_count() or 1)
+    )
     assert 0.5 < p.predicted.decode_tok_s / measured < 2.0, (p.predicted.decode_tok_s, measured)
