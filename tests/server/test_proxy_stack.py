@@ -1,0 +1,125 @@
+"""The proxy in front of the real vLLM CPU engine (the shared `stack`): the openai client,
+streaming, tool-call requests, pass-through routes, and aborts reaching the engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.stack
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def client(stack: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", max_retries=0)
+
+
+def running(stack: Any) -> float:
+    text = httpx.get(stack.vllm_url + "/metrics").text
+    values = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M)
+    return sum(float(v) for v in values)
+
+
+def wait_running(stack: Any, value: float, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running(stack) == value:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_openai_client_chat(stack: Any) -> None:
+    r = client(stack).chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8)
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage is not None
+    assert r.usage.completion_tokens > 0
+
+
+def test_openai_client_streams_without_an_unasked_usage_chunk(stack: Any) -> None:
+    chunks = list(client(stack).chat.completions.create(
+        model=stack.model, messages=[{"role": "user", "content": "Count"}], max_tokens=8,
+        stream=True, extra_body={"ignore_eos": True}))
+    assert all(c.usage is None for c in chunks)
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 7
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_openai_client_gets_usage_when_it_asks(stack: Any) -> None:
+    before = _proxy_metric(stack, "toposerve_generation_tokens_total")
+    chunks = list(client(stack).completions.create(
+        model=stack.model, prompt="Once upon a time", max_tokens=6, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+    assert _proxy_metric(stack, "toposerve_generation_tokens_total") == before + 6
+
+
+def _proxy_metric(stack: Any, name: str) -> float:
+    text = httpx.get(stack.proxy_url + "/metrics").text
+    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+
+def test_tool_requests_pass_through(stack: Any) -> None:
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]
+    r = client(stack).chat.completions.create(
+        model=stack.model, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    # What vLLM says about a tool choice it cannot serve reaches the client unchanged.
+    body = {"model": stack.model, "messages": history[:1], "tools": TOOLS,
+            "tool_choice": "required", "max_tokens": 8}
+    direct = httpx.post(stack.vllm_url + "/v1/chat/completions", json=body, timeout=60)
+    proxied = httpx.post(stack.proxy_url + "/v1/chat/completions", json=body, timeout=60)
+    assert proxied.status_code == direct.status_code
+    assert proxied.json() == direct.json()
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/v1/models", "/version"])
+def test_other_vllm_routes_pass_through(stack: Any, path: str) -> None:
+    if path == "/tokenize":
+        body = {"model": stack.model, "prompt": "hello world"}
+        direct = httpx.post(stack.vllm_url + path, json=body)
+        proxied = httpx.post(stack.proxy_url + path, json=body)
+    else:
+        direct, proxied = httpx.get(stack.vllm_url + path), httpx.get(stack.proxy_url + path)
+    assert proxied.status_code == direct.status_code == 200
+    if path == "/tokenize":
+        assert proxied.json() == direct.json()
+    else:
+        assert proxied.json().keys() == direct.json().keys()
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -> None:
+    assert wait_running(stack, 0, 30)
+    body = json.dumps({"model": stack.model, "prompt": "Tell me a long story", "max_tokens": 3000,
+                       "ignore_eos": True, "stream": streamed}).encode()
+    host, port = stack.proxy_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    if streamed:
+        received = b""
+        while received.count(b"data:") < 2:
+            received += sock.recv(65536)
+    assert wait_running(stack, 1, 30)
+    sock.close()
+    assert wait_running(stack, 0, 5), "vLLM kept generating for a client that left"
