@@ -32,6 +32,7 @@ def summary_dict(s: Summary) -> dict[str, Any]:
         data[name] = dist_dict(getattr(s, name))
     data.update(output_tok_s=s.output_tok_s, total_tok_s=s.total_tok_s, duration_s=s.duration_s)
     data["send_lag_s"] = dist_dict(s.send_lag_s)
+    data["headers_s"] = dist_dict(s.headers_s)
     data["loop"] = (
         {"lag_s": dist_dict(s.loop.lag_s), "cpu_fraction": s.loop.cpu_fraction} if s.loop else None
     )
@@ -58,6 +59,7 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
             "decode_tok_s": r.decode_tok_s,
             "itl_s_max": max(r.itl_s) if r.itl_s else None,
             "send_lag_s": r.send_lag_s,
+            "headers_s": r.headers_s,
             "error": r.error,
         }
         for r in level.requests

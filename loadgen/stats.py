@@ -53,6 +53,7 @@ class Summary:
     duration_s: float
     send_lag_s: Dist | None = None
     loop: LoopHealth | None = field(default=None)
+    headers_s: Dist | None = None  # time to response headers (server accepted the request)
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -112,4 +113,5 @@ def summarize(
         duration_s=duration,
         send_lag_s=dist(lags) if lags else None,
         loop=loop,
+        headers_s=dist([r.headers_s for r in ok if r.headers_s is not None]),
     )

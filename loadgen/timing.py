@@ -26,6 +26,7 @@ class RawRequest:
     pieces: tuple[tuple[float, bytes], ...] = ()  # body pieces with their arrival times
     error: str | None = None  # transport failure (connect, reset, timeout)
     scheduled: float | None = None  # when an open-loop schedule wanted it sent
+    headers_at: float | None = None  # when the response headers arrived
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class RequestResult:
     itl_s: tuple[float, ...]
     send_lag_s: float | None  # sent − scheduled (open loop only)
     error: str | None
+    # Response headers − sent: the server took the request (before any token). Not part of the
+    # architecture's definitions; it tells queueing in front of the engine apart from prefill.
+    headers_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -73,6 +77,7 @@ def measure(raw: RawRequest, expected: Expected) -> RequestResult:
         itl_s=tuple(b - a for a, b in itertools.pairwise(token_times)),
         send_lag_s=raw.sent - raw.scheduled if raw.scheduled is not None else None,
         error=_error(raw, events, usage, expected, bool(token_times)),
+        headers_s=raw.headers_at - raw.sent if raw.headers_at is not None else None,
     )
 
 

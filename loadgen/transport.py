@@ -81,6 +81,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.t = 0.0
         self.t_done = 0.0
+        self.t_headers: float | None = None
         self.waiter: asyncio.Future[str | None] | None = None
 
     # asyncio.Protocol
@@ -106,6 +107,7 @@ class _Connection(asyncio.Protocol):
     # httptools callbacks
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        self.t_headers = self.t
 
     def on_body(self, body: bytes) -> None:
         self.pieces.append((self.t, body))
@@ -175,6 +177,7 @@ class Client:
             sent=sent,
             done=conn.t_done,
             status=conn.status,
+            headers_at=conn.t_headers,
             pieces=tuple(conn.pieces),
             error=error,
             scheduled=scheduled,
