@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.simclient import StreamResult, percentile, stream  # noqa: E402
-from server.simengine import SimConfig, spawn  # noqa: E402
+from server.simclient import StreamResult, percentile, stream
+from server.simengine import SimConfig, spawn
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,15 @@ def median_round(rounds: list[Round]) -> Round:
 
 
 @contextmanager
-def proxy_process(upstream: str, port: int) -> Iterator[str]:
+def proxy_process(upstream: str, port: int) -> Iterator[tuple[str, int]]:
+    """Run ``python -m server`` in front of ``upstream``; yields its URL and pid."""
     argv = [sys.executable, "-m", "server", "--upstream", upstream, "--port", str(port),
             "--log-level", "warning"]
     proc = subprocess.Popen(argv, env={**os.environ, "TOPOSERVE_API_KEYS": ""})
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(url + "/ready", proc)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -129,7 +130,7 @@ def main() -> None:
     report: dict[str, dict[str, object]] = {}
     with ExitStack() as stack:
         sim = stack.enter_context(spawn(SimConfig(ttft=a.ttft, itl=a.itl, max_model_len=1 << 20)))
-        proxy = a.proxy_url or stack.enter_context(proxy_process(sim, free_port()))
+        proxy = a.proxy_url or stack.enter_context(proxy_process(sim, free_port()))[0]
         uvloop.run(burst(proxy, 4, 4, 1))  # warm both paths' connections
         print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
               f"{a.rounds} rounds (medians)")

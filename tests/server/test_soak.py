@@ -1,0 +1,35 @@
+"""The CI version of benchmarks/soak.py: 20 s of mixed load with client cancellations; nothing
+may fail, and the proxy's memory and descriptors must stay flat."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+from tests.server.conftest import REPO
+
+
+def load_soak() -> ModuleType:
+    path = REPO / "benchmarks" / "soak.py"
+    spec = importlib.util.spec_from_file_location("soak_benchmark", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_short_soak_serves_everything_and_stays_flat() -> None:
+    soak = load_soak()
+    report = soak.run(duration_s=20.0, concurrency=16, window_s=5.0, ttft=0.05, itl=0.02,
+                      tokens=32)
+    print(soak.format_report(report))
+    assert report.requests > 300
+    assert report.cancelled > 0
+    assert report.errors == {}
+    assert report.rss_last_mib - report.rss_first_mib < 8
+    assert report.fds_last - report.fds_first <= 4
+    # Generous: the cores are shared; a leak or a queue building up shows as a multiple.
+    assert report.p99_last_s < 2 * report.p99_first_s
