@@ -67,7 +67,7 @@ async def burst(url: str, concurrency: int, tokens: int, sequential: int) -> Rou
 
 def median_round(rounds: list[Round]) -> Round:
     def med(attr: str) -> float:
-        return statistics.median(getattr(r, attr) for r in rounds)
+        return float(statistics.median(getattr(r, attr) for r in rounds))
 
     return Round(med("ttft_p50_ms"), med("ttft_p99_ms"), med("itl_mean_ms"), med("tok_per_s"),
                  sum(r.errors for r in rounds))
@@ -148,7 +148,8 @@ def main() -> None:
                       f"{r.itl_mean_ms:>6.2f}m {r.tok_per_s:>8.1f} {r.errors:>4}")
             added = pr.ttft_p50_ms - d.ttft_p50_ms
             ratio = pr.tok_per_s / d.tok_per_s if d.tok_per_s else float("nan")
-            print(f"{level:>7} {'=>':>7} TTFT p50 +{added:.2f} ms, throughput {ratio:.1%} of direct")
+            print(f"{level:>7} {'=>':>7} TTFT p50 +{added:.2f} ms, "
+                  f"throughput {ratio:.1%} of direct")
             report[str(level)] = {"direct": asdict(d), "proxied": asdict(pr),
                                   "ttft_p50_added_ms": added, "throughput_ratio": ratio}
     if a.json:
