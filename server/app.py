@@ -72,7 +72,7 @@ class Proxy:
         self.router = Router(cfg.upstreams, cfg.affinity_slack)
         self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.queue_timeout_s)
         self.relay = Relay(cfg, self.router, self.metrics, self.admission)
-        self.health = HealthChecker(cfg, self.router, self.metrics, lambda: self.relay.session)
+        self.health = HealthChecker(cfg, self.router, self.metrics, self.relay.pools)
         self._keys = [k.encode() for k in cfg.api_keys]
 
     # -- checks ------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def create_app(cfg: ProxyConfig, registry: CollectorRegistry | None = None) -> P
             yield
         finally:
             await proxy.health.stop()
-            await proxy.relay.close()
+            proxy.relay.close()
 
     app = FastAPI(title="toposerve proxy", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible proxy in front of vLLM.")

@@ -7,24 +7,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-
-import aiohttp
+from collections.abc import Mapping
 
 from server.config import ProxyConfig
 from server.metrics import ProxyMetrics
 from server.router import Router, Upstream
+from server.upstream import Pool, UpstreamError
 
 log = logging.getLogger("toposerve")
 
 
 class HealthChecker:
     def __init__(self, cfg: ProxyConfig, router: Router, metrics: ProxyMetrics,
-                 session: Callable[[], aiohttp.ClientSession]) -> None:
+                 pools: Mapping[str, Pool]) -> None:
         self.cfg = cfg
         self.router = router
         self.metrics = metrics
-        self.session = session
+        self.pools = pools
         self._task: asyncio.Task[None] | None = None
         for up in router.upstreams:
             metrics.upstream_up.labels(up.url).set(1 if up.up else 0)
@@ -48,11 +47,14 @@ class HealthChecker:
 
     async def _check(self, up: Upstream, timeout_s: float) -> None:
         try:
-            async with self.session().get(
-                    up.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                ok = resp.status == 200
-                await resp.read()
-        except (aiohttp.ClientError, OSError, TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                resp = await self.pools[up.url].request("GET", "/health", (), b"")
+                try:
+                    await resp.read()
+                finally:
+                    resp.finish()
+            ok = resp.status == 200
+        except (UpstreamError, OSError, TimeoutError):
             ok = False
         if ok != up.up or not up.checked:
             log.log(logging.INFO if ok else logging.WARNING, "engine %s is %s", up.url,

@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from server.admission import Admission
 from server.config import ProxyConfig
 from server.errors import (
@@ -36,6 +34,7 @@ from server.errors import (
 from server.metrics import ProxyMetrics
 from server.router import Router, Upstream
 from server.sse import SseInspector, usage_of_body
+from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -43,9 +42,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("toposerve.access")
 HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "content-length", "host", "authorization",
-    "x-api-key", "date", "server", "x-request-id",
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length", b"date",
+    b"server", b"x-request-id",
 })
 CLIENT_GONE = 499
 
@@ -125,23 +124,11 @@ class Relay:
         self.router = router
         self.metrics = metrics
         self.admission = admission
-        self._session: aiohttp.ClientSession | None = None
+        self.pools = {url: Pool(url, cfg.connect_timeout_s) for url in cfg.upstreams}
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=None, connect=self.cfg.connect_timeout_s,
-                                            sock_connect=self.cfg.connect_timeout_s)
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"))
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
 
     # -- one request -----------------------------------------------------------------------
 
@@ -202,52 +189,46 @@ class Relay:
                 try:
                     await self._relay(call, up, resp, guard, send)
                 finally:
-                    if resp.content.is_eof():
-                        resp.release()
-                    else:
-                        resp.close()  # not back to the pool: the engine sees the abort
+                    resp.finish()  # closed unless read to the end: the engine sees the abort
                 return
             finally:
                 up.outstanding -= 1
 
-    async def _send_upstream(self, call: Call, up: Upstream) -> aiohttp.ClientResponse | None:
+    async def _send_upstream(self, call: Call, up: Upstream) -> Response | None:
         """The engine's response, or None when it could not be reached (try another)."""
         try:
-            return await self.session.request(
-                call.method, up.url + call.target, data=call.body or None,
-                headers=call.headers, allow_redirects=False)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+            return await self.pools[up.url].request(call.method, call.target, call.headers,
+                                                    call.body)
+        except ConnectFailed:
             self.metrics.upstream_errors.labels(up.url, "connect").inc()
             up.up = False
             self.metrics.upstream_up.labels(up.url).set(0)
             return None
-        except (aiohttp.ClientError, OSError) as exc:
+        except (ConnectionBroken, OSError):
             self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
             raise UpstreamUnavailable(
-                f"the engine closed the connection before answering ({type(exc).__name__}); "
-                "retry after the Retry-After delay") from None
+                "the engine closed the connection before answering; retry after the "
+                "Retry-After delay") from None
 
-    async def _relay(self, call: Call, up: Upstream, resp: aiohttp.ClientResponse,
+    async def _relay(self, call: Call, up: Upstream, resp: Response,
                      guard: _Guard, send: Send) -> None:
         if resp.status >= 500:
             self.metrics.upstream_errors.labels(up.url, "status_5xx").inc()
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                   for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
+        headers = [(k, v) for k, v in resp.headers if k not in HOP_BY_HOP]
         headers.append((b"x-request-id", call.request_id.encode()))
-        if resp.content_type == "text/event-stream":
+        if resp.content_type == b"text/event-stream":
             await self._relay_stream(call, up, resp, headers, guard, send)
         else:
             await self._relay_body(call, up, resp, headers, send)
 
-    async def _relay_body(self, call: Call, up: Upstream, resp: aiohttp.ClientResponse,
+    async def _relay_body(self, call: Call, up: Upstream, resp: Response,
                           headers: list[tuple[bytes, bytes]], send: Send) -> None:
         try:
             body = await resp.read()
-        except (aiohttp.ClientError, OSError) as exc:
+        except ConnectionBroken:
             self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
-            raise UpstreamBadResponse(
-                f"the engine broke off its answer ({type(exc).__name__}); retry the request"
-            ) from None
+            raise UpstreamBadResponse("the engine broke off its answer; retry the request"
+                                      ) from None
         if call.inspect and resp.status == 200:
             try:
                 json.loads(body)
@@ -261,7 +242,7 @@ class Relay:
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _relay_stream(self, call: Call, up: Upstream, resp: aiohttp.ClientResponse,
+    async def _relay_stream(self, call: Call, up: Upstream, resp: Response,
                             headers: list[tuple[bytes, bytes]], guard: _Guard,
                             send: Send) -> None:
         call.status = resp.status
@@ -270,7 +251,7 @@ class Relay:
         inspector = SseInspector(call.strip_usage) if call.inspect else None
         timing = _Timing(self.metrics, call)
         try:
-            async for data in resp.content.iter_any():
+            async for data in resp.iter_chunks():
                 guard.touch()
                 if inspector is not None:
                     scan = inspector.feed(data)
@@ -287,7 +268,7 @@ class Relay:
                         return
                 if data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
-        except (aiohttp.ClientError, OSError):
+        except ConnectionBroken:
             await self._broken(call, up, "stream_broken",
                                "the engine broke off the stream; retry the request", send)
             return

@@ -1,0 +1,244 @@
+"""A lean HTTP/1.1 client for the engine: keep-alive pool, httptools parsing, no per-chunk tasks.
+
+The relay's hot path reads every token event through this; a general client (aiohttp) costs a
+few hundred microseconds per request and a stream-reader wake-up per chunk, which at 256
+streams on two shared cores is the difference between keeping up and falling behind.
+
+Errors:
+    UpstreamError                 base
+    ├── ConnectFailed             nothing was sent: safe to try another replica
+    └── ConnectionBroken          the connection ended before the response did
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 256 * 1024  # buffered bytes at which reading from the engine pauses (slow client)
+
+
+class UpstreamError(Exception):
+    pass
+
+
+class ConnectFailed(UpstreamError):
+    pass
+
+
+class ConnectionBroken(UpstreamError):
+    pass
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.response: Response | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response._lost()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.response is not None:
+                self.response._lost()
+            self.abort()
+
+    # httptools callbacks, forwarded to the response being read
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self.response.status = self.parser.get_status_code()
+            self.response.keep_alive = self.parser.should_keep_alive()
+            self.response._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self.response._complete()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Response:
+    """One engine response; body chunks are read as they arrive."""
+
+    def __init__(self, conn: _Conn, pool: Pool) -> None:
+        self.conn = conn
+        self.pool = pool
+        self.status = 0
+        self.keep_alive = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.complete = False
+        self.broken = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.paused = False
+
+    @property
+    def content_type(self) -> bytes:
+        for name, value in self.headers:
+            if name == b"content-type":
+                return value.split(b";", 1)[0].strip().lower()
+        return b""
+
+    # -- fed by the connection -------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _feed(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.conn.transport is not None:
+            self.paused = True
+            self.conn.transport.pause_reading()
+        self._wake()
+
+    def _complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _lost(self) -> None:
+        if not self.complete:
+            self.broken = True
+        self._wake()
+
+    async def _wait(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    # -- read by the relay -----------------------------------------------------------------
+
+    async def wait_headers(self) -> None:
+        while not self.status:
+            if self.broken:
+                raise ConnectionBroken("the engine closed the connection before answering")
+            await self._wait()
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            if self.chunks:
+                data = b"".join(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+                self.chunks.clear()
+                self.buffered = 0
+                if self.paused and self.conn.transport is not None:
+                    self.paused = False
+                    self.conn.transport.resume_reading()
+                yield data
+                continue
+            if self.complete:
+                return
+            if self.broken:
+                raise ConnectionBroken("the engine broke off its answer")
+            await self._wait()
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_chunks()])
+
+    def finish(self) -> None:
+        """Back to the pool when read to the end on a keep-alive connection, else closed (which
+        is what makes the engine abort a request the client gave up on)."""
+        self.conn.response = None
+        if self.complete and self.keep_alive and not self.conn.closed and not self.chunks:
+            self.pool.release(self.conn)
+        else:
+            self.conn.abort()
+
+
+class Pool:
+    """Keep-alive connections to one engine."""
+
+    def __init__(self, base_url: str, connect_timeout_s: float) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http":
+            raise ValueError(f"only http:// engines are supported, got {base_url}")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.netloc = parts.netloc
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[_Conn] = []
+
+    def release(self, conn: _Conn) -> None:
+        self.idle.append(conn)
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(_Conn, self.host, self.port)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectFailed(f"cannot connect to {self.netloc}: {exc}") from None
+        return conn
+
+    async def request(self, method: str, target: str, headers: Sequence[tuple[str, str]],
+                      body: bytes) -> Response:
+        """Send a request; returns once the response headers arrived."""
+        head = [f"{method} {target} HTTP/1.1\r\nhost: {self.netloc}\r\n"]
+        head += [f"{k}: {v}\r\n" for k, v in headers]
+        if body or method in ("POST", "PUT", "PATCH"):
+            head.append(f"content-length: {len(body)}\r\n")
+        payload = "".join(head).encode("latin-1") + b"\r\n" + body
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.closed:
+                continue
+            try:
+                return await self._exchange(conn, payload)
+            except ConnectionBroken as exc:
+                if exc.args and exc.args[0] == _STALE:
+                    continue  # the engine closed this idle connection just now: use another
+                raise
+        return await self._exchange(await self._connect(), payload)
+
+    async def _exchange(self, conn: _Conn, payload: bytes) -> Response:
+        response = Response(conn, self)
+        conn.response = response
+        assert conn.transport is not None
+        conn.transport.write(payload)
+        try:
+            await response.wait_headers()
+        except ConnectionBroken:
+            conn.response = None
+            conn.abort()
+            raise ConnectionBroken(_STALE if not response.headers else "broken") from None
+        except BaseException:
+            conn.response = None
+            conn.abort()
+            raise
+        return response
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.abort()
+        self.idle.clear()
+
+
+_STALE = "the engine closed the connection before answering"
