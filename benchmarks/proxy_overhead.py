@@ -131,7 +131,8 @@ def main() -> None:
     with ExitStack() as stack:
         sim = stack.enter_context(spawn(SimConfig(ttft=a.ttft, itl=a.itl, max_model_len=1 << 20)))
         proxy = a.proxy_url or stack.enter_context(proxy_process(sim, free_port()))[0]
-        uvloop.run(burst(proxy, 4, 4, 1))  # warm both paths' connections
+        # Warm the proxy's keep-alive pool to the largest level: a running proxy has its pool.
+        uvloop.run(burst(proxy, max(levels), 2, 1))
         print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
               f"{a.rounds} rounds (medians)")
         header = (f"{'streams':>7} {'path':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
