@@ -138,7 +138,9 @@ def plan_label(metrics_text: str | None) -> str:
         for sample in family.samples:
             if sample.name == "toposerve_plan_info" and sample.value == 1:
                 labels = sample.labels
-                return ",".join(f"{k}={labels[k]}" for k in _PLAN_KEYS if labels.get(k))
+                # A proxy started without a plan exports the info gauge with empty labels.
+                joined = ",".join(f"{k}={labels[k]}" for k in _PLAN_KEYS if labels.get(k))
+                return joined or "unknown"
     return "unknown"
 
 

@@ -82,6 +82,7 @@ toposerve_requests_in_flight{model="m",route="/v1/completions"} 0.0
     [
         (METRICS, "mode=tp,tp=2,pp=1,dp=1,transport=nvlink,engine=vllm"),
         ("# TYPE x gauge\nx 1\n", "unknown"),
+        ('toposerve_plan_info{mode="",tp="",pp="",dp=""} 1\n', "unknown"),
         (None, "unknown"),
         ("this is { not prometheus", "unknown"),
     ],

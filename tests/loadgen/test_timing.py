@@ -84,3 +84,11 @@ def test_send_lag_is_sent_minus_scheduled() -> None:
     raw = _stream(sent=5.003, ttft=0.1, itl=0.01, n=2, prompt=4)
     lagged = RawRequest(0, raw.sent, raw.done, 200, raw.pieces, scheduled=5.0)
     assert measure(lagged, Expected(4, 2)).send_lag_s == pytest.approx(0.003)
+
+
+def test_time_to_headers_is_kept_apart_from_ttft() -> None:
+    raw = _stream(sent=1.0, ttft=0.1, itl=0.01, n=2, prompt=4)
+    with_headers = RawRequest(0, raw.sent, raw.done, 200, raw.pieces, headers_at=1.03)
+    r = measure(with_headers, Expected(4, 2))
+    assert r.headers_s == pytest.approx(0.03)
+    assert r.ttft_s == pytest.approx(0.1)
