@@ -1,5 +1,6 @@
 """loadgen through the real toposerve proxy (python -m server) in front of the simulated engine:
-the plan label comes from the proxy's toposerve_plan_info, and counts stay exact end to end."""
+the plan label comes from the proxy's toposerve_plan_info, counts stay exact end to end, and an
+API key the proxy wants is asked for in one line."""
 
 from __future__ import annotations
 
@@ -26,28 +27,25 @@ PLAN = {
     "model": "sim-model",
     "gpus": "0,1",
 }
+KEY = "sekrit-key"
 
 
-@pytest.fixture
-def proxy_url(sim_url: str, tmp_path: Path) -> Iterator[str]:
+def _start_proxy(sim_url: str, log_path: Path, key: str | None) -> Iterator[str]:
     port = free_port()
-    log = (tmp_path / "proxy.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server",
-            "--upstream",
-            sim_url,
-            "--port",
-            str(port),
-            "--plan-info",
-            json.dumps(PLAN),
-        ],
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "server",
+        "--upstream",
+        sim_url,
+        "--port",
+        str(port),
+        "--plan-info",
+        json.dumps(PLAN),
+        *(["--api-key", key] if key else []),
+    ]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -57,13 +55,29 @@ def proxy_url(sim_url: str, tmp_path: Path) -> Iterator[str]:
                     break
             except httpx.TransportError:
                 pass
-            assert proc.poll() is None, (tmp_path / "proxy.log").read_text()
+            assert proc.poll() is None, log_path.read_text()
             time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=15)
-        log.close()
+
+
+@pytest.fixture
+def proxy_url(sim_url: str, tmp_path: Path) -> Iterator[str]:
+    yield from _start_proxy(sim_url, tmp_path / "proxy.log", None)
+
+
+@pytest.fixture
+def keyed_proxy_url(sim_url: str, tmp_path: Path) -> Iterator[str]:
+    yield from _start_proxy(sim_url, tmp_path / "proxy.log", KEY)
+
+
+def _exact(out: Path, prompt: int, gen: int, n: int) -> dict:  # type: ignore[type-arg]
+    data = json.loads(out.read_text())
+    rows = [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]]
+    assert rows == [(prompt, gen, None)] * n
+    return data  # type: ignore[no-any-return]
 
 
 def test_plan_label_and_exact_counts_through_the_proxy(proxy_url: str, tmp_path: Path) -> None:
@@ -83,8 +97,32 @@ def test_plan_label_and_exact_counts_through_the_proxy(proxy_url: str, tmp_path:
         str(out),
     )
     assert result.returncode == 0, result.stderr
-    data = json.loads(out.read_text())
+    data = _exact(out, 256, 16, 4)
     assert data["config"]["plan"] == "mode=tp,tp=2,pp=1,dp=1,transport=nvlink,engine=sim"
     assert "mode=tp,tp=2,pp=1" in result.stdout
-    rows = [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]]
-    assert rows == [(256, 16, None)] * 4
+
+
+def test_api_key_is_sent_and_a_missing_one_is_asked_for(
+    keyed_proxy_url: str, tmp_path: Path
+) -> None:
+    missing = run_cli("--url", keyed_proxy_url, "--prompt", "8", "--gen", "4", "--requests", "1")
+    assert missing.returncode == 1
+    assert "Traceback" not in missing.stderr
+    assert "pass --api-key" in missing.stderr
+    out = tmp_path / "r.json"
+    given = run_cli(
+        "--url",
+        keyed_proxy_url,
+        "--api-key",
+        KEY,
+        "--prompt",
+        "8",
+        "--gen",
+        "4",
+        "--requests",
+        "2",
+        "--json",
+        str(out),
+    )
+    assert given.returncode == 0, given.stderr
+    _exact(out, 8, 4, 2)
