@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,8 +51,9 @@ class Hooks:
     ) -> None:
         """A level begins (after its warm-up)."""
 
-    def tick(self, finished: list[RawRequest], elapsed: float) -> None:
-        """Called about twice a second with the requests finished so far in the level."""
+    def tick(self, count: int, elapsed: float, finished: Sequence[RawRequest]) -> None:
+        """About twice a second: requests finished so far in the level; their raw records when
+        they are at hand (one process), else an empty sequence (--processes N)."""
 
     def level_done(self, level: LevelResult) -> None:
         """A level ended and was measured."""
@@ -71,7 +72,10 @@ def run(config: Config, hooks: Hooks | None = None) -> Report:
     hooks = hooks or Hooks()
     workload = prepare(config)
     hooks.prepared(workload.target)
-    levels = run_async(_levels(workload, hooks))
+    if config.processes > 1:
+        levels = _levels_in_processes(workload, hooks)
+    else:
+        levels = run_async(_levels(workload, hooks))
     return Report(config, workload.target, tuple(levels), time.time())
 
 
@@ -111,8 +115,34 @@ async def _level(
         built = {i: payload(i) for i in itertools.islice(counter, requests)}
         indices, payload = iter(built), built.__getitem__
     hooks.level_started(concurrency, requests, config.duration)
-    driven = await drive(client, payload, indices, shape, hooks.tick)
+    driven = await drive(
+        client, payload, indices, shape, lambda done, elapsed: hooks.tick(len(done), elapsed, done)
+    )
     return measure_level(driven, workload.expected, concurrency, config.rate)
+
+
+def _levels_in_processes(workload: Workload, hooks: Hooks) -> list[LevelResult]:
+    from loadgen.procs import drive_processes, plan_parts
+
+    config = workload.config
+    next_number = 0  # request numbers never repeat across levels, warm-up or processes
+    results = []
+    for concurrency in config.levels():
+        requests = config.requests_for(concurrency)
+        shape = Shape(
+            concurrency, config.rate, config.arrivals, requests, config.duration, config.seed
+        )
+        warmup = range(next_number, next_number + config.warmup)
+        next_number += config.warmup
+        numbers = range(next_number, next_number + requests) if requests is not None else None
+        parts = plan_parts(workload, shape, config.processes, numbers, next_number, warmup)
+        hooks.level_started(concurrency, requests, config.duration)
+        driven = drive_processes(parts, lambda count, elapsed: hooks.tick(count, elapsed, ()))
+        next_number = max((r.index for r in driven.raws), default=next_number) + 1
+        level = measure_level(driven, workload.expected, concurrency, config.rate)
+        hooks.level_done(level)
+        results.append(level)
+    return results
 
 
 def measure_level(

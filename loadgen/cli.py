@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import NoReturn
@@ -86,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, default=0, help="unmeasured requests before each run")
     p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="drive the load from N processes, one event loop each (for very high token rates)",
+    )
+    p.add_argument(
         "--pptg", action="store_true", help="llama-bench style ppN/tgN single-stream tests"
     )
     p.add_argument("--repetitions", "-r", type=int, default=5, help="repetitions for --pptg")
@@ -149,6 +156,7 @@ def config_from(args: argparse.Namespace) -> Config:
             duration=args.duration,
             warmup=args.warmup,
             sweep=args.sweep,
+            processes=args.processes,
             pptg=args.pptg,
             repetitions=args.repetitions,
             timeout_s=args.timeout,
@@ -206,17 +214,15 @@ class TerminalHooks(Hooks):
         self.task = self.progress.add_task(label, total=total, rate="")
         self.progress.refresh()
 
-    def tick(self, finished: list[RawRequest], elapsed: float) -> None:
+    def tick(self, count: int, elapsed: float, finished: Sequence[RawRequest]) -> None:
         if self.task is not None:
-            tokens = len(finished) * self.config.gen / elapsed if elapsed > 0 else 0.0
-            self.progress.update(
-                self.task, completed=len(finished), rate=f"~{tokens:,.0f} out tok/s"
-            )
+            tokens = count * self.config.gen / elapsed if elapsed > 0 else 0.0
+            self.progress.update(self.task, completed=count, rate=f"~{tokens:,.0f} out tok/s")
             self.progress.refresh()
         if self.metrics is not None and self.config.metrics_port is not None and finished:
             self._live(finished)
 
-    def _live(self, finished: list[RawRequest]) -> None:
+    def _live(self, finished: Sequence[RawRequest]) -> None:
         expected = Expected(self.config.prompt, self.config.gen)
         for raw in finished[len(self._measured) :]:
             self._measured[raw.index] = measure(raw, expected)

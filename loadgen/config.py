@@ -34,6 +34,7 @@ class Config:
     duration: float | None = None
     warmup: int = 0
     sweep: tuple[int, ...] = ()
+    processes: int = 1  # event loops (one per process) that share the load
     pptg: bool = False
     repetitions: int = 5
     timeout_s: float = 600.0
@@ -95,6 +96,15 @@ def validate(config: Config) -> Config:
             "--sweep varies concurrency; it cannot be combined with --rate",
         ),
         (config.repetitions >= 1, "--repetitions must be at least 1"),
+        (config.processes >= 1, "--processes must be at least 1"),
+        (
+            config.processes == 1
+            or config.rate is not None
+            or all((c or 1) >= config.processes for c in config.levels()),
+            f"--processes {config.processes} needs at least that many concurrent streams:"
+            " raise --concurrency or lower --processes",
+        ),
+        (not (config.pptg and config.processes > 1), "--pptg is single-stream: drop --processes"),
         (config.metrics_linger >= 0, "--metrics-linger cannot be negative"),
         (config.timeout_s > 0, "--timeout must be above 0 seconds"),
         (not config.plot_path or bool(config.sweep), "--plot draws a sweep: add --sweep 1,2,4,..."),

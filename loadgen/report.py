@@ -214,7 +214,7 @@ def format_notes(report: Report) -> list[str]:
             if s.loop.cpu_fraction > 0.8:
                 notes.append(
                     f"{at}warning: loadgen itself was near one full core; timings may"
-                    " be late: use fewer streams per loadgen process"
+                    " be late: spread the load with --processes N"
                 )
     return notes
 

@@ -39,6 +39,7 @@ class Shape:
 class Driven:
     raws: tuple[RawRequest, ...]
     loop: LoopHealth
+    lags: tuple[float, ...] = ()  # the probe's raw samples, so several loops can be merged
 
 
 Tick = Callable[[list[RawRequest], float], None]  # (finished so far, elapsed s) -> None
@@ -65,8 +66,14 @@ async def drive(
     indices: Iterator[int],
     shape: Shape,
     tick: Tick | None = None,
+    start_at: float | None = None,
 ) -> Driven:
-    """Run one load shape; `indices` yields the request numbers to send (prompts differ by it)."""
+    """Run one load shape; `indices` yields the request numbers to send (prompts differ by it).
+
+    `start_at` (a perf_counter time) lets several processes begin together.
+    """
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
     done: list[RawRequest] = []
     probe = _LoopProbe()
     probe_task = asyncio.create_task(probe.run())
@@ -84,7 +91,7 @@ async def drive(
     if tick:
         tick(done, wall)
     health = LoopHealth(lag_s=dist(probe.lags), cpu_fraction=cpu / wall if wall > 0 else 0.0)
-    return Driven(tuple(sorted(done, key=lambda r: r.index)), health)
+    return Driven(tuple(sorted(done, key=lambda r: r.index)), health, tuple(probe.lags))
 
 
 async def _ticker(tick: Tick, done: list[RawRequest]) -> None:
