@@ -148,7 +148,8 @@ class Proxy:
         call = Call(request_id=rid, method="POST", target=path + (f"?{query}" if query else ""),
                     route=path, model=self.metrics.model_label(obj.get("model")),
                     headers=upstream_headers(headers.items(), rid), body=body, inspect=True,
-                    strip_usage=strip, affinity=affinity_key(obj))
+                    strip_usage=strip,
+                    affinity=affinity_key(obj) if len(self.router.upstreams) > 1 else None)
         await self.relay.handle(call, receive, send)
 
     async def passthrough(self, request: Request) -> Response:

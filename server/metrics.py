@@ -51,6 +51,15 @@ class ProxyMetrics:
         info = Gauge("toposerve_plan_info", "The plan in force", list(PLAN_LABELS), registry=r)
         info.labels(**{k: plan.get(k, "") for k in PLAN_LABELS}).set(1)
         self._models: set[str] = set()
+        self._routes: dict[tuple[str, str], RouteMetrics] = {}
+
+    def route(self, model: str, route: str) -> RouteMetrics:
+        """The children of one (model, route), cached: ``labels()`` takes a lock each call."""
+        key = (model, route)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._routes[key] = RouteMetrics(self, model, route)
+        return found
 
     def model_label(self, model: object) -> str:
         """A bounded label: clients choose model names, so only the first few are kept."""
@@ -113,6 +122,26 @@ class FastHistogram(Collector):
 
 def _le(bound: float) -> str:
     return repr(float(bound))
+
+
+class RouteMetrics:
+    __slots__ = ("_requests", "_statuses", "e2e", "in_flight", "itl", "model", "route", "ttft")
+
+    def __init__(self, metrics: ProxyMetrics, model: str, route: str) -> None:
+        self.model, self.route = model, route
+        self.in_flight = metrics.in_flight.labels(model, route)
+        self.ttft = metrics.ttft.labels(model, route)
+        self.itl = metrics.itl.labels(model, route)
+        self.e2e = metrics.e2e.labels(model, route)
+        self._requests = metrics.requests
+        self._statuses: dict[int, Any] = {}
+
+    def count(self, status: int) -> None:
+        child = self._statuses.get(status)
+        if child is None:
+            child = self._statuses[status] = self._requests.labels(self.model, self.route,
+                                                                   str(status))
+        child.inc()
 
 
 def route_label(path: str) -> str:

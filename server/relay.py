@@ -13,6 +13,7 @@ abort the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -31,7 +32,7 @@ from server.errors import (
     error_body,
     stream_error_event,
 )
-from server.metrics import ProxyMetrics
+from server.metrics import ProxyMetrics, RouteMetrics
 from server.router import Router, Upstream
 from server.sse import SseInspector, usage_of_body
 from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response
@@ -67,6 +68,7 @@ class Call:
     status: int = 0
     upstream: str = "-"
     started: bool = False
+    finished: bool = False  # the client's response is complete: nothing more may be sent
 
 
 class _Guard:
@@ -137,7 +139,8 @@ class Relay:
         assert task is not None
         guard = _Guard(task, self.cfg)
         watcher = asyncio.create_task(_watch_disconnect(receive, guard))
-        in_flight = self.metrics.in_flight.labels(call.model, call.route)
+        route_metrics = self.metrics.route(call.model, call.route)
+        in_flight = route_metrics.in_flight
         in_flight.inc()
         try:
             await self._admitted(call, guard, send)
@@ -154,7 +157,7 @@ class Relay:
             guard.stop()
             watcher.cancel()
             in_flight.dec()
-            self._record(call)
+            self._record(call, route_metrics)
 
     async def _admitted(self, call: Call, guard: _Guard, send: Send) -> None:
         self.metrics.queued.set(self.admission.queued + 1)
@@ -249,7 +252,7 @@ class Relay:
         call.started = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         inspector = SseInspector(call.strip_usage) if call.inspect else None
-        timing = _Timing(self.metrics, call)
+        timing = _Timing(self.metrics.route(call.model, call.route), call)
         try:
             async for data in resp.iter_chunks():
                 guard.touch()
@@ -266,18 +269,29 @@ class Relay:
                         await self._broken(call, up, "malformed",
                                            "the engine sent a malformed event", send)
                         return
+                    if inspector.done:
+                        # [DONE] ends the client's response in the same send; the engine's
+                        # closing chunk is read after, so the connection can be pooled.
+                        call.finished = True
+                        await send({"type": "http.response.body", "body": data})
+                        break
                 if data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
+            else:
+                if inspector is not None and not inspector.done:
+                    await self._broken(call, up, "stream_broken", "the engine ended the stream "
+                                       "without [DONE]; retry the request", send)
+                else:
+                    await send({"type": "http.response.body", "body": b""})
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):  # else finish() closes the connection instead
+                    async for _ in resp.iter_chunks():
+                        pass
         except ConnectionBroken:
-            await self._broken(call, up, "stream_broken",
-                               "the engine broke off the stream; retry the request", send)
-            return
-        if inspector is not None and not inspector.done:
-            await self._broken(call, up, "stream_broken",
-                               "the engine ended the stream without [DONE]; retry the request",
-                               send)
-            return
-        await send({"type": "http.response.body", "body": b""})
+            if inspector is None or not inspector.done:
+                await self._broken(call, up, "stream_broken",
+                                   "the engine broke off the stream; retry the request", send)
 
     async def _broken(self, call: Call, up: Upstream, kind: str, message: str,
                       send: Send) -> None:
@@ -296,6 +310,8 @@ class Relay:
         if reason == "client":
             call.status = CLIENT_GONE
             return
+        if call.finished:
+            return
         up = call.upstream
         self.metrics.upstream_errors.labels(up, "timeout").inc()
         what = ("the engine sent nothing for " f"{self.cfg.idle_timeout_s:g} s" if reason == "idle"
@@ -308,6 +324,8 @@ class Relay:
         await self._fail(call, UpstreamTimeout(f"{what}; retry the request"), send)
 
     async def _fail(self, call: Call, exc: ProxyError, send: Send) -> None:
+        if call.finished:
+            return
         call.status = exc.status
         if call.started:
             await send({"type": "http.response.body",
@@ -315,11 +333,11 @@ class Relay:
             return
         await send_error(send, exc, call.request_id)
 
-    def _record(self, call: Call) -> None:
+    def _record(self, call: Call, route_metrics: RouteMetrics) -> None:
         elapsed = time.perf_counter() - call.t_start
-        self.metrics.requests.labels(call.model, call.route, str(call.status)).inc()
+        route_metrics.count(call.status)
         if call.status == 200:
-            self.metrics.e2e.labels(call.model, call.route).observe(elapsed)
+            route_metrics.e2e.observe(elapsed)
         log.info("%s %s %s %d %.1fms upstream=%s", call.request_id, call.method, call.route,
                  call.status, elapsed * 1000, call.upstream)
 
@@ -327,10 +345,10 @@ class Relay:
 class _Timing:
     """TTFT and inter-token gaps of one stream, observed as token events pass."""
 
-    def __init__(self, metrics: ProxyMetrics, call: Call) -> None:
+    def __init__(self, route_metrics: RouteMetrics, call: Call) -> None:
         self.call = call
-        self.ttft = metrics.ttft.labels(call.model, call.route)
-        self.itl = metrics.itl.labels(call.model, call.route)
+        self.ttft = route_metrics.ttft
+        self.itl = route_metrics.itl
         self.last: float | None = None
 
     def tokens(self, n: int) -> None:
