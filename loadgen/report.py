@@ -168,15 +168,15 @@ def format_table(report: Report) -> Table:
     return table
 
 
+def _load(level: LevelResult) -> str:
+    if not level.rate:
+        return f"concurrency {level.concurrency}"
+    cap = f", at most {level.concurrency} in flight" if level.concurrency else ""
+    return f"rate {level.rate:g}/s{cap}"
+
+
 def _level_table(report: Report, level: LevelResult) -> Table:
     s = level.summary
-    load = f"rate {level.rate:g}/s" if level.rate else "concurrency"
-    if level.concurrency:
-        load += (
-            f" {level.concurrency}"
-            if not level.rate
-            else f", at most {level.concurrency} in flight"
-        )
     table = Table(title=_title(report), min_width=len(_title(report)) + 4)
     table.add_column("")
     for stat in STATS:
@@ -184,16 +184,20 @@ def _level_table(report: Report, level: LevelResult) -> Table:
     for label, key, fmt in _ROWS:
         d: Dist = getattr(s, key)
         table.add_row(label, *(fmt(d.get(stat)) for stat in STATS))
-    table.caption = (
-        f"{load}: {s.requests_ok} ok, {s.requests_failed} failed in {s.duration_s:.2f} s:"
-        f" output {_rate(s.output_tok_s)} tok/s, total {_rate(s.total_tok_s)} tok/s"
-    )
     return table
 
 
+def format_totals(level: LevelResult) -> str:
+    s = level.summary
+    return (
+        f"{_load(level)}: {s.requests_ok} ok, {s.requests_failed} failed in {s.duration_s:.2f} s,"
+        f" output {_rate(s.output_tok_s)} tok/s, total {_rate(s.total_tok_s)} tok/s"
+    )
+
+
 def format_notes(report: Report) -> list[str]:
-    """Lines under the table: failures and why, send lag, loadgen's own load."""
-    notes = []
+    """Lines under the table: totals (one level), failures and why, send lag, loadgen's load."""
+    notes = [format_totals(report.levels[0])] if len(report.levels) == 1 else []
     for level in report.levels:
         s = level.summary
         at = f"concurrency {level.concurrency}: " if len(report.levels) > 1 else ""
