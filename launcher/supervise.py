@@ -141,6 +141,9 @@ def _is_zombie(pid: int) -> bool:
 def check_port_free(host: str, port: int) -> None:
     """Fail early, with the fix, when the port the user asked for is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the proxy's own server does: connections it closed linger in TIME_WAIT for a minute
+        # after a restart, and must not make a free port look taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

@@ -143,3 +143,20 @@ def test_fallback_flags_are_appended_when_absent() -> None:
         "py", "--disable-custom-all-reduce"]
     out = failures.apply_fallback_args(["py"], failures.SYMM_MEM_FALLBACK_ARGS)
     assert out == ["py", *failures.SYMM_MEM_FALLBACK_ARGS]
+
+
+def test_a_port_whose_last_connections_linger_in_time_wait_counts_as_free() -> None:
+    import socket
+
+    from launcher.supervise import check_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.close()
+    check_port_free("127.0.0.1", port)
