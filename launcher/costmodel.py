@@ -30,6 +30,12 @@ MEM_EFFICIENCY = 0.8
 MFU_PREFILL = 0.5
 MFU_DECODE = 0.35  # batched decode GEMMs are skinny: lower utilisation than prefill
 STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with CUDA graphs
+# A prompt longer than the largest captured CUDA graph runs eagerly: every tensor-parallel
+# all-reduce is launched and synchronised from the host. Measured through toposerve on the lent
+# 2 x H200 (NVLink, vLLM 0.26, capture sizes up to 64, Llama-3.3-70B shape, 512-token prompt,
+# docs/benchmarks.md): TTFT 115 ms at TP=2 against 77 ms of compute and transfer, i.e. ~0.23 ms
+# for each of the 160 all-reduces; PP=2 (no all-reduce) landed within 10% without it.
+EAGER_COLLECTIVE_S = 0.23e-3
 ACT_BYTES = 2  # bf16/fp16 activations on the wire
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
@@ -174,7 +180,8 @@ def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
     compute = flops / (lay.tp * _flops_s(gpus, MFU_PREFILL))
     memory = streamed_weight_bytes(m) / (lay.tp * _mem_bytes_s(gpus))
     act = tokens * m.hidden_size * ACT_BYTES
-    comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
+    eager = EAGER_COLLECTIVE_S if lay.tp > 1 else 0.0
+    comm = 2 * m.num_layers * (_allreduce_s(lay.tp_link, lay.tp, act) + eager)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
     return max(compute, memory) + comm + hops + STEP_OVERHEAD_S
 

@@ -34,7 +34,14 @@ for _ in $(seq 1 500); do
   sleep 1
 done
 echo "$name: ready=$ready after $(( $(date +%s) - t0 ))s" | tee -a "$root/summary.txt"
-lg() { python3 -m loadgen --no-progress "$@" 2>&1 | tail -n 14; }
+# Through the proxy unless a scenario passes its own --url (the direct half of proxyab); a failed
+# loadgen is reported in summary.txt, never silently dropped.
+lg() {
+  python3 -m loadgen --no-progress --url "http://127.0.0.1:$port" "$@" >"$out/lg.tmp" 2>&1
+  local rc=$?
+  tail -n 14 "$out/lg.tmp"
+  [[ $rc == 0 ]] || echo "$name: loadgen $* failed (exit $rc): $(tail -n 1 "$out/lg.tmp")" >>"$root/summary.txt"
+}
 if [[ $ready == 1 ]]; then
   for s in $scenarios; do
     case $s in
