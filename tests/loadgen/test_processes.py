@@ -74,7 +74,9 @@ def test_two_processes_give_exact_counts_and_accurate_timings(
         (128, 32, None)
     }
     s = data["summary"]
-    assert TTFT <= s["ttft_s"]["p50"] < TTFT + 0.02
+    assert s["ttft_s"]["min"] >= TTFT  # both loops' clocks are the one monotonic clock
+    after_headers = sorted(r["ttft_s"] - r["headers_s"] for r in data["requests"])
+    assert after_headers[len(after_headers) // 2] == pytest.approx(TTFT, abs=0.01)
     assert s["decode_tok_s"]["p50"] == pytest.approx(1 / ITL, rel=0.02)
 
 

@@ -71,7 +71,7 @@ def test_pushed_metrics_can_be_queried_from_prometheus(sim_url: str, tmp_path: P
         )
         assert (labels["plan"], labels["gpu"]) == ("unknown", "none")
         assert _value(rows) == pytest.approx(summary["ttft_s"]["p50"])
-        assert _value(rows) == pytest.approx(TTFT, abs=0.02)
+        assert TTFT <= _value(rows) < TTFT + 0.1
         decode = wait_for(prom, f"loadgen_decode_tokens_per_second{sel}", timeout=10)
         assert _value(decode) == pytest.approx(summary["decode_tok_s"]["p50"])
         ok = wait_for(prom, 'loadgen_requests_total{run_id="pushtest",outcome="ok"}', timeout=10)
