@@ -6,6 +6,7 @@ Exit codes: 0 all requests ok; 1 the target, an export, or some requests failed;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -26,7 +27,7 @@ from rich.progress import (
 
 from loadgen.api import Hooks, LevelResult, Report, run
 from loadgen.config import DEFAULT_URL, Config, parse_label, parse_sweep, validate
-from loadgen.errors import BadArgument, LoadgenError, RunFailed
+from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
 from loadgen.export import Metrics, serving
 from loadgen.report import format_notes, format_table, write_outputs, write_text
 from loadgen.runner import window
@@ -234,7 +235,10 @@ class TerminalHooks(Hooks):
         if self.metrics is not None:
             self.metrics.record(level)
             if self.config.pushgateway:
-                self.metrics.push(self.config.pushgateway, self.config.run_id)
+                # A sweep's levels show up as they finish; a failed push is not fatal here:
+                # the push after the outputs are written reports it.
+                with contextlib.suppress(ExportError):
+                    self.metrics.push(self.config.pushgateway, self.config.run_id)
 
 
 def run_command(config: Config, out: Console, err: Console) -> int:

@@ -124,3 +124,44 @@ def test_a_run_with_some_failures_says_how_many_and_why(tmp_path: Path) -> None:
     failed = s["requests_failed"]
     assert f"{failed} of 8 requests failed: {failed}× HTTP 500" in result.stdout
     assert f"{failed} of 8 requests failed" in _one_line_error(result.stderr)
+
+
+def test_an_unreachable_pushgateway_fails_after_the_results_are_written(
+    sim_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    result = run_cli(
+        "--url",
+        sim_url,
+        "--prompt",
+        "8",
+        "--gen",
+        "4",
+        "--requests",
+        "2",
+        "--pushgateway",
+        f"http://127.0.0.1:{_closed_port()}",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 1
+    assert "cannot push to the Pushgateway" in _one_line_error(result.stderr)
+    assert json.loads(out.read_text())["summary"]["requests_ok"] == 2
+    assert "TTFT ms" in result.stdout
+
+
+def test_an_unwritable_json_path_is_one_line(sim_url: str) -> None:
+    result = run_cli(
+        "--url",
+        sim_url,
+        "--prompt",
+        "8",
+        "--gen",
+        "4",
+        "--requests",
+        "1",
+        "--json",
+        "/nonexistent-dir/r.json",
+    )
+    assert result.returncode == 1
+    assert "cannot write /nonexistent-dir/r.json" in _one_line_error(result.stderr)
