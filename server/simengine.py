@@ -164,28 +164,37 @@ class _Ticker:
         self.seq = itertools.count()
         self.handle: asyncio.TimerHandle | None = None
         self.armed_for = math.inf
+        self.firing = False
 
     def at(self, when: float, callback: Callable[[float], None]) -> None:
         heapq.heappush(self.heap, (when, next(self.seq), callback))
-        if when < self.armed_for:
-            if self.handle is not None:
-                self.handle.cancel()
-            self.armed_for = when
-            self.handle = asyncio.get_running_loop().call_at(when, self._fire)
+        # While firing, the one timer is set once at the end: arming here as well would leave
+        # a second live timer behind each time, and those multiply.
+        if not self.firing and when < self.armed_for:
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed_for = when
+        self.handle = asyncio.get_running_loop().call_at(when, self._fire)
 
     def _fire(self) -> None:
         loop = asyncio.get_running_loop()
         self.handle, self.armed_for = None, math.inf
         heap = self.heap
         now = loop.time()
-        # asyncio fires a timer up to its clock resolution early; allow that much.
-        while heap and heap[0][0] <= now + 1e-6:
-            _, _, callback = heapq.heappop(heap)
-            callback(now)
-            now = loop.time()
+        self.firing = True
+        try:
+            # asyncio fires a timer up to its clock resolution early; allow that much.
+            while heap and heap[0][0] <= now + 1e-6:
+                _, _, callback = heapq.heappop(heap)
+                callback(now)
+                now = loop.time()
+        finally:
+            self.firing = False
         if heap:
-            self.armed_for = heap[0][0]
-            self.handle = loop.call_at(self.armed_for, self._fire)
+            self._arm(heap[0][0])
 
 
 def _error(conn: _Connection, status: int, message: str, headers: Sequence[str] = ()) -> None:
