@@ -44,6 +44,9 @@ def draw(report: Report, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(x, [str(int(c)) for c in x])
         ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("prefill tok/s (p50)", color="tab:blue")
+    axes[1].set_ylabel("decode tok/s (p50)")
+    axes[2].set_ylabel("output tok/s, all streams")
     twin = axes[0].twinx()
     twin.plot(
         x,
