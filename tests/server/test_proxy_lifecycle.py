@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 
-from tests.server.conftest import REPO, SpawnProxy, sim_control, wait_for
+from tests.server.conftest import REPO, SpawnProxy, sim_control, sim_stats, wait_for
 
 
 def test_sigterm_drains_streams_in_flight(spawn_proxy: SpawnProxy, sim_url: str) -> None:
@@ -28,7 +27,7 @@ def test_sigterm_drains_streams_in_flight(spawn_proxy: SpawnProxy, sim_url: str)
     threads = [threading.Thread(target=client) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    assert wait_for(lambda: sim_stats(sim_url)["running"] == 4)  # all four accepted
     os.kill(p.pid, signal.SIGTERM)
     for t in threads:
         t.join()

@@ -119,7 +119,8 @@ def test_router_prefers_affinity_within_slack() -> None:
     assert r.pick(key) is first
     first.outstanding = 3
     other = r.pick(key)
-    assert other is not None and other is not first
+    assert other is not None
+    assert other is not first
 
 
 def test_router_skips_down_and_excluded() -> None:
