@@ -153,6 +153,13 @@ class Relay:
                 raise
             task.uncancel()
             await self._cancelled(call, guard.reason, send)
+        except Exception as exc:  # a bug of the proxy: still an OpenAI error, never a hang
+            guard.stop()
+            logging.getLogger("toposerve").error("internal error relaying %s: %s: %s",
+                                                 call.request_id, type(exc).__name__, exc)
+            with contextlib.suppress(Exception):
+                await self._fail(call, ProxyError("internal error in the proxy; see its log"),
+                                 send)
         finally:
             guard.stop()
             watcher.cancel()
