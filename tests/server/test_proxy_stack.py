@@ -123,3 +123,18 @@ def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -
     assert wait_running(stack, 1, 30)
     sock.close()
     assert wait_running(stack, 0, 5), "vLLM kept generating for a client that left"
+
+
+def test_anthropic_messages_stream_passes_through(stack: Any) -> None:
+    body = {"model": stack.model, "max_tokens": 6, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    direct = httpx.post(stack.vllm_url + "/v1/messages", json=body, timeout=60)
+    proxied = httpx.post(stack.proxy_url + "/v1/messages", json=body, timeout=60)
+    assert proxied.status_code == direct.status_code == 200
+    assert proxied.headers["content-type"] == direct.headers["content-type"]
+
+    def blank(text: str) -> str:
+        return re.sub(r'"id":"[^"]+"', '"id":""', text)
+
+    assert blank(proxied.text) == blank(direct.text)
+    assert "event: message_stop" in proxied.text
