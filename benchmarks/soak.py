@@ -109,6 +109,9 @@ async def sampler(pid: int, windows: list[Window], window_s: float, t0: float,
     for w in windows:
         await asyncio.sleep(max(0.0, t0 + w.t_end_s - time.monotonic()))
         w.rss_mib, w.fds = proc_sample(pid)
+        # Progress as it goes (stderr), so a long run that is cut short still tells something.
+        print(json.dumps({"t_end_s": round(w.t_end_s, 1), "rss_mib": w.rss_mib, "fds": w.fds,
+                          "requests_so_far": w.requests}), file=sys.stderr, flush=True)
         if time.monotonic() >= stop_at:
             return
 
