@@ -73,7 +73,8 @@ def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
         host=cfg.host, port=cfg.port, loop="uvloop", http=protocol_with_header_timeout(
             cfg.header_timeout_s), lifespan="on", access_log=False, log_level=cfg.log_level,
         timeout_graceful_shutdown=cfg.drain_timeout_s, server_header=False,
-        timeout_keep_alive=75, log_config=None)
+        timeout_keep_alive=75, log_config=None,
+        proxy_headers=False)  # X-Forwarded-* are not used: no middleware for them per request
     settings.update(overrides)
     return uvicorn.Config(create_app(cfg), **settings)
 
