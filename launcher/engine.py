@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import EngineError
@@ -39,11 +39,11 @@ def parse_version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def detect_engine() -> EngineInfo:
+def detect_engine(version_of: Callable[[str], str] = md.version) -> EngineInfo:
     """The installed vLLM; a one-line error with the fix when it is missing or too old."""
     for dist in DISTRIBUTIONS:
         try:
-            version = md.version(dist)
+            version = version_of(dist)
         except md.PackageNotFoundError:
             continue
         if parse_version(version) < MIN_VERSION:

@@ -193,7 +193,10 @@ class Runner:
     def _await_proxy(self) -> None:
         proxy = self.proxy
         assert proxy is not None
-        url = f"http://{self.spec.host}:{self.spec.port}/health"
+        # /ready, not /health: the banner must not be printed before the proxy's own health
+        # check has seen the engine, or the first request would get a 503.
+        host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "::") else self.spec.host
+        url = f"http://{host}:{self.spec.port}/ready"
         ok = supervise.wait_until(
             lambda: supervise.http_ok(url), 60.0, interval_s=0.2,
             abort=lambda: self.guard.stopping or not proxy.alive(),

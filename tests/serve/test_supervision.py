@@ -6,6 +6,7 @@ happens on cue; the proxy in front of it is the real one.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +163,74 @@ def test_a_missing_model_is_a_one_line_error(tmp_path: Path) -> None:
     assert res.stderr.strip().count("\n") == 0
     assert "does not exist" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def _post_completion(port: int, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", method="POST",
+        data=json.dumps({"model": "standin", "prompt": "x", "max_tokens": 3}).encode(),
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+def test_while_the_engine_restarts_the_proxy_answers_503_with_retry_after(
+    tmp_path: Path, launch: list[Launch]
+) -> None:
+    run = Launch(tmp_path, {"STANDIN_DIE_AFTER": "1", "STANDIN_RESTART_DELAY": "6"})
+    launch.append(run)
+    run.wait_ready()
+    deadline = time.monotonic() + 30
+    while len(run.starts()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # The restarted engine takes 6 s to listen: meanwhile the proxy must refuse, not hang.
+    window_end = time.monotonic() + 4.0
+    status, headers, body = _post_completion(run.port)
+    while status != 503 and time.monotonic() < window_end:
+        time.sleep(0.2)
+        status, headers, body = _post_completion(run.port)
+    assert status == 503, body
+    assert int(headers["retry-after"]) > 0
+    assert json.loads(body)["error"]["type"]
+    assert not http_ok(f"http://127.0.0.1:{run.port}/ready")
+    run.wait_ready(60)
+    assert _post_completion(run.port)[0] == 200
+    assert run.stop() == 0
+    run.assert_nothing_left()
+
+
+def test_sigterm_under_load_finishes_accepted_requests_within_the_grace_period(
+    tmp_path: Path, launch: list[Launch]
+) -> None:
+    run = Launch(tmp_path, {"STANDIN_COMPLETION_DELAY": "2"})
+    launch.append(run)
+    run.wait_ready()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(_post_completion, run.port) for _ in range(4)]
+        time.sleep(0.7)  # all four accepted and in flight at the engine
+        run.proc.send_signal(signal.SIGTERM)
+        results = [f.result(timeout=30) for f in futures]
+    assert [status for status, _, _ in results] == [200] * 4
+    assert run.proc.wait(timeout=60) == 0
+    run.assert_nothing_left()
+
+
+def test_a_second_signal_forces_exit_at_once(tmp_path: Path, launch: list[Launch]) -> None:
+    run = Launch(tmp_path, {"STANDIN_COMPLETION_DELAY": "30"})
+    launch.append(run)
+    run.wait_ready()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(_post_completion, run.port, 5)
+        time.sleep(0.5)
+        run.proc.send_signal(signal.SIGTERM)  # drains: would wait for the 30 s request
+        time.sleep(1.0)
+        started = time.monotonic()
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.proc.wait(timeout=10)
+    assert time.monotonic() - started < 5
+    assert code == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    run.assert_nothing_left()
