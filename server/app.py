@@ -72,6 +72,7 @@ class Proxy:
         self.router = Router(cfg.upstreams, cfg.affinity_slack)
         self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.queue_timeout_s)
         self.relay = Relay(cfg, self.router, self.metrics, self.admission)
+        self.metrics.queued.set_function(lambda: self.admission.queued)  # read at scrape time
         self.health = HealthChecker(cfg, self.router, self.metrics, self.relay.pools)
         self._keys = [k.encode() for k in cfg.api_keys]
 

@@ -167,12 +167,7 @@ class Relay:
             self._record(call, route_metrics)
 
     async def _admitted(self, call: Call, guard: _Guard, send: Send) -> None:
-        self.metrics.queued.set(self.admission.queued + 1)
-        try:
-            admitted = await self.admission.acquire()
-        finally:
-            self.metrics.queued.set(self.admission.queued)
-        if not admitted:
+        if not await self.admission.acquire():
             raise TooManyRequests(
                 f"too many requests in flight ({self.admission.limit}) and the queue is full; "
                 "retry after the Retry-After delay")

@@ -268,3 +268,18 @@ def test_config_rejects_non_http_upstream() -> None:
 def test_environment_keys_are_read() -> None:
     cfg = config_from_args(["--upstream", "http://h:1"], env={"TOPOSERVE_API_KEYS": "a,b"})
     assert cfg.api_keys == ("a", "b")
+
+
+def test_queued_requests_are_counted(spawn_proxy: SpawnProxy, sim_url: str) -> None:
+    p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5")
+    sim_control(sim_url, ttft=1.0)
+    threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
+                                kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)
+    assert "toposerve_requests_queued 2.0" in httpx.get(p.url + "/metrics").text
+    for t in threads:
+        t.join()
+    assert "toposerve_requests_queued 0.0" in httpx.get(p.url + "/metrics").text
