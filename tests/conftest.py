@@ -98,9 +98,35 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield Stack(vllm_url, proxy_url, _served_model(vllm_url), tiny_model_path,
                     None if reuse else proc.pid, log)
     finally:
+        engine_port = None if reuse else int(vllm_url.rsplit(":", 1)[1])
+        groups = {pgid for pgid, _ in processes_serving(proxy_port, engine_port)}
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # What a user checks after Ctrl-C: nothing of the stack may still run, including the
+        # engine-core and worker processes vLLM forks into the same process group.
+        left = [cmd for pgid, cmd in live_processes() if pgid in groups]
+        assert not left, f"left running after SIGTERM to the launcher: {left}"
+
+
+def live_processes() -> list[tuple[int, str]]:
+    """(process group, command line) of every live process."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):
+            found.append((int(fields[2]), " ".join(a.decode(errors="replace") for a in argv)))
+    return found
+
+
+def processes_serving(*ports: int | None) -> list[tuple[int, str]]:
+    """(process group, command line) of live processes started with ``--port P``."""
+    wanted = {f"--port {p} " for p in ports if p is not None}
+    return [(g, cmd) for g, cmd in live_processes() if any(w in cmd + " " for w in wanted)]
