@@ -98,8 +98,8 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield Stack(vllm_url, proxy_url, _served_model(vllm_url), tiny_model_path,
                     None if reuse else proc.pid, log)
     finally:
-        engine_port = None if reuse else int(vllm_url.rsplit(":", 1)[1])
-        groups = {pgid for pgid, _ in processes_serving(proxy_port, engine_port)}
+        serving = processes_serving(proxy_port, *([] if reuse else [vllm_url.rsplit(":", 1)[1]]))
+        groups = {pgid for pgid, _ in serving}
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
@@ -126,7 +126,7 @@ def live_processes() -> list[tuple[int, str]]:
     return found
 
 
-def processes_serving(*ports: int | None) -> list[tuple[int, str]]:
+def processes_serving(*ports: int | str) -> list[tuple[int, str]]:
     """(process group, command line) of live processes started with ``--port P``."""
-    wanted = {f"--port {p} " for p in ports if p is not None}
+    wanted = {f"--port {p} " for p in ports}
     return [(g, cmd) for g, cmd in live_processes() if any(w in cmd + " " for w in wanted)]
