@@ -15,6 +15,8 @@ from server.router import Router, Upstream
 from server.upstream import Pool, UpstreamError
 
 log = logging.getLogger("toposerve")
+HEALTH_TIMEOUT_S = 2.0
+SLOW_CHECKS_TO_FAIL = 3
 
 
 class HealthChecker:
@@ -39,13 +41,14 @@ class HealthChecker:
 
     async def _loop(self) -> None:
         while True:
-            await self.check_all(timeout_s=min(2.0, self.cfg.health_interval_s))
+            await self.check_all(timeout_s=HEALTH_TIMEOUT_S)
             await asyncio.sleep(self.cfg.health_interval_s)
 
     async def check_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self._check(up, timeout_s) for up in self.router.upstreams))
 
     async def _check(self, up: Upstream, timeout_s: float) -> None:
+        slow = False
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self.pools[up.url].request("GET", "/health", (), b"")
@@ -54,8 +57,15 @@ class HealthChecker:
                 finally:
                     resp.finish()
             ok = resp.status == 200
-        except (UpstreamError, OSError, TimeoutError):
+        except TimeoutError:
+            ok, slow = False, True
+        except (UpstreamError, OSError):
             ok = False
+        # A refused connection or a failing answer takes the replica out at once; a slow answer
+        # only when it repeats (a busy engine on shared cores is not a dead one).
+        up.slow_checks = up.slow_checks + 1 if slow else 0
+        if slow and up.up and up.slow_checks < SLOW_CHECKS_TO_FAIL:
+            return
         if ok != up.up or not up.checked:
             log.log(logging.INFO if ok else logging.WARNING, "engine %s is %s", up.url,
                     "up" if ok else "down (taken out of routing until its /health passes)")

@@ -24,6 +24,7 @@ class Upstream:
     up: bool = True
     outstanding: int = 0
     checked: bool = False
+    slow_checks: int = 0  # health checks in a row that timed out
 
 
 class Router:

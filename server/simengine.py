@@ -15,7 +15,8 @@ Chat streams send the role chunk together with token 0, the last token's chunk c
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /health, /metrics
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
-/sim/control (POST JSON: fault, healthy, refuse (true or seconds), ttft, itl).
+/sim/control (POST JSON: fault, healthy, health_delay, refuse (true or seconds), ttft,
+itl).
 Faults: see server.simfaults.
 
 It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
@@ -123,6 +124,7 @@ class SimEngine:
         self.stats = SimStats()
         self.fault = cfg.fault
         self.healthy = True
+        self.health_delay = 0.0  # seconds /health takes to answer (a busy engine)
         self.refuse_until = 0.0  # loop time until which new connections are reset
         self.ttft = cfg.ttft
         self.itl = cfg.itl
@@ -218,7 +220,13 @@ def _json_body(conn: _Connection, req: _Request) -> dict[str, Any] | None:
 
 
 def _health(eng: SimEngine, conn: _Connection, req: _Request) -> None:
-    conn.send_bytes(200 if eng.healthy else 503, "application/json", b"")
+    def answer(_now: float) -> None:
+        conn.send_bytes(200 if eng.healthy else 503, "application/json", b"")
+
+    if eng.health_delay:
+        eng.ticker.at(asyncio.get_running_loop().time() + eng.health_delay, answer)
+    else:
+        answer(0.0)
 
 
 def _version(eng: SimEngine, conn: _Connection, req: _Request) -> None:
@@ -269,6 +277,7 @@ def _control(eng: SimEngine, conn: _Connection, req: _Request) -> None:
         if "fault" in body:
             eng.fault = parse_fault(str(body["fault"] or ""))
         eng.healthy = bool(body.get("healthy", eng.healthy))
+        eng.health_delay = float(body.get("health_delay", eng.health_delay))
         refuse = body.get("refuse")
         if refuse is not None:
             # true: refuse from now on (over HTTP it cannot be undone); a number: for so many s

@@ -23,7 +23,8 @@ def pair() -> Iterator[tuple[str, str]]:
 @pytest.fixture
 def sims(pair: tuple[str, str]) -> tuple[str, str]:
     for url in pair:
-        sim_control(url, fault="", healthy=True, refuse=0, ttft=0.01, itl=0.002)
+        sim_control(url, fault="", healthy=True, health_delay=0, refuse=0, ttft=0.01,
+                    itl=0.002)
         post_json(url + "/sim/reset", {})
     return pair
 
@@ -140,3 +141,15 @@ def test_router_skips_down_and_excluded() -> None:
 def test_affinity_key_is_the_conversation_head(body: dict[str, object], same_as: bool) -> None:
     base = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
     assert (affinity_key(body) == affinity_key(base)) is same_as
+
+
+def test_a_slow_health_answer_takes_the_engine_out_only_when_it_repeats(
+        spawn_proxy: SpawnProxy, sims: tuple[str, str]) -> None:
+    a, _ = sims
+    p = spawn_proxy([a], "--health-interval", "0.2")
+    sim_control(a, health_delay=2.5)  # over the proxy's 2 s health timeout
+    down = f'toposerve_upstream_up{{upstream="{a}"}} 0.0'
+    assert not wait_for(lambda: down in httpx.get(p.url + "/metrics").text, timeout=3.0)
+    r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert r.status_code == 200
+    assert wait_for(lambda: down in httpx.get(p.url + "/metrics").text, timeout=6.0)
