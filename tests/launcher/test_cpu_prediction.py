@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import time
 from typing import Any
 
 import httpx
@@ -16,25 +14,28 @@ from launcher.plan import Policy, plan
 from launcher.topology import Topology
 
 
-def stream_decode_tok_s(url: str, model: str, prompt: str, tokens: int) -> float:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    stamps: list[float] = []
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk: dict[str, Any] = json.loads(line[6:])
-                if chunk.get("choices"):
-                    stamps.append(time.perf_counter())
-    assert len(stamps) >= tokens // 2
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+def itl_totals(url: str) -> tuple[float, float]:
+    """vLLM's own inter-token latency histogram (sum, count), summed over its label sets."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    total = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for key in total:
+            if line.startswith(f"vllm:inter_token_latency_seconds_{key}{{"):
+                total[key] += float(line.rsplit(" ", 1)[1])
+    return total["sum"], total["count"]
+
+
+def engine_decode_tok_s(url: str, model: str, prompt: str, tokens: int) -> float:
+    """Decode speed as the engine timed it: immune to when this (shared, busy) client got to
+    read the stream, which once made a client-side figure read 40,000 tok/s."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
+            "ignore_eos": True}
+    before = itl_totals(url)
+    httpx.post(f"{url}/v1/completions", json=body, timeout=120).raise_for_status()
+    after = itl_totals(url)
+    gaps = after[1] - before[1]
+    assert gaps >= tokens - 1
+    return gaps / (after[0] - before[0])
 
 
 @pytest.mark.stack
@@ -42,7 +43,7 @@ def test_cpu_decode_prediction_is_within_a_factor_of_two(stack: Any) -> None:
     rng = random.Random(7)
     words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
     measured = max(  # the best of three: the machine is shared, slowdowns are not the engine's
-        stream_decode_tok_s(stack.vllm_url, stack.model, " ".join(rng.choices(words, k=200)), 64)
+        engine_decode_tok_s(stack.vllm_url, stack.model, " ".join(rng.choices(words, k=200)), 64)
         for _ in range(3)
     )
     p = plan(
