@@ -149,9 +149,7 @@ async def _open_loop(
     start = time.perf_counter()
     for index, offset in zip(indices, offsets, strict=False):
         scheduled = start + offset
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(scheduled)
         if slots:
             await slots.acquire()
         task = asyncio.create_task(one(index, scheduled))
@@ -159,6 +157,14 @@ async def _open_loop(
         task.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.gather(*tasks)
+
+
+async def sleep_until(deadline: float) -> None:
+    """Return at ``deadline`` (perf_counter), never before it. The loop's timers (uvloop's have
+    millisecond resolution) can fire early, which would send an open-loop request ahead of its
+    schedule and report a negative lag; the last stretch is yielded away instead of slept."""
+    while (left := deadline - time.perf_counter()) > 0:  # noqa: ASYNC110 - a deadline, no event
+        await asyncio.sleep(left if left > 0.002 else 0)
 
 
 def window(raws: tuple[RawRequest, ...]) -> tuple[float, float] | None:

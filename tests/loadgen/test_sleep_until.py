@@ -1,0 +1,29 @@
+"""Open-loop sends leave at their scheduled time, never before it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from loadgen.api import run_async
+from loadgen.runner import sleep_until
+
+
+def test_sleep_until_never_returns_before_the_deadline() -> None:
+    async def early_returns() -> list[float]:
+        early = []
+        for i in range(200):
+            deadline = time.perf_counter() + (i % 7) * 0.0007
+            await sleep_until(deadline)
+            now = time.perf_counter()
+            if now < deadline:
+                early.append(deadline - now)
+        return early
+
+    assert run_async(early_returns()) == []
+
+
+def test_sleep_until_a_past_deadline_returns_at_once() -> None:
+    start = time.perf_counter()
+    asyncio.run(sleep_until(start - 1.0))
+    assert time.perf_counter() - start < 0.05
