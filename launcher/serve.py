@@ -96,6 +96,8 @@ class Runner:
         for replica in s.replicas:
             argv += ["--upstream", replica.url]
         argv += ["--plan-info", json.dumps(s.plan_info, sort_keys=True)]
+        # The proxy drains for as long as the launcher waits for it, and no longer.
+        argv += ["--drain-timeout", f"{self.sup.grace_s:g}"]
         env = dict(os.environ)
         if s.api_keys:
             # Keys go through the environment, never argv, which any local user can read.
@@ -259,7 +261,7 @@ class Runner:
         if self.proxy is not None:
             self.console.print(f"Draining in-flight requests (up to {self.sup.grace_s:.0f}s; "
                                "Ctrl-C again to force)…")
-            self.proxy.stop(self.sup.grace_s)
+            self.proxy.stop(self.sup.grace_s + 5.0)
         for child in self.engines:
             child.stop(15.0)
         self.console.print("Stopped: proxy and vLLM exited, no process left behind.")
