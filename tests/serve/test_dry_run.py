@@ -86,3 +86,14 @@ def test_a_plan_file_that_is_not_json_is_a_one_line_error(tmp_path: Path) -> Non
     assert res.returncode == 1
     assert "is not JSON" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_model_that_does_not_fit_is_a_one_line_error_with_the_numbers() -> None:
+    topo = REPO / "tests" / "fixtures" / "topologies" / "2x3090-nvlink-x8x8.nvml.json"
+    res = dry_run("--topology", str(topo),
+                  "--model", str(REPO / "tests" / "fixtures" / "models" / "llama-3.3-70b"))
+    assert res.returncode == 3
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "GiB" in lines[0]
+    assert "Traceback" not in res.stderr
