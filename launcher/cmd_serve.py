@@ -139,6 +139,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
             max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
             force_tp=args.tp, force_pp=args.pp, force_dp=args.dp,
+            cpu_cores=os.cpu_count() or 1,
         )
         chosen = plan(load_topology(args.topology, os.environ), model, policy)
     engine_port = args.engine_port or supervise.free_port(args.host)
