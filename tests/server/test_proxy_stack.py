@@ -53,7 +53,9 @@ def test_openai_client_streams_without_an_unasked_usage_chunk(stack: Any) -> Non
         model=stack.model, messages=[{"role": "user", "content": "Count"}], max_tokens=8,
         stream=True, extra_body={"ignore_eos": True}))
     assert all(c.usage is None for c in chunks)
-    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 7
+    # Not one chunk per token: a byte-level token that ends inside a UTF-8 character is held
+    # back by vLLM's detokenizer until the character is complete (random weights make those).
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
@@ -83,13 +85,24 @@ def test_tool_requests_pass_through(stack: Any) -> None:
     r = client(stack).chat.completions.create(
         model=stack.model, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8)
     assert r.choices[0].finish_reason in ("stop", "length")
-    # What vLLM says about a tool choice it cannot serve reaches the client unchanged.
+    # tool_choice "required": vLLM constrains the output to a call of one of the tools (the
+    # random-weight model still writes `{"name": ...`); the proxy must not touch any of it. The
+    # text itself can differ between two runs (CPU batching changes the numerics), so the
+    # answers are compared by shape.
     body = {"model": stack.model, "messages": history[:1], "tools": TOOLS,
             "tool_choice": "required", "max_tokens": 8}
     direct = httpx.post(stack.vllm_url + "/v1/chat/completions", json=body, timeout=60)
     proxied = httpx.post(stack.proxy_url + "/v1/chat/completions", json=body, timeout=60)
     assert proxied.status_code == direct.status_code
-    assert proxied.json() == direct.json()
+    if direct.status_code != 200:
+        assert proxied.json() == direct.json()
+        return
+    got, want = proxied.json(), direct.json()
+    assert got.keys() == want.keys()
+    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+    for answer in (got, want):
+        message = answer["choices"][0]["message"]
+        assert message.get("tool_calls") or message["content"].startswith('{"name": "')
 
 
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/models", "/version"])
@@ -120,7 +133,11 @@ def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -
         received = b""
         while received.count(b"data:") < 2:
             received += sock.recv(65536)
-    assert wait_running(stack, 1, 30)
+    # At least this request (the count is the engine's whole; 0 again at the end is the point).
+    deadline = time.monotonic() + 30
+    while running(stack) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(stack) >= 1
     sock.close()
     assert wait_running(stack, 0, 5), "vLLM kept generating for a client that left"
 
