@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -268,7 +268,7 @@ class Runner:
 
 
 def run(spec: LaunchSpec, sup: Supervision, console: Console) -> int:
-    runner = Runner(spec, replace(sup), console)
+    runner = Runner(spec, sup, console)
     with runner.guard.installed():
         try:
             runner.start()
