@@ -85,24 +85,20 @@ def test_tool_requests_pass_through(stack: Any) -> None:
     r = client(stack).chat.completions.create(
         model=stack.model, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8)
     assert r.choices[0].finish_reason in ("stop", "length")
-    # tool_choice "required": vLLM constrains the output to a call of one of the tools (the
-    # random-weight model still writes `{"name": ...`); the proxy must not touch any of it. The
-    # text itself can differ between two runs (CPU batching changes the numerics), so the
-    # answers are compared by shape.
+    # tool_choice "auto" with the model's tool-call parser: vLLM parses the answer for calls;
+    # the proxy must pass the whole exchange through. The text can differ between two runs
+    # (CPU batching changes the numerics), so the answers are compared by shape. ("required"
+    # is left out: on the CPU engine its constrained decoding left vLLM reporting no running
+    # request for the next test's stream for 30 s, which hid what that test checks.)
     body = {"model": stack.model, "messages": history[:1], "tools": TOOLS,
-            "tool_choice": "required", "max_tokens": 8}
+            "tool_choice": "auto", "max_tokens": 8, "ignore_eos": True}
     direct = httpx.post(stack.vllm_url + "/v1/chat/completions", json=body, timeout=60)
     proxied = httpx.post(stack.proxy_url + "/v1/chat/completions", json=body, timeout=60)
-    assert proxied.status_code == direct.status_code
-    if direct.status_code != 200:
-        assert proxied.json() == direct.json()
-        return
+    assert proxied.status_code == direct.status_code == 200
     got, want = proxied.json(), direct.json()
     assert got.keys() == want.keys()
-    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
-    for answer in (got, want):
-        message = answer["choices"][0]["message"]
-        assert message.get("tool_calls") or message["content"].startswith('{"name": "')
+    assert got["choices"][0].keys() == want["choices"][0].keys()
+    assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"] == 8
 
 
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/models", "/version"])
@@ -129,15 +125,17 @@ def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                  b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
     if streamed:
-        received = b""
         while received.count(b"data:") < 2:
-            received += sock.recv(65536)
+            chunk = sock.recv(65536)
+            assert chunk, f"the proxy closed the stream early: {received[:500]!r}"
+            received += chunk
     # At least this request (the count is the engine's whole; 0 again at the end is the point).
     deadline = time.monotonic() + 30
     while running(stack) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert running(stack) >= 1
+    assert running(stack) >= 1, f"vLLM shows no running request; the proxy sent {received[:500]!r}"
     sock.close()
     assert wait_running(stack, 0, 5), "vLLM kept generating for a client that left"
 
