@@ -15,6 +15,7 @@ from rich.table import Table
 
 from loadgen.api import run_async
 from loadgen.config import Config
+from loadgen.report import request_measures
 from loadgen.runner import Shape, drive
 from loadgen.stats import Dist, dist
 from loadgen.target import Target
@@ -97,17 +98,7 @@ def pptg_dict(report: PpTgReport) -> dict[str, Any]:
     config = cfg.public()
     config.update(model=report.target.model, plan=report.target.plan, mode="pptg")
     rows = [
-        {
-            "test": test,
-            "index": r.index,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "ttft_s": r.ttft_s,
-            "e2e_s": r.e2e_s,
-            "prefill_tok_s": r.prefill_tok_s,
-            "decode_tok_s": r.decode_tok_s,
-            "error": r.error,
-        }
+        {"test": test, **request_measures(r), "error": r.error}
         for test, results in ((f"pp{cfg.prompt}", report.pp), (f"tg{cfg.gen}", report.tg))
         for r in results
     ]

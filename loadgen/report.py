@@ -14,6 +14,7 @@ from rich.table import Table
 from loadgen.api import LevelResult, Report
 from loadgen.errors import ExportError
 from loadgen.stats import STATS, Dist, Summary
+from loadgen.timing import RequestResult
 
 MEASURES = ("ttft_s", "itl_s", "e2e_s", "prefill_tok_s", "decode_tok_s")
 
@@ -39,6 +40,19 @@ def summary_dict(s: Summary) -> dict[str, Any]:
     return data
 
 
+def request_measures(r: RequestResult) -> dict[str, Any]:
+    """The per-request fields every loadgen JSON shares (runs and pp/tg tests alike)."""
+    return {
+        "index": r.index,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "ttft_s": r.ttft_s,
+        "e2e_s": r.e2e_s,
+        "prefill_tok_s": r.prefill_tok_s,
+        "decode_tok_s": r.decode_tok_s,
+    }
+
+
 def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
     config = report.config.public()
     config.update(
@@ -50,13 +64,7 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
     )
     requests = [
         {
-            "index": r.index,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "ttft_s": r.ttft_s,
-            "e2e_s": r.e2e_s,
-            "prefill_tok_s": r.prefill_tok_s,
-            "decode_tok_s": r.decode_tok_s,
+            **request_measures(r),
             "itl_s_max": max(r.itl_s) if r.itl_s else None,
             "send_lag_s": r.send_lag_s,
             "headers_s": r.headers_s,
