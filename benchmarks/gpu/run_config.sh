@@ -48,7 +48,13 @@ if [[ $ready == 1 ]]; then
       single) lg --prompt 512 --gen 256 --concurrency 1 --requests 3 --warmup 1 --json "$out/single.json" ;;
       long)   lg --prompt 3584 --gen 16 --concurrency 1 --requests 2 --warmup 1 --json "$out/long.json" ;;
       c8)     lg --prompt 512 --gen 256 --concurrency 8 --requests 24 --warmup 4 --json "$out/c8.json" ;;
-      c32)    lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 8 --json "$out/c32.json" ;;
+      c32)
+        # Two scrapes of the proxy's /metrics while the load runs: the GPU collector's NVLink and
+        # PCIe counters should move between them.
+        ( for i in 1 2; do sleep 8; echo "# scrape $i $(date +%s.%N)"
+            python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" | grep -E '^toposerve_gpu_'; done ) >"$out/gpu-metrics.txt" 2>&1 &
+        lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 8 --json "$out/c32.json"
+        wait ;;
       proxyab)
         for round in 1 2; do
           lg --url "http://127.0.0.1:$eport" --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 4 --json "$out/direct$round.json"
