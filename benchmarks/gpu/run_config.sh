@@ -53,8 +53,9 @@ if [[ $ready == 1 ]]; then
         # PCIe counters should move between them.
         ( for i in 1 2; do sleep 8; echo "# scrape $i $(date +%s.%N)"
             python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" | grep -E '^toposerve_gpu_'; done ) >"$out/gpu-metrics.txt" 2>&1 &
+        scraper=$!
         lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 8 --json "$out/c32.json"
-        wait ;;
+        wait $scraper ;;  # not a bare wait: that would wait for the launcher too
       proxyab)
         for round in 1 2; do
           lg --url "http://127.0.0.1:$eport" --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 4 --json "$out/direct$round.json"
