@@ -24,18 +24,19 @@ from launcher.modelspec import ModelSpec
 from launcher.topology import Gpu, Pair, Topology, pair_link
 
 # Achieved fractions of datasheet peaks. vLLM decode kernels stream weights at ~75-85% of peak
-# bandwidth on large GEMVs; prefill GEMMs of a few hundred tokens reach ~50% of the dense tensor
-# rate (vLLM's own benchmarks on A100/H100 land at 45-60% MFU for 70B prefill).
+# bandwidth on large GEMVs. The prefill fraction is per card (hardware.GpuModel.prefill_mfu).
 MEM_EFFICIENCY = 0.8
-MFU_PREFILL = 0.5
 MFU_DECODE = 0.35  # batched decode GEMMs are skinny: lower utilisation than prefill
 STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with CUDA graphs
-# A prompt longer than the largest captured CUDA graph runs eagerly: every tensor-parallel
-# all-reduce is launched and synchronised from the host. Measured through toposerve on the lent
-# 2 x H200 (NVLink, vLLM 0.26, capture sizes up to 64, Llama-3.3-70B shape, 512-token prompt,
-# docs/benchmarks.md): TTFT 115 ms at TP=2 against 77 ms of compute and transfer, i.e. ~0.23 ms
-# for each of the 160 all-reduces; PP=2 (no all-reduce) landed within 10% without it.
-EAGER_COLLECTIVE_S = 0.23e-3
+# A prompt longer than the largest captured CUDA graph runs eagerly: every layer's kernels
+# (and its all-reduces under TP) are launched from the host, which adds a fixed cost per layer
+# on top of the arithmetic. Fitted, with hardware.GpuModel.prefill_mfu, to ten prefills
+# measured through toposerve on the lent 2 x H200 (vLLM 0.26, capture sizes up to 64;
+# Llama-3.3-70B shape at TP=2 and PP=2 over NVLink and SHM with 512- and 3,584-token prompts,
+# Qwen2.5-32B shape on 1 and 2 GPUs): all within 15% (docs/benchmarks.md). It replaces a
+# per-all-reduce cost fitted earlier to one noisier TP=2 run, which the second session's
+# PP/1-GPU runs (no all-reduce, yet the same gap) showed was a per-layer cost.
+EAGER_LAYER_S = 0.25e-3
 ACT_BYTES = 2  # bf16/fp16 activations on the wire
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
@@ -137,6 +138,12 @@ def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
     return min(hardware.gpu_model(g.name, g.cc).bf16_tflops for g in gpus) * 1e12 * mfu
 
 
+def _prefill_flops_s(gpus: Sequence[Gpu]) -> float:
+    """The slowest card's achieved prefill rate (its own measured or assumed MFU)."""
+    rows = [hardware.gpu_model(g.name, g.cc) for g in gpus]
+    return min(r.bf16_tflops * r.prefill_mfu for r in rows) * 1e12
+
+
 def embedding_bytes(m: ModelSpec) -> int:
     """One vocab × hidden table in 16 bits (quantization leaves embeddings and LM head alone)."""
     return m.vocab_size * m.hidden_size * 2
@@ -177,13 +184,13 @@ def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
     """Time to prefill one prompt of ``tokens`` through one replica (no other load)."""
     gpus = [g for stage in lay.stages for g in stage]
     flops = 2.0 * m.active_params * tokens + _attention_flops(m, tokens, tokens) / 2  # causal
-    compute = flops / (lay.tp * _flops_s(gpus, MFU_PREFILL))
+    compute = flops / (lay.tp * _prefill_flops_s(gpus))
     memory = streamed_weight_bytes(m) / (lay.tp * _mem_bytes_s(gpus))
     act = tokens * m.hidden_size * ACT_BYTES
-    eager = EAGER_COLLECTIVE_S if lay.tp > 1 else 0.0
-    comm = 2 * m.num_layers * (_allreduce_s(lay.tp_link, lay.tp, act) + eager)
+    comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
-    return max(compute, memory) + comm + hops + STEP_OVERHEAD_S
+    eager = m.num_layers * EAGER_LAYER_S
+    return max(compute, memory) + comm + hops + eager + STEP_OVERHEAD_S
 
 
 def stage_share(m: ModelSpec, pp: int) -> float:

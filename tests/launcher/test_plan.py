@@ -82,9 +82,9 @@ def check_invariants(t: Topology, m: ModelSpec, p: Plan) -> None:
                 assert o.predicted is not None
                 assert c.predicted.decode_tok_s > o.predicted.decode_tok_s
                 # ... for 70B-class models, where the prompt's arithmetic dominates. Smaller
-                # ones compute a prompt so fast that the host-launched all-reduces of an eager
-                # prefill (costmodel.EAGER_COLLECTIVE_S) can tip it: measured on 2 x H200, TP=2
-                # beat PP=2 at prefill by only 16% even on a 70B.
+                # ones compute a prompt so fast that the fixed per-layer cost of an eager
+                # prefill (costmodel.EAGER_LAYER_S) and the all-reduces can tip it: measured
+                # on 2 x H200 over SHM, TP=2 and PP=2 prefilled a 512-token prompt alike.
                 if c.tp == 2 and not m.num_experts and m.params > 50e9:
                     assert c.predicted.prefill_tok_s > o.predicted.prefill_tok_s
     r = render(p, m.name, served_name=None, host="127.0.0.1", port=8000)
