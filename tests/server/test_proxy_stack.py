@@ -25,21 +25,6 @@ def client(stack: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.proxy_url + "/v1", api_key="unused", max_retries=0)
 
 
-def running(stack: Any) -> float:
-    text = httpx.get(stack.vllm_url + "/metrics").text
-    values = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M)
-    return sum(float(v) for v in values)
-
-
-def wait_running(stack: Any, value: float, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if running(stack) == value:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_openai_client_chat(stack: Any) -> None:
     r = client(stack).chat.completions.create(
         model=stack.model, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8)
@@ -116,16 +101,34 @@ def test_other_vllm_routes_pass_through(stack: Any, path: str) -> None:
         assert proxied.json().keys() == direct.json().keys()
 
 
-# Known flaky in the full suite only: there, vLLM's num_requests_running gauge read 0 while the
-# stream visibly flowed (the response bytes are in the failure message), so the oracle, not the
-# proxy, is unreliable. Run alone on a fresh stack it passes; the proxy's abort-on-disconnect is
-# asserted strictly against the simulated engine (tests/server/test_proxy_faults.py).
-@pytest.mark.xfail(strict=False, reason="vLLM's running gauge can read 0 mid-stream late in the "
-                   "full suite; abort-on-disconnect is asserted strictly on the simulated engine")
+GENERATED = r'^vllm:generation_tokens_total\{[^}]*\} (\S+)$'
+
+
+def vllm_metric(stack: Any, pattern: str) -> float:
+    text = httpx.get(stack.vllm_url + "/metrics").text
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def eventually(check: Any, timeout: float, poll: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(poll)
+    return False
+
+
+# The oracle is vLLM's own token counter. The embedded model is so small that vLLM on the CPU
+# makes ~2,000 tokens a second: a request for 4,000 tokens runs out by itself in about two
+# seconds. So the client leaves as soon as the engine has started, and three seconds later vLLM
+# must have made far fewer tokens than were asked for. (vLLM 0.32 does not count an abort in
+# request_success_total; an earlier version watched num_requests_running after a 3,000-token
+# request had already run out, which, not the proxy, made it flaky.)
 @pytest.mark.parametrize("streamed", [True, False])
 def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -> None:
-    assert wait_running(stack, 0, 30)
-    body = json.dumps({"model": stack.model, "prompt": "Tell me a long story", "max_tokens": 3000,
+    asked = 4000  # the model's context is 4,096 tokens
+    generated = vllm_metric(stack, GENERATED)
+    body = json.dumps({"model": stack.model, "prompt": "Tell me a long story", "max_tokens": asked,
                        "ignore_eos": True, "stream": streamed}).encode()
     host, port = stack.proxy_url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
@@ -137,13 +140,13 @@ def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -
             chunk = sock.recv(65536)
             assert chunk, f"the proxy closed the stream early: {received[:500]!r}"
             received += chunk
-    # At least this request (the count is the engine's whole; 0 again at the end is the point).
-    deadline = time.monotonic() + 30
-    while running(stack) < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert running(stack) >= 1, f"vLLM shows no running request; the proxy sent {received[:500]!r}"
+    else:
+        started = eventually(lambda: vllm_metric(stack, GENERATED) > generated, 30, poll=0.005)
+        assert started, "vLLM generated nothing for the request"
     sock.close()
-    assert wait_running(stack, 0, 5), "vLLM kept generating for a client that left"
+    time.sleep(3.0)
+    made = vllm_metric(stack, GENERATED) - generated
+    assert made < asked / 2, f"vLLM made {made:.0f} of {asked} tokens for a client that left"
 
 
 def test_anthropic_messages_stream_passes_through(stack: Any) -> None:
