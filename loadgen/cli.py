@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.progress import (
@@ -64,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="first N prompt tokens shared by all requests (prefix cache on purpose)",
     )
-    p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="prompt and arrival seed (default: a fresh one per run, so no prompt of an earlier"
+        " run is found in the server's prefix cache; the JSON records the one used)",
+    )
     p.add_argument(
         "--concurrency",
         type=int,
@@ -139,7 +144,9 @@ def parse_label_arg(text: str) -> tuple[str, str]:
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    extra = {"run_id": args.run_id} if args.run_id else {}
+    extra: dict[str, Any] = {"run_id": args.run_id} if args.run_id else {}
+    if args.seed is not None:
+        extra["seed"] = args.seed
     return validate(
         Config(
             url=args.url,
@@ -149,7 +156,6 @@ def config_from(args: argparse.Namespace) -> Config:
             gen=args.gen,
             chat=args.chat,
             shared_prefix=args.shared_prefix,
-            seed=args.seed,
             concurrency=args.concurrency,
             rate=args.rate,
             arrivals=args.arrivals,

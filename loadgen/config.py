@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +27,10 @@ class Config:
     gen: int = 256
     chat: bool = False
     shared_prefix: int = 0
-    seed: int = 0
+    # A fresh seed per run unless one is given: prompts repeated from an earlier run against the
+    # same server would be served from vLLM's prefix cache and fake the prefill figures. The seed
+    # used is recorded in the JSON, so `--seed` reproduces a run (cache and all).
+    seed: int = field(default_factory=lambda: secrets.randbits(31))
     concurrency: int | None = None  # None: 1 in closed loop, no cap in open loop
     rate: float | None = None
     arrivals: str = "poisson"

@@ -4,7 +4,8 @@ Completions get token ids, so their length is exact by construction. The ids com
 made by tokenizing seeded text on the target itself, so every id is one the model's vocabulary
 really has (the tiny embedded model has a few thousand; a random id could be out of range).
 Each request draws its own ids so the prefix cache cannot fake prefill speed, except for the
-first `shared_prefix` ids, which every request shares when asked to.
+first `shared_prefix` ids, which every request shares when asked to. The prompt length is part
+of the seed: a 3,584-token prompt must not begin with the 512-token prompt of the same index.
 
 Chat requests go through the model's chat template, so their text is adjusted word by word,
 counted by the server's /tokenize, until the templated prompt is exactly the target length.
@@ -49,7 +50,7 @@ def token_pool(ids: Sequence[int], avoid: Sequence[int] = ()) -> tuple[int, ...]
 def prompt_ids(pool: Sequence[int], length: int, seed: str, index: int, shared: int) -> list[int]:
     """Token ids of request `index`: `shared` ids common to all requests, then its own."""
     prefix = random.Random(f"{seed}:shared").choices(pool, k=shared)
-    own = random.Random(f"{seed}:{index}").choices(pool, k=length - shared)
+    own = random.Random(f"{seed}:{length}:{index}").choices(pool, k=length - shared)
     return prefix + own
 
 

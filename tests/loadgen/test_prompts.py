@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadgen.cli import build_parser, config_from
 from loadgen.errors import PromptError
 from loadgen.prompts import fit_text, prompt_ids, seeded_words, token_pool
 
@@ -22,6 +23,23 @@ def test_prompts_differ_per_request_and_repeat_per_seed() -> None:
     assert a[:16] != b[:16]  # the first KV block already differs: no prefix-cache hit
     assert prompt_ids(POOL, 64, "0", 1, 0) == a
     assert prompt_ids(POOL, 64, "1", 1, 0) != a
+
+
+def test_a_longer_prompt_does_not_begin_with_the_shorter_prompt_of_the_same_request() -> None:
+    # found on the GPU: a 3,584-token run after a 512-token run (same seed) met its first 512
+    # tokens in vLLM's prefix cache and overstated prefill
+    short, long = prompt_ids(POOL, 512, "0", 1, 0), prompt_ids(POOL, 3584, "0", 1, 0)
+    assert long[:16] != short[:16]
+
+
+def test_runs_without_a_seed_get_fresh_prompts_and_an_explicit_seed_repeats_them() -> None:
+    a, b = build_parser().parse_args([]), build_parser().parse_args([])
+    first, second = config_from(a), config_from(b)
+    assert first.seed != second.seed  # 31 random bits: a clash is a one-in-a-billion event
+    one, two = (prompt_ids(POOL, 64, str(c.seed), 1, 0) for c in (first, second))
+    assert one != two
+    again = [config_from(build_parser().parse_args(["--seed", "7"])) for _ in range(2)]
+    assert again[0].seed == again[1].seed == 7
 
 
 def test_shared_prefix_is_common_and_the_rest_is_not() -> None:
