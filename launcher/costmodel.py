@@ -32,11 +32,11 @@ STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with 
 # (and its all-reduces under TP) are launched from the host, which adds a fixed cost per layer
 # on top of the arithmetic. Fitted, with hardware.GpuModel.prefill_mfu, to ten prefills
 # measured through toposerve on the lent 2 x H200 (vLLM 0.26, capture sizes up to 64;
-# Llama-3.3-70B shape at TP=2 and PP=2 over NVLink and SHM with 512- and 3,584-token prompts,
-# Qwen2.5-32B shape on 1 and 2 GPUs): all within 15% (docs/benchmarks.md). It replaces a
-# per-all-reduce cost fitted earlier to one noisier TP=2 run, which the second session's
-# PP/1-GPU runs (no all-reduce, yet the same gap) showed was a per-layer cost.
-EAGER_LAYER_S = 0.25e-3
+# Llama-3.3-70B shape at TP=2 and PP=2 over NVLink and SHM with 512 and 3,072 new prompt
+# tokens, Qwen2.5-32B shape on 1 and 2 GPUs): all within 9% (docs/benchmarks.md). It replaces
+# a per-all-reduce cost fitted earlier to one noisier TP=2 run: PP=2 and one GPU, which have no
+# all-reduce, showed the same gap, so it is a cost per layer.
+EAGER_LAYER_S = 0.2e-3
 ACT_BYTES = 2  # bf16/fp16 activations on the wire
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The

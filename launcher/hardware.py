@@ -27,17 +27,17 @@ class GpuModel:
 GPU_TABLE: tuple[GpuModel, ...] = (
     # NVIDIA H200 datasheet: 4.8 TB/s HBM3e, 989 TFLOPS BF16 dense (1,979 with sparsity),
     # NVLink 4: 900 GB/s bidirectional over 18 links → 25 GB/s per link per direction.
-    # prefill_mfu 0.8: measured through toposerve on the lent 2 x H200 (vLLM 0.26, Llama-3.3-70B
-    # shape, PP=2 single stream, so one GPU computes at a time): a 3,584-token prompt in 661 ms
-    # is 787 TFLOPS; with EAGER_LAYER_S (costmodel) every measured prefill lands within 15%
-    # (docs/benchmarks.md, "Planner calibration").
-    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.8),
+    # prefill_mfu 0.7: measured through toposerve on the lent 2 x H200 (vLLM 0.26, Llama-3.3-70B
+    # shape, PP=2 single stream, so one GPU computes at a time): 3,072 new prompt tokens (512
+    # more came from the prefix cache) in 665 ms, about 660 TFLOPS once costmodel.EAGER_LAYER_S
+    # is taken out; with it, ten measured prefills land within 9% (docs/benchmarks.md).
+    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.7),
     # NVIDIA H100 datasheet: SXM 3.35 TB/s, 989 TFLOPS; PCIe 2.0 TB/s, 756 TFLOPS; NVLink 4 as H200.
     # prefill_mfu: the H200's measured figure, assumed for the same Hopper tensor cores
     # (not measured on an H100).
-    GpuModel("H100 PCIe", 2000, 756, 25.0, prefill_mfu=0.8),
-    GpuModel("H100 NVL", 3900, 835, 25.0, prefill_mfu=0.8),
-    GpuModel("H100", 3350, 989, 25.0, prefill_mfu=0.8),
+    GpuModel("H100 PCIe", 2000, 756, 25.0, prefill_mfu=0.7),
+    GpuModel("H100 NVL", 3900, 835, 25.0, prefill_mfu=0.7),
+    GpuModel("H100", 3350, 989, 25.0, prefill_mfu=0.7),
     # NVIDIA A100 datasheet: 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s, 312 TFLOPS BF16 dense;
     # NVLink 3: 600 GB/s bidirectional over 12 links → 25 GB/s per link per direction.
     GpuModel("A100-SXM4-80GB", 2039, 312, 25.0),

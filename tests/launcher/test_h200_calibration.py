@@ -20,6 +20,12 @@ from tests.launcher.paths import H200, REPO, TOPOLOGIES
 RESULTS = REPO / "benchmarks" / "gpu" / "results" / "2026-11-30-h200x2-session2"
 MODELS = REPO / "benchmarks" / "gpu" / "models"
 TOLERANCE = 0.25
+# These runs used loadgen's old fixed seed, so the 3,584-token prompts began with the 512-token
+# prompts of the single-stream runs before them: vLLM served those 512 tokens from its prefix
+# cache (its log shows the hits), and only 3,072 were computed. The prediction is made for
+# what was computed. (The c32 runs that followed a c8 run had 20 of 64 prompts cached too; the
+# prediction holds for them regardless, and docs/benchmarks.md marks them.)
+CACHED_PREFIX = {"long": 512}
 
 # config folder -> (model shape, topology, tp, pp)
 CONFIGS = {
@@ -98,11 +104,12 @@ def test_prediction_within_25_percent_of_the_h200_measurement(
     run = measured(config, scenario)
     assert run is not None
     c, s = run["config"], run["summary"]
+    new_tokens = c["prompt"] - CACHED_PREFIX.get(scenario, 0)
     policy = Policy(
         force_tp=tp,
         force_pp=pp,
         force_dp=1,
-        prompt_tokens=c["prompt"],
+        prompt_tokens=new_tokens,
         gen_tokens=c["gen"],
         concurrency=c["concurrency"],
     )
@@ -110,7 +117,8 @@ def test_prediction_within_25_percent_of_the_h200_measurement(
     assert (chosen.tp, chosen.pp, chosen.dp) == (tp, pp, 1)
     p = chosen.predicted
     predicted, actual = {
-        "prefill": (p.prefill_tok_s, s["prefill_tok_s"]["p50"]),
+        # prefill rate of the tokens computed: loadgen's figure counts the cached ones too
+        "prefill": (p.prefill_tok_s, s["prefill_tok_s"]["p50"] * new_tokens / c["prompt"]),
         "decode": (p.decode_tok_s, s["decode_tok_s"]["p50"]),
         "throughput": (p.throughput_tok_s, s.get("output_tok_s")),
     }[figure]
