@@ -39,6 +39,12 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help="context length to guarantee (default: the longest that fits)",
     )
+    p.add_argument(
+        "--prompt", type=int, default=512, help="prompt tokens of a typical request (default 512)"
+    )
+    p.add_argument(
+        "--gen", type=int, default=256, help="generated tokens of a typical request (default 256)"
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tp", type=int, help="force the tensor-parallel size")
     p.add_argument("--pp", type=int, help="force the pipeline-parallel size")
@@ -60,6 +66,8 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         workload=args.workload,
         concurrency=args.concurrency,
         max_model_len=args.max_model_len,
+        prompt_tokens=args.prompt,
+        gen_tokens=args.gen,
         gpu_memory_utilization=args.gpu_memory_utilization,
         force_tp=args.tp,
         force_pp=args.pp,

@@ -157,3 +157,19 @@ def test_model_command_prints_the_sizing(capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0
     assert "gemma3" in out
     assert "sliding" in out
+
+
+def test_plan_predicts_for_the_request_shape_given(capsys: pytest.CaptureFixture[str]) -> None:
+    def predicted(*shape: str) -> dict[str, float]:
+        code, out, _ = run(
+            capsys, "plan", "--topology", str(H200), "--model", model("llama-3.3-70b"),
+            "--tp", "2", "--json", *shape,
+        )
+        assert code == 0
+        return dict(json.loads(out)["predicted"])
+
+    short, long = predicted("--prompt", "512", "--gen", "256"), predicted("--prompt", "3072")
+    # a longer prompt amortises the per-layer cost: more tokens a second, a longer first token
+    assert long["prefill_tok_s"] > short["prefill_tok_s"]
+    assert long["ttft_s"] > short["ttft_s"]
+    assert predicted() == short  # 512 -> 256 is the default
