@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
 from server.admission import Admission
 from server.config import ProxyConfig
 from server.errors import (
@@ -254,47 +256,58 @@ class Relay:
         call.status = resp.status
         call.started = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        inspector = SseInspector(call.strip_usage) if call.inspect else None
-        timing = _Timing(self.metrics.route(call.model, call.route), call)
+        stream = _Stream(self, call, guard, resp, send)
         try:
-            async for data in resp.iter_chunks():
-                guard.touch()
-                if inspector is not None:
-                    scan = inspector.feed(data)
-                    timing.tokens(scan.tokens)
-                    if scan.usage is not None:
-                        self._count_usage(call, scan.usage)
-                    data = scan.forward
-                    if scan.malformed:
-                        if data:
-                            await send({"type": "http.response.body", "body": data,
-                                        "more_body": True})
-                        await self._broken(call, up, "malformed",
-                                           "the engine sent a malformed event", send)
-                        return
-                    if inspector.done:
-                        # [DONE] ends the client's response in the same send; the engine's
-                        # closing chunk is read after, so the connection can be pooled.
-                        call.finished = True
-                        await send({"type": "http.response.body", "body": data})
-                        break
-                if data:
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-            else:
-                if inspector is not None and not inspector.done:
-                    await self._broken(call, up, "stream_broken", "the engine ended the stream "
-                                       "without [DONE]; retry the request", send)
+            while True:
+                if stream.ending is not None:  # found by the sink, in the read callback
+                    forward, outcome = stream.ending
+                    if stream.failure is not None:
+                        raise stream.failure
+                elif resp.chunks:
+                    forward, outcome = stream.process(resp.take())
+                elif resp.complete:
+                    if stream.inspector is not None:
+                        await self._broken(call, up, "stream_broken", "the engine ended the "
+                                           "stream without [DONE]; retry the request", send)
+                    else:
+                        await send({"type": "http.response.body", "body": b""})
+                    return
+                elif resp.broken:
+                    raise ConnectionBroken("the engine broke off its answer")
                 else:
-                    await send({"type": "http.response.body", "body": b""})
-                return
+                    await resp.wait()
+                    continue
+                if outcome == _MORE:
+                    if forward:
+                        stream.busy = True  # chunks arriving meanwhile queue behind this one
+                        try:
+                            await send({"type": "http.response.body", "body": forward,
+                                        "more_body": True})
+                        finally:
+                            stream.busy = False
+                    continue
+                if outcome == _MALFORMED:
+                    if forward:
+                        await send({"type": "http.response.body", "body": forward,
+                                    "more_body": True})
+                    await self._broken(call, up, "malformed", "the engine sent a malformed event",
+                                       send)
+                    return
+                # [DONE] ends the client's response in the same send; the engine's closing
+                # chunk is read after, so the connection can be pooled.
+                call.finished = True
+                await send({"type": "http.response.body", "body": forward})
+                break
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):  # else finish() closes the connection instead
                     async for _ in resp.iter_chunks():
                         pass
         except ConnectionBroken:
-            if inspector is None or not inspector.done:
+            if stream.inspector is None or not stream.inspector.done:
                 await self._broken(call, up, "stream_broken",
                                    "the engine broke off the stream; retry the request", send)
+        finally:
+            resp.sink = None
 
     async def _broken(self, call: Call, up: Upstream, kind: str, message: str,
                       send: Send) -> None:
@@ -347,6 +360,107 @@ class Relay:
             route_metrics.e2e.observe(elapsed)
         log.info("%s %s %s %d %.1fms upstream=%s", call.request_id, call.method, call.route,
                  call.status, elapsed * 1000, call.upstream)
+
+
+_MORE, _DONE, _MALFORMED = 0, 1, 2
+
+
+class _Stream:
+    """One relayed event stream: what every chunk goes through, on either of two paths.
+
+    The fast path is ``sink``, called by the upstream connection in its read callback: the
+    chunk is inspected and written straight to the client's socket, so a token event costs no
+    task wake-up, future or coroutine resumption. It declines (and the chunk is queued for the
+    request task, which sends it through ASGI ``send``) whenever that would not be exactly what
+    ``send`` does: no direct writer, the client's socket paused or gone, or the task itself in
+    the middle of a send (order). The end of a stream ([DONE], a malformed event) is always left
+    to the task, which may need to await.
+    """
+
+    __slots__ = ("busy", "call", "ending", "failure", "guard", "inspector", "relay", "resp",
+                 "timing", "writer")
+
+    def __init__(self, relay: Relay, call: Call, guard: _Guard, resp: Response,
+                 send: Send) -> None:
+        self.relay = relay
+        self.call = call
+        self.guard = guard
+        self.resp = resp
+        self.inspector = SseInspector(call.strip_usage) if call.inspect else None
+        self.timing = _Timing(relay.metrics.route(call.model, call.route), call)
+        self.busy = False
+        self.ending: tuple[bytes, int] | None = None
+        self.failure: Exception | None = None
+        self.writer = _DirectWriter.of(send)
+        import sys; print("WRITER", self.writer, getattr(send, "__self__", None), file=sys.stderr)
+        if self.writer is not None:
+            resp.sink = self.sink
+
+    def process(self, data: bytes) -> tuple[bytes, int]:
+        """What to forward of ``data`` and whether the stream goes on; records the metrics."""
+        self.guard.touch()
+        inspector = self.inspector
+        if inspector is None:
+            return data, _MORE
+        scan = inspector.feed(data)
+        if scan.tokens:
+            self.timing.tokens(scan.tokens)
+        if scan.usage is not None:
+            self.relay._count_usage(self.call, scan.usage)
+        if scan.malformed:
+            return scan.forward, _MALFORMED
+        return scan.forward, (_DONE if inspector.done else _MORE)
+
+    def sink(self, data: bytes) -> bool:
+        writer = self.writer
+        if self.busy or writer is None or not writer.ready():
+            return False
+        try:
+            forward, outcome = self.process(data)
+        except Exception as exc:  # a bug of the proxy: raised in the task, not in the parser
+            self.failure = exc
+            outcome, forward = _MALFORMED, b""
+        if outcome == _MORE and self.failure is None:
+            if forward:
+                writer.write(forward)
+            return True
+        self.ending = (forward, outcome)
+        self.resp.sink = None
+        self.resp._wake()
+        return True
+
+
+class _DirectWriter:
+    """Body chunks written straight to uvicorn's transport, exactly as its ``send`` would.
+
+    uvicorn's ``send`` for a body chunk checks the cycle's state, frames the chunk and writes
+    it; as a coroutine called per token, with its message dict, that is a good part of the
+    proxy's per-token cost. Only used with uvicorn's httptools cycle (what ``server.serve``
+    runs), once the response started with chunked encoding; anything else gets None and goes
+    through ``send``.
+    """
+
+    __slots__ = ("cycle", "transport")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self.cycle = cycle
+        self.transport = cycle.transport
+
+    @classmethod
+    def of(cls, send: Send) -> _DirectWriter | None:
+        cycle = getattr(send, "__self__", None)
+        if (type(cycle) is RequestResponseCycle and cycle.response_started
+                and cycle.chunked_encoding is True and cycle.scope["method"] != "HEAD"):
+            return cls(cycle)
+        return None
+
+    def ready(self) -> bool:
+        """What uvicorn's ``send`` would write at once: not paused (it would await), not gone."""
+        cycle = self.cycle
+        return not (cycle.disconnected or cycle.response_complete or cycle.flow.write_paused)
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
 
 class _Timing:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import urlsplit
 
 import httptools
@@ -97,6 +97,9 @@ class Response:
         self.broken = False
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
+        # Set by the relay: takes a body chunk right in the read callback (True: consumed), so
+        # a token event costs no task wake-up; False, or chunks already queued, means queue it.
+        self.sink: Callable[[bytes], bool] | None = None
 
     @property
     def content_type(self) -> bytes:
@@ -112,6 +115,9 @@ class Response:
             self.waiter.set_result(None)
 
     def _feed(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None and not self.chunks and sink(body):
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.conn.transport is not None:
@@ -127,6 +133,22 @@ class Response:
         if not self.complete:
             self.broken = True
         self._wake()
+
+    async def wait(self) -> None:
+        """Until something changes: a chunk queued, the end, a break, or a ``_wake``."""
+        await self._wait()
+
+    def take(self) -> bytes:
+        """Every queued chunk as one (b"" when none), resuming a paused read."""
+        if not self.chunks:
+            return b""
+        data = b"".join(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        self.chunks.clear()
+        self.buffered = 0
+        if self.paused and self.conn.transport is not None:
+            self.paused = False
+            self.conn.transport.resume_reading()
+        return data
 
     async def _wait(self) -> None:
         self.waiter = asyncio.get_running_loop().create_future()
@@ -146,13 +168,7 @@ class Response:
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         while True:
             if self.chunks:
-                data = b"".join(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
-                self.chunks.clear()
-                self.buffered = 0
-                if self.paused and self.conn.transport is not None:
-                    self.paused = False
-                    self.conn.transport.resume_reading()
-                yield data
+                yield self.take()
                 continue
             if self.complete:
                 return
@@ -167,6 +183,7 @@ class Response:
         """Back to the pool when read to the end on a keep-alive connection, else closed (which
         is what makes the engine abort a request the client gave up on)."""
         self.conn.response = None
+        self.sink = None
         if self.complete and self.keep_alive and not self.conn.closed and not self.chunks:
             self.pool.release(self.conn)
         else:
