@@ -12,7 +12,7 @@ import resource
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.hardware import gpu_model
@@ -88,7 +88,11 @@ def _p2p(topo: Topology) -> list[Check]:
 
 def _nccl_env(topo: Topology, env: Mapping[str, str]) -> list[Check]:
     out = []
-    p2p_possible = any(pair_link(p) in ("nvlink", "p2p-pcie") for p in topo.pairs)
+    # what the hardware allows, whatever NCCL_P2P_DISABLE makes of it (apply_nccl_env)
+    p2p_possible = any(
+        pair_link(replace(p, p2p_disabled_by_env=False, measured=None)) in ("nvlink", "p2p-pcie")
+        for p in topo.pairs
+    )
     if env.get("NCCL_P2P_DISABLE", "0") not in ("", "0"):
         status = WARN if p2p_possible else PASS
         out.append(

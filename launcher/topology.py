@@ -85,6 +85,9 @@ class Pair:
     p2p_atomics: str | None = None
     p2p_pci: str | None = None
     measured: Measured | None = None
+    # NCCL_P2P_DISABLE in the launcher's environment (see apply_nccl_env): a fact of this run,
+    # not of the hardware, so it is not saved with the topology.
+    p2p_disabled_by_env: bool = False
 
     @property
     def p2p_ok(self) -> bool:
@@ -316,7 +319,7 @@ def load_topology(path: str | None, env: Mapping[str, str]) -> Topology:
     if path is None:
         from launcher import nvml  # NVML only when asked: plan --topology must run anywhere
 
-        return nvml.read_topology(env)
+        return apply_nccl_env(nvml.read_topology(env), env)
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -326,7 +329,34 @@ def load_topology(path: str | None, env: Mapping[str, str]) -> Topology:
         ) from exc
     except (OSError, json.JSONDecodeError) as exc:
         raise TopologyError(f"cannot read topology file {path}: {exc}") from exc
-    return apply_visible_devices(topology_from_json(data, source=str(path)), env)
+    topo = apply_visible_devices(topology_from_json(data, source=str(path)), env)
+    return apply_nccl_env(topo, env)
+
+
+def apply_nccl_env(topo: Topology, env: Mapping[str, str]) -> Topology:
+    """Plan for the transport NCCL will use under ``env``.
+
+    With NCCL_P2P_DISABLE set, NCCL joins every pair through host memory even over NVLink (on
+    the lent H200s its log then said ``via SHM/direct/direct`` and TP=2 prefill fell by a third).
+    A link measured over P2P no longer says what will run, so that measurement is dropped.
+    """
+    if env.get("NCCL_P2P_DISABLE", "0") in ("", "0") or not topo.pairs:
+        return topo
+    pairs = tuple(
+        replace(
+            p,
+            p2p_disabled_by_env=True,
+            measured=p.measured
+            if p.measured is not None and p.measured.nccl_transport == "shm"
+            else None,
+        )
+        for p in topo.pairs
+    )
+    note = (
+        "NCCL_P2P_DISABLE is set: NCCL will join the GPUs through host memory (SHM), NVLink and"
+        " P2P unused; planned accordingly (unset it to use them)"
+    )
+    return replace(topo, pairs=pairs, notes=(*topo.notes, note))
 
 
 # ------------------------------------------------------------------- CUDA_VISIBLE_DEVICES mapping
@@ -402,6 +432,8 @@ def pair_link(p: Pair) -> str:
     """How NCCL would join the pair, assumed from NVML (measured transport wins when present)."""
     if p.measured is not None and p.measured.nccl_transport:
         return p.measured.nccl_transport
+    if p.p2p_disabled_by_env:
+        return "shm"
     if p.nvlinks > 0 and p.p2p_nvlink in ("OK", None):
         return "nvlink"
     if p.p2p_ok:

@@ -173,3 +173,22 @@ def test_plan_predicts_for_the_request_shape_given(capsys: pytest.CaptureFixture
     assert long["prefill_tok_s"] > short["prefill_tok_s"]
     assert long["ttft_s"] > short["ttft_s"]
     assert predicted() == short  # 512 -> 256 is the default
+
+
+def test_plan_under_nccl_p2p_disable_predicts_the_shm_fallback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def plan_json() -> dict[str, object]:
+        code, out, _ = run(
+            capsys, "plan", "--topology", str(H200), "--model", model("llama-3.3-70b"), "--json"
+        )
+        assert code == 0
+        return dict(json.loads(out))
+
+    free = plan_json()
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    off = plan_json()
+    assert (free["transport"], off["transport"]) == ("nvlink", "shm")
+    prefill = [p["predicted"]["prefill_tok_s"] for p in (free, off)]  # type: ignore[index]
+    assert prefill[0] > 1.3 * prefill[1]  # measured on the H200s: 1.46x
+    assert any("NCCL_P2P_DISABLE" in r for r in off["reasons"])  # type: ignore[union-attr]

@@ -147,3 +147,25 @@ def test_visible_devices_filter_pairs_and_leave_a_note() -> None:
 def test_project_json_is_told_apart_from_the_dump() -> None:
     t = Topology(gpus=GPUS)
     assert topology_from_json(topology_to_json(t)).gpus == GPUS
+
+
+def test_nccl_p2p_disable_plans_the_transport_nccl_will_use() -> None:
+    from launcher.topology import pair_link
+
+    free = load_topology(str(H200), {})
+    off = load_topology(str(H200), {"NCCL_P2P_DISABLE": "1"})
+    assert [pair_link(p) for p in free.pairs] == ["nvlink"]
+    assert [pair_link(p) for p in off.pairs] == ["shm"]  # NVLink unused: NCCL logs via SHM
+    assert any("NCCL_P2P_DISABLE" in n for n in off.notes)
+    assert load_topology(str(H200), {"NCCL_P2P_DISABLE": "0"}).pairs == free.pairs
+
+
+def test_nccl_p2p_disable_drops_a_link_measured_over_p2p_but_keeps_one_measured_over_shm() -> None:
+    from tests.launcher.paths import TOPOLOGIES
+
+    env = {"NCCL_P2P_DISABLE": "1"}
+    over_p2p = load_topology(str(TOPOLOGIES / "h200x2-measured.toposerve.json"), env)
+    over_shm = load_topology(str(TOPOLOGIES / "h200x2-p2p-disabled.toposerve.json"), env)
+    assert over_p2p.pairs[0].measured is None
+    assert over_shm.pairs[0].measured is not None
+    assert over_shm.pairs[0].measured.nccl_transport == "shm"
