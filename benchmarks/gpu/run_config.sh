@@ -69,3 +69,7 @@ grep -ho "via [A-Za-z0-9/_]*" "$out"/logs/vllm-*.log 2>/dev/null | sort | uniq -
 grep -h -E "Retrying once|failed to start|restart" "$out/launcher.out" >> "$root/summary.txt"
 # What remains of the GPU after the stop: nothing should hold memory.
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$root/summary.txt"
+# At most 8 files come back from one device command: one archive per configuration.
+if [[ ${TAR:-1} == 1 ]]; then
+  (cd "$root" && tar czf "$name.tgz" "$name" && rm -rf "$name")
+fi
