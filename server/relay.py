@@ -392,7 +392,6 @@ class _Stream:
         self.ending: tuple[bytes, int] | None = None
         self.failure: Exception | None = None
         self.writer = _DirectWriter.of(send)
-        import sys; print("WRITER", self.writer, getattr(send, "__self__", None), file=sys.stderr)
         if self.writer is not None:
             resp.sink = self.sink
 
