@@ -262,9 +262,14 @@ class Runner:
             self.console.print(f"Draining in-flight requests (up to {self.sup.grace_s:.0f}s; "
                                "Ctrl-C again to force)…")
             self.proxy.stop(self.sup.grace_s + 5.0)
-        for child in self.engines:
-            child.stop(15.0)
-        self.console.print("Stopped: proxy and vLLM exited, no process left behind.")
+        left = [c.proc.pid for c in self.engines if not c.stop(15.0) and c.proc is not None]
+        if left:
+            # Never claim a clean stop that did not happen: the user may start the next run.
+            self.console.print(f"[yellow]![/] vLLM's process group {', '.join(map(str, left))} "
+                               "was still exiting after SIGKILL; check `nvidia-smi` before "
+                               "starting again")
+        else:
+            self.console.print("Stopped: proxy and vLLM exited, no process left behind.")
 
 
 def run(spec: LaunchSpec, sup: Supervision, console: Console) -> int:

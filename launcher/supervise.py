@@ -69,10 +69,14 @@ class Child:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
-    def stop(self, grace_s: float) -> None:
-        """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left."""
+    def stop(self, grace_s: float) -> bool:
+        """SIGTERM the whole group, wait up to ``grace_s``, then SIGKILL what is left.
+
+        True when no process of the group is left. GPU workers killed mid-teardown can take
+        seconds more to go (the driver frees their memory first), so the caller can say so.
+        """
         if self.proc is None:
-            return
+            return True
         self.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and group_alive(self.proc.pid):
@@ -83,7 +87,7 @@ class Child:
         self.signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        wait_group_gone(self.proc.pid, 5.0)
+        return wait_group_gone(self.proc.pid, 15.0)
 
     def log_tail(self, max_bytes: int = 200_000) -> str:
         try:
