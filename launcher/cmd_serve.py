@@ -35,6 +35,10 @@ def add_parser(sub: Any) -> None:
                    "127.0.0.1; anything else exposes the API to the network)")
     p.add_argument("--port", type=int, default=8000, help="proxy port (default 8000)")
     p.add_argument("--engine-port", type=int, help="first internal vLLM port (default: free)")
+    p.add_argument("--engine-host", default="127.0.0.1", help="address vLLM binds (default "
+                   "127.0.0.1: only the proxy reaches it; 0.0.0.0 lets a Prometheus in the "
+                   "same network scrape vLLM's own metrics, and anyone there reach it without "
+                   "the proxy's keys)")
     p.add_argument("--api-key", action="append", default=[], help="require this key (repeat "
                    "for several); also TOPOSERVE_API_KEYS=k1,k2")
     p.add_argument("--api-key-file", type=Path, help="file with one key per line (mode 600)")
@@ -142,7 +146,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
             cpu_cores=os.cpu_count() or 1,
         )
         chosen = plan(load_topology(args.topology, os.environ), model, policy)
-    engine_port = args.engine_port or supervise.free_port(args.host)
+    engine_port = args.engine_port or supervise.free_port(args.engine_host)
     if args.trust_remote_code:
         extra.append("--trust-remote-code")
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1",
@@ -155,7 +159,10 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         env["RAY_ADDRESS"] = args.ray_address
         if "--distributed-executor-backend" not in argv:
             argv += ["--distributed-executor-backend", "ray"]
-    replicas = replica_specs(argv, env, chosen.dp, "127.0.0.1", engine_port)
+    # The proxy connects over loopback when vLLM listens on every address.
+    wildcard = args.engine_host in ("0.0.0.0", "::")
+    reach = "127.0.0.1" if wildcard else args.engine_host
+    replicas = replica_specs(argv, env, chosen.dp, reach, engine_port, bind=args.engine_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
@@ -199,5 +206,6 @@ def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str) -> tuple
     for r in replicas:
         shown = {k: v for k, v in r.env.items() if k != "PATH"}
         lines.append(f"  engine: {command_line(r.argv, shown)}")
+    lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
     return tuple(lines)
 

@@ -66,8 +66,12 @@ def replica_specs(
     dp: int,
     host: str,
     first_port: int,
+    bind: str | None = None,
 ) -> tuple[ReplicaSpec, ...]:
-    """Split one rendered `vllm serve` command into ``dp`` replicas on their own GPUs and ports."""
+    """Split one rendered `vllm serve` command into ``dp`` replicas on their own GPUs and ports.
+
+    vLLM listens on ``bind`` (default ``host``); the proxy reaches it at ``host``.
+    """
     base = _drop_flag(_drop_flag(list(rendered_argv), "--port"), "--data-parallel-size")
     base = _drop_flag(base, "--host")
     devices = [d for d in rendered_env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
@@ -79,7 +83,7 @@ def replica_specs(
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i * per : (i + 1) * per])
         port = first_port + i
         # Right after the model, so the user's own flags (at the end) stay last and win.
-        argv = (*base[:3], "--host", host, "--port", str(port), *base[3:])
+        argv = (*base[:3], "--host", bind or host, "--port", str(port), *base[3:])
         replicas.append(ReplicaSpec(argv, env, host, port))
     return tuple(replicas)
 

@@ -169,6 +169,9 @@ def test_single_node_command_is_accepted_by_launcher_serve() -> None:
     assert entrypoint == ["launcher", "serve"]
     args = build_parser().parse_args([*entrypoint[1:], *container["args"]])
     assert (args.host, args.port) == ("0.0.0.0", 8000)
+    # vLLM's own metrics: it listens on the pod address at the port the manifest names "engine"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (args.engine_host, args.engine_port) == ("0.0.0.0", ports["engine"])
 
 
 def docker_entrypoint(path: Path) -> list[str]:

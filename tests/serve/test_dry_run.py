@@ -97,3 +97,13 @@ def test_a_model_that_does_not_fit_is_a_one_line_error_with_the_numbers() -> Non
     assert len(lines) == 1
     assert "GiB" in lines[0]
     assert "Traceback" not in res.stderr
+
+
+def test_engine_host_sets_where_vllm_listens_and_the_proxy_still_reaches_it() -> None:
+    res = dry_run("--engine-host", "0.0.0.0", "--engine-port", "9100")
+    assert res.returncode == 0, res.stderr
+    engine = next(ln for ln in res.stdout.splitlines() if "engine:" in ln)
+    assert "--host 0.0.0.0 --port 9100" in engine
+    assert "proxy upstreams: http://127.0.0.1:9100" in res.stdout
+    default = dry_run("--engine-port", "9100")
+    assert "--host 127.0.0.1 --port 9100" in default.stdout  # only the proxy reaches vLLM
