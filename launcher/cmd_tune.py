@@ -100,7 +100,8 @@ def default_candidates(args: argparse.Namespace) -> list[CandidateSpec]:
     model_ref = args.model or str(tinymodel.ensure_tiny_model())
     chosen = plan(topo, load_model_spec(model_ref),
                   Policy(workload=args.workload, concurrency=args.concurrency,
-                         max_model_len=args.max_model_len))
+                         max_model_len=args.max_model_len, prompt_tokens=args.prompt,
+                         gen_tokens=args.gen, cpu_cores=os.cpu_count() or 1))
     viable = [c for c in chosen.candidates if not c.rejected]
     ranked = sorted(viable, key=lambda c: _candidate_score(c, args.workload), reverse=True)
     return [CandidateSpec(f"tp={c.tp} pp={c.pp} dp={c.dp}", c.tp, c.pp, c.dp)
@@ -122,6 +123,7 @@ def candidate_args(args: argparse.Namespace, cand: CandidateSpec) -> argparse.Na
     ns.served_model_name = None
     ns.plan = None
     ns.engine_port = None
+    ns.engine_host = "127.0.0.1"  # only the tune's loadgen talks to it, through the proxy
     ns.concurrency = args.concurrency if args.workload == "throughput" else 1
     ns.trust_remote_code = False
     ns.ray_address = None
@@ -141,7 +143,9 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
                   Policy(workload=ns.workload, concurrency=ns.concurrency,
                          max_model_len=ns.max_model_len,
                          gpu_memory_utilization=ns.gpu_memory_utilization,
-                         force_tp=ns.tp, force_pp=ns.pp, force_dp=ns.dp))
+                         force_tp=ns.tp, force_pp=ns.pp, force_dp=ns.dp,
+                         prompt_tokens=ns.prompt, gen_tokens=ns.gen,
+                         cpu_cores=os.cpu_count() or 1))
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
                       extra_args=ns.extra)
     data = plan_to_json(chosen, rendered)

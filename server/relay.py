@@ -297,11 +297,16 @@ class Relay:
                 # chunk is read after, so the connection can be pooled.
                 call.finished = True
                 await send({"type": "http.response.body", "body": forward})
+                # The client has its whole answer: its leaving now (it may close as soon as it
+                # reads the last chunk) is no abort, and must neither cut the read below nor
+                # turn the request's 200 into a 499.
+                guard.stop()
                 break
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):  # else finish() closes the connection instead
-                    async for _ in resp.iter_chunks():
-                        pass
+            if not resp.complete:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):  # else finish() closes the connection
+                        async for _ in resp.iter_chunks():
+                            pass
         except ConnectionBroken:
             if stream.inspector is None or not stream.inspector.done:
                 await self._broken(call, up, "stream_broken",
@@ -414,6 +419,14 @@ class _Stream:
         writer = self.writer
         if self.busy or writer is None or not writer.ready():
             return False
+        inspector = self.inspector
+        guard = self.guard
+        if inspector is not None and guard.streaming and inspector.plain_token(data):
+            # The per-token case, inlined: what process() does for it, minus the Scan.
+            guard.last = guard.loop.time()
+            self.timing.tokens(1)
+            writer.write(data)
+            return True
         try:
             forward, outcome = self.process(data)
         except Exception as exc:  # a bug of the proxy: raised in the task, not in the parser

@@ -68,6 +68,19 @@ class SseInspector:
         self.done = self.done or scan.done
         return scan
 
+    def plain_token(self, data: bytes) -> bool:
+        """True when ``data`` is exactly one whole token event, forwarded unchanged: what
+        ``feed`` would find (one token, nothing else) without its ``Scan``, and no state to
+        update. Anything else (a role, usage, error or non-data event, several events, a
+        partial one) is False, and goes through ``feed``.
+
+        Slices and ``in`` rather than ``find``/``startswith``: those bytes methods parse their
+        arguments as a format string on every call, which shows per token.
+        """
+        return (not self.pending and data[-3:] == b"}\n\n" and data[:7] == b"data: {"
+                and b"\n\n" not in data[:-2] and b'"choices":[]' not in data
+                and _ROLE_ONLY not in data and data[7:14] != b'"error"')
+
     def _one(self, data: bytes) -> Scan:
         scan = Scan(data)
         if not self._classify(data[:-2], scan) or scan.malformed:

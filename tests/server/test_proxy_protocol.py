@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.simclient import StreamResult, stream
 from tests.server.conftest import ProxyProc, SpawnProxy, sim_stats
 
 
@@ -147,3 +149,27 @@ def test_health_and_ready(proxy: ProxyProc) -> None:
     ready = httpx.get(proxy.url + "/ready")
     assert ready.status_code == 200
     assert ready.json()["ready"] is True
+
+
+def test_a_client_closing_after_its_last_chunk_is_no_abort(spawn_proxy: SpawnProxy,
+                                                           sim_url: str) -> None:
+    """A client may close as soon as it has read the end of its response, while the proxy still
+    reads the engine's closing chunk: that request is a 200 (it was a 499 now and then) and its
+    engine connection goes back to the pool instead of being closed."""
+    p = spawn_proxy([sim_url])
+    body = {"model": "sim-model", "prompt": "x", "max_tokens": 8, "stream": True}
+
+    async def burst() -> list[StreamResult]:
+        return list(await asyncio.gather(*(stream(p.url + "/v1/completions", body)
+                                           for _ in range(64))))
+
+    for _ in range(3):
+        results = asyncio.run(burst())
+        assert all(r.error is None and len(r.token_times) == 8 for r in results)
+    s = samples(p.url)
+    route = (("model", "sim-model"), ("route", "/v1/completions"))
+    assert s[("toposerve_requests_total", (*route, ("status", "200")))] == 192
+    assert ("toposerve_requests_total", (*route, ("status", "499"))) not in s
+    stats = sim_stats(sim_url)
+    assert stats["aborted"] == 0
+    assert stats["connections"] == stats["open_connections"]  # none closed: all pooled
