@@ -43,7 +43,7 @@ from server.errors import (
 )
 from server.health import HealthChecker
 from server.metrics import GpuCollector, ProxyMetrics, route_label
-from server.relay import Call, Receive, Relay, Send, send_error
+from server.relay import Call, Receive, Relay, Send, disconnect_hook, send_error
 from server.router import Router, affinity_key
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -150,7 +150,8 @@ class Proxy:
                     route=path, model=self.metrics.model_label(obj.get("model")),
                     headers=upstream_headers(headers.items(), rid), body=body, inspect=True,
                     strip_usage=strip,
-                    affinity=affinity_key(obj) if len(self.router.upstreams) > 1 else None)
+                    affinity=affinity_key(obj) if len(self.router.upstreams) > 1 else None,
+                    disconnect_hook=disconnect_hook(scope))
         await self.relay.handle(call, receive, send)
 
     async def passthrough(self, request: Request) -> Response:
@@ -162,7 +163,8 @@ class Proxy:
             return Response(status_code=499)
         call = Call(request_id=rid, method=request.method, target=_target(request),
                     route=route_label(request.url.path), model="unknown",
-                    headers=upstream_headers(request.headers.items(), rid), body=body)
+                    headers=upstream_headers(request.headers.items(), rid), body=body,
+                    disconnect_hook=disconnect_hook(request.scope))
         return RelayResponse(lambda _s, receive, send: self.relay.handle(call, receive, send))
 
     async def ready(self) -> Response:

@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,7 @@ class Call:
     upstream: str = "-"
     started: bool = False
     finished: bool = False  # the client's response is complete: nothing more may be sent
+    disconnect_hook: dict[str, Any] | None = None  # see DISCONNECT_HOOK
 
 
 class _Guard:
@@ -91,6 +92,9 @@ class _Guard:
         if self.active and self.reason is None:
             self.reason = reason
             self.task.cancel()
+
+    def client_left(self) -> None:
+        self.fire("client")
 
     def touch(self) -> None:
         self.last = self.loop.time()
@@ -112,6 +116,19 @@ class _Guard:
     def stop(self) -> None:
         self.active = False
         self.timer.cancel()
+
+
+# ASGI scope extension {"callbacks": [...], "left": bool}, offered by server.serve's protocol:
+# it calls the callbacks when the client's connection drops, and sets "left" for a request that
+# registers after that. The relay then needs no task per request blocked in receive() just to
+# learn of a disconnect; without the extension, such a task watches.
+DISCONNECT_HOOK = "toposerve.on_disconnect"
+
+
+def disconnect_hook(scope: Mapping[str, object]) -> dict[str, Any] | None:
+    extensions = scope.get("extensions")
+    ext = extensions.get(DISCONNECT_HOOK) if isinstance(extensions, dict) else None
+    return ext if isinstance(ext, dict) and isinstance(ext.get("callbacks"), list) else None
 
 
 async def _watch_disconnect(receive: Receive, guard: _Guard) -> None:
@@ -141,7 +158,14 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         guard = _Guard(task, self.cfg)
-        watcher = asyncio.create_task(_watch_disconnect(receive, guard))
+        hook = call.disconnect_hook
+        watcher = None
+        if hook is not None:
+            if hook.get("left"):
+                guard.client_left()
+            hook["callbacks"].append(guard.client_left)
+        else:
+            watcher = asyncio.create_task(_watch_disconnect(receive, guard))
         route_metrics = self.metrics.route(call.model, call.route)
         in_flight = route_metrics.in_flight
         in_flight.inc()
@@ -165,7 +189,10 @@ class Relay:
                                  send)
         finally:
             guard.stop()
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            if hook is not None:
+                hook["callbacks"].clear()  # one request per scope: nothing else registers
             in_flight.dec()
             self._record(call, route_metrics)
 

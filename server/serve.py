@@ -17,6 +17,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.app import create_app
 from server.config import ProxyConfig
+from server.relay import DISCONNECT_HOOK, disconnect_hook
 
 log = logging.getLogger("toposerve")
 
@@ -37,11 +38,23 @@ def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            # A fresh scope per request (made in on_message_begin): the relay registers there
+            # what to call if the client leaves, instead of a task waiting on receive().
+            hook: dict[object, object] = {"callbacks": [], "left": False}
+            self.scope.setdefault("extensions", {})[DISCONNECT_HOOK] = hook
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            cycle = self.cycle
             super().connection_lost(exc)
+            # uvicorn marks only the running cycle, and only before its response completed:
+            # exactly when its receive() would have answered http.disconnect.
+            hook = disconnect_hook(cycle.scope) if cycle is not None else None
+            if cycle is not None and cycle.disconnected and hook is not None:
+                hook["left"] = True
+                for callback in list(hook["callbacks"]):
+                    callback()
 
         def _arm(self) -> None:
             self._disarm()
