@@ -14,7 +14,7 @@ import hmac
 import json
 import logging
 import re
-import uuid
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -29,6 +29,7 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from server.admission import Admission
 from server.config import ProxyConfig
@@ -100,8 +101,12 @@ class Proxy:
             raise BodyTooLarge(f"request body of {declared} bytes is over the {limit}-byte limit "
                                "(raise it with --max-body-bytes)")
         chunks, size = [], 0
+        # A body uvicorn already holds whole (the usual case) comes in one receive() that does
+        # not wait: no timer to set up and cancel for it.
+        whole = _body_buffered(receive)
         try:
-            async with asyncio.timeout(self.cfg.body_timeout_s):
+            async with (contextlib.nullcontext() if whole
+                        else asyncio.timeout(self.cfg.body_timeout_s)):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
@@ -223,9 +228,16 @@ class ProxyApp:
         return self.fastapi.openapi()
 
 
+def _body_buffered(receive: Receive) -> bool:
+    """True when ``receive`` is uvicorn's and the request body has fully arrived."""
+    cycle = getattr(receive, "__self__", None)
+    return (type(cycle) is RequestResponseCycle and not cycle.more_body
+            and not cycle.disconnected)
+
+
 def pick_request_id(given: str) -> str:
-    """The client's X-Request-Id when it is a safe token, else a fresh one."""
-    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+    """The client's X-Request-Id when it is a safe token, else a fresh one (32 hex digits)."""
+    return given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(16)
 
 
 def request_id(request: Request) -> str:

@@ -52,6 +52,7 @@ class ProxyMetrics:
         info.labels(**{k: plan.get(k, "") for k in PLAN_LABELS}).set(1)
         self._models: set[str] = set()
         self._routes: dict[tuple[str, str], RouteMetrics] = {}
+        self._usage: dict[str, tuple[Any, Any]] = {}
 
     def route(self, model: str, route: str) -> RouteMetrics:
         """The children of one (model, route), cached: ``labels()`` takes a lock each call."""
@@ -60,6 +61,16 @@ class ProxyMetrics:
         if found is None:
             found = self._routes[key] = RouteMetrics(self, model, route)
         return found
+
+    def count_usage(self, model: str, prompt: int, generated: int) -> None:
+        """Token counters of one answer; their children cached per model (no ``labels()``
+        lock per request), and made only once a model has usage, as before."""
+        children = self._usage.get(model)
+        if children is None:
+            children = self._usage[model] = (self.prompt_tokens.labels(model),
+                                             self.generation_tokens.labels(model))
+        children[0].inc(prompt)
+        children[1].inc(generated)
 
     def model_label(self, model: object) -> str:
         """A bounded label: clients choose model names, so only the first few are kept."""

@@ -350,8 +350,7 @@ class Relay:
 
     def _count_usage(self, call: Call, usage: tuple[int, int] | None) -> None:
         if usage is not None:
-            self.metrics.prompt_tokens.labels(call.model).inc(usage[0])
-            self.metrics.generation_tokens.labels(call.model).inc(usage[1])
+            self.metrics.count_usage(call.model, usage[0], usage[1])
 
     # -- endings ------------------------------------------------------------------------------
 
