@@ -1,13 +1,17 @@
 """The hot path: one request forwarded to an engine replica and its answer relayed back.
 
-This is raw ASGI on purpose (the FastAPI surface hands over to it): per chunk it costs one
-upstream read, a few byte tests (server.sse) and one ``send`` — no generator, no middleware.
+This is raw ASGI on purpose (the FastAPI surface hands over to it). Under server.serve (uvicorn
+with httptools) a token event costs one upstream read, a few byte tests (server.sse) and one
+write to the client's socket, all in the engine connection's read callback (``_Stream.sink``):
+no task wake-up, no future, no ASGI message per token. Whatever that path cannot do exactly as
+``send`` would (client socket paused or gone, another server, the end of a stream) goes through
+the request's task and ``send``.
 
-Control flow: the request's own task does the exchange; a small watcher task waits on
-``receive()`` for the client's disconnect, and a single lazily re-armed timer enforces the
-first-byte and idle timeouts. Either cancels the request task with a recorded reason, and
-closing the upstream response (not returning the connection to the pool) is what makes vLLM
-abort the request.
+Control flow: the request's own task does the exchange; the client's disconnect comes from
+server.serve's protocol as a callback (elsewhere a small watcher task waits on ``receive()``),
+and a single lazily re-armed timer enforces the first-byte and idle timeouts. Either cancels the
+request task with a recorded reason, and closing the upstream response (not returning the
+connection to the pool) is what makes vLLM abort the request.
 """
 
 from __future__ import annotations
