@@ -231,8 +231,12 @@ class ProxyApp:
 def _body_buffered(receive: Receive) -> bool:
     """True when ``receive`` is uvicorn's and the request body has fully arrived."""
     cycle = getattr(receive, "__self__", None)
-    return (type(cycle) is RequestResponseCycle and not cycle.more_body
-            and not cycle.disconnected)
+    if type(cycle) is not RequestResponseCycle:
+        return False
+    try:
+        return not cycle.more_body and not cycle.disconnected
+    except AttributeError:  # a uvicorn that renamed them: take the general path
+        return False
 
 
 def pick_request_id(given: str) -> str:

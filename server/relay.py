@@ -491,10 +491,18 @@ class _DirectWriter:
     @classmethod
     def of(cls, send: Send) -> _DirectWriter | None:
         cycle = getattr(send, "__self__", None)
-        if (type(cycle) is RequestResponseCycle and cycle.response_started
-                and cycle.chunked_encoding is True and cycle.scope["method"] != "HEAD"):
-            return cls(cycle)
-        return None
+        if type(cycle) is not RequestResponseCycle:
+            return None
+        try:
+            usable = (cycle.response_started and cycle.chunked_encoding is True
+                      and cycle.scope["method"] != "HEAD")
+            # Everything ready() and write() touch, read once here: a uvicorn release that
+            # renamed any of it falls back to ``send`` instead of failing mid-stream.
+            _ = (cycle.disconnected, cycle.response_complete, cycle.flow.write_paused,
+                 cycle.transport.write)
+        except (AttributeError, KeyError):
+            return None
+        return cls(cycle) if usable else None
 
     def ready(self) -> bool:
         """What uvicorn's ``send`` would write at once: not paused (it would await), not gone."""

@@ -141,3 +141,22 @@ def test_gpu_collector_is_silent_without_gpus_or_when_nvml_fails() -> None:
     default = CollectorRegistry()
     default.register(GpuCollector())  # the real NVML: a scrape never fails, GPUs or not
     assert all(m.name.startswith("toposerve_gpu_") for m in default.collect())
+
+
+def test_uvicorn_fast_paths_fall_back_when_its_cycle_lacks_what_they_read() -> None:
+    # The per-token direct write and the whole-body check read attributes of uvicorn's
+    # RequestResponseCycle; one without them (as a renamed attribute in a later uvicorn would
+    # be) must send them down the general path, not fail mid-stream.
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from server.app import _body_buffered
+    from server.relay import _DirectWriter
+
+    bare = RequestResponseCycle.__new__(RequestResponseCycle)
+    assert _DirectWriter.of(bare.send) is None
+    assert _body_buffered(bare.receive) is False
+
+    async def not_uvicorn(message: object) -> None:
+        return None
+
+    assert _DirectWriter.of(not_uvicorn) is None  # another server: its own send
