@@ -159,9 +159,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         env["RAY_ADDRESS"] = args.ray_address
         if "--distributed-executor-backend" not in argv:
             argv += ["--distributed-executor-backend", "ray"]
-    # The proxy connects over loopback when vLLM listens on every address.
-    wildcard = args.engine_host in ("0.0.0.0", "::")
-    reach = "127.0.0.1" if wildcard else args.engine_host
+    reach = supervise.reachable_host(args.engine_host)
     replicas = replica_specs(argv, env, chosen.dp, reach, engine_port, bind=args.engine_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,

@@ -197,8 +197,7 @@ class Runner:
         assert proxy is not None
         # /ready, not /health: the banner must not be printed before the proxy's own health
         # check has seen the engine, or the first request would get a 503.
-        host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "::") else self.spec.host
-        url = f"http://{host}:{self.spec.port}/ready"
+        url = f"http://{supervise.reachable_host(self.spec.host)}:{self.spec.port}/ready"
         ok = supervise.wait_until(
             lambda: supervise.http_ok(url), 60.0, interval_s=0.2,
             abort=lambda: self.guard.stopping or not proxy.alive(),

@@ -164,6 +164,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def reachable_host(bind: str) -> str:
+    """Where to connect to something listening on ``bind``: loopback for a wildcard address."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
