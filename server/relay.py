@@ -349,8 +349,8 @@ class Relay:
                       send: Send) -> None:
         self.metrics.upstream_errors.labels(up.url, kind).inc()
         call.status = 502 if kind == "malformed" else 503
-        await _bounded(send, {"type": "http.response.body",
-                              "body": stream_error_event(message, kind)})
+        await _bounded(send({"type": "http.response.body",
+                             "body": stream_error_event(message, kind)}))
 
     def _count_usage(self, call: Call, usage: tuple[int, int] | None) -> None:
         if usage is not None:
@@ -370,9 +370,9 @@ class Relay:
                 else f"the engine did not answer within {self.cfg.first_byte_timeout_s:g} s")
         if call.started:
             call.status = 504
-            await _bounded(send, {"type": "http.response.body",
-                                  "body": stream_error_event(f"{what}; retry the request",
-                                                             "timeout")})
+            await _bounded(send({"type": "http.response.body",
+                                 "body": stream_error_event(f"{what}; retry the request",
+                                                            "timeout")}))
             return
         await self._fail(call, UpstreamTimeout(f"{what}; retry the request"), send)
 
@@ -381,12 +381,10 @@ class Relay:
             return
         call.status = exc.status
         if call.started:
-            await _bounded(send, {"type": "http.response.body",
-                                  "body": stream_error_event(exc.message, exc.code or "error")})
+            await _bounded(send({"type": "http.response.body",
+                                 "body": stream_error_event(exc.message, exc.code or "error")}))
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(FINAL_SEND_TIMEOUT_S):
-                await send_error(send, exc, call.request_id)
+        await _bounded(send_error(send, exc, call.request_id))
 
     def _record(self, call: Call, route_metrics: RouteMetrics) -> None:
         elapsed = time.perf_counter() - call.t_start
@@ -535,12 +533,12 @@ class _Timing:
         self.last = now
 
 
-async def _bounded(send: Send, message: Message) -> None:
+async def _bounded(sending: Awaitable[None]) -> None:
     """Send the last words of a failed request, but not forever: a client that stopped
     reading would hold the request's task; returning lets uvicorn close the connection."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FINAL_SEND_TIMEOUT_S):
-            await send(message)
+            await sending
 
 
 async def send_error(send: Send, exc: ProxyError, request_id: str) -> None:
