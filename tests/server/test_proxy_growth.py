@@ -6,12 +6,11 @@ import asyncio
 import contextlib
 import os
 import random
-import time
 from collections import Counter
 from pathlib import Path
 
 from server.simclient import stream
-from tests.server.conftest import SpawnProxy, sim_control
+from tests.server.conftest import SpawnProxy, sim_control, wait_for
 
 TOTAL = 10_000
 WARMUP = 1_500
@@ -51,12 +50,8 @@ def proxy_fds(pid: int, proxy_port: int, engine_port: int) -> Counter[str]:
 def settled(pid: int, proxy_port: int, engine_port: int) -> Counter[str]:
     """Descriptors once the last clients' connections are closed (the proxy sees a client's
     close a moment after the client made it)."""
-    deadline = time.monotonic() + 5
-    kinds = proxy_fds(pid, proxy_port, engine_port)
-    while kinds["client"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-        kinds = proxy_fds(pid, proxy_port, engine_port)
-    return kinds
+    wait_for(lambda: not proxy_fds(pid, proxy_port, engine_port)["client"], timeout=5)
+    return proxy_fds(pid, proxy_port, engine_port)
 
 
 def rss_bytes(pid: int) -> int:

@@ -156,15 +156,21 @@ def test_ten_megabyte_body_is_413(proxy: ProxyProc) -> None:
     assert httpx.get(proxy.url + "/health").status_code == 200
 
 
+def post_in_background(url: str, n: int) -> list[threading.Thread]:
+    """``n`` one-token completions posted from threads, already started (join them)."""
+    threads = [threading.Thread(target=httpx.post, args=(url + "/v1/completions",),
+                                kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
+               for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def test_too_many_in_flight_is_429_with_retry_after(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "1",
                     "--queue-timeout", "0.3")
     sim_control(sim_url, ttft=1.0)
-    threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
-                                kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
-               for _ in range(2)]
-    for t in threads:
-        t.start()
+    threads = post_in_background(p.url, 2)
     time.sleep(0.1)
     r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     error = assert_openai_error(r, 429)
@@ -273,11 +279,7 @@ def test_environment_keys_are_read() -> None:
 def test_queued_requests_are_counted(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5")
     sim_control(sim_url, ttft=1.0)
-    threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
-                                kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
-               for _ in range(3)]
-    for t in threads:
-        t.start()
+    threads = post_in_background(p.url, 3)
     time.sleep(0.4)
     assert "toposerve_requests_queued 2.0" in httpx.get(p.url + "/metrics").text
     for t in threads:

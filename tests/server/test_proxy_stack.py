@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+from tests.server.conftest import wait_for
+
 pytestmark = pytest.mark.stack
 
 TOOLS = [{"type": "function", "function": {
@@ -109,15 +111,6 @@ def vllm_metric(stack: Any, pattern: str) -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
-def eventually(check: Any, timeout: float, poll: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(poll)
-    return False
-
-
 # The oracle is vLLM's own token counter. The embedded model is so small that vLLM on the CPU
 # makes ~2,000 tokens a second: a request for 4,000 tokens runs out by itself in about two
 # seconds. So the client leaves as soon as the engine has started, and three seconds later vLLM
@@ -141,7 +134,7 @@ def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -
             assert chunk, f"the proxy closed the stream early: {received[:500]!r}"
             received += chunk
     else:
-        started = eventually(lambda: vllm_metric(stack, GENERATED) > generated, 30, poll=0.005)
+        started = wait_for(lambda: vllm_metric(stack, GENERATED) > generated, 30, 0.005)
         assert started, "vLLM generated nothing for the request"
     sock.close()
     time.sleep(3.0)
