@@ -2,13 +2,20 @@
 
     .venv/bin/python benchmarks/proxy_overhead.py [--ttft 0.05] [--itl 0.02] [--tokens 64]
         [--levels 1,64,256] [--rounds 3] [--sequential 20] [--json FILE]
+        [--proxy-cmd 'python other/proxy.py --upstream {upstream} --port {port}']
 
 Starts a simulated engine (TTFT 50 ms, then a token every 20 ms: a 70B model's pace) and the
 proxy in front of it, each in its own process, then for every concurrency level runs the
-same burst direct and proxied, alternating, ``--rounds`` times, and prints medians side by side
-with ratios. Level 1 is ``--sequential`` requests one after another. Throughput is generated
-tokens over the wall time of the burst; TTFT is the client's, from request sent to the first
-token event. The client is a lean raw-asyncio one (server.simclient) on uvloop.
+same burst direct and proxied, ``--rounds`` times, and prints medians side by side with ratios.
+Level 1 is ``--sequential`` requests one after another. Throughput is generated tokens over the
+wall time of the burst; TTFT is the client's, from request sent to the first token event. The
+client is a lean raw-asyncio one (server.simclient) on uvloop.
+
+The rounds are paired: each round runs both paths back to back, in alternating order (so
+neither always runs second, on a warmer or busier machine), and the verdict is the median of
+the per-round differences, with their interquartile range: on these shared machines a burst's
+TTFT p50 moves by several ms from one second to the next, and a pair shares most of that.
+``--proxy-cmd`` measures another proxy build (e.g. an older checkout) against the same engine.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -65,6 +73,26 @@ async def burst(url: str, concurrency: int, tokens: int, sequential: int) -> Rou
     return summarize(results, time.perf_counter() - t0)
 
 
+@dataclass(frozen=True)
+class Paired:
+    """Per-round proxied-minus-direct TTFT p50 (ms) and proxied/direct throughput."""
+
+    added_ms: list[float]
+    ratios: list[float]
+
+    def added(self, q: float = 50) -> float:
+        return percentile(self.added_ms, q)
+
+    def ratio(self, q: float = 50) -> float:
+        return percentile(self.ratios, q)
+
+
+def paired(direct: list[Round], proxied: list[Round]) -> Paired:
+    return Paired([p.ttft_p50_ms - d.ttft_p50_ms for d, p in zip(direct, proxied, strict=True)],
+                  [p.tok_per_s / d.tok_per_s if d.tok_per_s else float("nan")
+                   for d, p in zip(direct, proxied, strict=True)])
+
+
 def median_round(rounds: list[Round]) -> Round:
     def med(attr: str) -> float:
         return float(statistics.median(getattr(r, attr) for r in rounds))
@@ -74,10 +102,14 @@ def median_round(rounds: list[Round]) -> Round:
 
 
 @contextmanager
-def proxy_process(upstream: str, port: int) -> Iterator[tuple[str, int]]:
-    """Run ``python -m server`` in front of ``upstream``; yields its URL and pid."""
+def proxy_process(upstream: str, port: int,
+                  command: str | None = None) -> Iterator[tuple[str, int]]:
+    """Run ``python -m server`` (or ``command``, with {upstream} and {port} filled in) in front
+    of ``upstream``; yields its URL and pid."""
     argv = [sys.executable, "-m", "server", "--upstream", upstream, "--port", str(port),
             "--log-level", "warning"]
+    if command:
+        argv = shlex.split(command.format(upstream=upstream, port=port))
     proc = subprocess.Popen(argv, env={**os.environ, "TOPOSERVE_API_KEYS": ""})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -122,6 +154,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sequential", type=int, default=20)
     p.add_argument("--proxy-url", help="measure this running proxy instead of starting one")
+    p.add_argument("--proxy-cmd", help="start this command as the proxy ({upstream}, {port})")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     import uvloop
@@ -130,29 +163,33 @@ def main() -> None:
     report: dict[str, dict[str, object]] = {}
     with ExitStack() as stack:
         sim = stack.enter_context(spawn(SimConfig(ttft=a.ttft, itl=a.itl, max_model_len=1 << 20)))
-        proxy = a.proxy_url or stack.enter_context(proxy_process(sim, free_port()))[0]
+        proxy = a.proxy_url or stack.enter_context(
+            proxy_process(sim, free_port(), a.proxy_cmd))[0]
         # Warm the proxy's keep-alive pool to the largest level: a running proxy has its pool.
         uvloop.run(burst(proxy, max(levels), 2, 1))
         print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
-              f"{a.rounds} rounds (medians)")
+              f"{a.rounds} paired rounds (medians; [q1, q3] of the per-round differences)")
         header = (f"{'streams':>7} {'path':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
                   f"{'tok/s':>8} {'err':>4}")
         print(header)
         for level in levels:
             runs: dict[str, list[Round]] = {"direct": [], "proxied": []}
-            for _ in range(a.rounds):
-                for name, url in (("direct", sim), ("proxied", proxy)):
+            for i in range(a.rounds):
+                order = [("direct", sim), ("proxied", proxy)]
+                for name, url in order if i % 2 == 0 else order[::-1]:
                     runs[name].append(uvloop.run(burst(url, level, a.tokens, a.sequential)))
             d, pr = median_round(runs["direct"]), median_round(runs["proxied"])
+            pairs = paired(runs["direct"], runs["proxied"])
             for name, r in (("direct", d), ("proxied", pr)):
                 print(f"{level:>7} {name:>7} {r.ttft_p50_ms:>8.2f}m {r.ttft_p99_ms:>8.2f}m "
                       f"{r.itl_mean_ms:>6.2f}m {r.tok_per_s:>8.1f} {r.errors:>4}")
-            added = pr.ttft_p50_ms - d.ttft_p50_ms
-            ratio = pr.tok_per_s / d.tok_per_s if d.tok_per_s else float("nan")
-            print(f"{level:>7} {'=>':>7} TTFT p50 +{added:.2f} ms, "
-                  f"throughput {ratio:.1%} of direct")
+            added, ratio = pairs.added(), pairs.ratio()
+            print(f"{level:>7} {'=>':>7} TTFT p50 {added:+.2f} ms [{pairs.added(25):+.2f}, "
+                  f"{pairs.added(75):+.2f}], throughput {ratio:.1%} of direct "
+                  f"[{pairs.ratio(25):.1%}, {pairs.ratio(75):.1%}]")
             report[str(level)] = {"direct": asdict(d), "proxied": asdict(pr),
-                                  "ttft_p50_added_ms": added, "throughput_ratio": ratio}
+                                  "ttft_p50_added_ms": added, "throughput_ratio": ratio,
+                                  "paired": asdict(pairs)}
     if a.json:
         a.json.write_text(json.dumps(report, indent=2))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import logging
 import re
@@ -147,8 +148,11 @@ class Proxy:
             options = obj.get("stream_options") or {}
             if not options.get("include_usage"):
                 # Usage feeds the token counters; the client did not ask, so it is dropped again.
-                obj["stream_options"] = {**options, "include_usage": True}
-                body = json.dumps(obj).encode()
+                spliced = with_usage_option(body) if "stream_options" not in obj else None
+                if spliced is None:
+                    obj["stream_options"] = {**options, "include_usage": True}
+                    spliced = json.dumps(obj).encode()
+                body = spliced
                 strip = True
         query = scope.get("query_string", b"").decode("latin-1")
         call = Call(request_id=rid, method="POST", target=path + (f"?{query}" if query else ""),
@@ -239,9 +243,17 @@ def _body_buffered(receive: Receive) -> bool:
         return False
 
 
+# Fresh request ids: a random prefix per process and a counter (32 hex digits in all). Unique
+# is all they need to be; drawing 16 random bytes per request cost a getrandom() system call.
+_RID_PREFIX = secrets.token_hex(8)
+_rid_counter = itertools.count()
+
+
 def pick_request_id(given: str) -> str:
     """The client's X-Request-Id when it is a safe token, else a fresh one (32 hex digits)."""
-    return given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(16)
+    if given and _REQUEST_ID.fullmatch(given):
+        return given
+    return f"{_RID_PREFIX}{next(_rid_counter) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 def request_id(request: Request) -> str:
@@ -253,6 +265,22 @@ def request_id(request: Request) -> str:
 def _target(request: Request) -> str:
     query = request.url.query
     return request.url.path + (f"?{query}" if query else "")
+
+
+_USAGE_OPTION = b'{"stream_options":{"include_usage":true}'
+_JSON_SPACE = b" \t\r\n"
+
+
+def with_usage_option(body: bytes) -> bytes | None:
+    """``body``, a JSON object without "stream_options", with usage asked for: spliced in after
+    its opening brace instead of re-encoding the whole request (which cost more than parsing
+    it). None when the body is not plain UTF-8 text starting with ``{`` (json.loads also takes
+    a BOM or UTF-16/32): then re-encode."""
+    rest = body.lstrip(_JSON_SPACE)
+    if rest[:1] != b"{":
+        return None
+    rest = rest[1:]
+    return _USAGE_OPTION + (b"" if rest.lstrip(_JSON_SPACE)[:1] == b"}" else b",") + rest
 
 
 def parse_object(body: bytes) -> dict[str, Any]:

@@ -85,7 +85,7 @@ class _Guard:
     def __init__(self, task: asyncio.Task[Any], cfg: ProxyConfig) -> None:
         self.task = task
         self.cfg = cfg
-        self.loop = asyncio.get_running_loop()
+        self.loop = task.get_loop()
         self.reason: str | None = None
         self.active = True
         self.streaming = False

@@ -34,7 +34,8 @@ def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm()
+            if self._header_timer is None:  # a new connection's first request: armed already
+                self._arm()
 
         def on_headers_complete(self) -> None:
             self._disarm()

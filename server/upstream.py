@@ -40,6 +40,9 @@ class _Conn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.response: Response | None = None
+        # Made by create_connection inside the loop; kept so that waiting for a response does
+        # not look the running loop up each time (that costs a getpid() system call in 3.11).
+        self.loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -151,7 +154,7 @@ class Response:
         return data
 
     async def _wait(self) -> None:
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = self.conn.loop.create_future()
         try:
             await self.waiter
         finally:

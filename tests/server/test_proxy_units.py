@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from launcher.nvml import GpuSample
 from server.admission import Admission
+from server.app import pick_request_id, with_usage_option
 from server.config import parse_plan_info
 from server.errors import ConfigError
 from server.metrics import GpuCollector, ProxyMetrics
@@ -160,3 +162,34 @@ def test_uvicorn_fast_paths_fall_back_when_its_cycle_lacks_what_they_read() -> N
         return None
 
     assert _DirectWriter.of(not_uvicorn) is None  # another server: its own send
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","prompt":"p","stream":true}',
+    b'  \n{ "model" : "m", "stream": true, "messages": [{"role": "user", "content": "{"}]}',
+    b"{}",
+    b' { \t} ',
+    '{"model":"m","prompt":"größe ✓","stream":true}'.encode(),
+])
+def test_usage_option_is_spliced_into_the_request_unchanged_otherwise(body: bytes) -> None:
+    spliced = with_usage_option(body)
+    assert spliced is not None
+    assert json.loads(spliced) == {**json.loads(body),
+                                   "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize("body", [
+    '{"model":"m","stream":true}'.encode("utf-8-sig"),
+    '{"model":"m","stream":true}'.encode("utf-16"),
+])
+def test_usage_option_declines_bodies_that_are_not_plain_utf8(body: bytes) -> None:
+    assert json.loads(body)  # json.loads takes these ...
+    assert with_usage_option(body) is None  # ... the splice does not: the caller re-encodes
+
+
+def test_fresh_request_ids_are_distinct_32_hex_digit_tokens() -> None:
+    made = [pick_request_id("") for _ in range(1000)]
+    assert len(set(made)) == 1000
+    assert all(len(r) == 32 and int(r, 16) >= 0 for r in made)
+    assert pick_request_id("agent-42.turn-7") == "agent-42.turn-7"
+    assert pick_request_id("a b<script>") != "a b<script>"
