@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from server.admission import Admission
+from server.asgi import Receive, Scope, Send, disconnect_hook
 from server.config import ProxyConfig
 from server.errors import (
     BadRequest,
@@ -43,14 +44,14 @@ from server.errors import (
     Unauthorized,
     UpstreamUnavailable,
 )
+from server.front import Exchange
 from server.health import HealthChecker
 from server.metrics import GpuCollector, ProxyMetrics, route_label
-from server.relay import Call, Receive, Relay, Send, disconnect_hook, send_error
+from server.relay import Call, Relay, send_error
 from server.router import Router, affinity_key
 from server.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("toposerve.access")
-Scope = MutableMapping[str, Any]
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Not forwarded: hop-by-hop headers, the proxy's own credentials, and what the relay sets.
 _DROP_HEADERS = frozenset({
@@ -233,8 +234,10 @@ class ProxyApp:
 
 
 def _body_buffered(receive: Receive) -> bool:
-    """True when ``receive`` is uvicorn's and the request body has fully arrived."""
+    """True when ``receive`` is server.front's or uvicorn's and the whole body has arrived."""
     cycle = getattr(receive, "__self__", None)
+    if type(cycle) is Exchange:
+        return cycle.body_buffered()
     if type(cycle) is not RequestResponseCycle:
         return False
     try:

@@ -21,13 +21,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from server.admission import Admission
+from server.asgi import Receive, Send
 from server.config import ProxyConfig
 from server.errors import (
     ProxyError,
@@ -38,14 +39,11 @@ from server.errors import (
     error_body,
     stream_error_event,
 )
+from server.front import Exchange
 from server.metrics import ProxyMetrics, RouteMetrics
 from server.router import Router, Upstream
 from server.sse import SseInspector, usage_of_body
 from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response
-
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("toposerve.access")
 HOP_BY_HOP = frozenset({
@@ -120,19 +118,6 @@ class _Guard:
     def stop(self) -> None:
         self.active = False
         self.timer.cancel()
-
-
-# ASGI scope extension {"callbacks": [...], "left": bool}, offered by server.serve's protocol:
-# it calls the callbacks when the client's connection drops, and sets "left" for a request that
-# registers after that. The relay then needs no task per request blocked in receive() just to
-# learn of a disconnect; without the extension, such a task watches.
-DISCONNECT_HOOK = "toposerve.on_disconnect"
-
-
-def disconnect_hook(scope: Mapping[str, object]) -> dict[str, Any] | None:
-    extensions = scope.get("extensions")
-    ext = extensions.get(DISCONNECT_HOOK) if isinstance(extensions, dict) else None
-    return ext if isinstance(ext, dict) and isinstance(ext.get("callbacks"), list) else None
 
 
 async def _watch_disconnect(receive: Receive, guard: _Guard) -> None:
@@ -424,7 +409,7 @@ class _Stream:
         self.busy = False
         self.ending: tuple[bytes, int] | None = None
         self.failure: Exception | None = None
-        self.writer = _DirectWriter.of(send)
+        self.writer = direct_writer(send)
         if self.writer is not None:
             resp.sink = self.sink
 
@@ -468,6 +453,22 @@ class _Stream:
         self.resp.sink = None
         self.resp._wake()
         return True
+
+
+class ChunkWriter(Protocol):
+    def ready(self) -> bool:
+        """Whether ``send`` would write a body chunk at once (not paused, not gone)."""
+
+    def write(self, data: bytes) -> None:
+        """Write one body chunk of the started chunked response, exactly as ``send`` would."""
+
+
+def direct_writer(send: Send) -> ChunkWriter | None:
+    """What writes token events from the read callback for this ``send``, if anything can."""
+    owner = getattr(send, "__self__", None)
+    if type(owner) is Exchange:  # server.front's lean path: it writes chunks itself
+        return owner if owner.response_started and owner.chunked else None
+    return _DirectWriter.of(send)
 
 
 class _DirectWriter:

@@ -16,8 +16,9 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.app import create_app
+from server.asgi import DISCONNECT_HOOK, disconnect_hook
 from server.config import ProxyConfig
-from server.relay import DISCONNECT_HOOK, disconnect_hook
+from server.front import front_protocol
 
 log = logging.getLogger("toposerve")
 
@@ -84,8 +85,9 @@ def security_warnings(cfg: ProxyConfig) -> list[str]:
 
 def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
     settings: dict[str, Any] = dict(
-        host=cfg.host, port=cfg.port, loop="uvloop", http=protocol_with_header_timeout(
-            cfg.header_timeout_s), lifespan="on", access_log=False, log_level=cfg.log_level,
+        host=cfg.host, port=cfg.port, loop="uvloop", http=front_protocol(
+            protocol_with_header_timeout(cfg.header_timeout_s), cfg.header_timeout_s),
+        lifespan="on", access_log=False, log_level=cfg.log_level,
         timeout_graceful_shutdown=cfg.drain_timeout_s, server_header=False,
         timeout_keep_alive=75, log_config=None,
         proxy_headers=False)  # X-Forwarded-* are not used: no middleware for them per request

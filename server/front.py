@@ -1,0 +1,462 @@
+"""The proxy's HTTP/1.1 front: the two generation routes served without uvicorn's cycle.
+
+uvicorn (with httptools) is the server: it owns the sockets, the lifespan, signals and the
+graceful drain, and every request but one kind goes through its protocol to the FastAPI app.
+That one kind is the hot path: ``POST /v1/chat/completions`` and ``POST /v1/completions`` over
+HTTP/1.1 with a Content-Length body. For those, this protocol parses the request itself and
+hands ``Proxy.generation`` a small ``Exchange`` as its ASGI ``receive``/``send``, skipping what
+uvicorn sets up per connection and per request for the general case (socket address look-ups,
+flow-control and event objects, scope and state copies, header validation of the app's
+answer, message dispatch). Measured with benchmarks/proxy_cpu.py (docs/benchmarks-proxy.md).
+
+Anything else — another route or method, HTTP/1.0, ``Expect: 100-continue``, a chunked request
+body, an upgrade, a request httptools rejects — is handed over whole: the connection (with
+every byte of that request, and whatever followed it) goes to uvicorn's protocol for the rest of
+its life, exactly as if uvicorn had had it from the start. Requests are served one at a time
+per connection; bytes that arrive while one is being answered (pipelining) wait, unparsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+
+from server.asgi import DISCONNECT_HOOK, Message
+from server.errors import error_body
+
+log = logging.getLogger("toposerve")
+GENERATION_PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions"})
+HIGH_WATER = 64 * 1024  # unread request bytes at which reading pauses (as uvicorn does)
+_STATUS_LINES = {int(s): b"HTTP/1.1 %d %s\r\n" % (s, s.phrase.encode()) for s in http.HTTPStatus}
+_HEAD_END = b"\r\n\r\n"  # httptools (llhttp, strict) ends a head only at the first CRLFCRLF
+_NO_BODY = frozenset({204, 304})
+
+
+class Exchange:
+    """One lean request: its body as it arrives, and its response as the relay sends it.
+
+    ``receive`` and ``send`` follow the ASGI messages the relay uses; ``ready``/``write`` let
+    the relay's read callback write a token event straight to the socket (server.relay)."""
+
+    __slots__ = ("body", "chunked", "disconnected", "keep_alive", "more_body", "proto",
+                 "remaining", "response_complete", "response_started", "taken", "transport",
+                 "waiter")
+
+    def __init__(self, proto: FrontProtocol, keep_alive: bool) -> None:
+        self.proto = proto
+        self.transport = proto.transport
+        self.keep_alive = keep_alive
+        self.body = bytearray()
+        self.more_body = True  # until the request's last byte arrived
+        self.taken = False  # receive() handed out the end of the body
+        self.waiter: asyncio.Future[None] | None = None
+        self.response_started = False
+        self.response_complete = False
+        self.chunked = False
+        self.remaining = 0
+        self.disconnected = False
+
+    # -- fed by the protocol ---------------------------------------------------------------
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- ASGI receive ----------------------------------------------------------------------
+
+    def body_buffered(self) -> bool:
+        """The whole body is here: the next receive() will not wait."""
+        return not self.more_body and not self.disconnected
+
+    async def receive(self) -> Message:
+        while not self.disconnected:
+            if not self.taken and (self.body or not self.more_body):
+                body, more = bytes(self.body), self.more_body
+                self.body.clear()
+                self.taken = not more
+                self.proto.resume_reading()
+                return {"type": "http.request", "body": body, "more_body": more}
+            if self.taken and self.response_complete:
+                break  # after the answer, as uvicorn does: the request is over
+            self.waiter = self.proto.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return {"type": "http.disconnect"}
+
+    # -- ASGI send, and the relay's direct writes --------------------------------------------
+
+    def ready(self) -> bool:
+        return not (self.disconnected or self.response_complete or self.proto.write_paused)
+
+    def write(self, data: bytes) -> None:
+        """One body chunk of a started chunked response, written at once."""
+        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def send(self, message: Message) -> None:
+        if self.proto.write_paused and not self.disconnected:
+            await self.proto.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"expected http.response.start, got {kind}")
+            self._start(message["status"], message.get("headers", ()))
+            return
+        if self.response_complete or kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind} after the response")
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        if self.chunked:
+            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
+            if not more:
+                data += b"0\r\n\r\n"
+        else:
+            if len(body) > self.remaining:
+                raise RuntimeError("response longer than its content-length")
+            self.remaining -= len(body)
+            data = body
+        if data:
+            self.transport.write(data)
+        if not more:
+            if self.remaining:
+                raise RuntimeError("response shorter than its content-length")
+            self.response_complete = True
+            self.wake()
+            self.proto.response_done(self)
+
+    def _start(self, status: int, headers: Any) -> None:
+        self.response_started = True
+        parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        for name, value in self.proto.server_state.default_headers:  # date, as uvicorn sends
+            parts += (name, b": ", value, b"\r\n")
+        length: int | None = None
+        for name, value in headers:
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+                raise RuntimeError("invalid HTTP header")
+            name = name.lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+            elif name == b"transfer-encoding":
+                continue  # framing is this side's to choose
+            parts += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        if length is not None:
+            self.remaining = length
+        elif status in _NO_BODY or status < 200:
+            self.remaining = 0
+        else:
+            self.chunked = True
+            parts.append(b"transfer-encoding: chunked\r\n")
+        parts.append(b"\r\n")
+        self.transport.write(b"".join(parts))
+
+
+# (app, handler) -> the generation handler of that app, or None: the loaded app is looked at
+# once, not per connection.
+_handlers: dict[int, Callable[..., Any] | None] = {}
+
+
+def generation_handler(app: object) -> Callable[..., Any] | None:
+    """``Proxy.generation`` when uvicorn runs our ProxyApp bare (no middleware around it: a
+    wrapped app, e.g. under --log-level trace, gets everything through uvicorn)."""
+    key = id(app)
+    if key not in _handlers:
+        from server.app import ProxyApp  # here: server.app imports this module
+
+        _handlers[key] = app.proxy.generation if type(app) is ProxyApp else None
+    return _handlers[key]
+
+
+def front_protocol(fallback: type[asyncio.Protocol],
+                   header_timeout_s: float) -> type[asyncio.Protocol]:
+    """The protocol class for uvicorn's ``http=``; ``fallback`` (uvicorn's, with the header
+    timeout) takes over every connection this one does not serve itself."""
+
+    class Front(FrontProtocol):
+        pass
+
+    Front.fallback = fallback
+    Front.header_timeout_s = header_timeout_s
+    return Front
+
+
+class FrontProtocol(asyncio.Protocol):
+    fallback: type[asyncio.Protocol]
+    header_timeout_s: float
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.server_state = server_state
+        self.app_state = app_state
+        self.loop = _loop or asyncio.get_event_loop()
+        self.handler = generation_handler(config.loaded_app)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser: httptools.HttpRequestParser | None = None
+        self.buf = bytearray()  # received and not taken by a complete lean request
+        self.fed = 0  # bytes of buf the current parser has seen
+        self.exchange: Exchange | None = None  # the request being answered
+        self.waiting = False  # its request is complete: later bytes wait until it is answered
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.hook: dict[str, Any] = {"callbacks": [], "left": False}
+        self.length = 0
+        self.divert = False  # this request goes to uvicorn's protocol
+        self.consumed = -1  # bytes of buf the lean request took, once complete (this feed)
+        self.read_paused = False
+        self.write_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.keep_alive_timer = False  # the timer is the idle keep-alive one
+        self.handed_over = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server_state.connections.add(self)
+        self._arm(self.header_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handed_over:  # pragma: no cover - the transport has the new protocol
+            return
+        self.buf += data
+        if self.waiting:  # pipelined: parsed once the current answer is done
+            if len(self.buf) > HIGH_WATER:
+                self.pause_reading()
+            return
+        self._parse()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self._disarm()
+        ex = self.exchange
+        if ex is not None and not ex.response_complete:
+            ex.disconnected = True
+            ex.wake()
+            hook = self.hook
+            hook["left"] = True
+            for callback in list(hook["callbacks"]):
+                callback()
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    async def drain(self) -> None:
+        self.drain_waiter = self.loop.create_future()
+        try:
+            await self.drain_waiter
+        finally:
+            self.drain_waiter = None
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    # -- uvicorn's server calls this -------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Graceful shutdown: close now when idle, else once the answer is complete."""
+        if self.exchange is None:
+            self.transport.close()
+        else:
+            self.exchange.keep_alive = False
+
+    # -- parsing ---------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        if self.parser is None:
+            self.parser = httptools.HttpRequestParser(self)
+            self.fed = 0
+        data = bytes(self.buf[self.fed:])
+        self.fed = len(self.buf)
+        if not data:
+            return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            if self.consumed < 0:  # in the request being read: uvicorn answers (400, ...)
+                self.divert = True
+            # else in bytes after a complete lean request: they are parsed afresh later
+        if self.divert:
+            self._hand_over()
+        elif self.consumed >= 0:
+            if self.consumed > len(self.buf):  # framing disagrees with the parser: give up
+                log.error("lean HTTP path: request framing mismatch; closing the connection")
+                self.transport.close()
+                return
+            del self.buf[:self.consumed]
+            self.parser, self.consumed, self.waiting = None, -1, True
+            if len(self.buf) > HIGH_WATER:
+                self.pause_reading()
+
+    def on_message_begin(self) -> None:
+        if self.consumed >= 0 or self.divert:
+            return
+        self.url = b""
+        self.headers = []
+        if self.timer is None or self.keep_alive_timer:
+            self._arm(self.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        if self.consumed < 0:
+            self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.consumed < 0:
+            self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        if self.consumed >= 0 or self.divert:
+            return
+        self._disarm()
+        parser = self.parser
+        assert parser is not None
+        path, _, query = self.url.partition(b"?")
+        length = -1
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = int(value)  # llhttp accepted it: digits only, at most one
+            elif name in (b"transfer-encoding", b"expect", b"upgrade"):
+                length = -2
+                break
+        handler = self.handler
+        if (handler is None or length < 0 or path not in GENERATION_PATHS
+                or parser.get_method() != b"POST" or parser.get_http_version() != "1.1"):
+            self.divert = True
+            return
+        self.length = length
+        ex = self.exchange = Exchange(self, parser.should_keep_alive())
+        if length == 0:
+            ex.more_body = False
+        hook = self.hook = {"callbacks": [], "left": False}
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1", "scheme": "http", "method": "POST",
+            "path": path.decode("latin-1"), "raw_path": path, "root_path": "",
+            "query_string": query, "headers": self.headers, "server": None, "client": None,
+            "extensions": {DISCONNECT_HOOK: hook},
+        }
+        task = self.loop.create_task(handler(scope, ex.receive, ex.send))
+        task.add_done_callback(lambda t: self._task_done(t, ex))
+        self.server_state.tasks.add(task)
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.exchange
+        if ex is None or self.consumed >= 0 or self.divert:
+            return
+        ex.body += body
+        if len(ex.body) > HIGH_WATER:
+            self.pause_reading()
+        ex.wake()
+
+    def on_message_complete(self) -> None:
+        ex = self.exchange
+        if ex is None or self.consumed >= 0 or self.divert:
+            return
+        ex.more_body = False
+        ex.wake()
+        buf, start = self.buf, 0
+        while start < len(buf) and buf[start] in b"\r\n":  # llhttp skips blank lines first
+            start += 1
+        self.consumed = buf.find(_HEAD_END, start) + len(_HEAD_END) + self.length
+
+    # -- the end of an exchange -------------------------------------------------------------
+
+    def response_done(self, ex: Exchange) -> None:
+        self.server_state.total_requests += 1
+        if not ex.keep_alive or ex.more_body or self.transport.is_closing():
+            self.transport.close()  # an unread request body cannot be skipped safely
+            return
+        self.exchange = None
+        self.waiting = False
+        self.resume_reading()
+        if self.buf:  # a pipelined request: after this task step, not inside its send()
+            self.loop.call_soon(self._next)
+        else:
+            self._arm(self.config.timeout_keep_alive, keep_alive=True)
+
+    def _next(self) -> None:
+        if not self.waiting and not self.handed_over and not self.transport.is_closing():
+            self._parse()
+
+    def _task_done(self, task: asyncio.Task[None], ex: Exchange) -> None:
+        self.server_state.tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("lean HTTP path: %s: %s", type(exc).__name__, exc)
+        if ex.response_complete or ex.disconnected:
+            return
+        if not ex.response_started:
+            ex.keep_alive = False
+            body = json.dumps(error_body("internal error in the proxy; see its log",
+                                         "internal_error", None, None)).encode()
+            with contextlib.suppress(Exception):
+                ex._start(500, [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())])
+                self.transport.write(body)
+        self.transport.close()  # the answer cannot be completed: the client must see an end
+
+    # -- hand-over to uvicorn --------------------------------------------------------------
+
+    def _hand_over(self) -> None:
+        self.handed_over = True
+        self._disarm()
+        self.server_state.connections.discard(self)
+        other = self.fallback(config=self.config,  # type: ignore[call-arg]
+                              server_state=self.server_state, app_state=self.app_state,
+                              _loop=self.loop)
+        self.resume_reading()
+        other.connection_made(self.transport)
+        self.transport.set_protocol(other)
+        if self.write_paused:
+            other.pause_writing()
+        data, self.buf = bytes(self.buf), bytearray()
+        if data:
+            other.data_received(data)
+
+    # -- timers: the request head's deadline, then the idle keep-alive wait -----------------
+
+    def _arm(self, delay: float, keep_alive: bool = False) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(delay, self._expire)
+        self.keep_alive_timer = keep_alive
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self.exchange is None and not self.handed_over:
+            self.transport.close()
