@@ -23,12 +23,12 @@ import contextlib
 import http
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httptools
 
-from server.asgi import DISCONNECT_HOOK, Message
+from server.asgi import DISCONNECT_HOOK, Message, Receive, Scope, Send
 from server.errors import error_body
 
 log = logging.getLogger("toposerve")
@@ -165,36 +165,29 @@ class Exchange:
         self.transport.write(b"".join(parts))
 
 
-# (app, handler) -> the generation handler of that app, or None: the loaded app is looked at
-# once, not per connection.
-_handlers: dict[int, Callable[..., Any] | None] = {}
+Handler = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
 
 
-def generation_handler(app: object) -> Callable[..., Any] | None:
-    """``Proxy.generation`` when uvicorn runs our ProxyApp bare (no middleware around it: a
-    wrapped app, e.g. under --log-level trace, gets everything through uvicorn)."""
-    key = id(app)
-    if key not in _handlers:
-        from server.app import ProxyApp  # here: server.app imports this module
-
-        _handlers[key] = app.proxy.generation if type(app) is ProxyApp else None
-    return _handlers[key]
-
-
-def front_protocol(fallback: type[asyncio.Protocol],
+def front_protocol(app: object, generation: Handler, fallback: type[asyncio.Protocol],
                    header_timeout_s: float) -> type[asyncio.Protocol]:
-    """The protocol class for uvicorn's ``http=``; ``fallback`` (uvicorn's, with the header
-    timeout) takes over every connection this one does not serve itself."""
+    """The protocol class for uvicorn's ``http=``: ``generation`` serves the lean requests while
+    uvicorn runs ``app`` bare (wrapped in middleware, e.g. under --log-level trace, everything
+    goes through uvicorn); ``fallback`` (uvicorn's, with the header timeout) takes over every
+    connection this one does not serve itself."""
 
     class Front(FrontProtocol):
         pass
 
+    Front.app = app
+    Front.generation = staticmethod(generation)  # type: ignore[assignment]
     Front.fallback = fallback
     Front.header_timeout_s = header_timeout_s
     return Front
 
 
 class FrontProtocol(asyncio.Protocol):
+    app: object
+    generation: Handler
     fallback: type[asyncio.Protocol]
     header_timeout_s: float
 
@@ -206,7 +199,7 @@ class FrontProtocol(asyncio.Protocol):
         self.server_state = server_state
         self.app_state = app_state
         self.loop = _loop or asyncio.get_event_loop()
-        self.handler = generation_handler(config.loaded_app)
+        self.handler = self.generation if config.loaded_app is self.app else None
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser: httptools.HttpRequestParser | None = None
         self.buf = bytearray()  # received and not taken by a complete lean request

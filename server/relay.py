@@ -1,8 +1,9 @@
 """The hot path: one request forwarded to an engine replica and its answer relayed back.
 
-This is raw ASGI on purpose (the FastAPI surface hands over to it). Under server.serve (uvicorn
-with httptools) a token event costs one upstream read, a few byte tests (server.sse) and one
-write to the client's socket, all in the engine connection's read callback (``_Stream.sink``):
+This is raw ASGI on purpose (server.front, or the FastAPI surface, hands over to it). Under
+server.serve (server.front's Exchange, or uvicorn's httptools cycle) a token event costs one
+upstream read, a few byte tests (server.sse) and one write to the client's socket, all in the
+engine connection's read callback (``_Stream.sink``):
 no task wake-up, no future, no ASGI message per token. Whatever that path cannot do exactly as
 ``send`` would (client socket paused or gone, another server, the end of a stream) goes through
 the request's task and ``send``.

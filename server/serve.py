@@ -84,15 +84,17 @@ def security_warnings(cfg: ProxyConfig) -> list[str]:
 
 
 def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
+    app = create_app(cfg)
     settings: dict[str, Any] = dict(
         host=cfg.host, port=cfg.port, loop="uvloop", http=front_protocol(
-            protocol_with_header_timeout(cfg.header_timeout_s), cfg.header_timeout_s),
+            app, app.proxy.generation, protocol_with_header_timeout(cfg.header_timeout_s),
+            cfg.header_timeout_s),
         lifespan="on", access_log=False, log_level=cfg.log_level,
         timeout_graceful_shutdown=cfg.drain_timeout_s, server_header=False,
         timeout_keep_alive=75, log_config=None,
         proxy_headers=False)  # X-Forwarded-* are not used: no middleware for them per request
     settings.update(overrides)
-    return uvicorn.Config(create_app(cfg), **settings)
+    return uvicorn.Config(app, **settings)
 
 
 def run(cfg: ProxyConfig) -> None:
