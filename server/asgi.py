@@ -21,3 +21,15 @@ def disconnect_hook(scope: Mapping[str, object]) -> dict[str, Any] | None:
     extensions = scope.get("extensions")
     ext = extensions.get(DISCONNECT_HOOK) if isinstance(extensions, dict) else None
     return ext if isinstance(ext, dict) and isinstance(ext.get("callbacks"), list) else None
+
+
+def new_disconnect_hook() -> dict[str, Any]:
+    """A fresh hook for one request's scope (what a protocol offering the extension puts there)."""
+    return {"callbacks": [], "left": False}
+
+
+def client_left(hook: dict[str, Any]) -> None:
+    """The protocol's side: the client's connection dropped during this request."""
+    hook["left"] = True
+    for callback in list(hook["callbacks"]):
+        callback()

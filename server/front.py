@@ -28,7 +28,15 @@ from typing import Any
 
 import httptools
 
-from server.asgi import DISCONNECT_HOOK, Message, Receive, Scope, Send
+from server.asgi import (
+    DISCONNECT_HOOK,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    client_left,
+    new_disconnect_hook,
+)
 from server.errors import error_body
 
 log = logging.getLogger("toposerve")
@@ -208,7 +216,7 @@ class FrontProtocol(asyncio.Protocol):
         self.waiting = False  # its request is complete: later bytes wait until it is answered
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        self.hook: dict[str, Any] = {"callbacks": [], "left": False}
+        self.hook = new_disconnect_hook()
         self.length = 0
         self.divert = False  # this request goes to uvicorn's protocol
         self.consumed = -1  # bytes of buf the lean request took, once complete (this feed)
@@ -243,10 +251,7 @@ class FrontProtocol(asyncio.Protocol):
         if ex is not None and not ex.response_complete:
             ex.disconnected = True
             ex.wake()
-            hook = self.hook
-            hook["left"] = True
-            for callback in list(hook["callbacks"]):
-                callback()
+            client_left(self.hook)
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
 
@@ -351,7 +356,7 @@ class FrontProtocol(asyncio.Protocol):
         ex = self.exchange = Exchange(self, parser.should_keep_alive())
         if length == 0:
             ex.more_body = False
-        hook = self.hook = {"callbacks": [], "left": False}
+        hook = self.hook = new_disconnect_hook()
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.1", "scheme": "http", "method": "POST",

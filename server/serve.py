@@ -16,7 +16,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.app import create_app
-from server.asgi import DISCONNECT_HOOK, disconnect_hook
+from server.asgi import DISCONNECT_HOOK, client_left, disconnect_hook, new_disconnect_hook
 from server.config import ProxyConfig
 from server.front import front_protocol
 
@@ -42,8 +42,8 @@ def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
             self._disarm()
             # A fresh scope per request (made in on_message_begin): the relay registers there
             # what to call if the client leaves, instead of a task waiting on receive().
-            hook: dict[object, object] = {"callbacks": [], "left": False}
-            self.scope.setdefault("extensions", {})[DISCONNECT_HOOK] = hook
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
+            extensions[DISCONNECT_HOOK] = new_disconnect_hook()
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -54,9 +54,7 @@ def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
             # exactly when its receive() would have answered http.disconnect.
             hook = disconnect_hook(cycle.scope) if cycle is not None else None
             if cycle is not None and cycle.disconnected and hook is not None:
-                hook["left"] = True
-                for callback in list(hook["callbacks"]):
-                    callback()
+                client_left(hook)
 
         def _arm(self) -> None:
             self._disarm()
