@@ -5,7 +5,7 @@ cards, NoPermission in containers, ...) into the dump's ``"ERR:<name>"`` marker 
 exception. The pynvml module is a parameter everywhere, so tests drive this code with a stand-in
 module on machines without a GPU.
 
-The reading is a plain NVML dump (the format of ../shared/fixtures/topologies/*.nvml.json),
+The reading is a plain NVML dump (docs/topology-format.md; tests/fixtures/topologies/*.nvml.json),
 parsed by :func:`launcher.topology.from_nvml_dump`: a live machine and a saved dump take one path.
 """
 

@@ -1,6 +1,6 @@
 """Plan → the `vllm serve` command line and environment; Plan ↔ JSON. Pure.
 
-The JSON is the contract of ``launcher plan --json`` in ../shared/design/architecture.md, and
+The JSON (:func:`plan_to_json`) is what ``launcher plan --json`` prints, and
 ``plan_from_json`` reads it back for ``launcher serve --plan FILE``.
 """
 

@@ -4,9 +4,9 @@ A Topology comes from NVML (:mod:`launcher.nvml`) or from a saved file. Two file
 
 - the project's own JSON (``"format": "toposerve-topology/1"``, written by ``probe --save``;
   see docs/topology-format.md), and
-- the plain NVML dump of ``../shared/fixtures/topologies/*.nvml.json`` (raw NVML numbers, with
-  ``"ERR:<exception>"`` where NVML refused), which :mod:`launcher.nvml` also produces itself, so
-  both readings go through one parser.
+- the plain NVML dump (docs/topology-format.md, tests/fixtures/topologies/*.nvml.json: raw NVML
+  numbers, with ``"ERR:<exception>"`` where NVML refused), which :mod:`launcher.nvml` also
+  produces itself, so both readings go through one parser.
 
 ``Gpu.index`` is the NVML index, which is the CUDA index under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``;
 the renderer always sets that order, so a plan's GPU indices mean the same thing everywhere.
@@ -210,7 +210,7 @@ def _status(raw: Any) -> str | None:
 
 
 def from_nvml_dump(data: Mapping[str, Any], source: str = "nvml") -> Topology:
-    """Parse the plain NVML dump format (see ../shared/fixtures/topologies/README.md)."""
+    """Parse the plain NVML dump format (see docs/topology-format.md)."""
     try:
         raw_gpus = {int(g["index"]): g for g in data.get("gpus", [])}
         gpus = {i: _gpu_from_dump(g) for i, g in raw_gpus.items()}
@@ -236,7 +236,7 @@ def from_nvml_dump(data: Mapping[str, Any], source: str = "nvml") -> Topology:
     except (KeyError, TypeError, ValueError) as exc:
         raise TopologyError(
             f"{source}: not a usable NVML dump ({type(exc).__name__}: {exc}); "
-            "see ../shared/fixtures/topologies/README.md for the fields"
+            "see docs/topology-format.md for the fields"
         ) from exc
     driver = _val(data.get("driver"))
     return Topology(

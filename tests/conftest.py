@@ -24,7 +24,7 @@ import pytest
 from launcher.supervise import free_port, http_ok
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+TOPOLOGIES = REPO / "tests" / "fixtures" / "topologies"
 STACK_START_TIMEOUT_S = 900.0
 
 

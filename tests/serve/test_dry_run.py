@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO, SHARED, free_port
+from tests.conftest import REPO, TOPOLOGIES, free_port
 
-H200 = SHARED / "fixtures" / "topologies" / "h200x2-nvlink.nvml.json"
+H200 = TOPOLOGIES / "h200x2-nvlink.nvml.json"
 LLAMA70B = REPO / "benchmarks" / "gpu" / "models" / "llama-3.3-70b-shape"
 
 
