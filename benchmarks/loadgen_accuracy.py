@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/loadgen_accuracy.py [--quick] [--json FILE] [--no-vllm]
 
-For each case, a fresh simulated engine (server.simengine) sends token k of every request at
+For each case, a fresh simulated engine (simengine.engine) sends token k of every request at
 exactly t0 + TTFT + k·ITL. loadgen, then `vllm bench serve` (same shape, same simulator
 settings), measure it; the table shows each tool's TTFT p50 and decode tok/s p50 against the
 truth, the client CPU spent while requests were in flight (sampled from /proc, the same way for
@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from server.simengine import SimConfig, spawn  # noqa: E402
+from simengine.engine import SimConfig, spawn  # noqa: E402
 
 PROMPT, GEN = 512, 256
 TICK = os.sysconf("SC_CLK_TCK")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_overhead import burst, free_port, proxy_process
 
-from server.simengine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 

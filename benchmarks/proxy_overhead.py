@@ -9,7 +9,7 @@ proxy in front of it, each in its own process, then for every concurrency level 
 same burst direct and proxied, ``--rounds`` times, and prints medians side by side with ratios.
 Level 1 is ``--sequential`` requests one after another. Throughput is generated tokens over the
 wall time of the burst; TTFT is the client's, from request sent to the first token event. The
-client is a lean raw-asyncio one (server.simclient) on uvloop.
+client is a lean raw-asyncio one (simengine.client) on uvloop.
 
 The rounds are paired: each round runs both paths back to back, in alternating order (so
 neither always runs second, on a warmer or busier machine), and the verdict is the median of
@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.simclient import StreamResult, percentile, stream
-from server.simengine import SimConfig, spawn
+from simengine.client import StreamResult, percentile, stream
+from simengine.engine import SimConfig, spawn
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_overhead import free_port, proxy_process
 
-from server.simclient import percentile, stream
-from server.simengine import SimConfig, spawn
+from simengine.client import percentile, stream
+from simengine.engine import SimConfig, spawn
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""toposerve's OpenAI-compatible proxy in front of vLLM, and a simulated engine for tests.
+"""toposerve's OpenAI-compatible proxy in front of vLLM.
 
 The proxy's public API is ``create_app(config)``, ``run(config)`` and ``ProxyConfig``; they are
-loaded on first use so that ``python -m server.simengine`` stays light.
+loaded on first use so that importing a leaf module (``server.config``) stays light.
 """
 
 from __future__ import annotations

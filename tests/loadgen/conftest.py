@@ -1,4 +1,4 @@
-"""A simulated engine with known timings (server.simengine), in its own process."""
+"""A simulated engine with known timings (simengine.engine), in its own process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server.simengine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn
 
 TTFT = 0.08
 ITL = 0.012

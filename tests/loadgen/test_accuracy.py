@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from server.simengine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn
 from tests.loadgen.conftest import ITL, TTFT, run_cli
 
 GEN = 64

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from server.simengine import SimConfig, spawn
-from server.simfaults import parse_fault
+from simengine.engine import SimConfig, spawn
+from simengine.faults import parse_fault
 from tests.loadgen.conftest import run_cli
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from server.simengine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn
 
 REPO = Path(__file__).resolve().parents[2]
 

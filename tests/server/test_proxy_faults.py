@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from server.simengine import SimConfig, spawn_process
+from simengine.engine import SimConfig, spawn_process
 from tests.server.conftest import ProxyProc, SpawnProxy, free_port, sim_control, sim_stats, wait_for
 
 STREAM = {"prompt": "x", "max_tokens": 50, "stream": True}

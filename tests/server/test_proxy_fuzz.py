@@ -18,7 +18,7 @@ from schemathesis.generation import GenerationMode
 
 from server.app import create_app
 from server.config import ProxyConfig
-from server.simengine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn
 from tests.server.conftest import run_proxy
 
 SCHEMA = schemathesis.openapi.from_dict(

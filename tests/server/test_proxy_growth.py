@@ -9,7 +9,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from server.simclient import stream
+from simengine.client import stream
 from tests.server.conftest import SpawnProxy, sim_control, wait_for
 
 TOTAL = 10_000

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.simclient import StreamResult, stream
+from simengine.client import StreamResult, stream
 from tests.server.conftest import ProxyProc, SpawnProxy, sim_stats
 
 

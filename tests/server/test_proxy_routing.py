@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from server.router import Router, affinity_key
-from server.simengine import SimConfig, spawn, spawn_process
+from simengine.engine import SimConfig, spawn, spawn_process
 from tests.server.conftest import SpawnProxy, post_json, sim_control, sim_stats, wait_for
 
 

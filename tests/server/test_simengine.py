@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from server.simclient import stream
-from server.simengine import SimConfig, spawn
-from server.simfaults import Fault, FaultSpecError, parse_fault
-from server.simtokens import messages_token_ids, prompt_token_ids
+from simengine.client import stream
+from simengine.engine import SimConfig, spawn
+from simengine.faults import Fault, FaultSpecError, parse_fault
+from simengine.tokens import messages_token_ids, prompt_token_ids
 from tests.server.conftest import sim_stats, wait_for
 
 

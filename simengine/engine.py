@@ -1,6 +1,6 @@
 """A simulated OpenAI/vLLM engine with exact, drift-free timings, for benchmarks and fault tests.
 
-    python -m server.simengine --host 127.0.0.1 --port 8100 --ttft 0.05 --itl 0.02 [--model NAME]
+    python -m simengine --host 127.0.0.1 --port 8100 --ttft 0.05 --itl 0.02 [--model NAME]
 
 Timeline of a generation: the request is complete at t0 (the loop's monotonic clock, when the
 last body byte was parsed); streamed response headers go out at once; token k (k = 0..n-1) is
@@ -10,14 +10,14 @@ Chat streams send the role chunk together with token 0, the last token's chunk c
 ``data: [DONE]``. A non-streamed answer is written when its last token would be
 (``t0 + ttft + (n-1) * itl``). n = ``max_tokens`` (or ``max_completion_tokens``; default
 ``--default-max-tokens``); with ``--eos-after E`` a request without ``ignore_eos`` stops at
-``max(E, min_tokens)`` tokens with finish_reason "stop". Prompt tokens: see server.simtokens.
+``max(E, min_tokens)`` tokens with finish_reason "stop". Prompt tokens: see simengine.tokens.
 
 Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /health, /metrics
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
 /sim/control (POST JSON: fault, healthy, health_delay, refuse (true or seconds), ttft,
 itl).
-Faults: see server.simfaults.
+Faults: see simengine.faults.
 
 It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
 templates, so that 256 streams stay on time on two shared cores. The default event loop is the
@@ -48,8 +48,8 @@ from typing import Any, cast
 
 import httptools
 
-from server.simfaults import NO_FAULT, Fault, FaultSpecError, parse_fault
-from server.simtokens import PromptError, messages_token_ids, prompt_token_ids
+from simengine.faults import NO_FAULT, Fault, FaultSpecError, parse_fault
+from simengine.tokens import PromptError, messages_token_ids, prompt_token_ids
 
 READY_PREFIX = "simengine listening on "
 TOKEN_TEXT = " tok"
@@ -776,9 +776,13 @@ def spawn(cfg: SimConfig, timeout: float = 20.0) -> Iterator[str]:
 def spawn_process(cfg: SimConfig,
                   timeout: float = 20.0) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """Like spawn, also yielding the process (for tests that kill the engine)."""
-    argv = [sys.executable, "-m", "server.simengine", *config_to_argv(cfg)]
+    argv = [sys.executable, "-m", "simengine", *config_to_argv(cfg)]
+    # The child finds this package wherever the caller's working directory is (a benchmark run
+    # from another folder, an install that does not list simengine).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
     try:
         yield _await_ready(proc, timeout), proc
     finally:
@@ -828,7 +832,7 @@ def fault_to_spec(fault: Fault) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
-    p = argparse.ArgumentParser(prog="python -m server.simengine", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m simengine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100, help="0 picks a free port (printed)")
@@ -839,7 +843,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--default-max-tokens", type=int, default=16)
     p.add_argument("--eos-after", type=int, default=None,
                    help="stop after this many tokens unless ignore_eos (default: never)")
-    p.add_argument("--fault", default="", help="fault spec for every request (server.simfaults)")
+    p.add_argument("--fault", default="", help="fault spec for every request (simengine.faults)")
     p.add_argument("--accept-delay", type=float, default=0.0,
                    help="seconds a new connection waits before its request is read")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
