@@ -14,7 +14,7 @@ from dataclasses import replace
 from launcher import costmodel
 from launcher.errors import PlanError
 from launcher.explain import describe_choice, describe_model, describe_topology, no_fit, settings
-from launcher.layouts import Links, best_candidate, shapes
+from launcher.layouts import Links, Shape, best_candidate, shapes, structural_reject
 from launcher.modelspec import GIB, ModelSpec
 from launcher.multinode import multinode_candidates, per_node_note
 from launcher.plantypes import (
@@ -96,10 +96,20 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         concurrency=policy.streams,
     )
     context = policy.max_model_len or min(m.max_position_embeddings, m.tokens_fitting(4 * GIB))
+    # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
+    # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
+    tp, pp = policy.force_tp or 1, policy.force_pp or 1
+    why = structural_reject(m, Shape(tp, pp, 1))
+    if why:
+        raise PlanError(f"{why}; ask for a split the model allows")
+    split = [
+        f"TP={tp} PP={pp} as asked: {tp * pp} CPU worker processes; the prediction is "
+        "for one worker (the split is not modelled on the CPU)"
+    ] if tp * pp > 1 else []
     cand = Candidate(
-        "single",
-        1,
-        1,
+        mode_name(tp, pp, 1),
+        tp,
+        pp,
         1,
         (),
         "none",
@@ -114,11 +124,12 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         f"predicted on {policy.cpu_cores} CPU cores at an assumed {costmodel.CPU_MEM_GBS:g} GB/s "
         f"of DRAM bandwidth: prefill {pred.prefill_tok_s:.0f} tok/s, "
         f"decode {pred.decode_tok_s:.1f} tok/s",
+        *split,
     )
     return Plan(
-        mode="single",
-        tp=1,
-        pp=1,
+        mode=mode_name(tp, pp, 1),
+        tp=tp,
+        pp=pp,
         dp=1,
         gpus=(),
         engine="cpu",
