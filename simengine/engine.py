@@ -12,7 +12,8 @@ Chat streams send the role chunk together with token 0, the last token's chunk c
 ``--default-max-tokens``); with ``--eos-after E`` a request without ``ignore_eos`` stops at
 ``max(E, min_tokens)`` tokens with finish_reason "stop". Prompt tokens: see simengine.tokens.
 
-Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /health, /metrics
+Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/messages, /v1/responses
+(shapes of each: simengine.shapes), /tokenize, /health, /metrics
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
 /sim/control (POST JSON: fault, healthy, health_delay, refuse (true or seconds), ttft,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import heapq
 import itertools
 import json
@@ -38,7 +40,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,10 +50,10 @@ from typing import Any, cast
 import httptools
 
 from simengine.faults import NO_FAULT, Fault, FaultSpecError, parse_fault
+from simengine.shapes import ROUTES, Answer, Templates
 from simengine.tokens import PromptError, messages_token_ids, prompt_token_ids
 
 READY_PREFIX = "simengine listening on "
-TOKEN_TEXT = " tok"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class SimConfig:
     accept_delay: float = 0.0
     max_body_bytes: int = 64 * 1024 * 1024
     loop: str = "asyncio"
+    spaced_json: bool = False  # JSON as Python writes it by default, not vLLM's compact form
+    fingerprint: str | None = None  # system_fingerprint, placed where vLLM places it
 
 
 @dataclass
@@ -104,16 +107,23 @@ class _Request:
 
 @dataclass
 class _Plan:
-    """What one generation will send: sizes, byte templates and its fault."""
+    """What one generation will send: its answer's shape and sizes, and its fault."""
 
-    chat: bool
+    answer: Answer
     stream: bool
-    n_tokens: int
-    prompt_tokens: int
-    finish_reason: str
-    include_usage: bool
     fault: Fault
-    model: str
+
+    @property
+    def chat(self) -> bool:
+        return self.answer.kind == "chat"
+
+    @property
+    def n_tokens(self) -> int:
+        return self.answer.n_tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.answer.prompt_tokens
 
 
 class SimEngine:
@@ -312,13 +322,13 @@ def render_metrics(model: str, stats: SimStats) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _generate(eng: SimEngine, conn: _Connection, req: _Request, chat: bool) -> None:
+def _generate(eng: SimEngine, conn: _Connection, req: _Request, kind: str) -> None:
     body = _json_body(conn, req)
     if body is None:
         return
     try:
         fault = eng.fault_for(req)
-        plan = plan_generation(eng.cfg, body, chat, fault)
+        plan = plan_generation(eng.cfg, body, kind, fault)
     except (FaultSpecError, PromptError) as exc:
         _error(conn, 400, str(exc))
         return
@@ -337,14 +347,23 @@ def _generate(eng: SimEngine, conn: _Connection, req: _Request, chat: bool) -> N
     _Generation(eng, conn, plan).start()
 
 
-def plan_generation(cfg: SimConfig, body: dict[str, Any], chat: bool, fault: Fault) -> _Plan:
-    """Decide sizes from the request; raises PromptError (400) or LookupError (404)."""
+def plan_generation(cfg: SimConfig, body: dict[str, Any], kind: str, fault: Fault) -> _Plan:
+    """Decide sizes from the request; raises PromptError (400) or LookupError (404).
+
+    ``kind``: a value of shapes.ROUTES ("chat", "completion", "messages", "responses")."""
     model = body.get("model")
     if model is not None and model != cfg.model:
         raise LookupError(f"The model `{model}` does not exist.")
-    ids = messages_token_ids(body.get("messages")) if chat else prompt_token_ids(
-        body.get("prompt", ""))
-    max_tokens = body.get("max_completion_tokens") if chat else None
+    if kind == "completion":
+        ids = prompt_token_ids(body.get("prompt", ""))
+    elif kind == "responses":
+        given = body.get("input", "")
+        ids = prompt_token_ids(given) if isinstance(given, str) else messages_token_ids(given)
+    else:
+        ids = messages_token_ids(body.get("messages"))
+    max_tokens = body.get("max_completion_tokens") if kind == "chat" else None
+    if kind == "responses":
+        max_tokens = body.get("max_output_tokens")
     max_tokens = max_tokens if max_tokens is not None else body.get("max_tokens")
     max_tokens = cfg.default_max_tokens if max_tokens is None else max_tokens
     if not _is_count(max_tokens) or max_tokens < 1:
@@ -359,9 +378,16 @@ def plan_generation(cfg: SimConfig, body: dict[str, Any], chat: bool, fault: Fau
         raise PromptError("the simulated engine supports n=1 only")
     n, finish = _token_count(cfg, body, max_tokens)
     options = body.get("stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return _Plan(chat=chat, stream=bool(body.get("stream")), n_tokens=n, prompt_tokens=len(ids),
-                 finish_reason=finish, include_usage=include_usage, fault=fault, model=cfg.model)
+    if not isinstance(options, dict):
+        options = {}
+    include_usage = bool(options.get("include_usage"))
+    # As vLLM: continuous usage only together with include_usage.
+    continuous = include_usage and bool(options.get("continuous_usage_stats"))
+    answer = Answer(kind=kind, model=cfg.model, n_tokens=n, prompt_tokens=len(ids),
+                    finish_reason=finish, include_usage=include_usage,
+                    continuous_usage=continuous, spaced=cfg.spaced_json,
+                    fingerprint=cfg.fingerprint)
+    return _Plan(answer=answer, stream=bool(body.get("stream")), fault=fault)
 
 
 def _token_count(cfg: SimConfig, body: dict[str, Any], max_tokens: int) -> tuple[int, str]:
@@ -387,64 +413,10 @@ _ROUTES: dict[tuple[str, str], Callable[[SimEngine, _Connection, _Request], None
     ("GET", "/sim/stats"): _stats,
     ("POST", "/sim/reset"): _reset,
     ("POST", "/sim/control"): _control,
-    ("POST", "/v1/completions"): lambda e, c, r: _generate(e, c, r, chat=False),
-    ("POST", "/v1/chat/completions"): lambda e, c, r: _generate(e, c, r, chat=True),
+    **{("POST", path): functools.partial(_generate, kind=kind) for path, kind in ROUTES.items()},
 }
 
 
-class _Templates:
-    """Pre-rendered bytes of one generation's chunks, so a token costs one concatenation."""
-
-    def __init__(self, plan: _Plan) -> None:
-        rid = uuid.uuid4().hex
-        head = (f'{{"id":"{"chatcmpl" if plan.chat else "cmpl"}-{rid}","object":'
-                f'"{"chat.completion.chunk" if plan.chat else "text_completion"}",'
-                f'"created":{int(time.time())},"model":{json.dumps(plan.model)},')
-        self.head = head
-        text = json.dumps(TOKEN_TEXT)
-        finish = json.dumps(plan.finish_reason)
-        if plan.chat:
-            choice = '"choices":[{"index":0,"delta":{%s},"logprobs":null,"finish_reason":%s}]}'
-            self.role = _sse(head + choice % ('"role":"assistant","content":""', "null"))
-            self.token = _sse(head + choice % (f'"content":{text}', "null"))
-            self.last = _sse(head + choice % (f'"content":{text}', finish))
-        else:
-            choice = ('"choices":[{"index":0,"text":%s,"logprobs":null,"finish_reason":%s,'
-                      '"stop_reason":null}]}')
-            self.role = b""
-            self.token = _sse(head + choice % (text, "null"))
-            self.last = _sse(head + choice % (text, finish))
-        self.plan = plan
-
-    def usage(self, completion_tokens: int) -> bytes:
-        return _sse(self.head + '"choices":[],"usage":' + _usage(self.plan, completion_tokens)
-                    + "}")
-
-    def full_response(self) -> bytes:
-        plan = self.plan
-        text = json.dumps(TOKEN_TEXT * plan.n_tokens)
-        if plan.chat:
-            head = self.head.replace('"chat.completion.chunk"', '"chat.completion"')
-            choice = (f'{{"index":0,"message":{{"role":"assistant","content":{text},'
-                      '"tool_calls":[]}')
-        else:
-            head = self.head
-            choice = f'{{"index":0,"text":{text}'
-        choice += (f',"logprobs":null,"finish_reason":{json.dumps(plan.finish_reason)},'
-                   '"stop_reason":null}')
-        return (head + f'"choices":[{choice}],"usage":{_usage(plan, plan.n_tokens)}}}').encode()
-
-
-def _sse(payload: str) -> bytes:
-    return b"data: " + payload.encode() + b"\n\n"
-
-
-def _usage(plan: _Plan, completion: int) -> str:
-    return (f'{{"prompt_tokens":{plan.prompt_tokens},"total_tokens":'
-            f'{plan.prompt_tokens + completion},"completion_tokens":{completion}}}')
-
-
-DONE = b"data: [DONE]\n\n"
 GARBAGE = b'data: {"id": "broken\x00\xff not json\n\nevent without data\n\n'
 
 
@@ -453,7 +425,7 @@ class _Generation:
 
     def __init__(self, eng: SimEngine, conn: _Connection, plan: _Plan) -> None:
         self.eng, self.conn, self.plan = eng, conn, plan
-        self.tpl = _Templates(plan)
+        self.tpl = Templates(plan.answer)
         self.sent = 0
         self.first = 0.0
         self.t0 = 0.0
@@ -516,13 +488,9 @@ class _Generation:
             self._finish().end_chunks()
             return
         last = k == plan.n_tokens - 1
-        data = self.tpl.last if last else self.tpl.token
-        if k == 0 and plan.chat:
-            data = self.tpl.role + data
-        if last:
-            if plan.include_usage:
-                data += self.tpl.usage(plan.n_tokens)
-            data += DONE
+        data = self.tpl.last(k) if last else self.tpl.token(k)
+        if k == 0:
+            data = self.tpl.first + data
         self.conn.send_chunk(data)
         self.sent = k + 1
         stats.generation_tokens += 1
@@ -543,7 +511,7 @@ class _Generation:
             return
         self.eng.stats.generation_tokens += self.plan.n_tokens
         self.sent = self.plan.n_tokens
-        body = GARBAGE if fault.garbage_after is not None else self.tpl.full_response()
+        body = GARBAGE if fault.garbage_after is not None else self.tpl.full()
         conn = self._finish()
         conn.send_bytes(200, "application/json", body)
 
@@ -818,6 +786,10 @@ def config_to_argv(cfg: SimConfig) -> list[str]:
         argv += ["--eos-after", str(cfg.eos_after)]
     if cfg.fault.active:
         argv += ["--fault", fault_to_spec(cfg.fault)]
+    if cfg.spaced_json:
+        argv.append("--spaced-json")
+    if cfg.fingerprint is not None:
+        argv += ["--fingerprint", cfg.fingerprint]
     return argv
 
 
@@ -847,6 +819,10 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--accept-delay", type=float, default=0.0,
                    help="seconds a new connection waits before its request is read")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    p.add_argument("--spaced-json", action="store_true",
+                   help='write JSON as Python does by default ("a": 1), not compact as vLLM')
+    p.add_argument("--fingerprint", default=None,
+                   help="system_fingerprint to send (where vLLM puts it)")
     a = p.parse_args(argv)
     try:
         fault = parse_fault(a.fault)
@@ -855,7 +831,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     return SimConfig(host=a.host, port=a.port, ttft=a.ttft, itl=a.itl, model=a.model,
                      max_model_len=a.max_model_len, default_max_tokens=a.default_max_tokens,
                      eos_after=a.eos_after, fault=fault, accept_delay=a.accept_delay,
-                     loop=a.loop)
+                     loop=a.loop, spaced_json=a.spaced_json, fingerprint=a.fingerprint)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

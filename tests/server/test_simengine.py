@@ -201,3 +201,64 @@ def _healthy(url: str) -> bool:
         return httpx.get(url + "/health").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _sse_json(text: str) -> list[dict[str, object]]:
+    """The JSON of every data line, whether or not its event has an ``event:`` line."""
+    return [json.loads(line[6:]) for line in text.split("\n")
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@pytest.fixture(scope="module")
+def spaced_sim() -> Iterator[str]:
+    with spawn(SimConfig(ttft=0.0, itl=0.0, spaced_json=True, fingerprint="fp_sim")) as url:
+        yield url
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_spaced_engine_writes_default_json_and_places_the_fingerprint_as_vllm(
+        spaced_sim: str, usage: bool) -> None:
+    body = {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": usage}}
+    text = httpx.post(spaced_sim + "/v1/chat/completions", json=body).text
+    assert '"choices": [' in text
+    assert '"choices":[' not in text
+    chunks = _sse_json(text)
+    stamped = [c for c in chunks if "system_fingerprint" in c]
+    assert len(stamped) == 1
+    assert stamped[0]["system_fingerprint"] == "fp_sim"
+    # vLLM: on the usage chunk when usage is asked for, else on the chunk that ends the choice.
+    assert stamped[0]["choices"] == [] if usage else stamped[0] is chunks[-1]
+
+
+def test_continuous_usage_needs_include_usage_as_in_vllm(sim_url: str) -> None:
+    def chunks(options: dict[str, bool]) -> list[dict[str, object]]:
+        body = {"prompt": "a b", "max_tokens": 3, "stream": True, "stream_options": options}
+        return _sse_json(httpx.post(sim_url + "/v1/completions", json=body).text)
+
+    assert not [c for c in chunks({"continuous_usage_stats": True}) if "usage" in c]
+    every = chunks({"include_usage": True, "continuous_usage_stats": True})
+    assert all("usage" in c for c in every)
+    assert [c["usage"]["completion_tokens"] for c in every] == [1, 2, 3, 3]  # type: ignore[index]
+
+
+def test_messages_stream_has_anthropic_events(sim_url: str) -> None:
+    body = {"model": "sim-model", "max_tokens": 3, "stream": True,
+            "messages": [{"role": "user", "content": "a b c"}]}
+    text = httpx.post(sim_url + "/v1/messages", json=body).text
+    names = [line[7:] for line in text.split("\n") if line.startswith("event: ")]
+    assert names == ["message_start", "content_block_start", *["content_block_delta"] * 3,
+                     "content_block_stop", "message_delta", "message_stop"]
+    assert "[DONE]" not in text
+    whole = httpx.post(sim_url + "/v1/messages", json={**body, "stream": False}).json()
+    assert whole["content"] == [{"type": "text", "text": " tok" * 3}]
+    assert whole["usage"] == {"input_tokens": 3, "output_tokens": 3}
+
+
+def test_responses_stream_counts_its_sequence(sim_url: str) -> None:
+    body = {"input": "a b", "max_output_tokens": 2, "stream": True}
+    text = httpx.post(sim_url + "/v1/responses", json=body).text
+    data = _sse_json(text)
+    assert [d["type"] for d in data] == ["response.created", "response.output_text.delta",
+                                         "response.output_text.delta", "response.completed"]
+    assert [d["sequence_number"] for d in data] == [0, 1, 2, 3]
