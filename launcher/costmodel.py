@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher import hardware
+from launcher.memfit import embedding_bytes, stage_share
 from launcher.modelspec import ModelSpec
-from launcher.topology import Gpu, Pair, Topology, pair_link
+from launcher.topology import ASSUMED_PCIE_GEN, ASSUMED_PCIE_WIDTH, Gpu, Pair, Topology, pair_link
 
 # Achieved fractions of datasheet peaks. vLLM decode kernels stream weights at ~75-85% of peak
 # bandwidth on large GEMVs. The prefill fraction is per card (hardware.GpuModel.prefill_mfu).
@@ -38,6 +39,19 @@ STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with 
 # all-reduce, showed the same gap, so it is a cost per layer.
 EAGER_LAYER_S = 0.2e-3
 ACT_BYTES = 2  # bf16/fp16 activations on the wire
+# A request's fixed cost on the way to its first token besides the forward pass: the API server
+# tokenizes and hands it to the engine core over IPC, and the first token comes back through the
+# output processor and the proxy. Assumed (not fitted): 3 ms.
+REQUEST_OVERHEAD_S = 3.0e-3
+# A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
+# GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
+# weighted sum): assumed ~7 kernels at ~4 us each inside a CUDA graph for a decode step, and in
+# an eager prefill as much host-side launch cost again as the rest of the layer (EAGER_LAYER_S).
+# Assumptions made before the H200 MoE measurement (docs/benchmarks.md compares).
+MOE_LAYER_DECODE_S = 30e-6
+MOE_LAYER_EAGER_S = EAGER_LAYER_S
+# 4-bit weights at batch 1 stream at this share of the bf16 path's rate (weight_stream_efficiency)
+QUANT_B1_EFFICIENCY = 0.5
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
 # per-step overhead and the effective rate per core were measured on this project's 2-core
@@ -89,8 +103,9 @@ class Layout:
 def pcie_gbs(g: Gpu) -> float:
     """Achieved PCIe rate of a card: the generation it can reach (idle cards drop to Gen1, so
     the current generation misleads) at the width it negotiated (x8/x4 slots show there)."""
-    gen = g.pcie_gen_max or g.pcie_gen_cur or 3
-    width = g.pcie_width_cur or g.pcie_width_max or 16
+    gen = g.pcie_gen_max or g.pcie_gen_cur or ASSUMED_PCIE_GEN
+    # Unknown width: the slow case (topology.assumption_notes says so in the plan), capped by max.
+    width = g.pcie_width_cur or min(g.pcie_width_max or ASSUMED_PCIE_WIDTH, ASSUMED_PCIE_WIDTH)
     return hardware.PCIE_LANE_GBS.get(gen, 0.985) * width * hardware.PCIE_EFFICIENCY
 
 
@@ -106,7 +121,7 @@ def link_between(topo: Topology, a: Gpu, b: Gpu) -> Link:
         gbs = min(pcie_gbs(a), pcie_gbs(b))
     else:
         gbs = min(pcie_gbs(a), pcie_gbs(b)) * hardware.SHM_EFFICIENCY
-    if transport != "nvlink" and pair.common_ancestor == "SYS":
+    if transport != "nvlink" and pair.common_ancestor in ("SYS", None):  # unknown: across sockets
         gbs *= hardware.CROSS_SOCKET_FACTOR
     if m is not None and m.allreduce_gbs:
         gbs = m.allreduce_gbs  # what the all-reduce itself achieved: no factor needed
@@ -130,36 +145,62 @@ def group_link(topo: Topology, gpus: Sequence[Gpu]) -> Link:
 # ------------------------------------------------------------------------------ rates of a card
 
 
+# Each card's figures with what `probe --measure` timed on it (Gpu.perf) over the table's.
+
+
 def _mem_bytes_s(gpus: Sequence[Gpu]) -> float:
-    return min(hardware.gpu_model(g.name, g.cc).mem_bw_gbs for g in gpus) * 1e9 * MEM_EFFICIENCY
+    rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
+    return min(r.mem_bw_gbs for r in rows) * 1e9 * MEM_EFFICIENCY
 
 
 def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
-    return min(hardware.gpu_model(g.name, g.cc).bf16_tflops for g in gpus) * 1e12 * mfu
+    return min(hardware.gpu_model(g.name, g.cc, g.perf).bf16_tflops for g in gpus) * 1e12 * mfu
 
 
 def _prefill_flops_s(gpus: Sequence[Gpu]) -> float:
     """The slowest card's achieved prefill rate (its own measured or assumed MFU)."""
-    rows = [hardware.gpu_model(g.name, g.cc) for g in gpus]
+    rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
     return min(r.bf16_tflops * r.prefill_mfu for r in rows) * 1e12
 
 
-def embedding_bytes(m: ModelSpec) -> int:
-    """One vocab × hidden table in 16 bits (quantization leaves embeddings and LM head alone)."""
-    return m.vocab_size * m.hidden_size * 2
+def experts_touched(m: ModelSpec, tokens: float) -> float:
+    """Expected distinct experts a layer routes ``tokens`` tokens to: E·(1 − (1 − k/E)^tokens)
+    for top-k of E experts chosen independently per token."""
+    e, k = m.num_experts, max(1, m.experts_per_token)
+    if not e:
+        return 0.0
+    untouched: float = (1.0 - min(k, e) / e) ** max(1.0, tokens)
+    return e * (1.0 - untouched)
 
 
-def table_bytes(m: ModelSpec) -> int:
-    """The input embedding and, when untied, the LM head."""
-    return embedding_bytes(m) * (1 if m.tied_embeddings else 2)
-
-
-def streamed_weight_bytes(m: ModelSpec) -> float:
-    """Bytes a decode step reads: all weights except the input embedding table (one row is read);
-    for mixture-of-experts only the experts the batch routes to (bounded here by the active set)."""
+def streamed_weight_bytes(m: ModelSpec, tokens: float = 1.0) -> float:
+    """Bytes one forward pass of ``tokens`` tokens reads: every weight but the input embedding
+    table (one row per token is read), and of a mixture-of-experts only the experts routed to.
+    A batched step touches most experts (E·(1 − (1 − k/E)^B)), a single token only k."""
     untied_embed = 0 if m.tied_embeddings else embedding_bytes(m)
     dense = m.weight_bytes - untied_embed
-    return dense * (m.active_params / m.params) if m.num_experts else dense
+    if not m.num_experts:
+        return dense
+    expert_share = (
+        (m.params - m.active_params) / m.params / (1 - m.experts_per_token / m.num_experts)
+    )
+    experts = dense * expert_share  # all experts' bytes
+    return dense - experts + experts * experts_touched(m, tokens) / m.num_experts
+
+
+def weight_stream_efficiency(m: ModelSpec, batch: float) -> float:
+    """Share of MEM_EFFICIENCY that weight streaming reaches. 4-bit weights (AWQ/GPTQ through
+    vLLM's Marlin/Machete kernels) dequantize in the GEMV: at batch 1 they stream at about half
+    the rate of the bf16 path (issue 14's H200 measurement of a 70B and a 32B AWQ model: decode
+    at half the bf16 roofline's prediction), approaching it as the batch fills the tensor cores
+    (assumed linear up to 16 sequences; many-stream throughput was within 25% there)."""
+    if m.quantization in ("awq", "gptq") or (m.quantization and m.weight_bits <= 4):
+        return QUANT_B1_EFFICIENCY + (1 - QUANT_B1_EFFICIENCY) * min(1.0, (batch - 1) / 15)
+    return 1.0
+
+
+def moe_layers(m: ModelSpec) -> int:
+    return m.num_layers if m.num_experts else 0
 
 
 # --------------------------------------------------------------------------------- step times
@@ -185,17 +226,12 @@ def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
     gpus = [g for stage in lay.stages for g in stage]
     flops = 2.0 * m.active_params * tokens + _attention_flops(m, tokens, tokens) / 2  # causal
     compute = flops / (lay.tp * _prefill_flops_s(gpus))
-    memory = streamed_weight_bytes(m) / (lay.tp * _mem_bytes_s(gpus))
+    memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
     act = tokens * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
-    eager = m.num_layers * EAGER_LAYER_S
+    eager = m.num_layers * EAGER_LAYER_S + moe_layers(m) * MOE_LAYER_EAGER_S
     return max(compute, memory) + comm + hops + eager + STEP_OVERHEAD_S
-
-
-def stage_share(m: ModelSpec, pp: int) -> float:
-    """Fraction of the layers on the fullest pipeline stage (vLLM splits 62 layers 21/21/20)."""
-    return -(-m.num_layers // pp) / m.num_layers
 
 
 def _kv_shards(m: ModelSpec, tp: int) -> int:
@@ -208,14 +244,16 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     gpus = [g for stage in lay.stages for g in stage]
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     share = stage_share(m, lay.pp)
-    w_stage = streamed_weight_bytes(m) * share / lay.tp
+    w_stage = streamed_weight_bytes(m, micro) * share / lay.tp
+    w_stage /= weight_stream_efficiency(m, micro)
     kv_stage = micro * m.kv_bytes(context) * share / _kv_shards(m, lay.tp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
     flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) * share / lay.tp
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
-    stage = max(memory, compute) + comm + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
+    moe = moe_layers(m) * share * MOE_LAYER_DECODE_S
+    stage = max(memory, compute) + comm + moe + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
     return lay.pp * stage + STEP_OVERHEAD_S
@@ -225,7 +263,7 @@ def predict(
     m: ModelSpec, lay: Layout, *, prompt: int, gen: int, concurrency: int, max_num_seqs: int = 256
 ) -> Prediction:
     """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen)."""
-    ttft = prefill_s(m, lay, prompt)
+    ttft = prefill_s(m, lay, prompt) + REQUEST_OVERHEAD_S
     ctx_mid = prompt + gen // 2
     tpot = decode_step_s(m, lay, 1, ctx_mid)
     per_replica = max(1, -(-concurrency // lay.dp))
@@ -251,7 +289,7 @@ def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency:
     """The CPU engine, one replica: the same roofline with DRAM and AVX rates."""
     flops_s = max(1, cores) * CPU_GFLOPS_PER_CORE * 1e9
     mem_s = CPU_MEM_GBS * 1e9
-    weights = streamed_weight_bytes(m)
+    weights = streamed_weight_bytes(m, 1)
     over = CPU_STEP_OVERHEAD_S
     ttft = max(2.0 * m.active_params * prompt / flops_s, weights / mem_s) + over
     tpot = max(weights / mem_s, 2.0 * m.active_params / flops_s) + over

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
-from launcher import costmodel, hardware
+from launcher import hardware, memfit, whatif
 from launcher.errors import PlanError
-from launcher.layouts import (
-    Links,
-    kv_shards,
-    overhead_per_gpu,
-    weights_per_gpu,
-)
-from launcher.modelspec import GIB, ModelSpec
+from launcher.layouts import Links
+from launcher.modelspec import ModelSpec
 from launcher.plantypes import MIN_CONTEXT, Candidate, Plan, Policy, gib, label
 from launcher.topology import ANCESTOR_RANK, Topology
 
@@ -140,21 +134,11 @@ def describe_choice(
 # ----------------------------------------------------------------------------------- no fit
 
 
-def _variant(m: ModelSpec, bits: float) -> ModelSpec:
-    embed = costmodel.embedding_bytes(m)
-    linear_params = m.params - embed // 2
-    return replace(
-        m,
-        weight_bytes=int(linear_params * bits / 8 * 1.03 + embed),
-        quantization=f"{bits:g}-bit",
-        weight_bits=bits,
-    )
-
-
 def no_fit(
     topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate], replan: Replan
 ) -> PlanError:
-    """GiB needed against GiB available, and what would fit (``replan`` plans the variants)."""
+    """GiB needed against GiB available, and what would fit, each with its context length."""
+    del replan  # the alternatives are sized with memfit directly
     sized = [c for c in cands if c.budget_gib > 0]
     if not sized:
         why = "; ".join(sorted({c.rejected or "" for c in cands}))
@@ -168,35 +152,16 @@ def no_fit(
         f"has {biggest.budget_gib} GiB per GPU "
         f"({n} × {biggest.budget_gib} = {n * biggest.budget_gib:.1f} GiB)"
     )
-    fixes = []
-    for bits, variant in ((8.0, "an FP8 variant"), (4.0, "a 4-bit AWQ/GPTQ variant")):
-        if m.weight_bits > bits:
-            v = _variant(m, bits)
-            try:
-                vp = replan(topo, v, replace(policy, force_tp=None, force_pp=None, force_dp=None))
-            except PlanError:
-                continue
-            fixes.append(
-                f"{variant} (~{gib(v.weight_bytes)} GiB of weights) as TP={vp.tp} PP={vp.pp}"
-            )
-            break
-    budget = max(c.budget_gib for c in sized) * GIB
-    kv_wanted = m.kv_bytes(wanted)
-    for k in (2, 4, 8, 16, 32, 64):
-        need = (
-            weights_per_gpu(m, k, 1)
-            + overhead_per_gpu(m, k, 1)
-            + kv_wanted / min(k, m.num_kv_heads)
-        )
-        if k > len(topo.gpus) and m.num_heads % k == 0 and need <= budget:
-            fixes.append(f"{k} GPUs like these as TP={k} ({gib(need)} GiB per GPU)")
-            break
-    rooms = [
-        (c.budget_gib * GIB - weights_per_gpu(m, c.tp, c.pp) - overhead_per_gpu(m, c.tp, c.pp), c)
-        for c in sized
-    ]
-    room, c = max(rooms, key=lambda rc: rc[0])
-    shorter = m.tokens_fitting(room * kv_shards(m, c.tp, c.pp)) if room > 0 else 0
+    util = policy.gpu_memory_utilization
+    fixes = whatif.say(whatif.options(m, topo.gpus, biggest, util, wanted), wanted)
+    rooms = []
+    for c in sized:
+        gpus = [g for g in topo.gpus if g.index in c.gpus]
+        f = memfit.fit(m, gpus, c.tp, c.pp, util)
+        rooms.append((f.context if f.kv_budget > 0 else 0, c))
+    shorter, c = max(rooms, key=lambda rc: rc[0])
     if shorter >= 256:
         fixes.append(f"a shorter context, --max-model-len {shorter} ({label(c)})")
+    if not fixes:
+        return PlanError(msg + ". Nothing toposerve knows of would fit on these GPUs")
     return PlanError(msg + ". Would fit: " + "; or ".join(fixes))

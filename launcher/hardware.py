@@ -7,7 +7,11 @@ an inference GEMM uses; GeForce cards run that at half their FP16-accumulate rat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.gpuperf import GpuPerf
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,39 @@ FALLBACK_BY_CC: dict[tuple[int, int], GpuModel] = {
 GENERIC = GpuModel("unknown", 300, 30)
 
 
-def gpu_model(name: str, cc: tuple[int, int] | None = None) -> GpuModel:
-    """The table row for an NVML name; else the compute-capability fallback; else GENERIC."""
+def gpu_model(
+    name: str, cc: tuple[int, int] | None = None, perf: GpuPerf | None = None
+) -> GpuModel:
+    """The table row for an NVML name; else the compute-capability fallback; else GENERIC.
+
+    With ``perf`` (what `probe --measure` timed on this very card), the figures it measured
+    replace the row's: see :func:`with_measured`.
+    """
+    row = _table_row(name, cc)
+    return row if perf is None else with_measured(row, perf)
+
+
+def with_measured(row: GpuModel, perf: GpuPerf) -> GpuModel:
+    """The row with measured rates in place of datasheet peak x assumed efficiency.
+
+    The cost model takes ``mem_bw_gbs x costmodel.MEM_EFFICIENCY`` for decode reads and
+    ``bf16_tflops x prefill_mfu`` for prefill; the measured figures are already achieved rates,
+    so they are stored so that those products come out as measured. A datasheet peak below a
+    measured rate (a fallback row for a card the table lacks) is raised to it.
+    """
+    from launcher.costmodel import MEM_EFFICIENCY  # costmodel imports this module
+
+    mem, tflops, mfu = row.mem_bw_gbs, row.bf16_tflops, row.prefill_mfu
+    if perf.decode_gbs is not None:
+        mem = perf.decode_gbs / MEM_EFFICIENCY
+    if perf.prefill_tflops is not None:
+        tflops = max(row.bf16_tflops, perf.prefill_tflops)
+        mfu = perf.prefill_tflops / tflops
+    return replace(row, key=f"{row.key} (measured)", mem_bw_gbs=mem, bf16_tflops=tflops,
+                   prefill_mfu=mfu)
+
+
+def _table_row(name: str, cc: tuple[int, int] | None) -> GpuModel:
     low = name.lower()
     for row in sorted(GPU_TABLE, key=lambda r: -len(r.key)):
         if row.key.lower() in low:
@@ -122,10 +157,13 @@ NVLINK_EFFICIENCY = 0.9
 # with NCCL_P2P_DISABLE=1 (SHM) -> the SHM figure below.
 ALLREDUCE_LATENCY_S = {"nvlink": 6e-6, "p2p-pcie": 8e-6, "shm": 18e-6, "net": 30e-6, "none": 0.0}
 
-# NCCL's SHM transport copies GPU → pinned host buffer → GPU in 4-8 slices with a host-side
-# handshake per slice; the field figure that two RTX 3090 at x8/x8 lose ~30% of TP prompt
-# speed to it (NVLink vs SHM) gives its effective rate as ~1/3 of one link's PCIe rate.
-SHM_EFFICIENCY = 0.33
+# NCCL's SHM transport copies GPU → pinned host buffer → GPU in slices with a host-side
+# handshake per slice. Its all-reduce bus bandwidth as a share of the PCIe figure above: 0.54,
+# measured by `probe --measure` on the lent 2 x H200 with NCCL_P2P_DISABLE=1 (27.3 GB/s against
+# 50.4 GB/s for Gen5 x16 × 0.8). An ASSUMPTION for every other machine, which a measurement
+# replaces. (It was 0.33, fitted to a field figure for 2 x RTX 3090 (~30% TP prompt speed lost
+# without P2P); on the H200s that made the SHM link 16.6 GB/s, 39% below what NCCL achieved.)
+SHM_EFFICIENCY = 0.54
 
 # PCIe traffic between GPUs on different sockets crosses QPI/UPI or xGMI, where peer writes and
 # host-memory bounces run at roughly half their single-socket rate (NCCL's topology code gives

@@ -1,4 +1,8 @@
-"""Layouts of a model on GPUs: memory fit, GPU grouping, one evaluated candidate. Pure."""
+"""Candidate search: every (TP, PP, DP) shape, the GPUs grouped for it, each one evaluated. Pure.
+
+Memory comes from :mod:`launcher.memfit`, speed from :mod:`launcher.costmodel`; this module only
+enumerates, groups and ranks.
+"""
 
 from __future__ import annotations
 
@@ -6,55 +10,12 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from launcher import costmodel, hardware
+from launcher import costmodel, hardware, memfit
 from launcher.costmodel import Layout, Link, Prediction
-from launcher.modelspec import GIB, ModelSpec
+from launcher.memfit import Fit
+from launcher.modelspec import ModelSpec
 from launcher.plantypes import MIN_CONTEXT, Candidate, Policy, gib, mode_name
 from launcher.topology import Gpu, Topology
-
-BASE_OVERHEAD_BYTES = 1.0 * GIB  # CUDA context, cuBLAS workspace, CUDA graphs
-PARALLEL_OVERHEAD_BYTES = 0.25 * GIB  # NCCL buffers and the custom all-reduce's IPC buffers
-BATCHED_TOKENS = 2048  # vLLM's default max_num_batched_tokens with chunked prefill
-
-
-# ------------------------------------------------------------------------------------ memory
-
-
-@dataclass(frozen=True)
-class Fit:
-    budget: float  # bytes per GPU
-    need_fixed: float  # weights + overhead on the fullest GPU
-    kv_budget: float  # KV bytes of one replica, all its GPUs together
-    context: int  # the longest sequence the KV cache holds
-
-
-def weights_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
-    # PP splits the layers evenly and gives the embedding to the first stage, the LM head to
-    # the last (a copy of the embedding when they are tied); TP splits the tables by vocabulary.
-    tables = costmodel.table_bytes(m)
-    per_stage = costmodel.embedding_bytes(m) if pp > 1 else tables
-    return (m.weight_bytes - tables) * costmodel.stage_share(m, pp) / tp + per_stage / tp
-
-
-def overhead_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
-    act = BATCHED_TOKENS * (4 * m.hidden_size + 2 * m.intermediate_size / tp) * 2
-    par = PARALLEL_OVERHEAD_BYTES if tp * pp > 1 else 0.0
-    return BASE_OVERHEAD_BYTES + par + act
-
-
-def kv_shards(m: ModelSpec, tp: int, pp: int) -> float:
-    """Into how many parts the KV cache divides: KV heads over TP (replicated past the head
-    count), layers over PP (the fullest stage sets the size)."""
-    return min(tp, m.num_kv_heads) / costmodel.stage_share(m, pp)
-
-
-def fit(m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float) -> Fit:
-    budget = min(g.memory_bytes for g in gpus) * util  # vLLM sizes every worker like the smallest
-    fixed = weights_per_gpu(m, tp, pp) + overhead_per_gpu(m, tp, pp)
-    shards = kv_shards(m, tp, pp)
-    kv_budget = max(0.0, budget - fixed) * shards
-    return Fit(budget, fixed, kv_budget, m.tokens_fitting(kv_budget))
-
 
 # ---------------------------------------------------------------------------------- grouping
 
@@ -223,13 +184,13 @@ def evaluate(
     internode: Link | None,
 ) -> tuple[Candidate, Layout | None]:
     replica = groups[0]
-    f = fit(m, [g for grp in groups for g in grp], s.tp, s.pp, policy.gpu_memory_utilization)
+    f = memfit.fit(m, [g for grp in groups for g in grp], s.tp, s.pp, policy.gpu_memory_utilization)
     lay = _layout(links, groups, s, m, f, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
     )
     wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
-    need = f.need_fixed + m.kv_bytes(wanted) / kv_shards(m, s.tp, s.pp)
+    need = memfit.need_per_gpu(f, m, s.tp, s.pp, wanted)
     gpus = tuple(g.index for grp in groups for g in grp)
     cand = Candidate(
         mode_name(s.tp, s.pp, s.dp),
@@ -246,14 +207,13 @@ def evaluate(
         return replace(
             cand,
             rejected=(
-                f"needs {gib(need)} GiB per GPU ({gib(weights_per_gpu(m, s.tp, s.pp))} weights + "
+                f"needs {gib(need)} GiB per GPU ({gib(f.weights)} weights + "
                 f"{gib(need - f.need_fixed)} KV for {wanted} tokens + "
-                f"{gib(overhead_per_gpu(m, s.tp, s.pp))} "
-                f"overhead), has {gib(f.budget)} GiB ({policy.gpu_memory_utilization} × "
-                f"{gib(smallest.memory_bytes)} GiB of {smallest.name})"
+                f"{gib(f.overhead)} overhead), has {gib(f.budget)} GiB "
+                f"({policy.gpu_memory_utilization} × {gib(smallest.memory_bytes)} GiB of "
+                f"{smallest.name})"
             ),
         ), None
-    context = min(f.context, m.max_position_embeddings)
     pred = costmodel.predict(
         m,
         lay,
@@ -262,7 +222,7 @@ def evaluate(
         concurrency=policy.streams,
         max_num_seqs=policy.max_num_seqs,
     )
-    return replace(cand, predicted=pred, max_model_len=policy.max_model_len or context), lay
+    return replace(cand, predicted=pred, max_model_len=policy.max_model_len or f.context), lay
 
 
 def rank_key(p: Prediction, workload: str) -> tuple[float, float]:

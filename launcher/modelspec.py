@@ -40,6 +40,19 @@ _FAMILIES = {
 
 
 @dataclass(frozen=True)
+class KvGroup:
+    """Layers that hold KV cache of one shape: full attention, or a sliding window of ``window``."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    window: int | None = None  # tokens a sliding-window layer keeps; None for full attention
+
+    def bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
+        return 2 * self.kv_heads * self.head_dim * kv_dtype_bytes  # K and V
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     architecture: str
@@ -64,6 +77,23 @@ class ModelSpec:
     num_experts: int = 0
     tied_embeddings: bool = True  # the LM head reuses the input embedding table
     path: str | None = None
+    experts_per_token: int = 0  # top-k of a mixture-of-experts router
+    moe_intermediate_size: int = 0
+    # Layers with their own KV cache, by shape; empty means num_layers × (kv_heads, head_dim),
+    # ``sliding_layers`` of them windowed. Gemma 4 differs per layer type and shares KV layers.
+    layer_kv: tuple[KvGroup, ...] = ()
+
+    @property
+    def kv_groups(self) -> tuple[KvGroup, ...]:
+        if self.layer_kv:
+            return self.layer_kv
+        full = KvGroup(self.full_layers, self.num_kv_heads, self.head_dim)
+        if not self.sliding_layers:
+            return (full,)
+        return (
+            full,
+            KvGroup(self.sliding_layers, self.num_kv_heads, self.head_dim, self.sliding_window),
+        )
 
     @property
     def full_layers(self) -> int:
@@ -74,9 +104,10 @@ class ModelSpec:
 
     def kv_bytes(self, tokens: int, kv_dtype_bytes: int = 2) -> int:
         """KV cache of one sequence of ``tokens`` tokens; sliding layers keep only their window."""
-        per = self.kv_bytes_per_layer_token(kv_dtype_bytes)
-        window = min(tokens, self.sliding_window or tokens)
-        return per * (self.full_layers * tokens + self.sliding_layers * window)
+        return sum(
+            g.layers * g.bytes_per_token(kv_dtype_bytes) * min(tokens, g.window or tokens)
+            for g in self.kv_groups
+        )
 
     def kv_bytes_per_token(self, context: int | None = None, kv_dtype_bytes: int = 2) -> float:
         """Average KV bytes per token of a sequence ``context`` long (default: the full context)."""
@@ -85,15 +116,16 @@ class ModelSpec:
 
     def tokens_fitting(self, kv_budget_bytes: float, kv_dtype_bytes: int = 2) -> int:
         """The longest single sequence whose KV cache fits in ``kv_budget_bytes``."""
-        per = self.kv_bytes_per_layer_token(kv_dtype_bytes)
-        if kv_budget_bytes <= 0 or per == 0:
+        if kv_budget_bytes <= 0 or self.kv_bytes(1, kv_dtype_bytes) == 0:
             return 0
-        full = per * self.num_layers  # while shorter than the window every layer grows
-        w = self.sliding_window or 0
-        if not self.sliding_layers or kv_budget_bytes <= full * w:
-            return int(kv_budget_bytes // full)
-        rest = kv_budget_bytes - self.sliding_layers * per * w
-        return int(rest // (per * self.full_layers)) if self.full_layers else 1 << 30
+        lo, hi = 0, 1 << 30
+        while lo < hi:  # kv_bytes grows with the length: bisect
+            mid = (lo + hi + 1) // 2
+            if self.kv_bytes(mid, kv_dtype_bytes) <= kv_budget_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -219,6 +251,7 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
     params = linear + other
     weight_bytes = int(linear * (bits / 8 + overhead) + other * dense_bytes)
     window, sliding = _sliding_layers(t, model_type, layers)
+    experts = int(t.get("num_experts") or t.get("num_local_experts") or 0)
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,
@@ -250,6 +283,8 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
         num_experts=int(t.get("num_experts") or t.get("num_local_experts") or 0),
         tied_embeddings=bool(t.get("tie_word_embeddings", True)),
         path=path,
+        experts_per_token=int(t.get("num_experts_per_tok") or 0) if experts else 0,
+        moe_intermediate_size=int(t.get("moe_intermediate_size") or 0) if experts else 0,
     )
 
 

@@ -90,7 +90,8 @@ def check_invariants(t: Topology, m: ModelSpec, p: Plan) -> None:
     r = render(p, m.name, served_name=None, host="127.0.0.1", port=8000)
     assert r.argv[:3] == ("vllm", "serve", m.name)
     assert r.argv[r.argv.index("--tensor-parallel-size") + 1] == str(p.tp)
-    assert r.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, p.gpus))
+    # one engine per replica, each on its slice of the plan's GPUs
+    assert ",".join(e.env["CUDA_VISIBLE_DEVICES"] for e in r.engines) == ",".join(map(str, p.gpus))
     assert r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
@@ -138,10 +139,15 @@ def with_width(t: Topology, width: int) -> Topology:
     return replace(t, gpus=tuple(replace(g, pcie_width_cur=width) for g in t.gpus))
 
 
-def test_nvlink_lifts_tp_prefill_about_30_percent_over_shm_but_not_decode() -> None:
+def test_nvlink_lifts_tp_prefill_over_shm_but_not_decode() -> None:
+    # The field's 2 x 3090 figure is ~30%. It was reproduced with an SHM factor (0.33 of the
+    # PCIe rate) fitted to it; issue 14 replaced that with the ratio measured on the H200s
+    # (NCCL over SHM 27.3 GB/s of a 50.4 GB/s PCIe Gen5 x16 link: 0.54), which predicts a
+    # smaller lift here (~16%). The 3090 board's SHM rate was never measured by this project;
+    # `probe --measure` replaces the assumption on a real machine.
     nvl = forced(T("2x3090-nvlink-x8x8"), 2, 1).predicted
     shm = forced(T("2x3090-pcie-x8x8-nop2p"), 2, 1).predicted
-    assert 1.2 < nvl.prefill_tok_s / shm.prefill_tok_s < 1.4
+    assert 1.1 < nvl.prefill_tok_s / shm.prefill_tok_s < 1.4
     assert 1.0 <= nvl.decode_tok_s / shm.decode_tok_s < 1.1
 
 
@@ -271,7 +277,9 @@ def test_no_gpu_plans_the_cpu_engine(tiny_model_path: str) -> None:
     assert (p.engine, p.mode, p.tp, p.pp, p.dp, p.gpus) == ("cpu", "single", 1, 1, 1, ())
     assert "no GPU found: CPU engine, 1 replica" in p.reasons[0]
     r = render(p, tiny_model_path, served_name="tiny", host="127.0.0.1", port=9000)
-    assert not any("parallel" in a or "gpu" in a for a in r.argv)
+    assert not any("gpu" in a for a in r.argv)
+    assert r.argv[r.argv.index("--tensor-parallel-size") + 1] == "1"
+    assert r.argv[r.argv.index("--pipeline-parallel-size") + 1] == "1"
     assert "CUDA_VISIBLE_DEVICES" not in r.env
 
 

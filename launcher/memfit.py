@@ -1,0 +1,273 @@
+"""Memory fit: what vLLM holds on each GPU, the KV cache left, and the context it will accept. Pure.
+
+vLLM sizes its KV cache at start-up (vllm/v1/worker/gpu_worker.py ``determine_available_memory``):
+
+    KV memory = gpu_memory_utilization × total memory
+                − weights − peak activations of one profiling forward pass
+                − memory outside torch that grew meanwhile (cuBLAS, NCCL) − CUDA-graph estimate
+
+The profiling pass runs ``max_num_batched_tokens`` tokens (vLLM's default depends on the GPU:
+8,192 for the OpenAI server on a card of ≥ 70 GiB that is not an A100, 16,384 from 160 GiB,
+2,048 below; vllm/engine/arg_utils.py) and a sampler over ``max_num_seqs`` rows of logits. It
+then refuses to start when one request of ``max_model_len`` tokens does not fit
+(vllm/v1/core/kv_cache_utils.py ``_check_enough_kv_cache_memory``), where a sliding-window
+layer holds ``window − 1 + max_num_batched_tokens`` tokens, not just its window.
+
+Everything here is an estimate of those figures, so the context the planner sets keeps
+``CONTEXT_MARGIN`` below the longest one the estimate admits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.modelspec import GIB, ModelSpec
+from launcher.topology import Gpu
+
+# Kept below the longest context the estimate admits, so that an estimate a few percent too
+# generous (activations, CUDA graphs, allocator slack) still starts. Measured on the lent H200
+# (docs/benchmarks.md): the estimate's KV memory against vLLM's own "Available KV cache memory".
+CONTEXT_MARGIN = 0.05
+BLOCK_TOKENS = 16  # vLLM's GPU block size (the CPU backend uses 128)
+# Memory outside torch's allocator that appears after vLLM's baseline snapshot: cuBLAS and
+# cuBLASLt workspaces, the sampler's and attention backend's buffers (~0.3-0.6 GiB in vLLM's
+# "non-torch memory" log lines), plus NCCL communicators and the custom all-reduce's IPC
+# buffers with TP/PP. Assumptions, checked against the H200 logs.
+NON_TORCH_BYTES = 0.5 * GIB
+PARALLEL_BYTES = 0.5 * GIB
+# vLLM subtracts an estimate of the CUDA graphs' memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
+# on by default): a pool per captured batch size, growing with the layers. Assumed: 0.25 GiB plus
+# 4 MiB per layer for the default capture sizes.
+CUDAGRAPH_BASE_BYTES = 0.25 * GIB
+CUDAGRAPH_LAYER_BYTES = 4 * 1024**2
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """vLLM's scheduler limits that size its profiling pass."""
+
+    batched_tokens: int
+    max_num_seqs: int
+
+
+def vllm_defaults(gpu_memory_bytes: int, name: str) -> EngineLimits:
+    """vLLM's defaults for the OpenAI server on this card (vllm/engine/arg_utils.py)."""
+    if gpu_memory_bytes >= 160 * GIB:
+        return EngineLimits(16384, 1024)
+    if gpu_memory_bytes >= 70 * GIB and "a100" not in name.lower():
+        return EngineLimits(8192, 1024)
+    return EngineLimits(2048, 256)
+
+
+# ---------------------------------------------------------------------------------- weights
+
+
+def embedding_bytes(m: ModelSpec) -> int:
+    """One vocab × hidden table in 16 bits (quantization leaves embeddings and LM head alone)."""
+    return m.vocab_size * m.hidden_size * 2
+
+
+def table_bytes(m: ModelSpec) -> int:
+    """The input embedding and, when untied, the LM head."""
+    return embedding_bytes(m) * (1 if m.tied_embeddings else 2)
+
+
+def stage_share(m: ModelSpec, pp: int) -> float:
+    """Fraction of the layers on the fullest pipeline stage (vLLM splits 62 layers 21/21/20)."""
+    return -(-m.num_layers // pp) / m.num_layers
+
+
+def weights_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
+    # PP splits the layers evenly and gives the embedding to the first stage, the LM head to
+    # the last (a copy of the embedding when they are tied); TP splits the tables by vocabulary.
+    tables = table_bytes(m)
+    per_stage = embedding_bytes(m) if pp > 1 else tables
+    return (m.weight_bytes - tables) * stage_share(m, pp) / tp + per_stage / tp
+
+
+def kv_shards(m: ModelSpec, tp: int, pp: int) -> float:
+    """Into how many parts the KV cache divides: KV heads over TP (replicated past the head
+    count), layers over PP (the fullest stage sets the size)."""
+    return min(tp, m.num_kv_heads) / stage_share(m, pp)
+
+
+# ------------------------------------------------------------------------------ activations
+
+
+def activation_bytes(m: ModelSpec, tp: int, lim: EngineLimits) -> float:
+    """Peak of vLLM's profiling run: one forward pass of ``batched_tokens`` tokens, then the
+    sampler over ``max_num_seqs`` rows; they run one after the other, so the larger counts."""
+    t, h = lim.batched_tokens, m.hidden_size
+    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp
+    if m.num_experts:
+        k = max(1, m.experts_per_token)
+        inter = m.moe_intermediate_size or m.intermediate_size
+        # vLLM's fused MoE keeps three caches per routed token: gate+up, activation, down
+        mlp = k * (3 * inter / tp + h)
+    else:
+        mlp = 3 * m.intermediate_size / tp  # gate+up output and the activation
+    forward = t * (mlp + qkv + 4 * h) * 2  # bf16: residual, normed input, attention output
+    sampler = lim.max_num_seqs * m.vocab_size * 4 * 2  # fp32 logits and their softmax
+    return max(forward, sampler)
+
+
+def cudagraph_bytes(m: ModelSpec, pp: int) -> float:
+    return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_LAYER_BYTES * m.num_layers * stage_share(m, pp)
+
+
+def overhead_per_gpu(m: ModelSpec, tp: int, pp: int, lim: EngineLimits) -> float:
+    """Everything vLLM takes from the budget besides weights and KV cache."""
+    par = PARALLEL_BYTES if tp * pp > 1 else 0.0
+    return NON_TORCH_BYTES + par + activation_bytes(m, tp, lim) + cudagraph_bytes(m, pp)
+
+
+# ------------------------------------------------------------------------------ KV and context
+
+
+def request_kv_bytes(
+    m: ModelSpec,
+    tokens: int,
+    batched_tokens: int,
+    kv_dtype_bytes: int = 2,
+    block: int = BLOCK_TOKENS,
+) -> int:
+    """What vLLM's start-up check reserves for one request of ``tokens``: whole blocks per layer;
+    a sliding-window layer holds ``window − 1 + batched_tokens`` tokens (chunked prefill keeps
+    the in-flight chunk) plus one block, never more than the request."""
+    total = 0
+    for g in m.kv_groups:
+        page = block * g.bytes_per_token(kv_dtype_bytes)
+        if g.window:
+            held = min(g.window - 1 + batched_tokens, tokens)
+            blocks = -(-held // block) + 1
+        else:
+            blocks = -(-tokens // block)
+        total += g.layers * blocks * page
+    return total
+
+
+def longest_context(
+    m: ModelSpec, kv_budget: float, batched_tokens: int, kv_dtype_bytes: int = 2
+) -> int:
+    """The longest ``max_model_len`` whose one request passes vLLM's start-up check."""
+    lo, hi = 0, max(1, m.max_position_embeddings)
+    if request_kv_bytes(m, hi, batched_tokens, kv_dtype_bytes) <= kv_budget:
+        return hi
+    while lo < hi:  # the need grows with the length: bisect, as vLLM's own estimate does
+        mid = (lo + hi + 1) // 2
+        if request_kv_bytes(m, mid, batched_tokens, kv_dtype_bytes) <= kv_budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def planned_context(
+    m: ModelSpec, kv_budget: float, batched_tokens: int, kv_dtype_bytes: int = 2
+) -> int:
+    """The context to ask vLLM for: the model's own limit, or ``CONTEXT_MARGIN`` below the
+    longest the estimated KV budget admits."""
+    if request_kv_bytes(
+        m, m.max_position_embeddings, batched_tokens, kv_dtype_bytes
+    ) <= kv_budget * (1 - CONTEXT_MARGIN):
+        return m.max_position_embeddings
+    return longest_context(m, kv_budget * (1 - CONTEXT_MARGIN), batched_tokens, kv_dtype_bytes)
+
+
+def kv_pool_tokens(
+    m: ModelSpec,
+    kv_bytes: float,
+    max_model_len: int,
+    batched_tokens: int,
+    *,
+    block: int = BLOCK_TOKENS,
+    kv_dtype_bytes: int = 2,
+) -> int:
+    """The token capacity vLLM logs ("KV cache size: N tokens") for ``kv_bytes`` of cache.
+
+    vLLM groups the layers so that every group has as many layers as the smallest attention
+    type (or the largest, when they differ by less than 1.5×), padding the last group of a
+    type; one block of the shared pool spans one layer of each group's size. Capacity is then
+    ``num_blocks / blocks one max_model_len request takes × max_model_len``
+    (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``, ``get_kv_cache_capacity``).
+    """
+    groups = [g for g in m.kv_groups if g.layers]
+    if not groups:
+        return 0
+    pages = {g.bytes_per_token(kv_dtype_bytes) for g in groups}
+    if len(groups) == 1 or len(pages) > 1:
+        # one type, or page sizes that differ (vLLM then pads pages): count every layer's page
+        per_block = sum(g.layers * block * g.bytes_per_token(kv_dtype_bytes) for g in groups)
+        num_blocks = int(kv_bytes // per_block)
+        return (
+            num_blocks * block
+            if len(groups) == 1
+            else _capacity_by_bytes(
+                m, kv_bytes, max_model_len, batched_tokens, block, kv_dtype_bytes
+            )
+        )
+    sizes = [g.layers for g in groups]
+    size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    page = block * groups[0].bytes_per_token(kv_dtype_bytes)
+    num_blocks = int(kv_bytes // (page * size))
+    per_request = 0
+    for g in groups:
+        n_groups = -(-g.layers // size)
+        if g.window:
+            held = min(g.window - 1 + batched_tokens, max_model_len)
+            per_request += n_groups * (-(-held // block) + 1)
+        else:
+            per_request += n_groups * -(-max_model_len // block)
+    return int(num_blocks / per_request * max_model_len)
+
+
+def _capacity_by_bytes(
+    m: ModelSpec,
+    kv_bytes: float,
+    max_model_len: int,
+    batched_tokens: int,
+    block: int,
+    kv_dtype_bytes: int,
+) -> int:
+    need = request_kv_bytes(m, max_model_len, batched_tokens, kv_dtype_bytes, block)
+    return int(kv_bytes / need * max_model_len) if need else 0
+
+
+# ------------------------------------------------------------------------------------ the fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    budget: float  # bytes per GPU: gpu_memory_utilization × the smallest card
+    weights: float  # on the fullest GPU
+    overhead: float  # activations, CUDA graphs, buffers outside torch
+    kv_budget: float  # KV bytes of one replica, all its GPUs together
+    context: int  # the context to plan: below the longest the estimate admits by the margin
+    limits: EngineLimits
+
+    @property
+    def need_fixed(self) -> float:
+        return self.weights + self.overhead
+
+
+def fit(
+    m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float, kv_dtype_bytes: int = 2
+) -> Fit:
+    smallest = min(gpus, key=lambda g: g.memory_bytes)
+    budget = smallest.memory_bytes * util  # vLLM sizes every worker like the smallest
+    lim = vllm_defaults(smallest.memory_bytes, smallest.name)
+    weights = weights_per_gpu(m, tp, pp)
+    over = overhead_per_gpu(m, tp, pp, lim)
+    kv_budget = max(0.0, budget - weights - over) * kv_shards(m, tp, pp)
+    context = planned_context(m, kv_budget, lim.batched_tokens, kv_dtype_bytes)
+    return Fit(budget, weights, over, kv_budget, context, lim)
+
+
+def need_per_gpu(
+    f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int, kv_dtype_bytes: int = 2
+) -> float:
+    """Bytes per GPU to hold the weights, the overhead and one request of ``tokens``, with the
+    margin kept on the KV part."""
+    kv = request_kv_bytes(m, tokens, f.limits.batched_tokens, kv_dtype_bytes)
+    return f.need_fixed + kv / (1 - CONTEXT_MARGIN) / kv_shards(m, tp, pp)
