@@ -5,101 +5,51 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 from typing import Any
 
-from launcher import hardware
+from launcher import planopts
 from launcher.modelspec import load_model_spec
-from launcher.plan import WORKLOADS, Candidate, Plan, Policy, plan
+from launcher.plan import Candidate, Plan, plan
 from launcher.render import Rendered, plan_to_json, render
 from launcher.topology import load_topology
 
 
-def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    """The planning options, shared with the commands that plan before they act."""
-    p.add_argument(
-        "--model", required=True, help="local model folder or Hugging Face id (read offline)"
-    )
-    p.add_argument(
-        "--topology",
-        metavar="FILE",
-        help="saved topology (probe --save, or an NVML dump) instead of NVML",
-    )
-    p.add_argument(
-        "--workload",
-        choices=WORKLOADS,
-        default="interactive",
-        help="interactive: one agent, latency first (default); throughput: many streams",
-    )
-    p.add_argument(
-        "--concurrency", type=int, help="streams to expect (default 1 interactive, 32 throughput)"
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        help="context length to guarantee (default: the longest that fits)",
-    )
-    p.add_argument(
-        "--prompt", type=int, default=512, help="prompt tokens of a typical request (default 512)"
-    )
-    p.add_argument(
-        "--gen", type=int, default=256, help="generated tokens of a typical request (default 256)"
-    )
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--tp", type=int, help="force the tensor-parallel size")
-    p.add_argument("--pp", type=int, help="force the pipeline-parallel size")
-    p.add_argument("--dp", type=int, help="force the number of data-parallel replicas")
-    p.add_argument("--nodes", type=int, default=1, help="plan for this many identical nodes (Ray)")
-    p.add_argument(
-        "--gpus-per-node", type=int, help="GPUs used on each node (default: all of the topology)"
-    )
-    p.add_argument(
-        "--network-gbps",
-        type=float,
-        default=100.0,
-        help="link between nodes in Gbit/s (default 100: 100G Ethernet/RoCE)",
-    )
-
-
-def policy_from_args(args: argparse.Namespace) -> Policy:
-    return Policy(
-        workload=args.workload,
-        concurrency=args.concurrency,
-        max_model_len=args.max_model_len,
-        prompt_tokens=args.prompt,
-        gen_tokens=args.gen,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        force_tp=args.tp,
-        force_pp=args.pp,
-        force_dp=args.dp,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        internode_gbs=args.network_gbps / 8 * hardware.NETWORK_EFFICIENCY,
-        cpu_cores=os.cpu_count() or 1,
-    )
-
-
 def make_plan(args: argparse.Namespace) -> Plan:
     topo = load_topology(args.topology, os.environ)
-    return plan(topo, load_model_spec(args.model), policy_from_args(args))
+    return plan(topo, load_model_spec(args.model), planopts.policy_from_args(args))
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plan", help="choose tensor/pipeline parallel and replicas, and explain why"
     )
-    add_policy_arguments(p)
-    p.add_argument("--host", default="127.0.0.1", help="host in the rendered vllm command")
-    p.add_argument("--port", type=int, default=8000, help="port in the rendered vllm command")
-    p.add_argument("--served-model-name", help="name clients use (vllm --served-model-name)")
+    planopts.add_planning_arguments(
+        p, model_help="local model folder or Hugging Face id (read offline)", model_required=True
+    )
+    planopts.add_engine_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address vLLM binds in the command")
+    p.add_argument("--port", type=int, default=8000, help="vLLM's (first) port in the command")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.cmd_serve import resolve_model
+
     chosen = make_plan(args)
+    model_ref, default_name = resolve_model(args.model)
+    # the same builder `launcher serve` uses: what is printed here is what serve runs
     rendered = render(
-        chosen, args.model, served_name=args.served_model_name, host=args.host, port=args.port
+        chosen,
+        model_ref,
+        served_name=args.served_model_name or default_name,
+        host=args.host,
+        port=args.port,
+        extra_args=planopts.extra_args(args),
+        trust_remote_code=args.trust_remote_code,
+        ray_address=args.ray_address,
+        user_env=os.environ,
+        cpu_ids=planopts.cpu_ids(),
     )
     if args.json:
         print(json.dumps(plan_to_json(chosen, rendered), indent=1))
@@ -146,11 +96,8 @@ def format_plan(chosen: Plan, rendered: Rendered) -> str:
         f"{'inter':>5} {'thru':>5}",
         *(_cand_row(c, chosen) for c in chosen.candidates),
         "",
-        "command:",
-        "  "
-        + " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered.env.items())
-        + (" " if rendered.env else "")
-        + shlex.join(rendered.argv),
+        "command:" if len(rendered.engines) == 1 else "commands (one per replica):",
+        *(f"  {e.shell_line()}" for e in rendered.engines),
     ]
     lines += [f"note: {n}" for n in rendered.notes]
     return "\n".join(lines)

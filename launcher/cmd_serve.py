@@ -11,14 +11,10 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher import supervise, tinymodel
+from launcher import planopts, supervise, tinymodel
 from launcher.errors import LauncherError, ModelError
-from launcher.launchspec import LaunchSpec, command_line, replica_specs
+from launcher.launchspec import LaunchSpec, replica_specs
 from launcher.serve import Supervision, run
-
-# vLLM's CPU backend reserves --gpu-memory-utilization of *host* memory unless a KV-cache size is
-# given; on a shared machine that start-up check fails, so the CPU path sizes the cache itself.
-CPU_KV_CACHE_GIB = "1"
 
 
 def add_parser(sub: Any) -> None:
@@ -28,9 +24,10 @@ def add_parser(sub: Any) -> None:
         description="Serve a model behind the toposerve proxy. Without --model, serves the "
         "embedded tiny model (generated locally on first use) on the CPU engine.",
     )
-    p.add_argument("--model", help="local model directory or Hugging Face id (in the local "
-                   "cache); default: the embedded tiny model")
-    p.add_argument("--served-model-name", help="name clients use (default: the model's)")
+    planopts.add_planning_arguments(
+        p, model_help="local model directory or Hugging Face id (in the local cache); "
+        "default: the embedded tiny model")
+    planopts.add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address the proxy binds (default "
                    "127.0.0.1; anything else exposes the API to the network)")
     p.add_argument("--port", type=int, default=8000, help="proxy port (default 8000)")
@@ -44,24 +41,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--api-key-file", type=Path, help="file with one key per line (mode 600)")
     p.add_argument("--plan", type=Path, help="use a plan saved by `launcher plan --json` or "
                    "`launcher tune` instead of planning")
-    p.add_argument("--topology", help="plan for a saved topology (JSON) instead of NVML")
-    p.add_argument("--workload", choices=("interactive", "throughput"), default="interactive")
-    p.add_argument("--concurrency", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--tp", type=int, help="force the tensor-parallel size")
-    p.add_argument("--pp", type=int, help="force the pipeline-parallel (layer split) size")
-    p.add_argument("--dp", type=int, help="force the number of replicas")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="let vLLM run code shipped with the model (off unless asked)")
-    p.add_argument("--ray-address", help="run on an existing Ray cluster (multi-node)")
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for vLLM")
     p.add_argument("--restart-attempts", type=int, default=5)
     p.add_argument("--grace", type=float, default=30.0, help="seconds to drain on shutdown")
     p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
-    p.add_argument("extra", nargs=argparse.REMAINDER,
-                   help="after --: extra arguments passed to vllm serve as they are")
     p.set_defaults(func=main)
 
 
@@ -124,43 +108,28 @@ def resolve_model(ref: str | None) -> tuple[str, str]:
 def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     # Imported here so that `launcher serve --help` stays fast and NVML is touched only when used.
     from launcher.modelspec import load_model_spec
-    from launcher.plan import Policy, plan
+    from launcher.plan import plan
     from launcher.render import plan_from_json, render
     from launcher.topology import load_topology
 
     model_ref, default_name = resolve_model(args.model)
     served = args.served_model_name or default_name
     model = load_model_spec(model_ref)
-    extra = [a for a in (args.extra or []) if a != "--"]
+    extra = planopts.extra_args(args)
     if args.plan is not None:
         saved = read_plan_file(args.plan)
         chosen = plan_from_json(saved)
         # A tuned plan carries the engine flags that won; flags given now come after and win.
-        extra = [*saved.get("vllm_extra_args", []), *extra]
+        extra = (*saved.get("vllm_extra_args", []), *extra)
     else:
-        policy = Policy(
-            workload=args.workload, concurrency=args.concurrency,
-            max_model_len=args.max_model_len,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            force_tp=args.tp, force_pp=args.pp, force_dp=args.dp,
-            cpu_cores=os.cpu_count() or 1,
-        )
-        chosen = plan(load_topology(args.topology, os.environ), model, policy)
+        chosen = plan(load_topology(args.topology, os.environ), model,
+                      planopts.policy_from_args(args))
     engine_port = args.engine_port or supervise.free_port(args.engine_host)
-    if args.trust_remote_code:
-        extra.append("--trust-remote-code")
-    rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1",
-                      port=engine_port, extra_args=extra)
-    env = dict(rendered.env)
-    argv = list(rendered.argv)
-    if chosen.engine == "cpu":
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
-    if args.ray_address:
-        env["RAY_ADDRESS"] = args.ray_address
-        if "--distributed-executor-backend" not in argv:
-            argv += ["--distributed-executor-backend", "ray"]
-    reach = supervise.reachable_host(args.engine_host)
-    replicas = replica_specs(argv, env, chosen.dp, reach, engine_port, bind=args.engine_host)
+    rendered = render(chosen, model_ref, served_name=served, host=args.engine_host,
+                      port=engine_port, extra_args=extra,
+                      trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,
+                      user_env=os.environ, cpu_ids=planopts.cpu_ids())
+    replicas = replica_specs(rendered.engines, supervise.reachable_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
@@ -202,8 +171,7 @@ def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str) -> tuple
                      f"{pred.decode_tok_s:,.1f} tok/s single stream, throughput "
                      f"{pred.throughput_tok_s:,.0f} tok/s")
     for r in replicas:
-        shown = {k: v for k, v in r.env.items() if k != "PATH"}
-        lines.append(f"  engine: {command_line(r.argv, shown)}")
+        lines.append(f"  engine: {r.command.shell_line()}")
     lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
     return tuple(lines)
 

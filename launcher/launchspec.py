@@ -7,17 +7,30 @@ conversation keeps hitting the replica whose prefix cache holds it).
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from launcher.enginecmd import EngineCommand
 
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    host: str
-    port: int
+    """One vLLM server: its command, and where the proxy reaches it."""
+
+    command: EngineCommand
+    host: str  # loopback when the engine binds a wildcard address
+
+    @property
+    def port(self) -> int:
+        return self.command.port
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.command.argv()
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return self.command.env
 
     @property
     def url(self) -> str:
@@ -60,52 +73,7 @@ class LaunchSpec:
         ])
 
 
-def replica_specs(
-    rendered_argv: Sequence[str],
-    rendered_env: Mapping[str, str],
-    dp: int,
-    host: str,
-    first_port: int,
-    bind: str | None = None,
-) -> tuple[ReplicaSpec, ...]:
-    """Split one rendered `vllm serve` command into ``dp`` replicas on their own GPUs and ports.
-
-    vLLM listens on ``bind`` (default ``host``); the proxy reaches it at ``host``.
-    """
-    base = _drop_flag(_drop_flag(list(rendered_argv), "--port"), "--data-parallel-size")
-    base = _drop_flag(base, "--host")
-    devices = [d for d in rendered_env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    per = len(devices) // dp if devices and dp > 0 else 0
-    replicas = []
-    for i in range(max(dp, 1)):
-        env = dict(rendered_env)
-        if per:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i * per : (i + 1) * per])
-        port = first_port + i
-        # Right after the model, so the user's own flags (at the end) stay last and win.
-        argv = (*base[:3], "--host", bind or host, "--port", str(port), *base[3:])
-        replicas.append(ReplicaSpec(argv, env, host, port))
-    return tuple(replicas)
-
-
-def _drop_flag(argv: list[str], flag: str) -> list[str]:
-    """Remove ``flag VALUE`` and ``flag=VALUE`` occurrences."""
-    out: list[str] = []
-    skip = False
-    for item in argv:
-        if skip:
-            skip = False
-            continue
-        if item == flag:
-            skip = True
-            continue
-        if item.startswith(flag + "="):
-            continue
-        out.append(item)
-    return out
-
-
-def command_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
-    """A copy-pasteable shell line for one replica: only the variables the plan sets."""
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    return (prefix + " " if prefix else "") + shlex.join(argv)
+def replica_specs(engines: Sequence[EngineCommand], reach: Callable[[str], str]
+                  ) -> tuple[ReplicaSpec, ...]:
+    """The engines of a plan (one per replica), each with the address the proxy dials."""
+    return tuple(ReplicaSpec(e, reach(e.host)) for e in engines)

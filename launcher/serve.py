@@ -15,9 +15,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
@@ -82,11 +82,9 @@ class Runner:
 
     # -- building children -------------------------------------------------------------------
 
-    def _engine_child(self, replica: ReplicaSpec, extra_env: Mapping[str, str],
-                      extra_args: Sequence[str]) -> supervise.Child:
-        env = {**os.environ, **replica.env, **extra_env}
-        argv = failures.apply_fallback_args(
-            engine_argv(replica.argv, engine_prefix(os.environ)), extra_args)
+    def _engine_child(self, replica: ReplicaSpec) -> supervise.Child:
+        env = {**os.environ, **replica.env}
+        argv = engine_argv(replica.argv, engine_prefix(os.environ))
         log = self.sup.log_dir / f"vllm-{replica.port}.log"
         return supervise.Child(f"vllm:{replica.port}", argv, env, log)
 
@@ -112,7 +110,7 @@ class Runner:
     def start(self) -> None:
         if ENGINE_CMD_VAR not in os.environ:
             detect_engine()
-        self.engines = [self._engine_child(r, {}, ()) for r in self.spec.replicas]
+        self.engines = [self._engine_child(r) for r in self.spec.replicas]
         self.guard.children = self._all_children()
         for child in self.engines:
             self._truncate_log(child)
@@ -171,14 +169,14 @@ class Runner:
         raise EngineError(self._failure_message(child, log, diagnosis, timed_out))
 
     def _retry_with_fallback(self, index: int, replica: ReplicaSpec, diag: Diagnosis) -> None:
-        changed = [f"{k}={v}" for k, v in diag.fallback_env.items()] + list(diag.fallback_args)
         self.console.print(f"[yellow]![/] {diag.sentence}.\n  Retrying once with: "
-                           f"{' '.join(changed)}")
-        self.engines[index] = self._engine_child(replica, diag.fallback_env, diag.fallback_args)
+                           f"{' '.join(diag.changes())}")
+        changed = replace(replica, command=diag.apply(replica.command))
+        self.engines[index] = self._engine_child(changed)
         self.guard.children = self._all_children()
         self._truncate_log(self.engines[index])
         self.engines[index].start()
-        self._await_engine(index, replica, retried=True)
+        self._await_engine(index, changed, retried=True)
 
     def _failure_message(self, child: supervise.Child, log: str, diagnosis: Diagnosis | None,
                          timed_out: bool) -> str:

@@ -16,7 +16,7 @@ CASES = [
         topo("4x4090-2socket"),
         "mistral-7b",
         Policy(workload="throughput", concurrency=64),
-        (2, 1, 2, True, "mistral"),
+        (2, 1, 1, True, "mistral"),  # dp=2 runs as two servers, not --data-parallel-size
     ),
     (str(H200), "qwen3-32b", Policy(nodes=2), (2, 2, 1, False, "hermes")),
     (None, "gemma-3-27b", Policy(), (1, 1, 1, False, None)),
@@ -51,3 +51,6 @@ def test_rendered_flags_exist_in_vllm(
     assert ns.max_model_len == p.max_model_len
     assert ns.enable_prefix_caching is True
     assert ns.enable_chunked_prefill is True
+    assert len(r.engines) == p.dp
+    for e in r.engines:  # every replica's command parses the same way
+        assert vllm_parser.parse_args(list(e.argv()[3:])).port == e.port  # type: ignore[attr-defined]

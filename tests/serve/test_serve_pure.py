@@ -11,8 +11,10 @@ import pytest
 from launcher import failures, progress
 from launcher.cmd_serve import collect_api_keys, read_key_file, resolve_model
 from launcher.engine import engine_argv, engine_prefix, parse_version
+from launcher.enginecmd import EngineCommand, replicas
 from launcher.errors import LauncherError, ModelError
-from launcher.launchspec import command_line, replica_specs
+from launcher.launchspec import replica_specs
+from launcher.supervise import reachable_host
 from tests.serve.standin_engine import SYMM_MEM_CRASH
 
 
@@ -21,7 +23,7 @@ def test_symmetric_memory_crash_is_recognised_with_its_fallback() -> None:
     assert diag is not None
     assert diag.name == "symm-mem-allreduce"
     assert diag.fallback_env == {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
-    assert "--compilation-config" in diag.fallback_args
+    assert diag.fallback_compilation == {"pass_config": {"fuse_allreduce_rms": False}}
     assert diag.retryable
 
 
@@ -32,6 +34,7 @@ def test_symmetric_memory_crash_is_recognised_with_its_fallback() -> None:
         ("ValueError: The model's max seq len (131072) is larger than the maximum number of "
          "tokens that can be stored in KV cache (40000).", "kv-cache-too-small"),
         ("OSError: [Errno 98] Address already in use", "port-in-use"),
+        ("ValueError: current platform cpu does not support ray.", "ray-on-cpu"),
         ("NCCL WARN Cuda failure 'peer access is not supported'\nunhandled cuda error", "nccl-p2p"),
     ],
 )
@@ -68,26 +71,29 @@ def test_progress_phase_is_the_latest_mentioned(log: str, phase: str) -> None:
 
 
 def test_replicas_get_their_own_gpus_and_ports() -> None:
-    argv = ("vllm", "serve", "m", "--tensor-parallel-size", "2", "--port", "9", "--host", "h")
-    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    reps = replica_specs(argv, env, 2, "127.0.0.1", 7000)
+    cmd = EngineCommand("m", "h", 9, tp=2,
+                        env={"CUDA_VISIBLE_DEVICES": "0,1,2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    reps = replica_specs(replicas(cmd, 2, bind="0.0.0.0", first_port=7000), reachable_host)
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in reps] == ["0,1", "2,3"]
     assert [r.port for r in reps] == [7000, 7001]
+    assert [r.url for r in reps] == ["http://127.0.0.1:7000", "http://127.0.0.1:7001"]
     for r in reps:
         assert r.argv.count("--port") == 1
         assert r.argv[r.argv.index("--port") + 1] == str(r.port)
-        assert "h" not in r.argv
+        assert r.argv[r.argv.index("--host") + 1] == "0.0.0.0"
+        assert "--data-parallel-size" not in r.argv
         assert r.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
 def test_a_single_cpu_replica_keeps_its_command() -> None:
-    (rep,) = replica_specs(("vllm", "serve", "m", "--port=5"), {}, 1, "127.0.0.1", 6000)
-    assert rep.argv == ("vllm", "serve", "m", "--host", "127.0.0.1", "--port", "6000")
+    cmd = EngineCommand("m", "127.0.0.1", 5, prefix_caching=False, chunked_prefill=False,
+                        env={"A": "x y"})
+    (rep,) = replica_specs(replicas(cmd, 1, bind="127.0.0.1", first_port=6000), reachable_host)
+    want = ("vllm", "serve", "m", "--host", "127.0.0.1", "--port", "6000",
+            "--tensor-parallel-size", "1", "--pipeline-parallel-size", "1")
+    assert rep.argv == want
     assert rep.url == "http://127.0.0.1:6000"
-    assert command_line(rep.argv, {"A": "x y"}) == "A='x y' vllm serve m --host 127.0.0.1 " \
-        "--port 6000"
-    (rep,) = replica_specs(("vllm", "serve", "m", "--port", "1", "--x", "y"), {}, 1, "h", 2)
-    assert rep.argv[-2:] == ("--x", "y")
+    assert rep.command.shell_line() == "A='x y' " + " ".join(want)
 
 
 def test_engine_is_started_as_the_api_server_module_or_the_configured_command() -> None:
@@ -129,20 +135,30 @@ def test_a_missing_model_path_says_what_to_pass(tmp_path: Path) -> None:
 
 
 def test_a_fallback_merges_into_the_users_compilation_config() -> None:
-    argv = ["py", "--compilation-config", '{"cudagraph_capture_sizes": [1, 2], '
-            '"pass_config": {"other": true}}', "--x"]
-    out = failures.apply_fallback_args(argv, failures.SYMM_MEM_FALLBACK_ARGS)
+    user = ("--compilation-config", '{"cudagraph_capture_sizes": [1, 2], '
+            '"pass_config": {"other": true}}', "--x")
+    diag = failures.diagnose(SYMM_MEM_CRASH)
+    assert diag is not None
+    out = diag.apply(EngineCommand("m", "h", 1, extra_args=user)).argv()
     assert out.count("--compilation-config") == 1
     merged = json.loads(out[out.index("--compilation-config") + 1])
     assert merged == {"cudagraph_capture_sizes": [1, 2],
                       "pass_config": {"other": True, "fuse_allreduce_rms": False}}
+    assert out[-1] == "--x"  # the user's flags stay last
 
 
-def test_fallback_flags_are_appended_when_absent() -> None:
-    assert failures.apply_fallback_args(["py"], ("--disable-custom-all-reduce",)) == [
-        "py", "--disable-custom-all-reduce"]
-    out = failures.apply_fallback_args(["py"], failures.SYMM_MEM_FALLBACK_ARGS)
-    assert out == ["py", *failures.SYMM_MEM_FALLBACK_ARGS]
+def test_fallback_settings_are_added_when_absent() -> None:
+    nccl = failures.diagnose("NCCL WARN x\nunhandled cuda error")
+    assert nccl is not None
+    changed = nccl.apply(EngineCommand("m", "h", 1, extra_args=("--max-num-seqs", "2")))
+    assert changed.env == {"NCCL_P2P_DISABLE": "1"}
+    assert "--disable-custom-all-reduce" in changed.argv()
+    assert changed.argv()[-2:] == ("--max-num-seqs", "2")
+    symm = failures.diagnose(SYMM_MEM_CRASH)
+    assert symm is not None
+    out = symm.apply(EngineCommand("m", "h", 1)).argv()
+    assert json.loads(out[out.index("--compilation-config") + 1]) == {
+        "pass_config": {"fuse_allreduce_rms": False}}
 
 
 def test_a_port_whose_last_connections_linger_in_time_wait_counts_as_free() -> None:

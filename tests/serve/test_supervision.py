@@ -234,3 +234,22 @@ def test_a_second_signal_forces_exit_at_once(tmp_path: Path, launch: list[Launch
     assert code == 128 + signal.SIGTERM
     time.sleep(0.5)
     run.assert_nothing_left()
+
+
+def test_the_engine_runs_exactly_the_command_plan_prints(
+    tmp_path: Path, launch: list[Launch], tiny_model_path: str
+) -> None:
+    engine_port = free_port()
+    args = ("--model", tiny_model_path, "--prompt", "64", "--gen", "8", "--", "--max-num-seqs", "5")
+    planned = subprocess.run(
+        [sys.executable, "-m", "launcher", "plan", "--json", "--port", str(engine_port), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    argv = json.loads(planned.stdout)["argv"]
+    run = Launch(tmp_path, {}, "--engine-port", str(engine_port), *args)
+    launch.append(run)
+    run.wait_ready()
+    (start,) = run.starts()
+    # engine.py starts `vllm serve MODEL ...` as the api_server module with --model MODEL
+    assert start["argv"] == ["--model", argv[2], *argv[3:]]
+    assert run.stop() == 0
+    run.assert_nothing_left()

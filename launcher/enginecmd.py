@@ -1,0 +1,141 @@
+"""The vLLM engine command as one typed value, turned into argv in one place. Pure.
+
+Every stage that decides part of the command — the plan, `serve`'s options, the CPU path, the
+replica split, a fallback after a refused start — makes a changed copy with
+``dataclasses.replace``; only :meth:`EngineCommand.argv` writes strings. It puts the user's own
+extra flags last because vLLM keeps the last occurrence of a flag, so the user's always win.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+# Flags whose value is a JSON object: a setting of ours is merged into the user's object instead
+# of being given twice (vLLM would keep only one of the two).
+COMPILATION_CONFIG = "--compilation-config"
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    model: str
+    host: str
+    port: int
+    served_name: str | None = None
+    tp: int = 1
+    pp: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default (the CPU engine)
+    prefix_caching: bool = True
+    chunked_prefill: bool = True
+    tool_parser: str | None = None
+    trust_remote_code: bool = False
+    distributed_backend: str | None = None  # 'ray' on a Ray cluster; None: vLLM chooses
+    disable_custom_all_reduce: bool = False
+    compilation_config: Mapping[str, Any] = field(default_factory=dict)
+    layout_flags: tuple[str, ...] = ()  # other flags a plan's layout needs, as the planner wrote
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()  # the user's own, always last
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def with_env(self, **changes: str) -> EngineCommand:
+        return replace(self, env={**self.env, **changes})
+
+    def argv(self) -> tuple[str, ...]:
+        """``vllm serve MODEL ...``: what a user would type, and what serve runs (engine.py
+        turns the first three words into the interpreter's api_server module)."""
+        out = ["vllm", "serve", self.model, "--host", self.host, "--port", str(self.port)]
+        if self.served_name:
+            out += ["--served-model-name", self.served_name]
+        out += ["--tensor-parallel-size", str(self.tp), "--pipeline-parallel-size", str(self.pp)]
+        if self.distributed_backend:
+            out += ["--distributed-executor-backend", self.distributed_backend]
+        if self.gpu_memory_utilization is not None:
+            out += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.disable_custom_all_reduce:
+            out.append("--disable-custom-all-reduce")
+        out += list(self.layout_flags)
+        if self.max_model_len is not None:
+            out += ["--max-model-len", str(self.max_model_len)]
+        if self.prefix_caching:
+            out.append("--enable-prefix-caching")
+        if self.chunked_prefill:
+            out.append("--enable-chunked-prefill")
+        if self.tool_parser:
+            out += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        if self.trust_remote_code:
+            out.append("--trust-remote-code")
+        extra = list(self.extra_args)
+        if self.compilation_config:
+            extra, merged = _merge_json_flag(extra, COMPILATION_CONFIG, self.compilation_config)
+            if not merged:
+                out += [COMPILATION_CONFIG, json.dumps(dict(self.compilation_config),
+                                                       separators=(",", ":"))]
+        return (*out, *extra)
+
+    def shell_line(self, hide: Sequence[str] = ("PATH",)) -> str:
+        """A copy-pasteable line: the variables the command sets, then the command."""
+        shown = {k: v for k, v in sorted(self.env.items()) if k not in hide}
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+        return (prefix + " " if prefix else "") + shlex.join(self.argv())
+
+
+def _merge_json_flag(args: list[str], flag: str, ours: Mapping[str, Any]
+                     ) -> tuple[list[str], bool]:
+    """Merge ``ours`` into the last ``flag VALUE`` / ``flag=VALUE`` of the user's ``args``
+    (ours wins key by key, the user's other keys stay). (new args, whether one was found)."""
+    for i in range(len(args) - 1, -1, -1):
+        item = args[i]
+        if item == flag and i + 1 < len(args):
+            out = list(args)
+            out[i + 1] = json.dumps(deep_merge(_as_obj(args[i + 1]), ours))
+            return out, True
+        if item.startswith(flag + "="):
+            out = list(args)
+            out[i] = f"{flag}={json.dumps(deep_merge(_as_obj(item[len(flag) + 1:]), ours))}"
+            return out, True
+    return args, False
+
+
+def _as_obj(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = deep_merge(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def replicas(cmd: EngineCommand, count: int, *, bind: str, first_port: int
+             ) -> tuple[EngineCommand, ...]:
+    """``count`` copies of one engine on their own slice of its GPUs and their own ports.
+
+    This is how a plan's data-parallel replicas run: separate vLLM servers behind the proxy
+    (which routes with prefix affinity), not vLLM's own --data-parallel-size.
+    """
+    devices = [d for d in cmd.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    count = max(count, 1)
+    per = len(devices) // count if devices else 0
+    out = []
+    for i in range(count):
+        one = replace(cmd, host=bind, port=first_port + i)
+        if per:
+            one = one.with_env(CUDA_VISIBLE_DEVICES=",".join(devices[i * per:(i + 1) * per]))
+        out.append(one)
+    return tuple(out)

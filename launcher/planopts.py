@@ -1,0 +1,81 @@
+"""The planning options of every command that plans (plan, serve, tune), and the one Policy
+built from them, so that `serve` and `tune` can plan whatever `plan` plans, the same way."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from launcher import hardware
+from launcher.plantypes import WORKLOADS, Policy
+
+
+def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
+                           model_required: bool = False) -> None:
+    p.add_argument("--model", required=model_required, help=model_help)
+    p.add_argument("--topology", metavar="FILE",
+                   help="saved topology (probe --save, or an NVML dump) instead of NVML")
+    p.add_argument("--workload", choices=WORKLOADS, default="interactive",
+                   help="interactive: one agent, latency first (default); throughput: many "
+                   "streams")
+    p.add_argument("--concurrency", type=int,
+                   help="streams to expect (default 1 interactive, 32 throughput)")
+    p.add_argument("--max-model-len", type=int,
+                   help="context length to guarantee (default: the longest that fits)")
+    p.add_argument("--prompt", type=int, default=512,
+                   help="prompt tokens of a typical request (default 512)")
+    p.add_argument("--gen", type=int, default=256,
+                   help="generated tokens of a typical request (default 256)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--tp", type=int, help="force the tensor-parallel size")
+    p.add_argument("--pp", type=int, help="force the pipeline-parallel (layer split) size")
+    p.add_argument("--dp", type=int, help="force the number of data-parallel replicas")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="plan for this many identical nodes (Ray)")
+    p.add_argument("--gpus-per-node", type=int,
+                   help="GPUs used on each node (default: all of the topology)")
+    p.add_argument("--network-gbps", type=float, default=100.0,
+                   help="link between nodes in Gbit/s (default 100: 100G Ethernet/RoCE)")
+
+
+def policy_from_args(args: argparse.Namespace) -> Policy:
+    return Policy(
+        workload=args.workload,
+        concurrency=args.concurrency,
+        max_model_len=args.max_model_len,
+        prompt_tokens=args.prompt,
+        gen_tokens=args.gen,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        force_tp=args.tp,
+        force_pp=args.pp,
+        force_dp=args.dp,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        internode_gbs=args.network_gbps / 8 * hardware.NETWORK_EFFICIENCY,
+        cpu_cores=os.cpu_count() or 1,
+    )
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """What shapes the engine command beyond the plan; `plan` takes them too, so that it prints
+    the command `serve` runs for the same options."""
+    p.add_argument("--served-model-name", help="name clients use (default: the model's)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let vLLM run code shipped with the model (off unless asked)")
+    p.add_argument("--ray-address", help="run vLLM on an existing Ray cluster (HEAD:PORT)")
+    p.add_argument("extra", nargs=argparse.REMAINDER,
+                   help="after --: extra arguments passed to vLLM as they are, last")
+
+
+def cpu_ids() -> tuple[int, ...]:
+    """The CPUs this process may run on (what a CPU engine's workers are spread over)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
+
+
+def extra_args(args: argparse.Namespace) -> tuple[str, ...]:
+    given = list(getattr(args, "extra", None) or [])
+    # argparse keeps the "--" that ends our own options; it is not one of vLLM's arguments.
+    return tuple(given[1:] if given[:1] == ["--"] else given)
