@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from launcher import tinymodel
+from launcher import planopts, tinymodel
 from launcher.cmd_serve import build_spec, collect_api_keys
 from launcher.errors import LauncherError
 from launcher.launchspec import LaunchSpec
@@ -39,23 +39,18 @@ def add_parser(sub: Any) -> None:
         "tune", help="A/B the candidate plans with loadgen and keep the best",
         description="Start each candidate plan in turn, measure it through the proxy with "
         "loadgen, print the comparison and write the winner for `launcher serve --plan`.")
-    p.add_argument("--model", help="model directory or HF id (default: the embedded model)")
+    planopts.add_planning_arguments(
+        p, model_help="model directory or HF id (default: the embedded model)")
+    # tune measures with loadgen at this concurrency too, so it needs a number, not "planner's"
+    p.set_defaults(concurrency=16)
     p.add_argument("--candidate", action="append", default=[], metavar="SPEC",
                    help="a candidate: 'tp=2', 'pp=2', 'tp=2 dp=2', or 'name=x --vllm-flag v' "
                    "(use --candidate='...' when SPEC starts with --). Default: the planner's "
                    "best three, or two engine settings on the CPU")
-    p.add_argument("--workload", choices=("interactive", "throughput"), default="interactive")
-    p.add_argument("--concurrency", type=int, default=16,
-                   help="streams for the throughput workload (default 16)")
-    p.add_argument("--prompt", type=int, default=512, help="prompt tokens (default 512)")
-    p.add_argument("--gen", type=int, default=256, help="generated tokens (default 256)")
     p.add_argument("--requests", type=int, help="requests per candidate (default 3 "
                    "interactive, 4x concurrency throughput)")
     p.add_argument("--out", type=Path, default=Path("tuned-plan.json"))
     p.add_argument("--results-dir", type=Path, help="keep each candidate's loadgen JSON here")
-    p.add_argument("--topology")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", action="append", default=[])
@@ -91,17 +86,14 @@ def main(args: argparse.Namespace) -> int:
 
 def default_candidates(args: argparse.Namespace) -> list[CandidateSpec]:
     from launcher.modelspec import load_model_spec
-    from launcher.plan import Policy, plan
+    from launcher.plan import plan
     from launcher.topology import load_topology
 
     topo = load_topology(args.topology, os.environ)
     if not topo.gpus:
         return [parse_candidate(c) for c in CPU_DEFAULT_CANDIDATES]
     model_ref = args.model or str(tinymodel.ensure_tiny_model())
-    chosen = plan(topo, load_model_spec(model_ref),
-                  Policy(workload=args.workload, concurrency=args.concurrency,
-                         max_model_len=args.max_model_len, prompt_tokens=args.prompt,
-                         gen_tokens=args.gen, cpu_cores=os.cpu_count() or 1))
+    chosen = plan(topo, load_model_spec(model_ref), planopts.policy_from_args(args))
     viable = [c for c in chosen.candidates if not c.rejected]
     ranked = sorted(viable, key=lambda c: _candidate_score(c, args.workload), reverse=True)
     return [CandidateSpec(f"tp={c.tp} pp={c.pp} dp={c.dp}", c.tp, c.pp, c.dp)
@@ -134,20 +126,15 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     """The candidate's plan as `launcher plan --json` would print it, plus its vLLM flags."""
     from launcher.cmd_serve import resolve_model
     from launcher.modelspec import load_model_spec
-    from launcher.plan import Policy, plan
+    from launcher.plan import plan
     from launcher.render import plan_to_json, render
     from launcher.topology import load_topology
 
     model_ref, served = resolve_model(ns.model)
     chosen = plan(load_topology(ns.topology, os.environ), load_model_spec(model_ref),
-                  Policy(workload=ns.workload, concurrency=ns.concurrency,
-                         max_model_len=ns.max_model_len,
-                         gpu_memory_utilization=ns.gpu_memory_utilization,
-                         force_tp=ns.tp, force_pp=ns.pp, force_dp=ns.dp,
-                         prompt_tokens=ns.prompt, gen_tokens=ns.gen,
-                         cpu_cores=os.cpu_count() or 1))
+                  planopts.policy_from_args(ns))
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
-                      extra_args=ns.extra)
+                      extra_args=ns.extra, user_env=os.environ)
     data = plan_to_json(chosen, rendered)
     data["vllm_extra_args"] = list(ns.extra)
     return data
