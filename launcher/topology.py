@@ -1,6 +1,7 @@
 """GPU topology as frozen values: what the GPUs are and how each pair is joined.
 
-A Topology comes from NVML (:mod:`launcher.nvml`) or from a saved file. Two file formats load:
+A Topology comes from NVML (:mod:`launcher.nvml`) or from a saved file, read by the total readers
+of :mod:`launcher.topoparse` (the values are in :mod:`launcher.topotypes`). Two formats load:
 
 - the project's own JSON (``"format": "toposerve-topology/1"``, written by ``probe --save``;
   see docs/topology-format.md), and
@@ -16,321 +17,137 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import TopologyError
+from launcher.topoparse import (
+    UNKNOWN_NAME,
+    Notes,
+    from_nvml_dump,
+    topology_from_json,
+    topology_to_json,
+)
+from launcher.topotypes import (
+    ANCESTOR_NAMES,
+    ANCESTOR_RANK,
+    ASSUMED_PCIE_GEN,
+    ASSUMED_PCIE_WIDTH,
+    FORMAT,
+    P2P_FIELDS,
+    P2P_STATUS_NAMES,
+    Gpu,
+    Measured,
+    Pair,
+    Topology,
+    normalize_bus_id,
+)
 
-FORMAT = "toposerve-topology/1"
-
-# nvmlGpuTopologyLevel_t → the names `nvidia-smi topo -m` prints.
-ANCESTOR_NAMES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
-ANCESTOR_RANK = {"X": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
-
-# nvmlGpuP2PStatus_t, named.
-P2P_STATUS_NAMES = {
-    0: "OK",
-    1: "CHIPSET_NOT_SUPPORTED",
-    2: "GPU_NOT_SUPPORTED",
-    3: "IOH_TOPOLOGY_NOT_SUPPORTED",
-    4: "DISABLED_BY_REGKEY",
-    5: "NOT_SUPPORTED",
-    6: "UNKNOWN",
-}
-P2P_FIELDS = ("p2p_read", "p2p_write", "p2p_nvlink", "p2p_atomics", "p2p_pci")
-
-# A remote bus id NVML gives in VMs (and for links that end on an NVSwitch we cannot name).
-_UNKNOWN_BUS = "FFFFFFFF:FF:FF.0"
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    uuid: str
-    bus_id: str
-    memory_bytes: int
-    cc: tuple[int, int] | None = None
-    pcie_gen_cur: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width_cur: int | None = None
-    pcie_width_max: int | None = None
-    numa_node: int | None = None
-    nvlinks_active: int = 0
-    persistence_mode: bool | None = None
-    cpu_affinity: str | None = None
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What `probe --measure` saw for one pair; overrides the assumed link figures."""
-
-    bandwidth_gbs: float | None = None  # unidirectional peer copy, GB/s (1e9 bytes)
-    allreduce_gbs: float | None = None  # NCCL all-reduce bus bandwidth, 64 MiB, GB/s
-    latency_us: float | None = None  # NCCL all-reduce of one value
-    nccl_transport: str | None = None  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net'
-    allreduce_ok: bool | None = None
-
-
-@dataclass(frozen=True)
-class Pair:
-    a: int
-    b: int
-    nvlinks: int = 0
-    common_ancestor: str | None = None  # PIX/PXB/PHB/NODE/SYS, None when unknown
-    p2p_read: str | None = None  # P2P_STATUS_NAMES value, None when NVML refused
-    p2p_write: str | None = None
-    p2p_nvlink: str | None = None
-    p2p_atomics: str | None = None
-    p2p_pci: str | None = None
-    measured: Measured | None = None
-    # NCCL_P2P_DISABLE in the launcher's environment (see apply_nccl_env): a fact of this run,
-    # not of the hardware, so it is not saved with the topology.
-    p2p_disabled_by_env: bool = False
-
-    @property
-    def p2p_ok(self) -> bool:
-        """Whether CUDA peer access is granted (over PCIe or NVLink)."""
-        return self.p2p_read == "OK" and self.p2p_write == "OK"
-
-
-@dataclass(frozen=True)
-class Topology:
-    gpus: tuple[Gpu, ...]
-    pairs: tuple[Pair, ...] = ()
-    driver: str | None = None
-    cuda: int | None = None
-    source: str = "nvml"
-    notes: tuple[str, ...] = field(default=())
-
-    def gpu(self, index: int) -> Gpu:
-        for g in self.gpus:
-            if g.index == index:
-                return g
-        raise KeyError(index)
-
-    def pair(self, a: int, b: int) -> Pair:
-        lo, hi = min(a, b), max(a, b)
-        for p in self.pairs:
-            if p.a == lo and p.b == hi:
-                return p
-        return Pair(a=lo, b=hi)
-
-
-# ----------------------------------------------------------------------------- NVML dump parsing
-
-
-def _val(raw: Any) -> Any:
-    """A dump value, or None where NVML refused ("ERR:...")."""
-    if isinstance(raw, str) and raw.startswith("ERR:"):
-        return None
-    return raw
-
-
-def _int(raw: Any) -> int | None:
-    v = _val(raw)
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def normalize_bus_id(bus: str) -> str:
-    """``0000:01:00.0`` and ``00000000:01:00.0`` are one device: upper-case, 8-digit domain."""
-    bus = bus.strip().upper()
-    domain, sep, rest = bus.partition(":")
-    if not sep:
-        return bus
-    return f"{int(domain, 16):08X}:{rest}" if domain else bus
-
-
-def _gpu_from_dump(d: Mapping[str, Any]) -> Gpu:
-    cc_raw = _val(d.get("cc"))
-    cc = (
-        (int(cc_raw[0]), int(cc_raw[1]))
-        if isinstance(cc_raw, Sequence) and len(cc_raw) == 2
-        else None
-    )
-    links = [ln for ln in d.get("nvlinks") or [] if isinstance(ln, Mapping)]
-    persistence = _int(d.get("persistence_mode"))
-    affinity = _val(d.get("cpu_affinity"))
-    return Gpu(
-        index=int(d["index"]),
-        name=str(_val(d.get("name")) or "unknown GPU"),
-        uuid=str(_val(d.get("uuid")) or f"unknown-{d['index']}"),
-        bus_id=normalize_bus_id(str(_val(d.get("bus_id")) or "")),
-        memory_bytes=_int(d.get("memory_total")) or 0,
-        cc=cc,
-        pcie_gen_cur=_int(d.get("pcie_gen_cur")),
-        pcie_gen_max=_int(d.get("pcie_gen_max")),
-        pcie_width_cur=_int(d.get("pcie_width_cur")),
-        pcie_width_max=_int(d.get("pcie_width_max")),
-        numa_node=_int(d.get("numa_node")),
-        nvlinks_active=sum(1 for ln in links if _int(ln.get("active")) == 1),
-        persistence_mode=None if persistence is None else persistence == 1,
-        cpu_affinity=str(affinity) if affinity else None,
-    )
-
-
-def _links_between(
-    raw_gpus: Mapping[int, Mapping[str, Any]], gpus: Mapping[int, Gpu], a: int, b: int, nvl_ok: bool
-) -> int:
-    """Active NVLinks joining a and b.
-
-    A link whose remote bus is b's counts directly (a bridge between two cards). Links that end on
-    something else (an NVSwitch) or on a bus NVML hides (VMs print FFFFFFFF:FF:FF.0) join a and b
-    only when NVML says P2P over NVLink is OK between them; then the pair gets as many as the
-    smaller side has, which is what `nvidia-smi topo -m` shows as NV# on NVSwitch machines.
-    """
-    bus_ids = {normalize_bus_id(g.bus_id) for g in gpus.values()}
-
-    def active(i: int) -> list[str]:
-        out = []
-        for ln in raw_gpus[i].get("nvlinks") or []:
-            if _int(ln.get("active")) == 1:
-                out.append(normalize_bus_id(str(_val(ln.get("remote_bus")) or _UNKNOWN_BUS)))
-        return out
-
-    direct = sum(1 for r in active(a) if r == normalize_bus_id(gpus[b].bus_id))
-    if direct:
-        return direct
-    if not nvl_ok:
-        return 0
-    elsewhere_a = sum(1 for r in active(a) if r not in bus_ids)
-    elsewhere_b = sum(1 for r in active(b) if r not in bus_ids)
-    return min(elsewhere_a, elsewhere_b)
-
-
-def _status(raw: Any) -> str | None:
-    v = _int(raw)
-    return None if v is None else P2P_STATUS_NAMES.get(v, "UNKNOWN")
-
-
-def from_nvml_dump(data: Mapping[str, Any], source: str = "nvml") -> Topology:
-    """Parse the plain NVML dump format (see docs/topology-format.md)."""
-    try:
-        raw_gpus = {int(g["index"]): g for g in data.get("gpus", [])}
-        gpus = {i: _gpu_from_dump(g) for i, g in raw_gpus.items()}
-        pairs = []
-        for p in data.get("pairs", []):
-            a, b = sorted((int(p["a"]), int(p["b"])))
-            statuses = {f: _status(p.get(f)) for f in P2P_FIELDS}
-            anc = _int(p.get("common_ancestor"))
-            nvl_ok = statuses["p2p_nvlink"] == "OK"
-            pairs.append(
-                Pair(
-                    a=a,
-                    b=b,
-                    nvlinks=_links_between(raw_gpus, gpus, a, b, nvl_ok),
-                    common_ancestor=None if anc is None else ANCESTOR_NAMES.get(anc),
-                    p2p_read=statuses["p2p_read"],
-                    p2p_write=statuses["p2p_write"],
-                    p2p_nvlink=statuses["p2p_nvlink"],
-                    p2p_atomics=statuses["p2p_atomics"],
-                    p2p_pci=statuses["p2p_pci"],
-                )
-            )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TopologyError(
-            f"{source}: not a usable NVML dump ({type(exc).__name__}: {exc}); "
-            "see docs/topology-format.md for the fields"
-        ) from exc
-    driver = _val(data.get("driver"))
-    return Topology(
-        gpus=tuple(gpus[i] for i in sorted(gpus)),
-        pairs=tuple(sorted(pairs, key=lambda q: (q.a, q.b))),
-        driver=str(driver) if driver else None,
-        cuda=_int(data.get("cuda")),
-        source=source,
-    )
-
-
-# ------------------------------------------------------------------------ the project's own JSON
-
-
-def topology_to_json(topo: Topology) -> dict[str, Any]:
-    def measured(m: Measured | None) -> dict[str, Any] | None:
-        return None if m is None else dict(vars(m))
-
-    return {
-        "format": FORMAT,
-        "source": topo.source,
-        "driver": topo.driver,
-        "cuda": topo.cuda,
-        "notes": list(topo.notes),
-        "gpus": [{**vars(g), "cc": list(g.cc) if g.cc else None} for g in topo.gpus],
-        "pairs": [
-            {
-                **{k: v for k, v in vars(p).items() if k != "measured"},
-                "measured": measured(p.measured),
-            }
-            for p in topo.pairs
-        ],
-    }
-
-
-def _from_project_json(data: Mapping[str, Any], source: str) -> Topology:
-    try:
-        gpus = []
-        for g in data["gpus"]:
-            fields = dict(g)
-            fields["cc"] = tuple(fields["cc"]) if fields.get("cc") else None
-            gpus.append(Gpu(**fields))
-        pairs = []
-        for p in data.get("pairs", []):
-            fields = dict(p)
-            m = fields.pop("measured", None)
-            pairs.append(Pair(**fields, measured=Measured(**m) if m else None))
-    except (KeyError, TypeError) as exc:
-        raise TopologyError(
-            f"{source}: not a usable toposerve topology ({exc}); see docs/topology-format.md"
-        ) from exc
-    return Topology(
-        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
-        pairs=tuple(sorted(pairs, key=lambda q: (q.a, q.b))),
-        driver=data.get("driver"),
-        cuda=data.get("cuda"),
-        source=source,
-        notes=tuple(data.get("notes", ())),
-    )
-
-
-def topology_from_json(data: Mapping[str, Any], source: str = "json") -> Topology:
-    """Either format, told apart by the ``format`` key the project's JSON always carries."""
-    if not isinstance(data, Mapping) or "gpus" not in data:
-        raise TopologyError(f"{source}: no 'gpus' list; expected a topology JSON or an NVML dump")
-    if data.get("format") == FORMAT:
-        return _from_project_json(data, source)
-    if "format" in data:
-        raise TopologyError(
-            f"{source}: unknown topology format {data['format']!r}; expected {FORMAT}"
-        )
-    return from_nvml_dump(data, source)
+__all__ = [
+    "ANCESTOR_NAMES",
+    "ANCESTOR_RANK",
+    "ASSUMED_PCIE_GEN",
+    "ASSUMED_PCIE_WIDTH",
+    "FORMAT",
+    "P2P_FIELDS",
+    "P2P_STATUS_NAMES",
+    "Gpu",
+    "Measured",
+    "Pair",
+    "Topology",
+    "apply_nccl_env",
+    "apply_visible_devices",
+    "assumption_notes",
+    "from_nvml_dump",
+    "load_topology",
+    "normalize_bus_id",
+    "pair_link",
+    "pcie_link_name",
+    "topology_from_json",
+    "topology_to_json",
+    "visible_gpus",
+]
 
 
 def load_topology(path: str | None, env: Mapping[str, str]) -> Topology:
     """A saved topology (``path``) or, with ``None``, this machine's GPUs read through NVML.
 
-    ``CUDA_VISIBLE_DEVICES`` in ``env`` narrows both to the GPUs a process would see.
+    ``CUDA_VISIBLE_DEVICES`` in ``env`` narrows both to the GPUs a process would see. Whatever
+    the reading left unknown is said in the notes, with what the planner assumes instead.
     """
     if path is None:
         from launcher import nvml  # NVML only when asked: plan --topology must run anywhere
 
-        return apply_nccl_env(nvml.read_topology(env), env)
-    p = Path(path)
+        topo = apply_nccl_env(nvml.read_topology(env), env)
+    else:
+        topo = apply_nccl_env(apply_visible_devices(_read_file(path), env), env)
+    return replace(topo, notes=tuple(dict.fromkeys((*topo.notes, *assumption_notes(topo)))))
+
+
+def _read_file(path: str) -> Topology:
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise TopologyError(
             f"topology file {path} not found; save one with `launcher probe --save FILE`"
         ) from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TopologyError(f"cannot read topology file {path}: {exc}") from exc
-    topo = apply_visible_devices(topology_from_json(data, source=str(path)), env)
-    return apply_nccl_env(topo, env)
+    except OSError as exc:
+        raise TopologyError(f"cannot read topology file {path}: {exc.strerror or exc}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TopologyError(f"cannot read topology file {path}: not JSON ({first})") from exc
+    return topology_from_json(data, source=str(path))
+
+
+def assumption_notes(topo: Topology) -> tuple[str, ...]:
+    """What the planner assumes where the topology is unknown, one note per kind of unknown.
+
+    Each assumption is the slow case (docs/topology-format.md): an unknown link is no NVLink and
+    no P2P (NCCL through host memory), across sockets; an unknown PCIe link is x4 Gen3; a card of
+    unknown memory holds nothing. The cost model makes the same assumptions from the ``None``s.
+    """
+    notes = Notes()
+    for g in topo.gpus:
+        if g.memory_bytes <= 0:
+            notes.add(f"GPU{g.index}", "memory size unknown; assumed unusable (nothing on it)")
+        if g.name == UNKNOWN_NAME and g.cc is None:
+            notes.add(
+                f"GPU{g.index}",
+                "GPU model unknown (no name, no compute capability); assumed a generic card",
+            )
+    pairs = {(p.a, p.b): p for p in topo.pairs}
+    over_pcie: set[int] = set()
+    for i, ga in enumerate(topo.gpus):
+        for gb in topo.gpus[i + 1 :]:
+            a, b = sorted((ga.index, gb.index))
+            p = pairs.get((a, b))
+            subject = f"GPU{a}-GPU{b}"
+            if p is None:
+                notes.add(
+                    subject,
+                    "no entry in 'pairs'; assumed no NVLink and no P2P (NCCL through host memory), "
+                    "across sockets",
+                )
+                over_pcie |= {a, b}
+                continue
+            if (p.measured is not None and p.measured.nccl_transport) or pair_link(p) == "nvlink":
+                continue
+            over_pcie |= {a, b}
+            if p.p2p_disabled_by_env:
+                continue
+            if p.p2p_read is None or p.p2p_write is None:
+                notes.add(subject, "P2P status unknown; assumed no P2P (NCCL through host memory)")
+            if p.common_ancestor is None:
+                notes.add(subject, "PCIe path unknown; assumed across CPU sockets (SYS)")
+    for g in topo.gpus:
+        if g.index not in over_pcie:
+            continue
+        if g.pcie_width_cur is None:
+            width = min(g.pcie_width_max or ASSUMED_PCIE_WIDTH, ASSUMED_PCIE_WIDTH)
+            notes.add(f"GPU{g.index}", f"PCIe link width unknown; assumed x{width}")
+        if g.pcie_gen_max is None and g.pcie_gen_cur is None:
+            notes.add(f"GPU{g.index}", f"PCIe generation unknown; assumed Gen{ASSUMED_PCIE_GEN}")
+    return notes.lines()
 
 
 def apply_nccl_env(topo: Topology, env: Mapping[str, str]) -> Topology:

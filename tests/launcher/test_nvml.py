@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+from typing import Any
+from unittest import mock
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher import nvml
-from launcher.topology import topology_to_json
-from tests.launcher.fake_pynvml import FakeGpu, FakeNvml
+from launcher.cli import main
+from launcher.probeformat import format_topology
+from launcher.topology import assumption_notes, topology_to_json
+from tests.launcher.fake_pynvml import FakeGpu, FakeNvml, NVMLError_NotSupported
 from tests.launcher.fake_pynvml import NVMLError_GpuIsLost as NVMLErrorGpuIsLost
+from tests.launcher.paths import model
 
 G3090 = "NVIDIA GeForce RTX 3090"
 
@@ -137,3 +148,104 @@ def test_a_gpu_nvml_cannot_open_is_left_out_with_a_note() -> None:
     assert [g.index for g in topo.gpus] == [1]
     assert topo.pairs == ()
     assert any("GPU0" in n and "GpuIsLost" in n for n in topo.notes)
+
+
+# ------------------------------------------------------- a broken NVML: any call, any failure
+
+NVML_CALLS = sorted(
+    name for name in dir(FakeNvml) if name.startswith("nvml") and name != "nvmlShutdown"
+)
+
+
+class _Odd:
+    """An answer of no shape NVML gives: no fields, not a number."""
+
+
+BEHAVIOURS: dict[str, Any] = {
+    "not supported": NVMLError_NotSupported(),
+    "lost": NVMLErrorGpuIsLost(),
+    "type error": TypeError("ctypes argument"),
+    "runtime error": RuntimeError("driver/library mismatch"),
+    "missing in this pynvml": AttributeError("module 'pynvml' has no attribute"),
+}
+ANSWERS: dict[str, Any] = {
+    "None": None,
+    "a string": "garbage",
+    "bytes": b"\xff\xfe",
+    "negative": -1,
+    "huge": 2**80,
+    "a float": 3.5,
+    "an object": _Odd(),
+    "a list": [1, "x"],
+}
+
+
+class BrokenNvml(FakeNvml):
+    """Two 3090s whose NVML fails the chosen calls the chosen way."""
+
+    def __init__(self, broken: dict[str, str]) -> None:
+        base = two_3090s()
+        super().__init__(base.gpus, base.p2p)
+        self.broken = broken
+
+    def __getattribute__(self, name: str) -> Any:
+        broken = object.__getattribute__(self, "__dict__").get("broken", {})
+        if name not in broken:
+            return object.__getattribute__(self, name)
+        how = broken[name]
+
+        def call(*args: Any) -> Any:
+            if how in BEHAVIOURS:
+                raise BEHAVIOURS[how]
+            return ANSWERS[how]
+
+        return call
+
+
+BROKEN = st.dictionaries(
+    st.sampled_from(NVML_CALLS), st.sampled_from(sorted(BEHAVIOURS) + sorted(ANSWERS)), max_size=6
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(broken=BROKEN)
+def test_a_broken_nvml_gives_a_reading_never_an_exception(broken: dict[str, str]) -> None:
+    fake = BrokenNvml(broken)
+    topo = nvml.read_topology({}, fake)
+    assert all(g.index in (0, 1) for g in topo.gpus)
+    assert topo.gpus or topo.notes  # no GPU is always said why
+    json.dumps(topology_to_json(topo))  # what probe --save writes
+    format_topology(topo)
+    samples = nvml.sample_gpus(BrokenNvml(broken))
+    assert {s.index for s in samples} <= {0, 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(broken=BROKEN)
+def test_launcher_probe_and_plan_on_a_broken_nvml_exit_cleanly(broken: dict[str, str]) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        mock.patch.object(nvml, "_import_pynvml", return_value=BrokenNvml(broken)),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        probe = main(["probe"])
+        plan = main(["plan", "--model", model("mistral-7b")])
+    assert probe == 0, err.getvalue()
+    assert plan in (0, 3), err.getvalue()  # 3: nothing fits, said in one line
+    assert "Traceback" not in err.getvalue()
+
+
+def test_a_refused_call_is_named_in_the_reading() -> None:
+    topo = nvml.read_topology({}, BrokenNvml({"nvmlDeviceGetNvLinkState": "runtime error"}))
+    assert [g.nvlinks_active for g in topo.gpus] == [0, 0]
+    broken = nvml.read_topology({}, BrokenNvml({"nvmlDeviceGetMemoryInfo": "an object"}))
+    assert [g.memory_bytes for g in broken.gpus] == [0, 0]
+    assert any("memory size unknown; assumed unusable" in n for n in assumption_notes(broken))
+
+
+def test_nvml_init_that_fails_in_any_way_means_no_gpu() -> None:
+    for how in ("runtime error", "missing in this pynvml"):
+        topo = nvml.read_topology({}, BrokenNvml({"nvmlInit": how}))
+        assert topo.gpus == ()
+        assert any("no GPU" in n for n in topo.notes)

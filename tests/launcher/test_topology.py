@@ -83,7 +83,9 @@ def test_own_json_round_trips_with_measurements(tmp_path: Path) -> None:
         ("{", "cannot read topology file"),
         ('{"format": "toposerve-topology/9", "gpus": []}', "unknown topology format"),
         ('{"nothing": 1}', "no 'gpus' list"),
-        ('{"gpus": [{"name": "x"}]}', "not a usable NVML dump"),
+        ('{"gpus": [{"name": "x"}]}', r"none of the 1 entries of 'gpus' is a usable GPU.*index"),
+        ('{"gpus": "ERR:NVMLError_Unknown"}', "'gpus' is NVML refused: NVMLError_Unknown"),
+        ("[1, 2]", "not a JSON object"),
     ],
 )
 def test_bad_files_say_what_is_wrong(tmp_path: Path, content: str, message: str) -> None:
