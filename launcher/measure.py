@@ -1,4 +1,8 @@
-"""`probe --measure`: what the links really do, per GPU pair, with torch and NCCL.
+"""`probe --measure`: what each GPU computes and what the links really do, with torch and NCCL.
+
+For each GPU, in a fresh process that sees only it: bf16 matmuls at the shapes of a 512-token
+prefill and of decode steps of a 7-70B model, timed (achieved TFLOP/s and GB/s; the shapes and
+arithmetic are :mod:`launcher.gpuperf`). The planner uses these over the datasheet table.
 
 For each pair, in fresh processes that see only those two GPUs (CUDA_VISIBLE_DEVICES, PCI order):
 
@@ -28,8 +32,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from launcher import gpuperf
 from launcher.errors import MeasureError
-from launcher.topology import Measured, Pair, Topology
+from launcher.gpuperf import GpuPerf, Sample, Shape
+from launcher.topology import Gpu, Measured, Pair, Topology
 
 WORKER_TIMEOUT_S = 180
 # NVLink multicast (NVLS) must stay off on the lent machines; a two-rank all-reduce never needs it.
@@ -149,30 +155,44 @@ def measure_pair(p: Pair, env: Mapping[str, str], workdir: Path) -> Measured:
     )
 
 
+def measure_gpu(g: Gpu, env: Mapping[str, str], workdir: Path) -> GpuPerf | None:
+    """The GPU's achieved GEMM rates, timed in a process that sees only this GPU."""
+    genv = {**SAFE_ENV, **env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": str(g.index)}
+    out = workdir / f"gemm-{g.index}.json"
+    _finish([_worker(["gemm", "--out", str(out)], genv)], f"GEMM timing on GPU{g.index}")
+    perf, reasons = gpuperf.perf_from_json(json.loads(out.read_text()))
+    if reasons:
+        raise MeasureError(f"GEMM timing on GPU{g.index} gave unusable figures: {reasons[0]}")
+    return perf
+
+
 def measure_topology(topo: Topology, env: Mapping[str, str]) -> Topology:
-    """The topology with every pair's measured figures filled in."""
+    """The topology with every GPU's GEMM rates and every pair's link figures filled in."""
     if not topo.gpus:
         raise MeasureError(
             "no GPU found, so there is nothing to measure; the planner will use "
             "the CPU engine (run `launcher doctor` for why no GPU is seen)"
         )
-    if len(topo.gpus) < 2:
-        raise MeasureError("one GPU only: there is no link to measure")
     if importlib.util.find_spec("torch") is None:
         raise MeasureError(
             "--measure needs PyTorch with CUDA in this environment "
             "(pip install torch); NVML alone cannot time a copy"
         )
     with tempfile.TemporaryDirectory(prefix="toposerve-measure-") as tmp:
+        gpus = tuple(replace(g, perf=measure_gpu(g, env, Path(tmp))) for g in topo.gpus)
         pairs = tuple(replace(p, measured=measure_pair(p, env, Path(tmp))) for p in topo.pairs)
     bad = [f"GPU{p.a}-GPU{p.b}" for p in pairs if p.measured and p.measured.allreduce_ok is False]
     notes = [f"measured {time.strftime('%Y-%m-%d %H:%M:%S')}"]
+    notes += [f"GPU{g.index} measured: {g.perf.describe()}" for g in gpus if g.perf is not None]
+    if len(gpus) < 2:
+        notes.append("one GPU: no link to measure")
     if bad:
         notes.append(
             f"all-reduce gave WRONG results between {', '.join(bad)}: do not use P2P there "
             "(NCCL_P2P_DISABLE=1)"
         )
-    return replace(topo, pairs=pairs, notes=(*topo.notes, *notes))
+    return replace(topo, gpus=gpus, pairs=pairs, notes=(*topo.notes, *notes))
 
 
 # ------------------------------------------------------------------------------------ workers
@@ -280,6 +300,70 @@ def _allreduce_worker(rank: int, port: int, out: Path, world: int = 2) -> None:
     dist.destroy_process_group()
 
 
+def _elapsed(torch: Any, device: str, fn: Any, reps: int) -> float:
+    """Seconds for ``reps`` calls of ``fn`` after it has run once (CUDA events on a GPU)."""
+    fn()
+    if device == "cpu":
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return time.perf_counter() - t0
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / 1e3
+
+
+# Decode weights cycled through at least this many bytes per shape, so that no cache (L2 is at
+# most ~130 MB on current GPUs) holds them between steps: every step reads from memory.
+DECODE_CYCLE_BYTES = 1 << 30
+
+
+def time_gemms(torch: Any, device: str, shapes: Sequence[Shape], reps: int = 20,
+               cycle_bytes: int = DECODE_CYCLE_BYTES) -> list[Sample]:
+    """Time bf16 matmuls of each shape on ``device`` ("cuda" or "cpu")."""
+    samples = []
+    for kind, m, k, n in shapes:
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        one = k * n * gpuperf.DTYPE_BYTES
+        copies = max(1, -(-cycle_bytes // one)) if kind == "decode" else 1
+        ws = [torch.randn(k, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        state = {"i": 0}
+
+        def step(x: Any = x, ws: Any = ws, state: dict[str, int] = state) -> None:
+            state["i"] = (state["i"] + 1) % len(ws)
+            torch.matmul(x, ws[state["i"]])
+
+        # for decode, at least one full cycle through the copies, so each is read from memory
+        count = max(reps, copies) if kind == "decode" else reps
+        samples.append(Sample(kind, m, k, n, count, _elapsed(torch, device, step, count)))
+        del ws, x
+        if device != "cpu":
+            torch.cuda.empty_cache()
+    return samples
+
+
+def _gemm_worker(out: Path, device: str, tiny: bool) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("torch sees no CUDA device here (a CPU-only torch, or no driver)")
+    if tiny:  # the same path on shapes a CPU times in well under a second
+        shapes = [*gpuperf.prefill_shapes(64, tokens=16), *gpuperf.decode_shapes(64, (1, 4))]
+        samples = time_gemms(torch, device, shapes, reps=3, cycle_bytes=1 << 16)
+    else:
+        samples = time_gemms(torch, device, gpuperf.default_shapes())
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    method = (f"torch {torch.__version__} bf16 matmul on {device}, "
+              f"{len(samples)} shapes{' (tiny)' if tiny else ''}")
+    perf = gpuperf.summarize(samples, device=name, method=method)
+    out.write_text(json.dumps(gpuperf.perf_to_json(perf, samples)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m launcher.measure", description="probe --measure workers"
@@ -287,6 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     c = sub.add_parser("copy")
     c.add_argument("--out", type=Path, required=True)
+    g = sub.add_parser("gemm")
+    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    g.add_argument("--tiny", action="store_true", help="tiny shapes (tests on a CPU)")
     a = sub.add_parser("allreduce")
     a.add_argument("--rank", type=int, required=True)
     a.add_argument("--port", type=int, required=True)
@@ -294,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: Any = p.parse_args(argv)
     if args.what == "copy":
         _copy_worker(args.out)
+    elif args.what == "gemm":
+        _gemm_worker(args.out, args.device, args.tiny)
     else:
         _allreduce_worker(args.rank, args.port, args.out)
     return 0
