@@ -11,17 +11,29 @@ import itertools
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from loadgen.config import Config
 from loadgen.runner import Driven, Shape, drive, window
 from loadgen.stats import Summary, summarize
 from loadgen.target import Target
-from loadgen.timing import Expected, RawRequest, RequestResult, measure
+from loadgen.timing import Expected, OutputCounter, RawRequest, RequestResult, measure
 from loadgen.transport import Client, Endpoint
-from loadgen.workload import Workload, prepare
+from loadgen.workload import PromptInfo, Workload, prepare
 
 T = TypeVar("T")
+
+
+class Measurable(Protocol):
+    """What measuring a level needs of a workload (the standard one or the agent's)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def output(self) -> OutputCounter | None: ...
+
+    def expected_for(self, index: int) -> Expected: ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ class Report:
     target: Target
     levels: tuple[LevelResult, ...]
     ended_unix: float
+    prompts: PromptInfo | None = None  # how prompts were made and counted
 
 
 class Hooks:
@@ -76,7 +89,7 @@ def run(config: Config, hooks: Hooks | None = None) -> Report:
         levels = _levels_in_processes(workload, hooks)
     else:
         levels = run_async(_levels(workload, hooks))
-    return Report(config, workload.target, tuple(levels), time.time())
+    return Report(config, workload.target, tuple(levels), time.time(), workload.prompts.info)
 
 
 async def _levels(workload: Workload, hooks: Hooks) -> list[LevelResult]:
@@ -118,7 +131,7 @@ async def _level(
     driven = await drive(
         client, payload, indices, shape, lambda done, elapsed: hooks.tick(len(done), elapsed, done)
     )
-    return measure_level(driven, workload.expected, concurrency, config.rate)
+    return measure_level(driven, workload, concurrency, config.rate)
 
 
 def _levels_in_processes(workload: Workload, hooks: Hooks) -> list[LevelResult]:
@@ -139,18 +152,20 @@ def _levels_in_processes(workload: Workload, hooks: Hooks) -> list[LevelResult]:
         hooks.level_started(concurrency, requests, config.duration)
         driven = drive_processes(parts, lambda count, elapsed: hooks.tick(count, elapsed, ()))
         next_number = max((r.index for r in driven.raws), default=next_number) + 1
-        level = measure_level(driven, workload.expected, concurrency, config.rate)
+        level = measure_level(driven, workload, concurrency, config.rate)
         hooks.level_done(level)
         results.append(level)
     return results
 
 
 def measure_level(
-    driven: Driven, expected: Expected, concurrency: int | None, rate: float | None
+    driven: Driven, workload: Measurable, concurrency: int | None, rate: float | None
 ) -> LevelResult:
     """Pure: raw timestamps of one level -> its per-request results and summary."""
-    results = tuple(measure(raw, expected) for raw in driven.raws)
-    summary = summarize(results, window(driven.raws), driven.loop)
+    results = tuple(
+        measure(raw, workload.expected_for(raw.index), workload.output) for raw in driven.raws
+    )
+    summary = summarize(results, window(driven.raws), driven.loop, workload.config.slo())
     return LevelResult(concurrency, rate, summary, results)
 
 

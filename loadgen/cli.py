@@ -26,7 +26,14 @@ from rich.progress import (
 )
 
 from loadgen.api import Hooks, LevelResult, Report, run
-from loadgen.config import DEFAULT_URL, Config, parse_label, parse_sweep, validate
+from loadgen.config import (
+    DEFAULT_URL,
+    Config,
+    parse_context,
+    parse_label,
+    parse_sweep,
+    validate,
+)
 from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
 from loadgen.export import Metrics, serving
 from loadgen.report import format_notes, format_table, write_outputs, write_text
@@ -53,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="served model name (default: the first of /v1/models)")
     p.add_argument("--api-key", help="bearer token for the server")
     p.add_argument("--prompt", type=int, default=512, help="prompt tokens per request, exact")
-    p.add_argument("--gen", type=int, default=256, help="generated tokens per request, exact")
+    p.add_argument(
+        "--gen", type=int, help="generated tokens per request, exact (default 256; agent 64)"
+    )
     p.add_argument(
         "--chat", action="store_true", help="use /v1/chat/completions (text fitted via /tokenize)"
     )
@@ -126,7 +135,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run-id", help="run id label (default: random)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH_OR_HUB_ID",
+        help="count prompts with this Hugging Face tokenizer instead of the target's /tokenize"
+        " (any OpenAI-compatible server; honours HF_HOME, HF_HUB_OFFLINE, HF_ENDPOINT)",
+    )
+    agent = p.add_argument_group("agent workload (--workload agent)")
+    p.add_argument(
+        "--workload",
+        default="standard",
+        help="standard (default) or agent: sessions resending a growing conversation",
+    )
+    agent.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
+    agent.add_argument("--turns", type=int, default=10, help="turns per session (default 10)")
+    agent.add_argument(
+        "--context",
+        type=parse_context_arg,
+        metavar="FIRST:LAST",
+        help="prompt tokens at the first and the last turn (default 2000:30000, capped to the"
+        " model's context)",
+    )
+    agent.add_argument(
+        "--think", type=float, default=1.0, help="seconds between a session's turns (default 1)"
+    )
+    slo = p.add_argument_group("service-level objectives")
+    slo.add_argument("--slo-ttft-ms", type=float, help="a request meets the SLO within this TTFT")
+    slo.add_argument("--slo-tpot-ms", type=float, help="... and within this time per output token")
+    slo.add_argument(
+        "--slo-share",
+        type=float,
+        default=0.9,
+        help="share of requests that must meet it for a level to count (default 0.9)",
+    )
+    p.add_argument(
+        "--metrics-url",
+        help="the engine's /metrics for vllm:prefix_cache_* (default: the target's own /metrics)",
+    )
+    p.add_argument(
+        "--gpu-sample",
+        type=float,
+        default=1.0,
+        help="seconds between samples of the target's toposerve GPU metrics (default 1)",
+    )
     return p
+
+
+def parse_context_arg(text: str) -> tuple[int, int]:
+    try:
+        return parse_context(text)
+    except BadArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_sweep_arg(text: str) -> tuple[int, ...]:
@@ -147,14 +206,17 @@ def config_from(args: argparse.Namespace) -> Config:
     extra: dict[str, Any] = {"run_id": args.run_id} if args.run_id else {}
     if args.seed is not None:
         extra["seed"] = args.seed
+    agent = args.workload == "agent"
+    # An agent's answer is short: 64 tokens unless --gen says otherwise.
+    gen = args.gen if args.gen is not None else (64 if agent else 256)
     return validate(
         Config(
             url=args.url,
             model=args.model,
             api_key=args.api_key,
             prompt=args.prompt,
-            gen=args.gen,
-            chat=args.chat,
+            gen=gen,
+            chat=args.chat or agent,
             shared_prefix=args.shared_prefix,
             concurrency=args.concurrency,
             rate=args.rate,
@@ -175,6 +237,17 @@ def config_from(args: argparse.Namespace) -> Config:
             metrics_linger=args.metrics_linger,
             labels=tuple(args.label),
             progress=not args.no_progress,
+            tokenizer=args.tokenizer,
+            workload=args.workload,
+            sessions=args.sessions,
+            turns=args.turns,
+            context=args.context,
+            think_s=args.think,
+            slo_ttft_ms=args.slo_ttft_ms,
+            slo_tpot_ms=args.slo_tpot_ms,
+            slo_share=args.slo_share,
+            metrics_url=args.metrics_url,
+            gpu_sample_s=args.gpu_sample,
             **extra,
         )
     )
@@ -230,7 +303,7 @@ class TerminalHooks(Hooks):
             self._live(finished)
 
     def _live(self, finished: Sequence[RawRequest]) -> None:
-        expected = Expected(self.config.prompt, self.config.gen)
+        expected = Expected(self.config.prompt, self.config.gen, strict_prompt=False)
         for raw in finished[len(self._measured) :]:
             self._measured[raw.index] = measure(raw, expected)
         summary = summarize(list(self._measured.values()), window(tuple(finished)))

@@ -11,8 +11,10 @@ from typing import Any
 
 from loadgen.errors import BadArgument
 from loadgen.schedule import ARRIVALS
+from loadgen.slo import Slo
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+WORKLOADS = ("standard", "agent")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Labels loadgen sets itself; `plan` may be overridden (e.g. for a server without plan_info).
 FIXED_LABELS = ("run_id", "model", "prompt", "gen", "concurrency", "stat", "outcome", "job")
@@ -51,6 +53,22 @@ class Config:
     labels: tuple[tuple[str, str], ...] = ()
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     progress: bool = True
+    # A Hugging Face tokenizer (directory or hub id) to count prompts with, instead of the
+    # target's /tokenize; it also counts output when the server sends no usage.
+    tokenizer: str | None = None
+    # "agent": sessions that resend a growing conversation (loadgen/agent.py).
+    workload: str = "standard"
+    sessions: int = 4
+    turns: int = 10
+    context: tuple[int, int] | None = None  # (turn 1, last turn) prompt tokens; None: fitted
+    think_s: float = 1.0  # pause between a session's turns
+    # Service-level objectives per request (None: not judged) and the share of requests that
+    # must meet them for a level to count as meeting the SLO (sweep: highest such level).
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    slo_share: float = 0.9
+    metrics_url: str | None = None  # engine /metrics (vllm:prefix_cache_*), default: the target
+    gpu_sample_s: float = 1.0  # toposerve GPU metrics sampling interval during the run
 
     def levels(self) -> tuple[int | None, ...]:
         """Concurrency of each run: the sweep's, or the single one."""
@@ -65,6 +83,14 @@ class Config:
             return self.requests
         return max(8, 4 * (concurrency or 1))
 
+    def slo(self) -> Slo | None:
+        """The objectives to judge requests by, or None when none was given."""
+        if self.slo_ttft_ms is None and self.slo_tpot_ms is None:
+            return None
+        ttft = self.slo_ttft_ms / 1000 if self.slo_ttft_ms is not None else None
+        tpot = self.slo_tpot_ms / 1000 if self.slo_tpot_ms is not None else None
+        return Slo(ttft, tpot, self.slo_share)
+
     def public(self) -> dict[str, Any]:
         """The config as written to --json (no API key)."""
         data = asdict(self)
@@ -73,6 +99,7 @@ class Config:
             data[key] = str(data[key]) if data[key] else None
         data["labels"] = dict(self.labels)
         data["sweep"] = list(self.sweep)
+        data["context"] = list(self.context) if self.context else None
         return data
 
 
@@ -116,6 +143,24 @@ def validate(config: Config) -> Config:
             config.url.startswith(("http://", "https://")),
             f"--url must start with http:// or https://, not {config.url!r}",
         ),
+        (config.workload in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),
+        (config.sessions >= 1, "--sessions must be at least 1"),
+        (config.turns >= 1, "--turns must be at least 1"),
+        (config.think_s >= 0, "--think cannot be negative"),
+        (
+            config.context is None or 1 <= config.context[0] <= config.context[1],
+            "--context takes FIRST:LAST prompt tokens with 1 <= FIRST <= LAST, e.g. 2000:30000",
+        ),
+        (
+            config.workload != "agent"
+            or not (config.sweep or config.rate or config.pptg or config.processes > 1),
+            "--workload agent sets its own load (--sessions, --turns, --think): drop --sweep,"
+            " --rate, --pptg and --processes",
+        ),
+        (config.slo_ttft_ms is None or config.slo_ttft_ms > 0, "--slo-ttft-ms must be above 0"),
+        (config.slo_tpot_ms is None or config.slo_tpot_ms > 0, "--slo-tpot-ms must be above 0"),
+        (0 < config.slo_share <= 1, "--slo-share must be above 0 and at most 1"),
+        (config.gpu_sample_s > 0, "--gpu-sample must be above 0 seconds"),
     ]
     for ok, message in checks:
         if not ok:
@@ -145,3 +190,15 @@ def parse_sweep(text: str) -> tuple[int, ...]:
     if not levels:
         raise BadArgument("--sweep needs at least one concurrency, e.g. 1,2,4,8")
     return levels
+
+
+def parse_context(text: str) -> tuple[int, int]:
+    """'2000:30000' -> (2000, 30000); a single number is both ends."""
+    first, sep, last = text.partition(":")
+    try:
+        pair = (int(first), int(last if sep else first))
+    except ValueError:
+        raise BadArgument(
+            f"--context takes FIRST:LAST prompt tokens like 2000:30000, not {text!r}"
+        ) from None
+    return pair

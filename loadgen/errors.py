@@ -5,6 +5,7 @@
      ├── TargetError          the server: unreachable, answering errors, lacking what we need
      │    └── ContextTooShort prompt + gen do not fit the model's context
      ├── PromptError          chat text could not be brought to the exact token count
+     ├── TokenizerError       --tokenizer cannot be loaded or has no chat template
      ├── RunFailed            requests were sent and some or all of them failed
      └── ExportError          an output could not be written (file, Pushgateway, metrics port)
 
@@ -44,3 +45,9 @@ class RunFailed(LoadgenError):
 
 class ExportError(LoadgenError):
     """An output (JSON/CSV/plot file, Pushgateway, metrics port) could not be written."""
+
+
+class TokenizerError(LoadgenError):
+    """--tokenizer could not be loaded or cannot do what the run needs (an argument to fix)."""
+
+    exit_code = 2

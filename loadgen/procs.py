@@ -64,6 +64,7 @@ def plan_parts(
 ) -> list[Part]:
     """Pure: how one level is divided between `parts` processes (numbers dealt round-robin)."""
     shapes = split_shape(shape, parts)
+    workload = replace(workload, output=None)  # a tokenizer stays in the parent, which measures
     return [
         Part(
             workload,

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from loadgen.api import LevelResult, Report
 from loadgen.errors import ExportError
+from loadgen.slo import SloResult, best_level, met
 from loadgen.stats import STATS, Dist, Summary
 from loadgen.timing import RequestResult
 
@@ -34,10 +35,31 @@ def summary_dict(s: Summary) -> dict[str, Any]:
     data.update(output_tok_s=s.output_tok_s, total_tok_s=s.total_tok_s, duration_s=s.duration_s)
     data["send_lag_s"] = dist_dict(s.send_lag_s)
     data["headers_s"] = dist_dict(s.headers_s)
+    data["tpot_s"] = dist_dict(s.tpot_s)
+    data["max_in_flight"] = s.max_in_flight
+    data["slo"] = slo_dict(s.slo)
     data["loop"] = (
         {"lag_s": dist_dict(s.loop.lag_s), "cpu_fraction": s.loop.cpu_fraction} if s.loop else None
     )
     return data
+
+
+def slo_dict(s: SloResult | None) -> dict[str, Any] | None:
+    """The SLO verdict of a level (key names documented in docs/loadgen.md; launcher tune
+    reads them)."""
+    if s is None:
+        return None
+    return {
+        "ttft_ms": s.ttft_ms,
+        "tpot_ms": s.tpot_ms,
+        "required_share": s.required_share,
+        "met": s.met,
+        "total": s.total,
+        "share": s.share,
+        "meets": s.meets,
+        "goodput_req_s": s.goodput_req_s,
+        "goodput_tok_s": s.goodput_tok_s,
+    }
 
 
 def request_measures(r: RequestResult) -> dict[str, Any]:
@@ -62,6 +84,8 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
         plan=report.target.plan,
         max_model_len=report.target.max_model_len,
     )
+    start = min((r.sent_at for r in level.requests), default=0.0)
+    slo = report.config.slo()
     requests = [
         {
             **request_measures(r),
@@ -69,6 +93,18 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
             "send_lag_s": r.send_lag_s,
             "headers_s": r.headers_s,
             "error": r.error,
+            "prompt_expected": r.prompt_expected,
+            "cached_tokens": r.cached_tokens,
+            "counted_by": r.counted_by,
+            "chunks": r.chunks,
+            "itl_even": r.itl_even,
+            "tpot_s": r.tpot_s,
+            "slo_met": met(r, slo) if slo is not None else None,
+            # Seconds from the level's first send, on one monotonic clock: requests in flight
+            # over time (was a burst really one?).
+            "t_sent_s": r.sent_at - start,
+            "t_first_token_s": r.first_at - start if r.first_at is not None else None,
+            "t_end_s": r.done_at - start,
         }
         for r in level.requests
     ]
@@ -76,12 +112,31 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
 
 
 def report_dict(report: Report) -> dict[str, Any]:
-    """One level: the architecture.md schema. A sweep: {"config", "runs": [that schema, ...]}."""
+    """One level: the architecture.md schema. A sweep: {"config", "runs": [that schema, ...]}
+    plus `slo_best`. Both add `prompts` (how prompts were made and counted)."""
+    extra: dict[str, Any] = {"prompts": asdict(report.prompts) if report.prompts else None}
     if len(report.levels) == 1:
-        return level_dict(report, report.levels[0])
+        return {**level_dict(report, report.levels[0]), **extra}
     config = report.config.public()
     config.update(model=report.target.model, plan=report.target.plan)
-    return {"config": config, "runs": [level_dict(report, lv) for lv in report.levels]}
+    runs = [level_dict(report, lv) for lv in report.levels]
+    if report.config.slo() is not None:
+        best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
+        extra["slo_best"] = _slo_best(report, best)
+    return {"config": config, "runs": runs, **extra}
+
+
+def _slo_best(report: Report, best: int | None) -> dict[str, Any]:
+    """The highest concurrency whose level met the SLO (None: no level did) and its goodput."""
+    level = next((lv for lv in report.levels if lv.concurrency == best), None)
+    s = level.summary.slo if level is not None else None
+    return {
+        "concurrency": best,
+        "share": s.share if s else None,
+        "goodput_req_s": s.goodput_req_s if s else None,
+        "goodput_tok_s": s.goodput_tok_s if s else None,
+        "output_tok_s": level.summary.output_tok_s if level else None,
+    }
 
 
 def csv_text(report: Report) -> str:
@@ -173,6 +228,10 @@ def format_table(report: Report) -> Table:
             _rate(s.output_tok_s),
         )
     table.caption = "TTFT, prefill and decode are per-request p50"
+    if report.config.slo() is not None:
+        best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
+        found = f"concurrency {best}" if best is not None else "no level"
+        table.caption += f"; highest load meeting the SLO: {found}"
     return table
 
 
@@ -206,6 +265,8 @@ def format_totals(level: LevelResult) -> str:
 def format_notes(report: Report) -> list[str]:
     """Lines under the table: totals (one level), failures and why, send lag, loadgen's load."""
     notes = [format_totals(report.levels[0])] if len(report.levels) == 1 else []
+    if report.prompts is not None:
+        notes.append(report.prompts.line())
     for level in report.levels:
         s = level.summary
         at = f"concurrency {level.concurrency}: " if len(report.levels) > 1 else ""
@@ -213,6 +274,24 @@ def format_notes(report: Report) -> list[str]:
         if s.requests_failed:
             why = "; ".join(f"{n}× {reason}" for reason, n in s.failures.items())
             notes.append(f"{at}{s.requests_failed} of {total} requests failed: {why}")
+        if s.slo is not None:
+            notes.append(f"{at}{format_slo(s.slo)}")
+        lax = [r for r in level.requests if r.ok and r.prompt_tokens != r.prompt_expected]
+        if lax:
+            worst = max(abs((r.prompt_tokens or 0) - (r.prompt_expected or 0)) for r in lax)
+            notes.append(
+                f"{at}{len(lax)} of {total} prompts were not the length asked (calibrated,"
+                f" at most {worst} tokens off; per request in --json)"
+            )
+        counted = sum(r.counted_by == "tokenizer" for r in level.requests)
+        if counted:
+            notes.append(f"{at}{counted} requests had no usage: output counted by the tokenizer")
+        even = sum(r.itl_even for r in level.requests if r.ok)
+        if even:
+            notes.append(
+                f"{at}{even} requests streamed several tokens per event with an unknown split:"
+                " their ITL is each gap over the mean tokens per event"
+            )
         if s.send_lag_s and s.send_lag_s.p99 is not None:
             notes.append(
                 f"{at}send lag behind schedule p50 {_ms(s.send_lag_s.p50)} ms,"
@@ -229,6 +308,19 @@ def format_notes(report: Report) -> list[str]:
                     " be late: spread the load with --processes N"
                 )
     return notes
+
+
+def format_slo(s: SloResult) -> str:
+    limits = [
+        f"TTFT <= {s.ttft_ms:g} ms" if s.ttft_ms is not None else "",
+        f"TPOT <= {s.tpot_ms:g} ms" if s.tpot_ms is not None else "",
+    ]
+    verdict = "meets" if s.meets else "misses"
+    return (
+        f"SLO {' and '.join(x for x in limits if x)}: {s.met} of {s.total} requests"
+        f" ({s.share:.0%}; {verdict} the {s.required_share:.0%} asked), goodput"
+        f" {_rate(s.goodput_req_s)} req/s, {_rate(s.goodput_tok_s)} output tok/s"
+    )
 
 
 def stat_rows(summary: Summary) -> dict[str, dict[str, float | None]]:

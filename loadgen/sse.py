@@ -20,6 +20,9 @@ DONE = b"[DONE]"
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served
+    # (vLLM with --enable-prompt-tokens-details, OpenAI, SGLang); None when not given.
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Chunk:
     """What one event's data means to loadgen."""
 
     tokens: bool = False  # carries generated output (one or more tokens)
+    text: str = ""  # the output text it carries (counted only when usage lacks or chunks merge)
     usage: Usage | None = None
     error: str | None = None
     done: bool = False  # the `[DONE]` sentinel
@@ -82,7 +86,11 @@ def classify(payload: bytes) -> Chunk:
         return Chunk(error=f"malformed stream event: {payload[:80]!r}")
     if "error" in body:
         return Chunk(error=error_message(body))
-    return Chunk(tokens=_has_tokens(body.get("choices")), usage=_usage(body.get("usage")))
+    choices = body.get("choices")
+    tokens = _has_tokens(choices)
+    return Chunk(
+        tokens=tokens, text=_text(choices) if tokens else "", usage=_usage(body.get("usage"))
+    )
 
 
 def error_message(body: object) -> str:
@@ -109,10 +117,31 @@ def _has_tokens(choices: object) -> bool:
     return True
 
 
+def _text(choices: object) -> str:
+    """Output text of a token event: completions' `text`, chat's delta content (and reasoning)."""
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        return ""
+    text = choice.get("text")
+    if isinstance(text, str):
+        return text
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    parts = (delta.get("reasoning_content"), delta.get("content"))
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _usage(usage: object) -> Usage | None:
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return Usage(prompt, completion)
-    return None
+    prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(prompt, completion, cached)

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from loadgen.slo import Slo, SloResult, judge
 from loadgen.timing import RequestResult
 
 STATS = ("mean", "p50", "p90", "p99")
@@ -54,6 +55,9 @@ class Summary:
     send_lag_s: Dist | None = None
     loop: LoopHealth | None = field(default=None)
     headers_s: Dist | None = None  # time to response headers (server accepted the request)
+    tpot_s: Dist | None = None  # (e2e − TTFT) / (completion − 1), what SLOs judge
+    slo: SloResult | None = None
+    max_in_flight: int = 0  # most requests between send and end at one moment
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:
@@ -88,10 +92,21 @@ def dist(values: Sequence[float]) -> Dist:
     )
 
 
+def max_in_flight(results: Sequence[RequestResult]) -> int:
+    """Most requests in flight at once (sent, not yet ended), from their raw timestamps."""
+    edges = sorted([(r.sent_at, 1) for r in results] + [(r.done_at, -1) for r in results])
+    most = now = 0
+    for _, step in edges:  # an end at the same instant as a send is taken first
+        now += step
+        most = max(most, now)
+    return most
+
+
 def summarize(
     results: Sequence[RequestResult],
     window: tuple[float, float] | None,
     loop: LoopHealth | None = None,
+    slo: Slo | None = None,
 ) -> Summary:
     """Summary of measured requests; `window` is (first sent, last done) of the run."""
     ok = [r for r in results if r.ok]
@@ -114,4 +129,7 @@ def summarize(
         send_lag_s=dist(lags) if lags else None,
         loop=loop,
         headers_s=dist([r.headers_s for r in ok if r.headers_s is not None]),
+        tpot_s=dist([t for r in ok if (t := r.tpot_s) is not None]),
+        slo=judge(results, slo, duration) if slo is not None else None,
+        max_in_flight=max_in_flight(results),
     )

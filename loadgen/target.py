@@ -28,6 +28,10 @@ class Target:
     plan: str  # "unknown" when the server does not export toposerve_plan_info
 
 
+class NoTokenize(TargetError):
+    """The server has no usable vLLM-style /tokenize (loadgen then counts another way)."""
+
+
 @contextmanager
 def _translated(url: str, what: str) -> Iterator[None]:
     """httpx failures -> TargetError with the fix."""
@@ -87,20 +91,25 @@ class TargetClient:
         """POST /tokenize (vLLM's): `prompt=text` or `messages=[...]`."""
         with _translated(self.url, "/tokenize"):
             response = self._http.post("/tokenize", json={"model": model, **fields})
-        if response.status_code == 404:
-            raise TargetError(
-                f"{self.url} has no /tokenize, which loadgen needs to build exact prompts:"
-                " point --url at vLLM or the toposerve proxy"
+        if response.status_code in (400, 404, 405, 422, 501):
+            raise NoTokenize(
+                f"{self.url} has no vLLM-style /tokenize (HTTP {response.status_code})"
             )
         body = _check(response, "/tokenize")
         if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
-            raise TargetError(f"{self.url}/tokenize answered without a token list")
+            raise NoTokenize(f"{self.url}/tokenize answered without a vLLM-style token list")
         return body
 
-    def metrics_text(self) -> str | None:
-        """The /metrics exposition, or None when the server has none (not an error)."""
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        """A control-plane POST (calibration requests), JSON in and out."""
+        with _translated(self.url, path):
+            return _check(self._http.post(path, json=body), path)
+
+    def metrics_text(self, url: str | None = None) -> str | None:
+        """The /metrics exposition (of `url` when given, e.g. the engine behind a proxy), or
+        None when the server has none (not an error)."""
         try:
-            response = self._http.get("/metrics")
+            response = self._http.get(url or "/metrics")
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None

@@ -39,16 +39,29 @@ def test_multi_line_data_is_joined_with_newlines() -> None:
     ("payload", "chunk"),
     [
         (b"[DONE]", Chunk(done=True)),
-        (b'{"choices":[{"index":0,"text":"hi"}]}', Chunk(tokens=True)),
+        (b'{"choices":[{"index":0,"text":"hi"}]}', Chunk(tokens=True, text="hi")),
         # an empty text is still a token: partial UTF-8 sequences stream as ""
         (b'{"choices":[{"index":0,"text":""}]}', Chunk(tokens=True)),
         (
             b'{"choices":[],"usage":{"prompt_tokens":512,"completion_tokens":256}}',
             Chunk(usage=Usage(512, 256)),
         ),
+        (
+            b'{"choices":[],"usage":{"prompt_tokens":512,"completion_tokens":256,'
+            b'"prompt_tokens_details":{"cached_tokens":480}}}',
+            Chunk(usage=Usage(512, 256, cached_tokens=480)),
+        ),
+        (b'{"choices":[],"usage":{"prompt_tokens":true,"completion_tokens":2}}', Chunk()),
         (b'{"choices":[{"delta":{"role":"assistant","content":""}}]}', Chunk()),
-        (b'{"choices":[{"delta":{"role":"assistant","content":"x"}}]}', Chunk(tokens=True)),
-        (b'{"choices":[{"delta":{"content":"x"}}]}', Chunk(tokens=True)),
+        (
+            b'{"choices":[{"delta":{"role":"assistant","content":"x"}}]}',
+            Chunk(tokens=True, text="x"),
+        ),
+        (b'{"choices":[{"delta":{"content":"x"}}]}', Chunk(tokens=True, text="x")),
+        (
+            b'{"choices":[{"delta":{"reasoning_content":"r","content":"x"}}]}',
+            Chunk(tokens=True, text="rx"),
+        ),
         (b'{"error":{"message":"boom","code":500}}', Chunk(error="boom")),
         (b"not json", Chunk(error="malformed stream event: b'not json'")),
     ],

@@ -72,3 +72,22 @@ def test_a_context_too_short_is_refused_by_the_real_engine_limits(stack: Any) ->
     assert result.returncode == 1
     assert "shorter than --prompt 4000 + --gen 256" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_local_tokenizer_gives_exact_text_prompts_on_real_vllm(
+    stack: Any, tmp_path: Path, chat: bool
+) -> None:
+    # what loadgen does against a server without /tokenize, checked by vLLM's own usage
+    out = tmp_path / "tok.json"
+    result = run_cli(
+        "--url", stack.vllm_url, "--tokenizer", stack.model_path,
+        *(["--chat"] if chat else []),
+        "--prompt", "300", "--gen", "16", "--requests", "3", "--concurrency", "3",
+        "--json", str(out),
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert _rows(out) == [(300, 16, None)] * 3
+    prompts = json.loads(out.read_text())["prompts"]
+    assert (prompts["source"], prompts["format"]) == ("tokenizer", "chat" if chat else "text")

@@ -38,10 +38,81 @@ def test_measures_follow_the_architecture_definitions() -> None:
 
 
 def test_decode_rate_uses_usage_count_even_when_events_carry_several_tokens() -> None:
-    # 4 events for 8 tokens (a server that batches its stream): 7 tokens after the first.
+    # 4 events for 8 tokens (a server that batches its stream): 2 tokens per event, so 6
+    # tokens arrived after the first event, over 0.3 s (the 2 of the first event took no time).
     pieces = [_token(1.0 + k * 0.1) for k in range(4)] + [_usage(1.3, 16, 8)]
     raw = RawRequest(0, sent=0.5, done=1.3, status=200, pieces=tuple(pieces))
-    assert measure(raw, Expected(16, 8)).decode_tok_s == pytest.approx(7 / 0.3)
+    r = measure(raw, Expected(16, 8))
+    assert r.decode_tok_s == pytest.approx(6 / 0.3)
+    assert r.completion_tokens == 8  # from usage, not the 4 events
+
+
+def _text_token(t: float, text: str) -> tuple[float, bytes]:
+    body = {"choices": [{"index": 0, "text": text}]}
+    return (t, b"data: " + json.dumps(body).encode() + b"\n\n")
+
+
+def test_two_token_chunks_give_per_token_itl_of_half_the_gap_never_zero() -> None:
+    # 128 events of 2 tokens each, 20 ms apart: the true ITL is 10 ms per token.
+    pieces = [_text_token(1.0 + k * 0.02, " ab cd") for k in range(128)]
+    pieces.append(_usage(1.0 + 127 * 0.02, 8, 256))
+    raw = RawRequest(0, sent=0.9, done=4.0, status=200, pieces=tuple(pieces))
+    r = measure(raw, Expected(8, 256))
+    assert r.error is None
+    assert r.completion_tokens == 256
+    assert r.chunks == 128
+    assert r.itl_even  # no tokenizer: the two-per-event split is the mean
+    assert min(r.itl_s) > 0
+    assert all(gap == pytest.approx(0.01) for gap in r.itl_s)
+    assert r.decode_tok_s == pytest.approx(254 / (127 * 0.02))
+
+
+def test_with_a_tokenizer_each_event_is_split_by_its_own_count() -> None:
+    # events of 1, 3 and 2 tokens (a word per token): gaps of 30 ms and 20 ms
+    pieces = [_text_token(1.0, " a"), _text_token(1.03, " b c d"), _text_token(1.05, " e f")]
+    pieces.append(_usage(1.05, 4, 6))
+    raw = RawRequest(0, sent=0.9, done=1.1, status=200, pieces=tuple(pieces))
+    r = measure(raw, Expected(4, 6), count_output=lambda text: len(text.split()))
+    assert not r.itl_even
+    assert r.itl_s == pytest.approx((0.01, 0.01, 0.01, 0.01, 0.01))
+    assert r.decode_tok_s == pytest.approx(5 / 0.05)
+
+
+def test_without_usage_the_tokenizer_counts_the_output_text_not_the_events() -> None:
+    pieces = [_text_token(1.0 + k * 0.02, " ab cd") for k in range(4)]
+    raw = RawRequest(0, sent=0.9, done=1.1, status=200, pieces=tuple(pieces))
+    r = measure(raw, Expected(16, 8), count_output=lambda text: len(text.split()))
+    assert (r.prompt_tokens, r.completion_tokens, r.counted_by, r.error) == (
+        16,
+        8,
+        "tokenizer",
+        None,
+    )
+    short = measure(raw, Expected(16, 9), count_output=lambda text: len(text.split()))
+    assert short.error == "token count mismatch: completion 8 != 9"
+
+
+def test_a_calibrated_prompt_that_is_off_is_reported_not_failed() -> None:
+    raw = _stream(sent=0.0, ttft=0.1, itl=0.01, n=3, prompt=511)
+    r = measure(raw, Expected(512, 3, strict_prompt=False))
+    assert r.ok
+    assert (r.prompt_tokens, r.prompt_expected) == (511, 512)
+
+
+def test_cached_tokens_and_raw_timestamps_are_kept() -> None:
+    body = {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 4,
+            "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 3},
+        },
+    }
+    pieces = (_token(1.1), _token(1.2), (1.2, b"data: " + json.dumps(body).encode() + b"\n\n"))
+    r = measure(RawRequest(0, sent=1.0, done=1.25, status=200, pieces=pieces), Expected(4, 2))
+    assert r.cached_tokens == 3
+    assert (r.sent_at, r.first_at, r.done_at) == (1.0, 1.1, 1.25)
+    assert r.tpot_s == pytest.approx(0.15)
 
 
 @pytest.mark.parametrize(

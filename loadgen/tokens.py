@@ -1,0 +1,157 @@
+"""Counting prompt tokens the way the target will, from the best source at hand.
+
+* `RemoteCounter`: the target's own `/tokenize` (vLLM, the toposerve proxy): exact.
+* `LocalCounter`: a Hugging Face tokenizer given with `--tokenizer PATH_OR_HUB_ID`: exact when it
+  is the served model's tokenizer; loaded with transformers' AutoTokenizer, which resolves a hub
+  id through huggingface_hub and so honours HF_HOME, HF_HUB_OFFLINE, HF_ENDPOINT and HF_TOKEN.
+  Chat prompts are counted through the tokenizer's chat template (`add_generation_prompt`).
+* `UsageCounter`: neither: each count is a 1-token request whose `usage.prompt_tokens` is read
+  back (calibration). Counts are cached per input, and the request count is reported.
+
+Every counter answers `text(prompt)` (a /v1/completions prompt, special tokens as the server
+adds them) and `chat(messages)` (the templated conversation).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from loadgen.errors import TargetError, TokenizerError
+
+Messages = Sequence[Mapping[str, Any]]
+
+
+class Counter(Protocol):
+    source: str  # "tokenize", "tokenizer" or "usage": where counts come from
+    exact: bool  # counts are the server's own (False: a calibration whose shuffles may drift)
+
+    def text(self, prompt: str) -> int: ...
+
+    def chat(self, messages: Messages) -> int: ...
+
+
+class RemoteCounter:
+    source = "tokenize"
+    exact = True
+
+    def __init__(self, tokenize: Callable[..., dict[str, Any]], model: str) -> None:
+        self._tokenize = tokenize
+        self._model = model
+
+    def text(self, prompt: str) -> int:
+        return _count(self._tokenize(self._model, prompt=prompt))
+
+    def chat(self, messages: Messages) -> int:
+        body = self._tokenize(self._model, messages=list(messages), add_generation_prompt=True)
+        return _count(body)
+
+
+def _count(body: Mapping[str, Any]) -> int:
+    count = body.get("count")
+    return count if isinstance(count, int) else len(body["tokens"])
+
+
+class LocalCounter:
+    source = "tokenizer"
+    exact = True
+
+    def __init__(self, tokenizer: Any, name: str) -> None:
+        self._tok = tokenizer
+        self.name = name
+
+    def text(self, prompt: str) -> int:
+        # What an OpenAI-compatible server does with a text prompt: special tokens added.
+        return len(self._tok(prompt)["input_ids"])
+
+    def output(self, text: str) -> int:
+        """Tokens of generated text (no special tokens: the server did not send any)."""
+        return len(self._tok(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+    def chat(self, messages: Messages) -> int:
+        try:
+            ids = self._tok.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=True
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise TokenizerError(
+                f"tokenizer {self.name!r} cannot render a chat prompt ({_first_line(exc)}):"
+                " give a tokenizer with a chat template, or drop --chat"
+            ) from None
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return len(ids)
+
+
+def load_tokenizer(name: str) -> LocalCounter:
+    """AutoTokenizer.from_pretrained(name) -> LocalCounter; TokenizerError in one line."""
+    try:
+        import transformers
+    except ImportError:
+        raise TokenizerError(
+            "--tokenizer needs the transformers package: pip install transformers"
+        ) from None
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # its advice on stderr is not loadgen's output
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # OSError, ValueError, hub errors: all mean "not loadable"
+        raise TokenizerError(
+            f"cannot load tokenizer {name!r} ({_first_line(exc)}): give a directory holding"
+            " tokenizer.json (or tokenizer_config.json), or a hub id reachable through"
+            " HF_ENDPOINT with HF_HUB_OFFLINE unset"
+        ) from None
+    if not callable(tok):
+        raise TokenizerError(f"{name!r} did not load as a tokenizer: give a tokenizer directory")
+    return LocalCounter(tok, name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+Post = Callable[[str, dict[str, Any]], Any]  # (path, JSON body) -> parsed JSON answer
+
+
+class UsageCounter:
+    """Counts by asking the server: one non-streamed, 1-token request per distinct input."""
+
+    source = "usage"
+    exact = False
+
+    def __init__(self, post: Post, model: str) -> None:
+        self._post = post
+        self._model = model
+        self._cache: dict[str, int] = {}
+        self.requests = 0
+
+    def text(self, prompt: str) -> int:
+        if not prompt:  # some servers refuse an empty prompt: a one-token word, less one
+            return max(0, self._ask("/v1/completions", {"prompt": "a"}) - 1)
+        return self._ask("/v1/completions", {"prompt": prompt})
+
+    def chat(self, messages: Messages) -> int:
+        return self._ask("/v1/chat/completions", {"messages": list(messages)})
+
+    def _ask(self, path: str, fields: dict[str, Any]) -> int:
+        key = path + json.dumps(fields, sort_keys=True)
+        if key in self._cache:
+            return self._cache[key]
+        body = {"model": self._model, "max_tokens": 1, "temperature": 0.0, **fields}
+        self.requests += 1
+        answer = self._post(path, body)
+        count = prompt_tokens_of(answer)
+        if count is None:
+            raise TargetError(
+                f"{path} answered without usage.prompt_tokens, so loadgen cannot calibrate"
+                " prompts: pass --tokenizer with the served model's tokenizer"
+            )
+        self._cache[key] = count
+        return count
+
+
+def prompt_tokens_of(answer: Any) -> int | None:
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,171 @@
+"""loadgen against an OpenAI-compatible server that is not vLLM (no /tokenize): the stand-in
+counts prompts with the embedded model's real tokenizer, as llama.cpp, SGLang or TGI would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.loadgen.conftest import run_cli
+from tests.loadgen.standin import spawn
+
+GEN = 12
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_path: str) -> Iterator[str]:
+    with spawn("--tokenizer", tiny_model_path, "--ttft", "0.02", "--itl", "0.002") as url:
+        yield url
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _rows(data: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+    return [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]]
+
+
+def _run(url: str, out: Path, *args: str) -> tuple[int, str, str]:
+    result = run_cli(
+        "--url",
+        url,
+        "--gen",
+        str(GEN),
+        "--requests",
+        "4",
+        "--concurrency",
+        "2",
+        "--json",
+        str(out),
+        "--no-progress",
+        *args,
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_the_stand_in_really_has_no_tokenize(plain: str) -> None:
+    assert httpx.post(f"{plain}/tokenize", json={"prompt": "a"}).status_code == 404
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_local_tokenizer_makes_exact_prompts_without_tokenize(
+    plain: str, tiny_model_path: str, tmp_path: Path, chat: bool
+) -> None:
+    out = tmp_path / "r.json"
+    code, stdout, stderr = _run(
+        plain, out, "--prompt", "300", "--tokenizer", tiny_model_path, *(["--chat"] if chat else [])
+    )
+    assert code == 0, stderr
+    data = _load(out)
+    assert _rows(data) == [(300, GEN, None)] * 4
+    assert data["prompts"]["source"] == "tokenizer"
+    assert data["prompts"]["format"] == ("chat" if chat else "text")
+    assert data["prompts"]["exact"] == data["prompts"]["checked"] == 4
+    assert "counted by the tokenizer" in stdout
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_without_any_tokenizer_prompts_are_calibrated_from_usage(
+    plain: str, tmp_path: Path, chat: bool
+) -> None:
+    out = tmp_path / "r.json"
+    code, stdout, stderr = _run(plain, out, "--prompt", "200", *(["--chat"] if chat else []))
+    assert code == 0, stderr
+    data = _load(out)
+    info = data["prompts"]
+    assert info["source"] == "usage"
+    assert info["calibration_requests"] > 0
+    assert "calibrated from the server's usage" in stdout
+    # byte-level BPE splits on spaces first, so the shuffles keep the calibrated count
+    assert info["exact"] == info["checked"] == 4
+    assert _rows(data) == [(200, GEN, None)] * 4
+    assert all(r["prompt_expected"] == 200 for r in data["requests"])
+
+
+def test_every_request_prompt_differs_so_no_prefix_cache_flatters_it(
+    plain: str, tiny_model_path: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    before = _cache_hits(plain)
+    code, _, stderr = _run(plain, out, "--prompt", "300", "--tokenizer", tiny_model_path)
+    assert code == 0, stderr
+    # the stand-in's cache counts whole 16-token blocks shared with an earlier prompt: the
+    # first word is common to all (it stays first), so at most one block may hit
+    assert _cache_hits(plain) - before <= 16 * 4
+
+
+def _cache_hits(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no hits counter")
+
+
+def test_a_server_without_usage_is_counted_by_the_tokenizer_not_by_events(
+    tiny_model_path: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    args = ("--tokenizer", tiny_model_path, "--no-usage", "--tokens-per-chunk", "2")
+    with spawn(*args, "--itl", "0.004", "--ttft", "0.02") as url:
+        code, stdout, stderr = _run(url, out, "--prompt", "64", "--tokenizer", tiny_model_path)
+    assert code == 0, stderr
+    data = _load(out)
+    assert _rows(data) == [(64, GEN, None)] * 4  # 12 tokens in 6 events: not 6
+    assert {r["counted_by"] for r in data["requests"]} == {"tokenizer"}
+    assert {r["chunks"] for r in data["requests"]} == {GEN // 2}
+    itl = data["summary"]["itl_s"]
+    assert itl["min"] > 0  # tokens that share an event share its gap: never a 0 ITL
+    # a token every 4 ms, sent two at a time 8 ms apart: per token 4 ms, not 8 (nor 0)
+    assert itl["p50"] == pytest.approx(0.004, rel=0.25)
+    assert "output counted by the tokenizer" in stdout
+
+
+def test_two_token_events_with_usage_keep_exact_counts_and_spread_itl(
+    tiny_model_path: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    with spawn("--tokenizer", tiny_model_path, "--tokens-per-chunk", "2", "--itl", "0.004") as url:
+        code, stdout, stderr = _run(url, out, "--prompt", "64")
+    assert code == 0, stderr
+    data = _load(out)
+    assert _rows(data) == [(64, GEN, None)] * 4
+    assert all(r["itl_even"] for r in data["requests"])
+    assert data["summary"]["itl_s"]["min"] > 0
+    assert "several tokens per event" in stdout
+
+
+def test_no_usage_and_no_tokenizer_is_a_one_line_error(
+    tiny_model_path: str, tmp_path: Path
+) -> None:
+    with spawn("--tokenizer", tiny_model_path, "--no-usage") as url:
+        code, _, stderr = _run(url, tmp_path / "r.json")
+    assert code == 1
+    assert "without usage.prompt_tokens" in stderr
+    assert "--tokenizer" in stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+def test_a_tokenizer_that_cannot_be_loaded_is_a_one_line_error(plain: str, tmp_path: Path) -> None:
+    code, _, stderr = _run(plain, tmp_path / "r.json", "--tokenizer", str(tmp_path / "nothing"))
+    assert code == 2
+    assert "cannot load tokenizer" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_offline_hub_id_that_is_not_cached_is_refused_in_one_line(
+    plain: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _, stderr = _run(plain, tmp_path / "r.json", "--tokenizer", "no-such-org/no-such-model")
+    assert code == 2
+    assert "cannot load tokenizer 'no-such-org/no-such-model'" in stderr
+    assert "Traceback" not in stderr
