@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from server import anthropic
 from server.admission import Admission
 from server.asgi import Receive, Scope, Send, disconnect_hook
 from server.config import ProxyConfig
@@ -50,6 +51,7 @@ from server.metrics import GpuCollector, ProxyMetrics, route_label
 from server.relay import Call, Relay, send_error
 from server.router import Router, affinity_key
 from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.sse import usage_options
 
 log = logging.getLogger("toposerve.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -151,7 +153,7 @@ class Proxy:
                 # Usage feeds the token counters; the client did not ask, so it is dropped again.
                 spliced = with_usage_option(body) if "stream_options" not in obj else None
                 if spliced is None:
-                    obj["stream_options"] = {**options, "include_usage": True}
+                    obj["stream_options"] = usage_options(options)
                     spliced = json.dumps(obj).encode()
                 body = spliced
                 strip = True
@@ -400,7 +402,10 @@ def _add_error_handlers(app: FastAPI, proxy: Proxy) -> None:
         route = route_label(request.url.path)
         proxy.metrics.requests.labels("unknown", route, str(exc.status)).inc()
         log.info("%s %s %s %d", rid, request.method, route, exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        # Anthropic clients read errors in Anthropic's shape (server.anthropic).
+        body = (anthropic.error_body(exc.status, exc.message, rid)
+                if anthropic.is_anthropic(request.url.path) else exc.body())
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(ProxyError)
     async def on_proxy_error(request: Request, exc: ProxyError) -> JSONResponse:

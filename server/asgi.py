@@ -1,9 +1,13 @@
-"""ASGI types the proxy's modules share, and its one scope extension."""
+"""ASGI types the proxy's modules share, its one scope extension, and the relay's downstream
+(server.downstream) over plain ASGI."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
+
+from server.downstream import ChunkWriter
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -33,3 +37,53 @@ def client_left(hook: dict[str, Any]) -> None:
     hook["left"] = True
     for callback in list(hook["callbacks"]):
         callback()
+
+
+class AsgiDownstream:
+    """server.downstream.Downstream over ASGI ``receive``/``send``, under any ASGI server.
+
+    The client's leaving comes from the disconnect-hook extension when the server offers it,
+    else from a small task waiting in ``receive()`` for ``http.disconnect``."""
+
+    __slots__ = ("hook", "receive", "send", "watcher")
+
+    def __init__(self, receive: Receive, send: Send, hook: dict[str, Any] | None) -> None:
+        self.receive = receive
+        self.send = send
+        self.hook = hook
+        self.watcher: asyncio.Task[None] | None = None
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def write(self, data: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes = b"") -> None:
+        await self.send({"type": "http.response.body", "body": data})
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        hook = self.hook
+        if hook is None:
+            self.watcher = asyncio.create_task(_watch_disconnect(self.receive, callback))
+            return
+        if hook.get("left"):
+            callback()
+        hook["callbacks"].append(callback)
+
+    def direct(self) -> ChunkWriter | None:
+        return None  # ``send`` is a coroutine: nothing to write from a callback
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.hook is not None:
+            self.hook["callbacks"].clear()  # one request per scope: nothing else registers
+
+
+async def _watch_disconnect(receive: Receive, callback: Callable[[], None]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            callback()
+            return

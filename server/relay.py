@@ -1,18 +1,21 @@
 """The hot path: one request forwarded to an engine replica and its answer relayed back.
 
-This is raw ASGI on purpose (server.front, or the FastAPI surface, hands over to it). Under
-server.serve (server.front's Exchange, or uvicorn's httptools cycle) a token event costs one
-upstream read, a few byte tests (server.sse) and one write to the client's socket, all in the
-engine connection's read callback (``_Stream.sink``):
-no task wake-up, no future, no ASGI message per token. Whatever that path cannot do exactly as
-``send`` would (client socket paused or gone, another server, the end of a stream) goes through
-the request's task and ``send``.
+The client's side is a ``server.downstream.Downstream`` (made by server.uvicorn_adapter for
+the request's ASGI ``receive``/``send``): the relay knows nothing of the HTTP server. Where
+the downstream offers a direct writer (server.front's lean path, uvicorn's httptools cycle) a
+token event costs one upstream read, a few byte tests (server.sse) and one write to the
+client's socket, all in the engine connection's read callback (``_Stream.sink``): no task
+wake-up, no future, no ASGI message per token. Whatever that path cannot do exactly as
+``Downstream.write`` would (client socket paused or gone, another server, the end of a
+stream) goes through the request's task.
 
-Control flow: the request's own task does the exchange; the client's disconnect comes from
-server.serve's protocol as a callback (elsewhere a small watcher task waits on ``receive()``),
-and a single lazily re-armed timer enforces the first-byte and idle timeouts. Either cancels the
-request task with a recorded reason, and closing the upstream response (not returning the
-connection to the pool) is what makes vLLM abort the request.
+Control flow: the request's own task does the exchange; the client's disconnect comes from the
+downstream as a callback, and a single lazily re-armed timer enforces the first-byte and idle
+timeouts. Either cancels the request task with a recorded reason, and closing the upstream
+response (not returning the connection to the pool) is what makes vLLM abort the request.
+
+On the Anthropic routes (``/v1/messages``) the proxy's own errors, and the end of a broken
+stream, are Anthropic-shaped (server.anthropic); elsewhere OpenAI-shaped (server.errors).
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-
+from server import anthropic
 from server.admission import Admission
 from server.asgi import Receive, Send
 from server.config import ProxyConfig
+from server.downstream import ChunkWriter, Downstream
 from server.errors import (
     ProxyError,
     TooManyRequests,
@@ -40,11 +43,11 @@ from server.errors import (
     error_body,
     stream_error_event,
 )
-from server.front import Exchange
 from server.metrics import ProxyMetrics, RouteMetrics
 from server.router import Router, Upstream
 from server.sse import SseInspector, usage_of_body
 from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response
+from server.uvicorn_adapter import downstream_for
 
 log = logging.getLogger("toposerve.access")
 HOP_BY_HOP = frozenset({
@@ -76,6 +79,11 @@ class Call:
     started: bool = False
     finished: bool = False  # the client's response is complete: nothing more may be sent
     disconnect_hook: dict[str, Any] | None = None  # see DISCONNECT_HOOK
+
+    @property
+    def anthropic(self) -> bool:
+        """An Anthropic route: the proxy's own errors in Anthropic's shape."""
+        return anthropic.is_anthropic(self.target)
 
 
 class _Guard:
@@ -121,14 +129,6 @@ class _Guard:
         self.timer.cancel()
 
 
-async def _watch_disconnect(receive: Receive, guard: _Guard) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            guard.fire("client")
-            return
-
-
 class Relay:
     def __init__(self, cfg: ProxyConfig, router: Router, metrics: ProxyMetrics,
                  admission: Admission) -> None:
@@ -145,58 +145,51 @@ class Relay:
     # -- one request -----------------------------------------------------------------------
 
     async def handle(self, call: Call, receive: Receive, send: Send) -> None:
+        await self.relay(call, downstream_for(receive, send, call.disconnect_hook))
+
+    async def relay(self, call: Call, down: Downstream) -> None:
         task = asyncio.current_task()
         assert task is not None
         guard = _Guard(task, self.cfg)
-        hook = call.disconnect_hook
-        watcher = None
-        if hook is not None:
-            if hook.get("left"):
-                guard.client_left()
-            hook["callbacks"].append(guard.client_left)
-        else:
-            watcher = asyncio.create_task(_watch_disconnect(receive, guard))
+        down.on_disconnect(guard.client_left)
         route_metrics = self.metrics.route(call.model, call.route)
         in_flight = route_metrics.in_flight
         in_flight.inc()
         try:
-            await self._admitted(call, guard, send)
+            await self._admitted(call, guard, down)
         except ProxyError as exc:
             guard.stop()
-            await self._fail(call, exc, send)
+            await self._fail(call, exc, down)
         except asyncio.CancelledError:
             guard.stop()
             if guard.reason is None:
                 raise
             task.uncancel()
-            await self._cancelled(call, guard.reason, send)
-        except Exception as exc:  # a bug of the proxy: still an OpenAI error, never a hang
+            await self._cancelled(call, guard.reason, down)
+        except Exception as exc:  # a bug of the proxy: still an error answer, never a hang
             guard.stop()
             logging.getLogger("toposerve").error("internal error relaying %s: %s: %s",
                                                  call.request_id, type(exc).__name__, exc)
             with contextlib.suppress(Exception):
                 await self._fail(call, ProxyError("internal error in the proxy; see its log"),
-                                 send)
+                                 down)
         finally:
             guard.stop()
-            if watcher is not None:
-                watcher.cancel()
-            if hook is not None:
-                hook["callbacks"].clear()  # one request per scope: nothing else registers
+            down.close()
             in_flight.dec()
             self._record(call, route_metrics)
 
-    async def _admitted(self, call: Call, guard: _Guard, send: Send) -> None:
+    async def _admitted(self, call: Call, guard: _Guard, down: Downstream) -> None:
         if not await self.admission.acquire():
             raise TooManyRequests(
                 f"too many requests in flight ({self.admission.limit}) and the queue is full; "
                 "retry after the Retry-After delay")
         try:
-            await self._exchange(call, guard, send)
+            await self._exchange(call, guard, down)
         finally:
             self.admission.release()
 
-    async def _exchange(self, call: Call, guard: _Guard, send: Send) -> None:
+    async def _exchange(self, call: Call, guard: _Guard, down: Downstream) -> None:
         tried: list[Upstream] = []
         while True:
             up = self.router.pick(call.affinity, tried)
@@ -212,7 +205,7 @@ class Relay:
                     tried.append(up)
                     continue
                 try:
-                    await self._relay(call, up, resp, guard, send)
+                    await self._relay(call, up, resp, guard, down)
                 finally:
                     resp.finish()  # closed unless read to the end: the engine sees the abort
                 return
@@ -236,18 +229,18 @@ class Relay:
                 "Retry-After delay") from None
 
     async def _relay(self, call: Call, up: Upstream, resp: Response,
-                     guard: _Guard, send: Send) -> None:
+                     guard: _Guard, down: Downstream) -> None:
         if resp.status >= 500:
             self.metrics.upstream_errors.labels(up.url, "status_5xx").inc()
         headers = [(k, v) for k, v in resp.headers if k not in HOP_BY_HOP]
         headers.append((b"x-request-id", call.request_id.encode()))
         if resp.content_type == b"text/event-stream":
-            await self._relay_stream(call, up, resp, headers, guard, send)
+            await self._relay_stream(call, up, resp, headers, guard, down)
         else:
-            await self._relay_body(call, up, resp, headers, send)
+            await self._relay_body(call, up, resp, headers, down)
 
     async def _relay_body(self, call: Call, up: Upstream, resp: Response,
-                          headers: list[tuple[bytes, bytes]], send: Send) -> None:
+                          headers: list[tuple[bytes, bytes]], down: Downstream) -> None:
         try:
             body = await resp.read()
         except ConnectionBroken:
@@ -264,16 +257,16 @@ class Relay:
         headers.append((b"content-length", str(len(body)).encode()))
         call.status = resp.status
         call.started = True
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await down.start(resp.status, headers)
+        await down.end(body)
 
     async def _relay_stream(self, call: Call, up: Upstream, resp: Response,
                             headers: list[tuple[bytes, bytes]], guard: _Guard,
-                            send: Send) -> None:
+                            down: Downstream) -> None:
         call.status = resp.status
         call.started = True
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        stream = _Stream(self, call, guard, resp, send)
+        await down.start(resp.status, headers)
+        stream = _Stream(self, call, guard, resp, down)
         try:
             while True:
                 if stream.ending is not None:  # found by the sink, in the read callback
@@ -285,9 +278,14 @@ class Relay:
                 elif resp.complete:
                     if stream.inspector is not None:
                         await self._broken(call, up, "stream_broken", "the engine ended the "
-                                           "stream without [DONE]; retry the request", send)
+                                           "stream without [DONE]; retry the request", down,
+                                           stream)
+                    elif stream.anthropic and b"message_stop" not in stream.tail:
+                        await self._broken(call, up, "stream_broken", "the engine ended the "
+                                           "stream without message_stop; retry the request",
+                                           down, stream)
                     else:
-                        await send({"type": "http.response.body", "body": b""})
+                        await down.end()
                     return
                 elif resp.broken:
                     raise ConnectionBroken("the engine broke off its answer")
@@ -298,22 +296,20 @@ class Relay:
                     if forward:
                         stream.busy = True  # chunks arriving meanwhile queue behind this one
                         try:
-                            await send({"type": "http.response.body", "body": forward,
-                                        "more_body": True})
+                            await down.write(forward)
                         finally:
                             stream.busy = False
                     continue
                 if outcome == _MALFORMED:
                     if forward:
-                        await send({"type": "http.response.body", "body": forward,
-                                    "more_body": True})
+                        await down.write(forward)
                     await self._broken(call, up, "malformed", "the engine sent a malformed event",
-                                       send)
+                                       down, stream)
                     return
                 # [DONE] ends the client's response in the same send; the engine's closing
                 # chunk is read after, so the connection can be pooled.
                 call.finished = True
-                await send({"type": "http.response.body", "body": forward})
+                await down.end(forward)
                 # The client has its whole answer: its leaving now (it may close as soon as it
                 # reads the last chunk) is no abort, and must neither cut the read below nor
                 # turn the request's 200 into a 499.
@@ -327,16 +323,18 @@ class Relay:
         except ConnectionBroken:
             if stream.inspector is None or not stream.inspector.done:
                 await self._broken(call, up, "stream_broken",
-                                   "the engine broke off the stream; retry the request", send)
+                                   "the engine broke off the stream; retry the request", down,
+                                   stream)
         finally:
             resp.sink = None
 
     async def _broken(self, call: Call, up: Upstream, kind: str, message: str,
-                      send: Send) -> None:
+                      down: Downstream, stream: _Stream) -> None:
         self.metrics.upstream_errors.labels(up.url, kind).inc()
         call.status = 502 if kind == "malformed" else 503
-        await _bounded(send({"type": "http.response.body",
-                             "body": stream_error_event(message, kind)}))
+        # Events held back for the usage chunk that never came go to the client first.
+        held = stream.inspector.release() if stream.inspector is not None else b""
+        await _bounded(down.end(held + _stream_error(call, message, kind)))
 
     def _count_usage(self, call: Call, usage: tuple[int, int] | None) -> None:
         if usage is not None:
@@ -344,7 +342,7 @@ class Relay:
 
     # -- endings ------------------------------------------------------------------------------
 
-    async def _cancelled(self, call: Call, reason: str, send: Send) -> None:
+    async def _cancelled(self, call: Call, reason: str, down: Downstream) -> None:
         if reason == "client":
             call.status = CLIENT_GONE
             return
@@ -356,21 +354,21 @@ class Relay:
                 else f"the engine did not answer within {self.cfg.first_byte_timeout_s:g} s")
         if call.started:
             call.status = 504
-            await _bounded(send({"type": "http.response.body",
-                                 "body": stream_error_event(f"{what}; retry the request",
-                                                            "timeout")}))
+            await _bounded(down.end(_stream_error(call, f"{what}; retry the request",
+                                                  "timeout")))
             return
-        await self._fail(call, UpstreamTimeout(f"{what}; retry the request"), send)
+        await self._fail(call, UpstreamTimeout(f"{what}; retry the request"), down)
 
-    async def _fail(self, call: Call, exc: ProxyError, send: Send) -> None:
+    async def _fail(self, call: Call, exc: ProxyError, down: Downstream) -> None:
         if call.finished:
             return
         call.status = exc.status
         if call.started:
-            await _bounded(send({"type": "http.response.body",
-                                 "body": stream_error_event(exc.message, exc.code or "error")}))
+            await _bounded(down.end(_stream_error(call, exc.message, exc.code or "error")))
             return
-        await _bounded(send_error(send, exc, call.request_id))
+        body = (anthropic.error_body(exc.status, exc.message, call.request_id) if call.anthropic
+                else exc.body())
+        await _bounded(_send_error(down, exc, json.dumps(body).encode(), call.request_id))
 
     def _record(self, call: Call, route_metrics: RouteMetrics) -> None:
         elapsed = time.perf_counter() - call.t_start
@@ -396,21 +394,25 @@ class _Stream:
     to the task, which may need to await.
     """
 
-    __slots__ = ("busy", "call", "ending", "failure", "guard", "inspector", "relay", "resp",
-                 "timing", "writer")
+    __slots__ = ("anthropic", "busy", "call", "ending", "failure", "guard", "inspector",
+                 "relay", "resp", "tail", "timing", "writer")
 
     def __init__(self, relay: Relay, call: Call, guard: _Guard, resp: Response,
-                 send: Send) -> None:
+                 down: Downstream) -> None:
         self.relay = relay
         self.call = call
         self.guard = guard
         self.resp = resp
         self.inspector = SseInspector(call.strip_usage) if call.inspect else None
+        # An Anthropic stream is relayed as it is, but must end in message_stop: an SDK takes
+        # a stream cut short without an error event for a whole (truncated) message.
+        self.anthropic = call.anthropic
+        self.tail = b""
         self.timing = _Timing(relay.metrics.route(call.model, call.route), call)
         self.busy = False
         self.ending: tuple[bytes, int] | None = None
         self.failure: Exception | None = None
-        self.writer = direct_writer(send)
+        self.writer: ChunkWriter | None = down.direct()
         if self.writer is not None:
             resp.sink = self.sink
 
@@ -419,6 +421,8 @@ class _Stream:
         self.guard.touch()
         inspector = self.inspector
         if inspector is None:
+            if self.anthropic:
+                self.tail = (self.tail + data)[-64:]
             return data, _MORE
         scan = inspector.feed(data)
         if scan.tokens:
@@ -456,63 +460,6 @@ class _Stream:
         return True
 
 
-class ChunkWriter(Protocol):
-    def ready(self) -> bool:
-        """Whether ``send`` would write a body chunk at once (not paused, not gone)."""
-
-    def write(self, data: bytes) -> None:
-        """Write one body chunk of the started chunked response, exactly as ``send`` would."""
-
-
-def direct_writer(send: Send) -> ChunkWriter | None:
-    """What writes token events from the read callback for this ``send``, if anything can."""
-    owner = getattr(send, "__self__", None)
-    if type(owner) is Exchange:  # server.front's lean path: it writes chunks itself
-        return owner if owner.response_started and owner.chunked else None
-    return _DirectWriter.of(send)
-
-
-class _DirectWriter:
-    """Body chunks written straight to uvicorn's transport, exactly as its ``send`` would.
-
-    uvicorn's ``send`` for a body chunk checks the cycle's state, frames the chunk and writes
-    it; as a coroutine called per token, with its message dict, that is a good part of the
-    proxy's per-token cost. Only used with uvicorn's httptools cycle (what ``server.serve``
-    runs), once the response started with chunked encoding; anything else gets None and goes
-    through ``send``.
-    """
-
-    __slots__ = ("cycle", "transport")
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self.cycle = cycle
-        self.transport = cycle.transport
-
-    @classmethod
-    def of(cls, send: Send) -> _DirectWriter | None:
-        cycle = getattr(send, "__self__", None)
-        if type(cycle) is not RequestResponseCycle:
-            return None
-        try:
-            usable = (cycle.response_started and cycle.chunked_encoding is True
-                      and cycle.scope["method"] != "HEAD")
-            # Everything ready() and write() touch, read once here: a uvicorn release that
-            # renamed any of it falls back to ``send`` instead of failing mid-stream.
-            _ = (cycle.disconnected, cycle.response_complete, cycle.flow.write_paused,
-                 cycle.transport.write)
-        except (AttributeError, KeyError):
-            return None
-        return cls(cycle) if usable else None
-
-    def ready(self) -> bool:
-        """What uvicorn's ``send`` would write at once: not paused (it would await), not gone."""
-        cycle = self.cycle
-        return not (cycle.disconnected or cycle.response_complete or cycle.flow.write_paused)
-
-    def write(self, data: bytes) -> None:
-        self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-
 class _Timing:
     """TTFT and inter-token gaps of one stream, observed as token events pass."""
 
@@ -543,7 +490,23 @@ async def _bounded(sending: Awaitable[None]) -> None:
             await sending
 
 
+def _stream_error(call: Call, message: str, code: str) -> bytes:
+    """The events that end a broken stream, in the route's dialect."""
+    if call.anthropic:
+        return anthropic.stream_error_event(message, timeout=code == "timeout")
+    return stream_error_event(message, code)
+
+
+async def _send_error(down: Downstream, exc: ProxyError, body: bytes, request_id: str) -> None:
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()),
+               (b"x-request-id", request_id.encode()), *exc.headers()]
+    await down.start(exc.status, headers)
+    await down.end(body)
+
+
 async def send_error(send: Send, exc: ProxyError, request_id: str) -> None:
+    """An OpenAI-format error answer through ASGI ``send`` (the generation routes' checks)."""
     body = json.dumps(error_body(exc.message, exc.type, exc.code, exc.param)).encode()
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode()),

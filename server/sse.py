@@ -2,19 +2,33 @@
 
 The proxy forwards upstream bytes unchanged; it only needs to know, per event, whether it
 carries a token (for TTFT/ITL), is the final usage chunk (token counts, and dropped when the
-proxy asked for it on the client's behalf), ``[DONE]``, an error, or malformed. Events are
-recognised by bytes, not JSON, so a token costs a few ``in`` tests; only the usage chunk is
-parsed. A trailing partial event is held back until its end arrives (a client cannot use half
-an event anyway), so what is forwarded is always whole events, byte for byte.
+proxy asked for it on the client's behalf), ``[DONE]``, an error, or malformed. A token costs a
+few ``in`` tests on its bytes; only an event whose bytes could be something else is parsed as
+JSON: one that mentions ``usage`` (the usage chunk, in whatever spacing the engine writes JSON),
+``"role"`` (the role-only first chunk, when not in vLLM's compact spelling), or, when the usage
+chunk is to be dropped, a choice's non-null ``finish_reason``. A trailing partial event is held
+back until its end arrives (a client cannot use half an event anyway), so what is forwarded is
+always whole events, byte for byte.
+
+When the proxy asked for usage on the client's behalf, what the client receives is what the
+engine would have sent it without usage: vLLM then stamps ``system_fingerprint`` on each
+choice's last chunk (the one with ``finish_reason``) instead of on the usage chunk. So the
+events from the first such chunk on are held until the usage chunk arrives (in the same read,
+or the next, as vLLM writes them back to back), and released with that field spliced in.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
+_NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
+# Fields vLLM puts on each choice's last chunk when usage is not asked for, and on the usage
+# chunk instead when it is: what a client that did not ask must still see.
+TERMINAL_FIELDS = ("system_fingerprint",)
 
 
 @dataclass
@@ -35,10 +49,15 @@ class SseInspector:
         self.pending = b""
         self.done = False
         self.broken = False
+        # Events held back (strip_usage only) from a choice's last chunk until the usage chunk;
+        # each with whether it is such a last chunk (the fields go there).
+        self.held: list[tuple[bytes, bool]] = []
 
     def feed(self, data: bytes) -> Scan:
-        if not self.pending and data.find(b"\n\n") == len(data) - 2:
-            return self._one(data)  # the usual case: exactly one whole event per read
+        # The usual case: exactly one whole event per read (and not a 1-byte read, whose
+        # find() of -1 equals len - 2).
+        if not self.pending and data.find(b"\n\n") == len(data) - 2 and len(data) > 1:
+            return self._one(data)
         if self.pending:
             data = self.pending + data
             self.pending = b""
@@ -50,20 +69,22 @@ class SseInspector:
             self.pending = data[end + 2:]
             data = data[: end + 2]
         scan = Scan(data)
-        kept: list[bytes] = []
-        dropped = False
+        out: list[bytes] = []
+        changed = False
         for event in data[:-2].split(b"\n\n"):
-            if self._classify(event, scan):
-                kept.append(event)
-            else:
-                dropped = True
-            if scan.malformed:
+            instead = self._classify(event, scan)
+            if scan.malformed:  # it and what follows are not forwarded; what was held is
                 self.broken = True
-                kept.pop()
-                dropped = True
+                changed = True
+                out.append(instead or b"")
                 break
-        if dropped:
-            scan.forward = b"".join(e + b"\n\n" for e in kept)
+            if instead is None:
+                out.append(event + b"\n\n")
+            else:
+                out.append(instead)
+                changed = True
+        if changed:
+            scan.forward = b"".join(out)
         scan.malformed = scan.malformed or self._too_big()
         self.done = self.done or scan.done
         return scan
@@ -72,19 +93,32 @@ class SseInspector:
         """True when ``data`` is exactly one whole token event, forwarded unchanged: what
         ``feed`` would find (one token, nothing else) without its ``Scan``, and no state to
         update. Anything else (a role, usage, error or non-data event, several events, a
-        partial one) is False, and goes through ``feed``.
+        partial one, a choice's last chunk while usage is stripped) is False, and goes
+        through ``feed``.
 
         Slices and ``in`` rather than ``find``/``startswith``: those bytes methods parse their
         arguments as a format string on every call, which shows per token.
         """
-        return (not self.pending and data[-3:] == b"}\n\n" and data[:7] == b"data: {"
-                and b"\n\n" not in data[:-2] and b'"choices":[]' not in data
-                and _ROLE_ONLY not in data and data[7:14] != b'"error"')
+        return (not self.pending and not self.held and data[-3:] == b"}\n\n"
+                and data[:7] == b"data: {" and b"\n\n" not in data[:-2]
+                and b"usage" not in data and b'"role"' not in data
+                and data[7:14] != b'"error"'
+                and (not self.strip_usage or b"finish_reason" not in data
+                     or _NULL_FINISH[0] in data))
+
+    def release(self) -> bytes:
+        """The held events, unchanged: what the client gets when the stream ends without the
+        usage chunk (broken, or [DONE] first)."""
+        held, self.held = self.held, []
+        return b"".join(event + b"\n\n" for event, _ in held)
 
     def _one(self, data: bytes) -> Scan:
         scan = Scan(data)
-        if not self._classify(data[:-2], scan) or scan.malformed:
-            scan.forward = b""
+        instead = self._classify(data[:-2], scan)
+        if scan.malformed:
+            scan.forward = instead or b""
+        elif instead is not None:
+            scan.forward = instead
         self.broken = scan.malformed
         self.done = self.done or scan.done
         return scan
@@ -95,35 +129,132 @@ class SseInspector:
             return True
         return False
 
-    def _classify(self, event: bytes, scan: Scan) -> bool:
-        """Record what ``event`` is in ``scan``; False when it must not be forwarded."""
-        if event.startswith(b"data: {") and event.endswith(b"}"):
-            if b'"choices":[]' in event and b'"usage":' in event:
-                scan.usage = parse_usage(event[6:])
-                return not self.strip_usage
-            if event.startswith(b'data: {"error"'):
-                scan.error = True
-            elif not (_ROLE_ONLY in event and event.count(b'"index":') == 1):
-                scan.tokens += 1
-            return True
-        if event == b"data: [DONE]":
+    def _classify(self, event: bytes, scan: Scan) -> bytes | None:
+        """Record what ``event`` is in ``scan``; None to forward it unchanged, else the bytes
+        to forward in its place (b"" for nothing). A malformed event sets ``scan.malformed``:
+        it and everything after it are not forwarded (the held events are, before it)."""
+        if event[:6] == b"data: ":
+            payload = event[6:]
+        elif event[:5] == b"data:":
+            payload = event[5:]
+        else:
+            if event == b"" or event.startswith((b":", b"event:", b"id:", b"retry:")):
+                return self._hold(event, False) if self.held else None
+            scan.malformed = True
+            return self._release_before_end(scan)
+        if payload == b"[DONE]":
             scan.done = True
-            return True
-        if event == b"" or event.startswith((b":", b"event:", b"id:", b"retry:")):
-            return True
-        scan.malformed = True
+            return self._release_before_end(scan, event)
+        if payload[:1] != b"{" or payload[-1:] != b"}":
+            scan.malformed = True
+            return self._release_before_end(scan)
+        obj: dict[str, Any] | None = None
+        if b"usage" in payload:
+            obj = _object(payload)
+            if obj is not None and isinstance(obj.get("usage"), dict) and not obj.get("choices"):
+                scan.usage = usage_counts(obj["usage"])
+                if not self.strip_usage:
+                    return None
+                held, self.held = self.held, []
+                return b"".join(_with_fields(e, obj) if last else e + b"\n\n"
+                                for e, last in held)
+        if payload[:8] == b'{"error"':
+            scan.error = True
+            return self._release_before_end(scan, event)
+        if not _role_only(payload, obj):
+            scan.tokens += 1
+        if self.strip_usage:
+            last = _maybe_last(payload, obj)
+            if last or self.held:  # from a choice's last chunk on, until the usage chunk
+                return self._hold(event, last)
+        return None
+
+    def _hold(self, event: bytes, last: bool) -> bytes:
+        self.held.append((event, last))
+        return b""
+
+    def _release_before_end(self, scan: Scan, event: bytes | None = None) -> bytes | None:
+        if not self.held:
+            return None if event is not None else b""
+        return self.release() + (event + b"\n\n" if event is not None else b"")
+
+
+def _object(payload: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _role_only(payload: bytes, obj: dict[str, Any] | None) -> bool:
+    """The first chat chunk, a role and no content: not a token."""
+    if _ROLE_ONLY in payload and payload.count(b'"index":') == 1:
         return True
+    if b'"role"' not in payload:
+        return False
+    obj = obj if obj is not None else _object(payload)
+    choices = obj.get("choices") if obj is not None else None
+    if not isinstance(choices, list) or not choices:
+        return False
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict) or "role" not in delta:
+            return False
+        if any(v not in ("", None) for k, v in delta.items() if k != "role"):
+            return False
+    return True
+
+
+def _maybe_last(payload: bytes, obj: dict[str, Any] | None) -> bool:
+    """Whether this chunk ends a choice (a non-null ``finish_reason``); parsed only when its
+    bytes do not already say null."""
+    if b"finish_reason" not in payload or _NULL_FINISH[0] in payload or (
+            _NULL_FINISH[1] in payload):
+        return False
+    obj = obj if obj is not None else _object(payload)
+    choices = obj.get("choices") if obj is not None else None
+    return isinstance(choices, list) and any(
+        isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
+
+
+def _with_fields(event: bytes, usage_chunk: dict[str, Any]) -> bytes:
+    """``event`` (a choice's last chunk) with the fields the client would have seen on it,
+    taken from the usage chunk: spliced before its closing brace, the rest byte for byte."""
+    extra = b"".join(
+        b',"%s":%s' % (name.encode(), json.dumps(usage_chunk[name]).encode())
+        for name in TERMINAL_FIELDS
+        if name in usage_chunk and b'"%s"' % name.encode() not in event)
+    return event[:-1] + extra + b"}\n\n"
+
+
+def usage_counts(usage: Any) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) of a ``usage`` object, None if it is not one."""
+    try:
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    except (ValueError, AttributeError, TypeError, OverflowError):
+        return None
 
 
 def parse_usage(payload: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of a usage chunk, None if it is not one."""
-    try:
-        usage = json.loads(payload).get("usage") or {}
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    except (ValueError, AttributeError, TypeError):
-        return None
+    """(prompt_tokens, completion_tokens) of a JSON object's ``usage``, None without one."""
+    obj = _object(payload)
+    usage = obj.get("usage") if obj is not None else None
+    return usage_counts(usage) if isinstance(usage, dict) else None
 
 
 def usage_of_body(body: bytes) -> tuple[int, int] | None:
     """Token counts of a non-streamed JSON answer's ``usage``, None when absent."""
     return parse_usage(body) if b'"usage"' in body else None
+
+
+def usage_options(options: Any) -> dict[str, Any]:
+    """The ``stream_options`` to send for a streamed request whose client did not ask for
+    usage: the client's, with usage asked for (the proxy strips it again).
+
+    ``continuous_usage_stats`` is dropped: vLLM ignores it without ``include_usage``, so the
+    client would have had no usage in its chunks; asked for on its behalf, it would put usage
+    in every one of them."""
+    kept = {k: v for k, v in options.items() if k != "continuous_usage_stats"} if isinstance(
+        options, dict) else {}
+    return {**kept, "include_usage": True}

@@ -152,16 +152,16 @@ def test_uvicorn_fast_paths_fall_back_when_its_cycle_lacks_what_they_read() -> N
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
     from server.app import _body_buffered
-    from server.relay import _DirectWriter
+    from server.uvicorn_adapter import CycleWriter
 
     bare = RequestResponseCycle.__new__(RequestResponseCycle)
-    assert _DirectWriter.of(bare.send) is None
+    assert CycleWriter.of(bare.send) is None
     assert _body_buffered(bare.receive) is False
 
     async def not_uvicorn(message: object) -> None:
         return None
 
-    assert _DirectWriter.of(not_uvicorn) is None  # another server: its own send
+    assert CycleWriter.of(not_uvicorn) is None  # another server: its own send
 
 
 @pytest.mark.parametrize("body", [
