@@ -4,6 +4,9 @@ Routes: POST /v1/chat/completions and /v1/completions (checked, usage asked for,
 SSE inspection), GET /v1/models and every other path (relayed unchanged), GET /health (the proxy
 lives), GET /ready (an engine answers), GET /metrics. /v1/* and the relayed routes need an API
 key when keys are configured; /health, /ready and /metrics stay open unless --protect-metrics.
+vLLM's admin and development routes (ADMIN_PATHS) are refused unless an admin key is configured
+and sent. A large request body is parsed and checked in a thread, with its object fields
+counted as they are parsed, so that no request holds the event loop for long.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import hmac
 import itertools
 import json
 import logging
+import posixpath
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -39,6 +43,7 @@ from server.config import ProxyConfig
 from server.errors import (
     BadRequest,
     BodyTooLarge,
+    Forbidden,
     NotFound,
     ProxyError,
     RequestTimeout,
@@ -47,10 +52,10 @@ from server.errors import (
 )
 from server.front import Exchange
 from server.health import HealthChecker
-from server.metrics import GpuCollector, ProxyMetrics, route_label
+from server.metrics import GpuCollector, GpuSampler, ProxyMetrics, route_label
 from server.relay import Call, Relay, send_error
 from server.router import Router, affinity_key
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.schemas import ChatCompletionRequest, CompletionRequest, message_list
 from server.sse import usage_options
 
 log = logging.getLogger("toposerve.access")
@@ -64,6 +69,25 @@ _DROP_HEADERS = frozenset({
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 GENERATION_SCHEMAS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+# vLLM's admin and development routes (vllm/entrypoints: serve/, rl/, scale_out/; v0.26):
+# they sleep or reconfigure the engine, load code paths and weights, or tell its internals.
+# Matched on the decoded path, lower-cased, slashes collapsed, dot segments resolved.
+ADMIN_PATHS = frozenset({
+    "/collective_rpc", "/sleep", "/wake_up", "/is_sleeping", "/reset_prefix_cache",
+    "/reset_mm_cache", "/reset_encoder_cache", "/release_kv_cache_memory",
+    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/start_profile", "/stop_profile",
+    "/scale_elastic_ep", "/is_scaling_elastic_ep", "/pause", "/resume", "/is_paused",
+    "/update_weights", "/init_weight_transfer_engine", "/start_weight_update",
+    "/finish_weight_update", "/start_draft_weight_update", "/update_weight_version",
+    "/shutdown_weight_transfer_engine", "/weight_checker", "/weight_info", "/get_world_size",
+    "/abort_requests", "/server_info", "/kv_event_sources",
+})
+ADMIN_PREFIXES = ("/fault_tolerance/",)
+# Bodies from this size on are parsed and checked in a thread (json.loads with a Python hook
+# per object, so the GIL is handed back to the event loop as it goes); smaller ones inline,
+# where their size bounds the work (a few ms at most).
+THREAD_BODY_BYTES = 64 * 1024
+VALIDATE_SLICE = 1024  # messages validated per pydantic call in the thread (GIL released between)
 
 
 class Proxy:
@@ -73,30 +97,56 @@ class Proxy:
         self.cfg = cfg
         self.registry = registry or CollectorRegistry()
         self.metrics = ProxyMetrics(self.registry, cfg.plan_info)
-        self.registry.register(GpuCollector())
+        self.gpu = GpuSampler(cfg.gpu_interval_s)
+        self.registry.register(GpuCollector(self.gpu.latest))  # a scrape never waits for NVML
         self.router = Router(cfg.upstreams, cfg.affinity_slack)
         self.admission = Admission(cfg.max_in_flight, cfg.max_queue, cfg.queue_timeout_s)
         self.relay = Relay(cfg, self.router, self.metrics, self.admission)
+        for pool in self.relay.pools.values():
+            pool.max_response_bytes = cfg.max_response_bytes
         self.metrics.queued.set_function(lambda: self.admission.queued)  # read at scrape time
         self.health = HealthChecker(cfg, self.router, self.metrics, self.relay.pools)
         self._keys = [k.encode() for k in cfg.api_keys]
+        self._admin_keys = [k.encode() for k in cfg.admin_api_keys]
 
     # -- checks ------------------------------------------------------------------------------
 
     def authorize(self, headers: Mapping[str, str]) -> None:
         """Constant-time check of ``Authorization: Bearer K`` or ``x-api-key: K``."""
-        if not self._keys:
-            return
-        given = headers.get("authorization", "")
-        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
-        token = token or headers.get("x-api-key", "").strip()
-        candidate = token.encode("utf-8", "surrogateescape")
-        ok = False
-        for key in self._keys:  # every key is compared: the time does not say which matched
-            ok |= hmac.compare_digest(candidate, key)
-        if not ok:
+        if self._keys and not key_matches(headers, self._keys):
             raise Unauthorized("missing or wrong API key: send it as 'Authorization: Bearer "
                                "<key>' (the key given to launcher serve or python -m server)")
+
+    def authorize_admin(self, path: str, headers: Mapping[str, str]) -> None:
+        if not self._admin_keys:
+            raise Forbidden(f"{path} is one of vLLM's admin routes, which this proxy refuses: "
+                            "start it with --admin-api-key (or --admin-api-key-file) and send "
+                            "that key to use them")
+        if not key_matches(headers, self._admin_keys):
+            raise Forbidden(f"{path} is one of vLLM's admin routes: send the admin key (the "
+                            "one given to --admin-api-key), not a user key")
+
+    def check_body(self, schema: type[BaseModel], body: bytes) -> dict[str, Any]:
+        """Parsed and checked (inline: ``body`` is small)."""
+        obj = parse_object(body)
+        check_bounds(obj, self.cfg.max_messages)
+        check(schema, obj)
+        return obj
+
+    def check_large_body(self, schema: type[BaseModel], body: bytes) -> dict[str, Any]:
+        """Parsed and checked in a worker thread: the fields are counted while parsing (past
+        the limit the parse stops), the message count before validation, and the messages
+        are validated in slices, so the event loop gets the GIL back throughout."""
+        obj = parse_object(body, self.cfg.max_json_fields)
+        check_bounds(obj, self.cfg.max_messages)
+        messages = obj.get("messages")
+        if schema is ChatCompletionRequest and isinstance(messages, list) and messages:
+            check(schema, {**obj, "messages": messages[:1]})
+            for start in range(0, len(messages), VALIDATE_SLICE):
+                check_messages(messages[start:start + VALIDATE_SLICE], start)
+        else:
+            check(schema, obj)
+        return obj
 
     async def read_body(self, receive: Receive, headers: Mapping[str, str]) -> bytes:
         limit = self.cfg.max_body_bytes
@@ -137,8 +187,12 @@ class Proxy:
         try:
             self.authorize(headers)
             body = await self.read_body(receive, headers)
-            obj = parse_object(body)
-            check(GENERATION_SCHEMAS[path], obj)
+            large = len(body) >= THREAD_BODY_BYTES
+            if large:
+                obj = await asyncio.to_thread(self.check_large_body, GENERATION_SCHEMAS[path],
+                                              body)
+            else:
+                obj = self.check_body(GENERATION_SCHEMAS[path], body)
         except ProxyError as exc:
             self.metrics.requests.labels("unknown", path, str(exc.status)).inc()
             log.info("%s POST %s %d", rid, path, exc.status)
@@ -154,7 +208,8 @@ class Proxy:
                 spliced = with_usage_option(body) if "stream_options" not in obj else None
                 if spliced is None:
                     obj["stream_options"] = usage_options(options)
-                    spliced = json.dumps(obj).encode()
+                    spliced = (await asyncio.to_thread(_encode, obj) if large
+                               else _encode(obj))
                 body = spliced
                 strip = True
         query = scope.get("query_string", b"").decode("latin-1")
@@ -168,7 +223,10 @@ class Proxy:
 
     async def passthrough(self, request: Request) -> Response:
         rid = request_id(request)
-        self.authorize(request.headers)
+        if is_admin_path(request.url.path):
+            self.authorize_admin(request.url.path, request.headers)
+        else:
+            self.authorize(request.headers)
         try:
             body = await self.read_body(request.receive, request.headers)
         except ClientGone:
@@ -179,7 +237,9 @@ class Proxy:
                     disconnect_hook=disconnect_hook(request.scope))
         return RelayResponse(lambda _s, receive, send: self.relay.handle(call, receive, send))
 
-    async def ready(self) -> Response:
+    async def ready(self, request: Request) -> Response:
+        if self.cfg.protect_metrics:
+            self.authorize(request.headers)
         await self.health.check_all(timeout_s=min(2.0, self.cfg.connect_timeout_s))
         states = [{"url": u.url, "up": u.up, "outstanding": u.outstanding}
                   for u in self.router.upstreams]
@@ -268,8 +328,37 @@ def request_id(request: Request) -> str:
 
 
 def _target(request: Request) -> str:
-    query = request.url.query
-    return request.url.path + (f"?{query}" if query else "")
+    """The path as the client sent it (still percent-encoded, so that any byte it encodes can
+    be written in the request line), and the query."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    query = request.scope.get("query_string", b"")
+    return (raw + (b"?" + query if query else b"")).decode("latin-1")
+
+
+def is_admin_path(path: str) -> bool:
+    """``path`` (decoded, as vLLM routes it) is one of ADMIN_PATHS, however it is spelled."""
+    norm = posixpath.normpath(re.sub(r"/+", "/", path)).lower().rstrip("/") or "/"
+    return norm in ADMIN_PATHS or norm.startswith(ADMIN_PREFIXES) or (
+        norm + "/").startswith(ADMIN_PREFIXES)
+
+
+def key_matches(headers: Mapping[str, str], keys: list[bytes]) -> bool:
+    """The key sent (``Authorization: Bearer K`` or ``x-api-key: K``), as bytes, is one of
+    ``keys`` (UTF-8). Both servers decode header bytes as latin-1, so encoding back to latin-1
+    gives what the client sent: a key with non-ASCII characters matches. Every key is
+    compared, in constant time: the time does not say which matched."""
+    given = headers.get("authorization", "")
+    token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+    token = token or headers.get("x-api-key", "").strip()
+    candidate = token.encode("latin-1", "replace")
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(candidate, key)
+    return ok
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode()
 
 
 _USAGE_OPTION = b'{"stream_options":{"include_usage":true}'
@@ -280,7 +369,9 @@ def with_usage_option(body: bytes) -> bytes | None:
     """``body``, a JSON object without "stream_options", with usage asked for: spliced in after
     its opening brace instead of re-encoding the whole request (which cost more than parsing
     it). None when the body is not plain UTF-8 text starting with ``{`` (json.loads also takes
-    a BOM or UTF-16/32): then re-encode."""
+    a BOM or UTF-16/32, whose first bytes hold a NUL or are not ``{``): then re-encode."""
+    if b"\x00" in body[:4]:  # UTF-16/32 without a BOM: '{' is followed or preceded by NULs
+        return None
     rest = body.lstrip(_JSON_SPACE)
     if rest[:1] != b"{":
         return None
@@ -288,9 +379,31 @@ def with_usage_option(body: bytes) -> bytes | None:
     return _USAGE_OPTION + (b"" if rest.lstrip(_JSON_SPACE)[:1] == b"}" else b",") + rest
 
 
-def parse_object(body: bytes) -> dict[str, Any]:
+class _TooManyFields(Exception):
+    pass
+
+
+def parse_object(body: bytes, max_fields: int | None = None) -> dict[str, Any]:
+    """The body's JSON object. With ``max_fields``, every object goes through a Python hook
+    that counts its fields (the parse stops past the limit), which also lets other threads run
+    while a large body is parsed."""
     try:
-        obj = json.loads(body)
+        if max_fields is None:
+            obj = json.loads(body)
+        else:
+            fields = 0
+
+            def counted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+                nonlocal fields
+                fields += len(pairs)
+                if fields > max_fields:
+                    raise _TooManyFields
+                return dict(pairs)
+
+            obj = json.loads(body, object_pairs_hook=counted)
+    except _TooManyFields:
+        raise BadRequest(f"request body has over {max_fields} object fields: send a smaller "
+                         "request (the proxy's limit is --max-json-fields)") from None
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
     except RecursionError:
@@ -300,6 +413,29 @@ def parse_object(body: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object")
     return obj
+
+
+def check_bounds(obj: dict[str, Any], max_messages: int) -> None:
+    messages = obj.get("messages")
+    if isinstance(messages, list) and len(messages) > max_messages:
+        raise BadRequest(f"messages: {len(messages)} messages, over the limit of {max_messages}"
+                         ": shorten the conversation (the proxy's limit is --max-messages)",
+                         param="messages")
+
+
+def check_messages(messages: list[Any], start: int) -> None:
+    """``messages``, items ``start``... of the request's list, validated as ChatMessage."""
+    try:
+        message_list.validate_python(messages)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = list(first["loc"])
+        if loc and isinstance(loc[0], int):
+            loc[0] += start
+        param = ".".join(str(p) for p in ["messages", *loc])
+        raise BadRequest(f"{param}: {first['msg']}", param=param) from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
 
 
 def check(schema: type[BaseModel], obj: dict[str, Any]) -> None:
@@ -343,9 +479,11 @@ def create_app(cfg: ProxyConfig, registry: CollectorRegistry | None = None) -> P
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         proxy.health.start()
+        proxy.gpu.start()
         try:
             yield
         finally:
+            proxy.gpu.stop()
             await proxy.health.stop()
             proxy.relay.close()
 
@@ -382,8 +520,8 @@ def _add_routes(app: FastAPI, proxy: Proxy) -> None:
         return {"status": "ok"}
 
     @app.get("/ready", responses={"503": {"description": "No engine answers yet"}})
-    async def ready() -> Response:
-        return await proxy.ready()
+    async def ready(request: Request) -> Response:
+        return await proxy.ready(request)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

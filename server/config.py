@@ -19,6 +19,7 @@ from pathlib import Path
 from server.errors import ConfigError
 
 KEYS_ENV = "TOPOSERVE_API_KEYS"
+ADMIN_KEYS_ENV = "TOPOSERVE_ADMIN_API_KEYS"
 PLAN_LABELS = ("mode", "tp", "pp", "dp", "engine", "transport", "model", "gpus")
 
 
@@ -28,6 +29,9 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
+    # Keys for vLLM's admin and development routes (server.app.ADMIN_PATHS): without one they
+    # are refused to everyone; user keys never open them.
+    admin_api_keys: tuple[str, ...] = ()
     protect_metrics: bool = False
     plan_info: Mapping[str, str] = field(default_factory=dict)
     connect_timeout_s: float = 5.0
@@ -36,6 +40,15 @@ class ProxyConfig:
     body_timeout_s: float = 30.0
     header_timeout_s: float = 15.0
     max_body_bytes: int = 8 * 1024 * 1024
+    # Request heads, bounded as nginx and uvicorn-era servers do (431 past either).
+    max_header_line_bytes: int = 16 * 1024
+    max_header_bytes: int = 64 * 1024
+    # Checked before full validation, so one request cannot hold the event loop for seconds.
+    max_messages: int = 20_000
+    max_json_fields: int = 250_000
+    max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed engine answer, buffered whole
+    client_stall_timeout_s: float = 30.0  # a client whose socket takes nothing this long is cut
+    gpu_interval_s: float = 5.0  # NVML is sampled in a thread this often; scrapes read the last
     max_in_flight: int = 1024
     max_queue: int = 1024
     queue_timeout_s: float = 30.0
@@ -58,12 +71,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_keys(flags: Sequence[str], key_file: str | None,
-              env: Mapping[str, str]) -> tuple[str, ...]:
+def load_keys(flags: Sequence[str], key_file: str | None, env: Mapping[str, str],
+              flag: str = "--api-key", env_name: str = KEYS_ENV) -> tuple[str, ...]:
     keys = [k.strip() for k in flags]
+    if any(not k for k in keys):  # e.g. --api-key "$KEY" with KEY unset: never a silent no-auth
+        raise ConfigError(f"{flag} was given an empty key: pass the key itself, or leave "
+                          f"{flag} out to run without keys")
     if key_file:
         keys += read_key_file(Path(key_file))
-    keys += [k.strip() for k in env.get(KEYS_ENV, "").split(",")]
+    from_env = env.get(env_name, "")
+    env_keys = [k.strip() for k in from_env.split(",") if k.strip()]
+    if from_env.strip() and not env_keys:
+        raise ConfigError(f"${env_name} holds no key (only commas or spaces): set it to "
+                          "comma-separated keys, or unset it")
+    keys += env_keys
     return tuple(dict.fromkeys(k for k in keys if k))
 
 
@@ -116,8 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"accepted API key (repeatable; also ${KEYS_ENV}, comma-separated)")
     p.add_argument("--api-key-file", metavar="FILE",
                    help="file with one API key per line (mode 600)")
+    p.add_argument("--admin-api-key", action="append", default=[], metavar="KEY",
+                   help="key that opens vLLM's admin and development routes (/sleep, "
+                        f"/collective_rpc, LoRA loading, ...; also ${ADMIN_KEYS_ENV}); "
+                        "without one they are refused")
+    p.add_argument("--admin-api-key-file", metavar="FILE",
+                   help="file with one admin key per line (mode 600)")
     p.add_argument("--protect-metrics", action="store_true",
-                   help="require the API key on /metrics too (default: open)")
+                   help="require the API key on /metrics and /ready too (default: open)")
     p.add_argument("--plan-info", metavar="JSON", help="plan labels for toposerve_plan_info")
     p.add_argument("--connect-timeout", type=float, default=5.0, metavar="S")
     p.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S")
@@ -128,6 +155,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=15.0, metavar="S",
                    help="longest time a client may take to send its request headers")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--max-header-line-bytes", type=int, default=16 * 1024, metavar="N",
+                   help="longest request line or header line (431 past it)")
+    p.add_argument("--max-header-bytes", type=int, default=64 * 1024, metavar="N",
+                   help="largest request head, all lines together (431 past it)")
+    p.add_argument("--max-messages", type=int, default=20_000, metavar="N",
+                   help="most messages in one chat request (400 past it)")
+    p.add_argument("--max-json-fields", type=int, default=250_000, metavar="N",
+                   help="most object fields in one large request body (400 past it)")
+    p.add_argument("--max-response-bytes", type=int, default=64 * 1024 * 1024, metavar="N",
+                   help="largest non-streamed engine answer (502 past it)")
+    p.add_argument("--client-stall-timeout", type=float, default=30.0, metavar="S",
+                   help="a client whose socket accepts nothing for this long is disconnected "
+                        "(keep it below --idle-timeout)")
+    p.add_argument("--gpu-interval", type=float, default=5.0, metavar="S",
+                   help="how often NVML is sampled for toposerve_gpu_* (in a thread)")
     p.add_argument("--max-in-flight", type=int, default=1024)
     p.add_argument("--max-queue", type=int, default=1024)
     p.add_argument("--queue-timeout", type=float, default=30.0, metavar="S")
@@ -151,13 +193,24 @@ def config_from_args(argv: Sequence[str] | None = None,
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
                               "http://127.0.0.1:8001")
+    for flag in ("max_header_line_bytes", "max_header_bytes", "max_messages", "max_json_fields",
+                 "max_response_bytes", "client_stall_timeout", "gpu_interval"):
+        if getattr(a, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be above 0")
     return ProxyConfig(
         upstreams=upstreams, host=a.host, port=a.port,
-        api_keys=load_keys(a.api_key, a.api_key_file, env), protect_metrics=a.protect_metrics,
+        api_keys=load_keys(a.api_key, a.api_key_file, env),
+        admin_api_keys=load_keys(a.admin_api_key, a.admin_api_key_file, env,
+                                 "--admin-api-key", ADMIN_KEYS_ENV),
+        protect_metrics=a.protect_metrics,
         plan_info=parse_plan_info(a.plan_info), connect_timeout_s=a.connect_timeout,
         first_byte_timeout_s=a.first_byte_timeout, idle_timeout_s=a.idle_timeout,
         body_timeout_s=a.body_timeout, header_timeout_s=a.header_timeout,
-        max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight, max_queue=a.max_queue,
+        max_body_bytes=a.max_body_bytes, max_header_line_bytes=a.max_header_line_bytes,
+        max_header_bytes=a.max_header_bytes, max_messages=a.max_messages,
+        max_json_fields=a.max_json_fields, max_response_bytes=a.max_response_bytes,
+        client_stall_timeout_s=a.client_stall_timeout, gpu_interval_s=a.gpu_interval,
+        max_in_flight=a.max_in_flight, max_queue=a.max_queue,
         queue_timeout_s=a.queue_timeout, health_interval_s=a.health_interval,
         affinity_slack=a.affinity_slack,
         drain_timeout_s=a.drain_timeout, log_level=a.log_level)

@@ -3,6 +3,7 @@
     ProxyError                       base: status, type, code, retry_after
     ├── BadRequest (400)             malformed JSON, wrong types, invalid UTF-8, nesting too deep
     ├── Unauthorized (401)           missing or wrong API key
+    ├── Forbidden (403)              an admin route without the admin key
     ├── NotFound (404)               no such route
     ├── RequestTimeout (408)         the client sent its body too slowly
     ├── BodyTooLarge (413)           body over --max-body-bytes
@@ -55,6 +56,10 @@ class BadRequest(ProxyError):
 
 class Unauthorized(ProxyError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(ProxyError):
+    status, type, code = 403, "permission_error", "admin_route"
 
 
 class NotFound(ProxyError):

@@ -10,10 +10,18 @@ flow-control and event objects, scope and state copies, header validation of the
 answer, message dispatch). Measured with benchmarks/proxy_cpu.py (docs/benchmarks-proxy.md).
 
 Anything else — another route or method, HTTP/1.0, ``Expect: 100-continue``, a chunked request
-body, an upgrade, a request httptools rejects — is handed over whole: the connection (with
-every byte of that request, and whatever followed it) goes to uvicorn's protocol for the rest of
-its life, exactly as if uvicorn had had it from the start. Requests are served one at a time
-per connection; bytes that arrive while one is being answered (pipelining) wait, unparsed.
+body, a request httptools rejects — is handed over whole: the connection (with every byte of
+that request, and whatever followed it) goes to uvicorn's protocol for the rest of its life,
+exactly as if uvicorn had had it from the start. Requests are served one at a time per
+connection; bytes that arrive while one is being answered (pipelining) wait, unparsed.
+
+Two things are refused here, and by server.serve's uvicorn protocol alike, before any app sees
+them (``refuse``: an OpenAI-format error, then the connection is closed): an upgrade
+(``Connection: upgrade``, ``Upgrade:``, ``CONNECT``; the proxy serves no websockets, and an
+upgraded connection escapes every timeout), and a request head over the limits of
+``HeadLimit`` (431), counted as it arrives so that an endless header line is cut off before
+httptools, which concatenates a header's pieces, spends time and memory on it. A client whose
+socket accepts nothing for ``Guards.stall_timeout_s`` is disconnected (``StallTimer``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import http
 import json
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import httptools
@@ -45,6 +54,175 @@ HIGH_WATER = 64 * 1024  # unread request bytes at which reading pauses (as uvico
 _STATUS_LINES = {int(s): b"HTTP/1.1 %d %s\r\n" % (s, s.phrase.encode()) for s in http.HTTPStatus}
 _HEAD_END = b"\r\n\r\n"  # httptools (llhttp, strict) ends a head only at the first CRLFCRLF
 _NO_BODY = frozenset({204, 304})
+LINGER_S = 1.0  # after a refusal: read and drop what the client still sends, then close,
+LINGER_BYTES = 64 * 1024  # or sooner, once it sent this much more (it is not listening)
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What both protocols (this one and server.serve's) enforce on every connection."""
+
+    header_timeout_s: float = 15.0
+    max_header_line_bytes: int = 16 * 1024
+    max_header_bytes: int = 64 * 1024
+    stall_timeout_s: float = 30.0
+    on_stall: Callable[[], None] | None = None  # counts a client cut off for not reading
+
+
+class HeadLimit:
+    """Bounds one request head (request line, header lines) as its bytes arrive.
+
+    Fed every chunk until the blank line that ends the head; ``feed`` returns the limit it
+    went over, else None. A head that comes whole in its first chunk and is shorter than one
+    line's limit (every usual request) costs one ``find``."""
+
+    __slots__ = ("cr", "done", "head_max", "line", "line_max", "lines", "total")
+
+    def __init__(self, line_max: int, head_max: int) -> None:
+        self.line_max = line_max
+        self.head_max = head_max
+        self.reset()
+
+    def reset(self) -> None:
+        self.done = False
+        self.line = 0  # bytes of the line being received
+        self.total = 0
+        self.lines = 0  # non-blank lines so far (blank ones before the request line are skipped)
+        self.cr = False  # the last byte seen was CR
+
+    def feed(self, data: bytes) -> str | None:
+        if self.done:
+            return None
+        if (not self.total and data[:1] not in b"\r\n"
+                and data.find(_HEAD_END, 0, self.line_max) >= 0):
+            self.done = True
+            return None
+        pos, end = 0, len(data)
+        while True:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                self.line += end - pos
+                self.total += end - pos
+                if end > pos:
+                    self.cr = data[end - 1] == 13
+                return self._over()
+            length = self.line + nl - pos  # the line's bytes before its LF
+            self.total += nl + 1 - pos
+            blank = length == 0 or (length == 1 and (data[nl - 1] == 13 if nl > pos
+                                                     else self.cr))
+            self.line, self.cr, pos = 0, False, nl + 1
+            if length > self.line_max:
+                return f"a request header line is over {self.line_max} bytes"
+            if self.total > self.head_max:
+                return self._over()
+            if not blank:
+                self.lines += 1
+            elif self.lines:
+                self.done = True
+                return None
+
+    def _over(self) -> str | None:
+        if self.line > self.line_max:
+            return f"a request header line is over {self.line_max} bytes"
+        if self.total > self.head_max:
+            return f"the request headers are over {self.head_max} bytes in all"
+        return None
+
+
+def refusal(default_headers: Any, status: int, message: str, code: str) -> bytes:
+    """A whole HTTP response: the OpenAI-format error, and the connection closing after it."""
+    body = json.dumps(error_body(message, "invalid_request_error", code, None)).encode()
+    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+    for name, value in default_headers:
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
+                 b"connection: close\r\n\r\n%b" % (len(body), body))
+    return b"".join(parts)
+
+
+class Refusal:
+    """A connection answered with an error and ending: the answer, then our side's FIN. What
+    the client still sends is read and dropped (``drop``, from data_received) for at most
+    LINGER_S and LINGER_BYTES, so that closing with unread bytes does not reset the answer
+    away before the client reads it; then the connection is aborted."""
+
+    __slots__ = ("budget", "timer", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 default_headers: Any, status: int, message: str, code: str) -> None:
+        log.info("refused a request: %d %s", status, message)
+        self.transport = transport
+        self.budget = LINGER_BYTES
+        transport.write(refusal(default_headers, status, message, code))
+        try:
+            transport.write_eof()
+        except (NotImplementedError, RuntimeError, OSError):  # pragma: no cover - TLS
+            transport.close()
+        transport.resume_reading()
+        self.timer = loop.call_later(LINGER_S, transport.abort)
+
+    def drop(self, data: bytes) -> None:
+        self.budget -= len(data)
+        if self.budget < 0:
+            self.transport.abort()
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+
+refuse = Refusal
+
+
+UPGRADE_REFUSED = ("this server does not switch protocols (Upgrade, websocket, CONNECT): send "
+                   "plain HTTP/1.1 requests without an Upgrade header")
+
+
+def wants_upgrade(headers: list[tuple[bytes, bytes]]) -> bool:
+    """``Upgrade:`` present, or ``upgrade`` among the Connection tokens (names lower-case)."""
+    for name, value in headers:
+        if name == b"upgrade" or (name == b"connection" and b"upgrade" in value.lower()):
+            return True
+    return False
+
+
+def head_too_large(limit: HeadLimit, what: str) -> str:
+    return (f"{what}; the limits are {limit.line_max} bytes a line and {limit.head_max} in all "
+            "(--max-header-line-bytes, --max-header-bytes)")
+
+
+class StallTimer:
+    """Cuts off a client whose socket accepts nothing for ``timeout_s``: armed when the
+    transport pauses writing, disarmed when it resumes. Aborting drops what is buffered for
+    it (closing would wait for that to drain, which it never does), and the protocol's
+    connection_lost then tells the relay the client left, which aborts the engine request."""
+
+    __slots__ = ("guards", "loop", "timer", "transport")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, guards: Guards) -> None:
+        self.loop = loop
+        self.guards = guards
+        self.timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.BaseTransport | None = None
+
+    def paused(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if self.timer is None:
+            self.timer = self.loop.call_later(self.guards.stall_timeout_s, self._expire)
+
+    def resumed(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expire(self) -> None:
+        self.timer = None
+        transport = self.transport
+        if transport is None:
+            return
+        log.info("a client took nothing for %g s: disconnected", self.guards.stall_timeout_s)
+        if self.guards.on_stall is not None:
+            self.guards.on_stall()
+        transport.abort()  # type: ignore[attr-defined]
 
 
 class Exchange:
@@ -177,7 +355,7 @@ Handler = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
 
 
 def front_protocol(app: object, generation: Handler, fallback: type[asyncio.Protocol],
-                   header_timeout_s: float) -> type[asyncio.Protocol]:
+                   guards: Guards) -> type[asyncio.Protocol]:
     """The protocol class for uvicorn's ``http=``: ``generation`` serves the lean requests while
     uvicorn runs ``app`` bare (wrapped in middleware, e.g. under --log-level trace, everything
     goes through uvicorn); ``fallback`` (uvicorn's, with the header timeout) takes over every
@@ -189,7 +367,8 @@ def front_protocol(app: object, generation: Handler, fallback: type[asyncio.Prot
     Front.app = app
     Front.generation = staticmethod(generation)  # type: ignore[assignment]
     Front.fallback = fallback
-    Front.header_timeout_s = header_timeout_s
+    Front.guards = guards
+    Front.header_timeout_s = guards.header_timeout_s
     return Front
 
 
@@ -197,6 +376,7 @@ class FrontProtocol(asyncio.Protocol):
     app: object
     generation: Handler
     fallback: type[asyncio.Protocol]
+    guards: Guards
     header_timeout_s: float
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
@@ -226,6 +406,9 @@ class FrontProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.keep_alive_timer = False  # the timer is the idle keep-alive one
         self.handed_over = False
+        self.head = HeadLimit(self.guards.max_header_line_bytes, self.guards.max_header_bytes)
+        self.stall = StallTimer(self.loop, self.guards)
+        self.refused: Refusal | None = None  # answered and closing: input dropped
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -235,9 +418,17 @@ class FrontProtocol(asyncio.Protocol):
         self._arm(self.header_timeout_s)
 
     def data_received(self, data: bytes) -> None:
+        if self.refused is not None:
+            self.refused.drop(data)
+            return
         if self.handed_over:  # pragma: no cover - the transport has the new protocol
             return
         self.buf += data
+        if not self.head.done and not self.waiting:
+            over = self.head.feed(data)
+            if over is not None:
+                self._refuse(431, head_too_large(self.head, over), "header_too_large")
+                return
         if self.waiting:  # pipelined: parsed once the current answer is done
             if len(self.buf) > HIGH_WATER:
                 self.pause_reading()
@@ -247,6 +438,9 @@ class FrontProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)
         self._disarm()
+        self.stall.resumed()
+        if self.refused is not None:
+            self.refused.cancel()
         ex = self.exchange
         if ex is not None and not ex.response_complete:
             ex.disconnected = True
@@ -257,9 +451,11 @@ class FrontProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.stall.paused(self.transport)
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.stall.resumed()
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
 
@@ -302,9 +498,13 @@ class FrontProtocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            if self.refused is not None:
+                return
             if self.consumed < 0:  # in the request being read: uvicorn answers (400, ...)
                 self.divert = True
             # else in bytes after a complete lean request: they are parsed afresh later
+        if self.refused is not None:
+            return
         if self.divert:
             self._hand_over()
         elif self.consumed >= 0:
@@ -318,7 +518,7 @@ class FrontProtocol(asyncio.Protocol):
                 self.pause_reading()
 
     def on_message_begin(self) -> None:
-        if self.consumed >= 0 or self.divert:
+        if self.consumed >= 0 or self.divert or self.refused is not None:
             return
         self.url = b""
         self.headers = []
@@ -334,7 +534,7 @@ class FrontProtocol(asyncio.Protocol):
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        if self.consumed >= 0 or self.divert:
+        if self.consumed >= 0 or self.divert or self.refused is not None:
             return
         self._disarm()
         parser = self.parser
@@ -344,9 +544,14 @@ class FrontProtocol(asyncio.Protocol):
         for name, value in self.headers:
             if name == b"content-length":
                 length = int(value)  # llhttp accepted it: digits only, at most one
-            elif name in (b"transfer-encoding", b"expect", b"upgrade"):
+            elif name in (b"transfer-encoding", b"expect"):
                 length = -2
-                break
+            elif name == b"upgrade" or (name == b"connection" and b"upgrade" in value.lower()):
+                self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
+                return
+        if parser.should_upgrade():  # CONNECT
+            self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
+            return
         handler = self.handler
         if (handler is None or length < 0 or path not in GENERATION_PATHS
                 or parser.get_method() != b"POST" or parser.get_http_version() != "1.1"):
@@ -397,6 +602,7 @@ class FrontProtocol(asyncio.Protocol):
             return
         self.exchange = None
         self.waiting = False
+        self.head.reset()
         self.resume_reading()
         if self.buf:  # a pipelined request: after this task step, not inside its send()
             self.loop.call_soon(self._next)
@@ -404,8 +610,21 @@ class FrontProtocol(asyncio.Protocol):
             self._arm(self.config.timeout_keep_alive, keep_alive=True)
 
     def _next(self) -> None:
-        if not self.waiting and not self.handed_over and not self.transport.is_closing():
-            self._parse()
+        if (self.waiting or self.handed_over or self.refused is not None
+                or self.transport.is_closing()):
+            return
+        over = self.head.feed(bytes(self.buf))  # the pipelined head, not bounded while it waited
+        if over is not None:
+            self._refuse(431, head_too_large(self.head, over), "header_too_large")
+            return
+        self._parse()
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        self._disarm()
+        self.buf.clear()
+        self.read_paused = False
+        self.refused = refuse(self.transport, self.loop, self.server_state.default_headers,
+                              status, message, code)
 
     def _task_done(self, task: asyncio.Task[None], ex: Exchange) -> None:
         self.server_state.tasks.discard(task)
@@ -429,6 +648,7 @@ class FrontProtocol(asyncio.Protocol):
     def _hand_over(self) -> None:
         self.handed_over = True
         self._disarm()
+        self.stall.resumed()
         self.server_state.connections.discard(self)
         other = self.fallback(config=self.config,  # type: ignore[call-arg]
                               server_state=self.server_state, app_state=self.app_state,
@@ -456,5 +676,5 @@ class FrontProtocol(asyncio.Protocol):
 
     def _expire(self) -> None:
         self.timer = None
-        if self.exchange is None and not self.handed_over:
+        if self.exchange is None and not self.handed_over and self.refused is None:
             self.transport.close()

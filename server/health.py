@@ -1,11 +1,15 @@
 """Active health checks of the engine replicas: GET <upstream>/health every interval; a replica
 failing it is taken out of routing, one passing it is put back (the relay also takes a replica
-out at once when a connection to it fails)."""
+out at once when a connection to it fails). One probe of the replicas runs at a time: callers
+arriving meanwhile (the loop, any number of /ready) wait for that one, so a slow engine is
+counted slow once per probe, not once per caller. Every MODELS_EVERY probes the served model
+names are read from /v1/models (the only names the metrics take as labels)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Mapping
 
@@ -17,6 +21,7 @@ from server.upstream import Pool, UpstreamError
 log = logging.getLogger("toposerve")
 HEALTH_TIMEOUT_S = 2.0
 SLOW_CHECKS_TO_FAIL = 3
+MODELS_EVERY = 30
 
 
 class HealthChecker:
@@ -27,6 +32,8 @@ class HealthChecker:
         self.metrics = metrics
         self.pools = pools
         self._task: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._models_due = 0  # probes until /v1/models is read again
         for up in router.upstreams:
             metrics.upstream_up.labels(up.url).set(1 if up.up else 0)
 
@@ -34,10 +41,11 @@ class HealthChecker:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _loop(self) -> None:
         while True:
@@ -45,7 +53,44 @@ class HealthChecker:
             await asyncio.sleep(self.cfg.health_interval_s)
 
     async def check_all(self, timeout_s: float) -> None:
+        """Probe every replica, or wait for the probe under way (shielded: a caller that
+        gives up does not cut it short for the others)."""
+        probe = self._probe
+        if probe is None or probe.done():
+            probe = self._probe = asyncio.get_running_loop().create_task(
+                self._probe_all(timeout_s))
+        await asyncio.shield(probe)
+
+    async def _probe_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self._check(up, timeout_s) for up in self.router.upstreams))
+        self._models_due -= 1
+        if self._models_due <= 0 and self.router.any_up:
+            names = await self._served_models(timeout_s)
+            if names is not None:
+                self.metrics.serve_models(names)
+                self._models_due = MODELS_EVERY
+
+    async def _served_models(self, timeout_s: float) -> set[str] | None:
+        """The ids in every healthy replica's /v1/models; None if none could be read."""
+        found: set[str] | None = None
+        for up in self.router.upstreams:
+            if not up.up:
+                continue
+            try:
+                async with asyncio.timeout(timeout_s):
+                    resp = await self.pools[up.url].request("GET", "/v1/models", (), b"")
+                    try:
+                        body = await resp.read()
+                    finally:
+                        resp.finish()
+                data = json.loads(body)["data"] if resp.status == 200 else None
+                ids = {m["id"] for m in data if isinstance(m, dict) and isinstance(
+                    m.get("id"), str)} if isinstance(data, list) else None
+            except (TimeoutError, UpstreamError, OSError, ValueError, KeyError, TypeError):
+                ids = None
+            if ids is not None:
+                found = ids | (found or set())
+        return found
 
     async def _check(self, up: Upstream, timeout_s: float) -> None:
         slow = False

@@ -1,10 +1,14 @@
 """The proxy's Prometheus metrics (names agreed in the team's metrics list) and the NVML GPU
-collector, read at scrape time. Every metric lives in an injected registry."""
+collector. Every metric lives in an injected registry. NVML is read by ``GpuSampler`` in a
+thread on an interval, never by a scrape: its calls take tens of milliseconds per GPU, and a
+scrape runs on the event loop that relays every stream."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -46,11 +50,15 @@ class ProxyMetrics:
                                          "Generated tokens (from usage)", ["model"], registry=r)
         self.upstream_errors = Counter("toposerve_upstream_errors", "Engine failures by kind",
                                        ["upstream", "kind"], registry=r)
+        self.client_stalls = Counter("toposerve_client_stalls", "Clients disconnected because "
+                                     "their socket took nothing for --client-stall-timeout",
+                                     registry=r)
         self.upstream_up = Gauge("toposerve_upstream_up", "1 while the engine replica is healthy",
                                  ["upstream"], registry=r)
         info = Gauge("toposerve_plan_info", "The plan in force", list(PLAN_LABELS), registry=r)
         info.labels(**{k: plan.get(k, "") for k in PLAN_LABELS}).set(1)
         self._models: set[str] = set()
+        self._served: frozenset[str] | None = None  # what the engines list in /v1/models
         self._routes: dict[tuple[str, str], RouteMetrics] = {}
         self._usage: dict[str, tuple[Any, Any]] = {}
 
@@ -72,10 +80,20 @@ class ProxyMetrics:
         children[0].inc(prompt)
         children[1].inc(generated)
 
+    def serve_models(self, names: Iterable[str]) -> None:
+        """The model names the engines serve (their /v1/models): from then on only these are
+        labels, so names an engine rejects cannot take the label slots."""
+        served = frozenset(n for n in names if isinstance(n, str) and 0 < len(n) <= 128)
+        self._served = frozenset(sorted(served)[:MAX_MODEL_LABELS])
+
     def model_label(self, model: object) -> str:
-        """A bounded label: clients choose model names, so only the first few are kept."""
+        """A bounded label: clients choose model names, so only names the engines serve are
+        kept (until those are known, the first few seen)."""
         if not isinstance(model, str) or not model:
             return "unknown"
+        served = self._served
+        if served is not None:
+            return model if model in served else "other"
         if model in self._models:
             return model
         if len(self._models) < MAX_MODEL_LABELS and len(model) <= 128:
@@ -159,8 +177,51 @@ def route_label(path: str) -> str:
     return path if path in KNOWN_ROUTES else "other"
 
 
+def _sample_gpus() -> list[Any]:
+    try:
+        from launcher.nvml import sample_gpus
+    except ImportError:
+        return []
+    return list(sample_gpus())
+
+
+class GpuSampler:
+    """NVML read every ``interval_s`` in a daemon thread; ``latest`` (what a scrape calls)
+    returns the last reading at once, never waiting for NVML. pynvml's calls are ctypes calls,
+    which release the GIL, so the event loop runs while a reading is under way."""
+
+    def __init__(self, interval_s: float, sampler: Callable[[], list[Any]] | None = None) -> None:
+        self.interval_s = interval_s
+        self._sampler = sampler or _sample_gpus
+        self._latest: list[Any] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def latest(self) -> list[Any]:
+        return self._latest
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="toposerve-nvml", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()  # the thread ends after its current reading (daemon: never waited on)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._latest = list(self._sampler())
+            except Exception as exc:  # NVML failing must not end the sampling
+                logging.getLogger("toposerve").debug("GPU sampling failed: %s", exc)
+                self._latest = []
+            self._stop.wait(self.interval_s)
+
+
 class GpuCollector(Collector):
-    """toposerve_gpu_* from NVML at scrape time; nothing where there is no GPU or no NVML."""
+    """toposerve_gpu_* from ``sampler`` (the proxy gives it ``GpuSampler.latest``, so a scrape
+    only reads the last reading; by default NVML itself, for one-off use as in
+    tests/deploy/record_gpu_metrics.py); nothing where there is no GPU or no NVML."""
 
     FIELDS = (
         ("utilization_ratio", "toposerve_gpu_utilization_ratio", "GPU busy fraction"),
@@ -173,17 +234,11 @@ class GpuCollector(Collector):
         ("nvlink_rx_bytes_total", "toposerve_gpu_nvlink_rx_bytes_total", "NVLink bytes received"),
     )
 
-    def __init__(self, sampler: Any = None) -> None:
-        self._sampler = sampler
+    def __init__(self, sampler: Callable[[], Iterable[Any]] | None = None) -> None:
+        self._sampler = sampler or _sample_gpus
 
     def _samples(self) -> list[Any]:
         sampler = self._sampler
-        if sampler is None:
-            try:
-                from launcher.nvml import sample_gpus
-            except ImportError:
-                return []
-            sampler = sample_gpus
         try:
             return list(sampler())
         except Exception:  # a scrape must never fail because NVML did

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter
 
 
 class _Open(BaseModel):
@@ -29,13 +29,18 @@ class _Generation(_Open):
     # Strict: "yes" must not silently become a stream (the proxy acts on this one itself).
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=0)
+    # Strict: "5" and true are not token counts (vLLM would take both).
+    max_tokens: StrictInt | None = Field(None, ge=0)
 
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
 
 
 class CompletionRequest(_Generation):
     prompt: str | list[str] | list[int] | list[list[int]]
+
+
+# What a large chat request's messages are validated with, a slice at a time (server.app).
+message_list: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])

@@ -8,11 +8,18 @@ Errors:
     UpstreamError                 base
     ├── ConnectFailed             nothing was sent: safe to try another replica
     └── ConnectionBroken          the connection ended before the response did
+        └── ResponseTooLarge      a non-streamed answer over ``Pool.max_response_bytes``
+
+A request goes out on a pooled idle connection when one is alive, and is sent again (once, on
+a fresh connection) only when it provably never reached the engine — the idle connection was
+seen closed before any byte was written — or when it is replayable (GET, HEAD, OPTIONS without a
+body): a POST the engine may have read is never sent twice (docs/proxy.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import urlsplit
@@ -20,6 +27,10 @@ from urllib.parse import urlsplit
 import httptools
 
 HIGH_WATER = 256 * 1024  # buffered bytes at which reading from the engine pauses (slow client)
+# An idle connection older than this is closed, not reused: uvicorn (vLLM's server) closes idle
+# keep-alive connections after 5 s, and a request written as that close crosses it is lost.
+IDLE_REUSE_S = 4.0
+REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class UpstreamError(Exception):
@@ -34,11 +45,16 @@ class ConnectionBroken(UpstreamError):
     pass
 
 
+class ResponseTooLarge(ConnectionBroken):
+    pass
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.idle_since = 0.0
         self.response: Response | None = None
         # Made by create_connection inside the loop; kept so that waiting for a response does
         # not look the running loop up each time (that costs a getpid() system call in 3.11).
@@ -180,7 +196,23 @@ class Response:
             await self._wait()
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_chunks()])
+        """The whole body, at most ``Pool.max_response_bytes`` of it (else ResponseTooLarge,
+        and the connection is closed)."""
+        limit = self.pool.max_response_bytes
+        for name, value in self.headers:
+            if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
+                self.conn.abort()
+                raise ResponseTooLarge(f"the engine's answer is {int(value)} bytes, over the "
+                                       f"{limit}-byte limit (--max-response-bytes)")
+        chunks, size = [], 0
+        async for chunk in self.iter_chunks():
+            size += len(chunk)
+            if size > limit:
+                self.conn.abort()
+                raise ResponseTooLarge(f"the engine's answer is over the {limit}-byte limit "
+                                       "(--max-response-bytes)")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def finish(self) -> None:
         """Back to the pool when read to the end on a keep-alive connection, else closed (which
@@ -204,9 +236,11 @@ class Pool:
         self.port = parts.port or 80
         self.netloc = parts.netloc
         self.connect_timeout_s = connect_timeout_s
+        self.max_response_bytes = 64 * 1024 * 1024  # set from --max-response-bytes
         self.idle: list[_Conn] = []
 
     def release(self, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
         self.idle.append(conn)
 
     async def _connect(self) -> _Conn:
@@ -226,28 +260,44 @@ class Pool:
         if body or method in ("POST", "PUT", "PATCH"):
             head.append(f"content-length: {len(body)}\r\n")
         payload = "".join(head).encode("latin-1") + b"\r\n" + body
-        while self.idle:
-            conn = self.idle.pop()
-            if conn.closed:
-                continue
+        conn = self._reusable()
+        if conn is not None:
             try:
                 return await self._exchange(conn, payload)
-            except ConnectionBroken as exc:
-                if exc.args and exc.args[0] == _STALE:
-                    continue  # the engine closed this idle connection just now: use another
-                raise
+            except _Stale:
+                # Closed by the engine after the request was written: it may have read it. Only
+                # a request that can be replayed is sent again, once, on a new connection.
+                if method not in REPLAYABLE or body:
+                    raise ConnectionBroken(_STALE) from None
         return await self._exchange(await self._connect(), payload)
+
+    def _reusable(self) -> _Conn | None:
+        """The most recently pooled idle connection that is still open and young enough; the
+        others are closed (a closed one was never written to: nothing was sent on it)."""
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()
+            transport = conn.transport
+            if (conn.closed or transport is None or transport.is_closing()
+                    or now - conn.idle_since > IDLE_REUSE_S):
+                conn.abort()
+                continue
+            return conn
+        return None
 
     async def _exchange(self, conn: _Conn, payload: bytes) -> Response:
         response = Response(conn, self)
         conn.response = response
         assert conn.transport is not None
+        reused = conn.idle_since > 0
         conn.transport.write(payload)
         try:
             await response.wait_headers()
         except ConnectionBroken:
             conn.response = None
             conn.abort()
+            if reused and not response.headers:
+                raise _Stale(_STALE) from None
             raise ConnectionBroken(_STALE if not response.headers else "broken") from None
         except BaseException:
             conn.response = None
@@ -262,3 +312,7 @@ class Pool:
 
 
 _STALE = "the engine closed the connection before answering"
+
+
+class _Stale(ConnectionBroken):
+    """A reused idle connection closed after the request was written, before any answer."""
