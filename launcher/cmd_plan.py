@@ -16,7 +16,8 @@ from launcher.topology import load_topology
 
 def make_plan(args: argparse.Namespace) -> Plan:
     topo = load_topology(args.topology, os.environ)
-    return plan(topo, load_model_spec(args.model), planopts.policy_from_args(args))
+    model = load_model_spec(args.model, revision=args.revision)
+    return plan(topo, model, planopts.policy_from_args(args))
 
 
 def add_parser(subparsers: Any) -> None:

@@ -114,7 +114,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
 
     model_ref, default_name = resolve_model(args.model)
     served = args.served_model_name or default_name
-    model = load_model_spec(model_ref)
+    model = load_model_spec(model_ref, revision=getattr(args, "revision", None))
     extra = planopts.extra_args(args)
     if args.plan is not None:
         saved = read_plan_file(args.plan)

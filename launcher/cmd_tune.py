@@ -93,7 +93,8 @@ def default_candidates(args: argparse.Namespace) -> list[CandidateSpec]:
     if not topo.gpus:
         return [parse_candidate(c) for c in CPU_DEFAULT_CANDIDATES]
     model_ref = args.model or str(tinymodel.ensure_tiny_model())
-    chosen = plan(topo, load_model_spec(model_ref), planopts.policy_from_args(args))
+    chosen = plan(topo, load_model_spec(model_ref, revision=args.revision),
+                  planopts.policy_from_args(args))
     viable = [c for c in chosen.candidates if not c.rejected]
     ranked = sorted(viable, key=lambda c: _candidate_score(c, args.workload), reverse=True)
     return [CandidateSpec(f"tp={c.tp} pp={c.pp} dp={c.dp}", c.tp, c.pp, c.dp)
@@ -131,7 +132,8 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     from launcher.topology import load_topology
 
     model_ref, served = resolve_model(ns.model)
-    chosen = plan(load_topology(ns.topology, os.environ), load_model_spec(model_ref),
+    chosen = plan(load_topology(ns.topology, os.environ),
+                  load_model_spec(model_ref, revision=getattr(ns, "revision", None)),
                   planopts.policy_from_args(ns))
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
                       extra_args=ns.extra, user_env=os.environ)

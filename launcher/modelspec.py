@@ -1,8 +1,9 @@
 """Model sizing from ``config.json``: parameters, weight bytes, KV-cache bytes per token.
 
-Reads a local directory (or a config.json path) or a Hugging Face hub cache entry, never the
-network. Multimodal configs that nest the language model under ``text_config`` (Gemma 3,
-Mistral 3) are read from there; a vision tower's parameters are added to the weights.
+Reads a local directory (or a config.json path), or a Hugging Face hub model through
+:mod:`launcher.hub` (which fetches only the small JSON files, or reads them from its cache).
+Multimodal configs that nest the language model under ``text_config`` (Gemma 3, Mistral 3) are
+read from there; a vision tower's parameters are added to the weights.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from launcher import hub
 from launcher.errors import ModelError
 
 GIB = 1024**3
@@ -294,25 +296,12 @@ _DEFAULT_CONTEXT = {"gemma3_text": 131072, "gemma3": 131072, "gemma2": 8192, "ll
 
 
 # ---------------------------------------------------------------------------------- locating
+# (a local folder or config.json here; a hub id through launcher.hub, online or from its cache)
 
 
-def hub_cache_dirs(env: Mapping[str, str]) -> list[Path]:
-    """Where huggingface_hub keeps downloads, in its own order of precedence."""
-    out = []
-    if env.get("HF_HUB_CACHE"):
-        out.append(Path(env["HF_HUB_CACHE"]))
-    if env.get("HUGGINGFACE_HUB_CACHE"):
-        out.append(Path(env["HUGGINGFACE_HUB_CACHE"]))
-    home = Path(
-        env.get("HF_HOME")
-        or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    )
-    out.append(home / "hub")
-    return out
-
-
-def find_config(ref: str, env: Mapping[str, str]) -> Path:
-    """config.json for a directory, a config.json path or a hub id (``org/name``) in the cache."""
+def find_config(ref: str, env: Mapping[str, str], revision: str | None = None) -> Path:
+    """config.json of a directory, a config.json path, or a hub id (``org/name``) fetched with
+    huggingface_hub (from its cache when offline)."""
     p = Path(ref).expanduser()
     if p.is_file():
         return p
@@ -322,33 +311,56 @@ def find_config(ref: str, env: Mapping[str, str]) -> Path:
         raise ModelError(
             f"{ref} is a directory without config.json; point --model at the model's folder"
         )
-    searched = []
-    for cache in hub_cache_dirs(env):
-        repo = cache / ("models--" + ref.replace("/", "--"))
-        searched.append(str(cache))
-        ref_file = repo / "refs" / "main"
-        snaps = [repo / "snapshots" / ref_file.read_text().strip()] if ref_file.is_file() else []
-        snaps += sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
-        for snap in snaps:
-            if (snap / "config.json").is_file():
-                return snap / "config.json"
-    raise ModelError(
-        f"model {ref!r} not found: not a local directory and not in the Hugging Face cache "
-        f"({', '.join(searched)}); download it first "
-        f"(`huggingface-cli download {ref} config.json`) "
-        "or pass the model's local folder"
-    )
+    if not hub.is_repo_id(ref):
+        raise ModelError(
+            f"model {ref!r} not found: not a local folder or config.json, and not a Hugging Face "
+            "model id (org/name)"
+        )
+    return hub.fetch(ref, revision, env).files[hub.CONFIG]
 
 
-def load_model_spec(ref: str, env: Mapping[str, str] | None = None) -> ModelSpec:
-    """Size the model ``ref`` (local path or hub id) from its config.json, offline."""
+def load_model_spec(
+    ref: str, env: Mapping[str, str] | None = None, revision: str | None = None
+) -> ModelSpec:
+    """Size the model ``ref`` (local path or hub id, at ``revision`` for a hub id) from its
+    config.json, and from its safetensors index where there is one."""
     env = os.environ if env is None else env
-    cfg_path = find_config(ref, env)
+    if revision is not None and Path(ref).expanduser().exists():
+        raise ModelError(f"--revision is for a hub model (org/name); {ref} is a local path")
+    cfg_path = find_config(ref, env, revision)
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ModelError(f"cannot read {cfg_path}: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} is not a JSON object")
     name = ref.rstrip("/").split("/")[-1] if Path(ref).exists() else ref
-    return spec_from_config(cfg, name=name, path=str(cfg_path.parent))
+    spec = spec_from_config(cfg, name=name, path=str(cfg_path.parent))
+    return sized_by_checkpoint(spec, cfg, hub.checkpoint_bytes(cfg_path.parent / hub.INDEX))
+
+
+def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | None) -> ModelSpec:
+    """The spec with the checkpoint's real size (safetensors index ``total_size``) in place of
+    the estimate from config.json, which misses what the formulas do not know of.
+
+    Quantized checkpoints load as stored: their weight bytes are the checkpoint's. Others are
+    served at the spec's bytes per parameter (a float32 checkpoint in 16 bits), so the index
+    gives the parameter count: bytes / the checkpoint's bytes per parameter.
+    """
+    if total is None or spec.params <= 0:
+        return spec
+    if spec.quantization is not None:
+        return replace(spec, weight_bytes=total)
+    served = spec.weight_bytes / spec.params
+    nested = cfg.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, dict) else {}
+    stored_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or "")
+    stored = 4.0 if stored_dtype in ("float32", "float") else served
+    params = round(total / stored)
+    dense = spec.active_params == spec.params
+    return replace(
+        spec,
+        params=params,
+        active_params=params if dense else min(spec.active_params, params),
+        weight_bytes=round(params * served),
+    )

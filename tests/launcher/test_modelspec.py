@@ -87,14 +87,15 @@ def test_finds_a_model_in_the_hub_cache_offline(tmp_path: Path) -> None:
     (snap / "config.json").write_text(Path(model("llama-3.3-70b"), "config.json").read_text())
     (tmp_path / "models--meta-llama--Llama-3.3-70B-Instruct" / "refs").mkdir()
     (tmp_path / "models--meta-llama--Llama-3.3-70B-Instruct" / "refs" / "main").write_text("abc123")
-    m = load_model_spec("meta-llama/Llama-3.3-70B-Instruct", {"HF_HUB_CACHE": str(tmp_path)})
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}  # online: tests/launcher/test_hub
+    m = load_model_spec("meta-llama/Llama-3.3-70B-Instruct", env)
     assert m.name == "meta-llama/Llama-3.3-70B-Instruct"
     assert m.num_layers == 80
 
 
 def test_a_model_not_found_says_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="huggingface-cli download org/missing"):
-        load_model_spec("org/missing", {"HF_HUB_CACHE": str(tmp_path), "HF_HOME": str(tmp_path)})
+    with pytest.raises(ModelError, match=r"HF_HUB_OFFLINE is set and org/missing .* cache"):
+        load_model_spec("org/missing", {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"})
 
 
 def test_a_config_without_layers_is_a_model_error() -> None:
