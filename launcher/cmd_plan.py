@@ -25,7 +25,9 @@ def add_parser(subparsers: Any) -> None:
         "plan", help="choose tensor/pipeline parallel and replicas, and explain why"
     )
     planopts.add_planning_arguments(
-        p, model_help="local model folder or Hugging Face id (read offline)", model_required=True
+        p,
+        model_help="local model folder, or Hugging Face id (org/name: config fetched)",
+        model_required=True,
     )
     planopts.add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address vLLM binds in the command")
