@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from rich.console import Console
 
+from launcher.cmd_tune import TABLE_WIDTH, comparison, table_notes
 from launcher.errors import LauncherError
-from launcher.tune import CandidateSpec, Measured, parse_candidate, score, winner
+from launcher.tune import CandidateSpec, Measured, Round, Slo, choose, judge, parse_candidate
 from tests.conftest import REPO, free_port
 
 
@@ -36,59 +38,87 @@ def test_bad_candidate_specs_say_what_is_expected(text: str) -> None:
         parse_candidate(text)
 
 
-def summary(ttft: float, decode: float, output: float, failed: int = 0) -> dict[str, Any]:
-    return {"requests_ok": 3, "requests_failed": failed, "ttft_s": {"p50": ttft},
-            "decode_tok_s": {"p50": decode}, "output_tok_s": output}
+def test_the_table_shows_each_candidates_interval_slo_and_why_one_was_excluded() -> None:
+    def rnd(out: float, ttft: float) -> Round:
+        rows = tuple({"ttft_s": ttft, "e2e_s": ttft + 0.3, "completion_tokens": 16,
+                      "error": None} for _ in range(4))
+        return Round({"requests_ok": 4, "requests_failed": 0, "output_tok_s": out,
+                      "duration_s": 2.0}, rows)
 
-
-def test_interactive_prefers_the_faster_whole_answer_not_the_faster_first_token() -> None:
-    # A: fast first token, slow decode; B: slower first token, much faster decode.
-    a = Measured(CandidateSpec("a"), True, summary(0.05, 20.0, 100))
-    b = Measured(CandidateSpec("b"), True, summary(0.30, 40.0, 90))
-    assert winner([a, b], "interactive", 256) is b
-    assert score(a.summary, "interactive", 256) == pytest.approx(1 / (0.05 + 255 / 20.0))
-
-
-def test_throughput_prefers_aggregate_output_tokens() -> None:
-    a = Measured(CandidateSpec("a"), True, summary(0.05, 20.0, 900))
-    b = Measured(CandidateSpec("b"), True, summary(0.30, 40.0, 600))
-    assert winner([a, b], "throughput", 256) is a
-
-
-def test_a_candidate_with_failed_requests_cannot_win() -> None:
-    a = Measured(CandidateSpec("a"), True, summary(0.01, 99.0, 9999, failed=1))
-    b = Measured(CandidateSpec("b"), True, summary(0.30, 40.0, 600))
-    assert winner([a, b], "throughput", 256) is b
-
-
-def test_no_measurable_candidate_is_an_error_naming_each() -> None:
-    with pytest.raises(LauncherError, match="a: engine broke; b: no valid"):
-        winner([Measured(CandidateSpec("a"), False, error="engine broke"),
-                Measured(CandidateSpec("b"), True, {})], "interactive", 8)
+    slo = Slo(ttft_ms=500)
+    ms = [Measured(CandidateSpec("fast-first-token"), (rnd(400, 0.1), rnd(410, 0.1))),
+          Measured(CandidateSpec("slow-first-token"), (rnd(900, 0.9), rnd(950, 0.9))),
+          Measured(CandidateSpec("broken"), (rnd(999, 0.1),), "vLLM exited 1")]
+    verdicts = [judge(m, "slo", 16, slo) for m in ms]
+    best = choose(verdicts, "slo", slo)
+    console = Console(width=TABLE_WIDTH, record=True)
+    console.print(comparison(verdicts, ms, best, "slo", slo))
+    text = console.export_text()
+    assert "objective slo (TTFT ≤ 500 ms" in text
+    lines = {ln.split()[0]: ln for ln in text.splitlines() if ln.strip().endswith(
+        ("best", "excluded"))}
+    # mean 405, s = 7.07 over 2 rounds: 405 ± t(0.975, 1) · s / √2 = 405 ± 63.5
+    assert "341.5–468.5" in lines["fast-first-token"]
+    assert "yes 8/8" in lines["fast-first-token"]
+    assert "← best" in lines["fast-first-token"]
+    assert "NO 0/8" in lines["slow-first-token"]
+    assert "one round" in lines["broken"]
+    assert table_notes(verdicts, ms) == [
+        "slow-first-token: excluded — misses the SLO: 0 of 8 requests within TTFT ≤ 500 ms "
+        "(needs 90%)",
+        "broken: excluded — vLLM exited 1",
+    ]
 
 
 @pytest.mark.stack
-def test_tune_ab_tests_two_cpu_engine_settings_and_writes_a_servable_plan(
+def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_plan(
     tmp_path: Path, tiny_model_path: str
 ) -> None:
+    """The whole `launcher tune` on vLLM CPU: the two CPU candidates (equally fast at a 64-token
+    prompt, so their intervals overlap and the finalists are re-run: four vLLM starts), two
+    measured rounds each after a warm-up, judged against a TTFT/TPOT SLO the tiny model meets."""
     out = tmp_path / "plan.json"
+    results = tmp_path / "results"
     res = subprocess.run(
         [sys.executable, "-m", "launcher", "tune", "--port", str(free_port()),
-         "--prompt", "64", "--gen", "16", "--requests", "2", "--out", str(out),
-         "--log-dir", str(tmp_path / "logs"), "--results-dir", str(tmp_path / "results")],
-        cwd=REPO, capture_output=True, text=True, timeout=900)
+         "--prompt", "64", "--gen", "16", "--concurrency", "2", "--requests", "4",
+         "--repeats", "2", "--warmup", "1", "--reruns", "1",
+         "--slo-ttft-ms", "60000", "--slo-tpot-ms", "10000", "--out", str(out),
+         "--log-dir", str(tmp_path / "logs"), "--results-dir", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
     tuned = data["tuned"]
-    assert {r["candidate"] for r in tuned["results"]} == {"default", "small-prefill-chunks"}
-    assert all(r["ok"] and r["score"] > 0 for r in tuned["results"])
+    assert tuned["objective"] == "slo"
+    assert tuned["slo"] == {"ttft_ms": 60000, "tpot_ms": 10000}
+    assert tuned["interval"] == "95% Student t over rounds"
+    by_name = {r["candidate"]: r for r in tuned["results"]}
+    assert set(by_name) == {"default", "small-prefill-chunks"}
+    rerun = "overlap" in tuned["decision"]
+    for r in by_name.values():
+        assert r["ok"]
+        assert r["meets_slo"] is True
+        assert r["rounds"] == (4 if rerun else 2) == len(r["scores"])
+        assert r["slo_total"] == 4 * r["rounds"]
+        assert r["slo_met"] == r["slo_total"]
+        assert r["low"] <= r["score"] <= r["high"]
+        assert all(s > 0 for s in r["scores"])
     best = max(tuned["results"], key=lambda r: r["score"])
     assert tuned["winner"] == best["candidate"]
+    # every round is a loadgen JSON kept in --results-dir; a re-run is a second start
+    rounds = sorted(p.name for p in results.glob("*.json"))
+    assert "default-start1-round1.json" in rounds
+    assert "default-start1-round2.json" in rounds
+    assert ("default-start2-round2.json" in rounds) is rerun
     assert data["engine"] == "cpu"
     assert data["mode"] == "single"
     if best["candidate"] == "small-prefill-chunks":
         assert data["vllm_extra_args"] == ["--max-num-batched-tokens", "256"]
-    assert "launcher tune: measured through the proxy" in res.stdout
+    table = res.stdout
+    assert "launcher tune: measured through the proxy — objective slo" in table
+    assert "TTFT ≤ 60000 ms and TPOT ≤ 10000 ms" in table
+    assert re.search(r"yes (\d+)/\1", table)  # every request within the SLO
+    assert "95% CI" in table
     # The written plan is what `launcher serve --plan` takes.
     dry = subprocess.run(
         [sys.executable, "-m", "launcher", "serve", "--plan", str(out), "--dry-run",
