@@ -11,15 +11,18 @@ import itertools
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from loadgen.config import Config
-from loadgen.runner import Driven, Shape, drive, window
+from loadgen.runner import Driven, Shape, drive, drive_sessions, window
 from loadgen.stats import Summary, summarize
-from loadgen.target import Target
+from loadgen.target import Target, TargetClient
 from loadgen.timing import Expected, OutputCounter, RawRequest, RequestResult, measure
 from loadgen.transport import Client, Endpoint
 from loadgen.workload import PromptInfo, Workload, prepare
+
+if TYPE_CHECKING:
+    from loadgen.agent import AgentResult
 
 T = TypeVar("T")
 
@@ -51,6 +54,7 @@ class Report:
     levels: tuple[LevelResult, ...]
     ended_unix: float
     prompts: PromptInfo | None = None  # how prompts were made and counted
+    agent: AgentResult | None = None  # --workload agent: per-turn results, prefix cache
 
 
 class Hooks:
@@ -83,6 +87,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 def run(config: Config, hooks: Hooks | None = None) -> Report:
     hooks = hooks or Hooks()
+    if config.workload == "agent":
+        return _run_agent(config, hooks)
     workload = prepare(config)
     hooks.prepared(workload.target)
     if config.processes > 1:
@@ -132,6 +138,61 @@ async def _level(
         client, payload, indices, shape, lambda done, elapsed: hooks.tick(len(done), elapsed, done)
     )
     return measure_level(driven, workload, concurrency, config.rate)
+
+
+def _run_agent(config: Config, hooks: Hooks) -> Report:
+    from loadgen.agent import AgentResult, cache_counters, cache_delta, prepare_agent, turn_results
+
+    workload = prepare_agent(config)
+    hooks.prepared(workload.target)
+    control = TargetClient(config.url, config.api_key)
+    try:
+        before = cache_counters(control.metrics_text(config.metrics_url))
+        payloads = workload.payloads()
+        total = config.sessions * config.turns
+        hooks.level_started(config.sessions, total, None)
+        driven = run_async(_drive_agent(config, payloads, workload.index, hooks))
+        after = cache_counters(control.metrics_text(config.metrics_url))
+    finally:
+        control.close()
+    level = measure_level(driven, workload, config.sessions, None)
+    hooks.level_done(level)
+    per_turn = tuple(turn_results(level.requests, workload))
+    counters = cache_delta(before, after)
+    sources = [
+        *(["usage"] if any(t.cache_hit_rate is not None for t in per_turn) else []),
+        *(["metrics"] if counters is not None else []),
+    ]
+    agent = AgentResult(
+        config.sessions,
+        config.turns,
+        workload.context,
+        config.think_s,
+        per_turn,
+        counters,
+        "+".join(sources) or None,
+        config.metrics_url,
+    )
+    return Report(config, workload.target, (level,), time.time(), workload.info, agent)
+
+
+async def _drive_agent(
+    config: Config,
+    payloads: list[list[bytes]],
+    index: Callable[[int, int], int],
+    hooks: Hooks,
+) -> Driven:
+    client = Client(Endpoint.parse(config.url), config.timeout_s)
+    try:
+        return await drive_sessions(
+            client,
+            payloads,
+            config.think_s,
+            lambda s: index(s, 0),
+            lambda done, elapsed: hooks.tick(len(done), elapsed, done),
+        )
+    finally:
+        client.close()
 
 
 def _levels_in_processes(workload: Workload, hooks: Hooks) -> list[LevelResult]:

@@ -36,7 +36,13 @@ from loadgen.config import (
 )
 from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
 from loadgen.export import Metrics, serving
-from loadgen.report import format_notes, format_table, write_outputs, write_text
+from loadgen.report import (
+    format_agent_table,
+    format_notes,
+    format_table,
+    write_outputs,
+    write_text,
+)
 from loadgen.runner import window
 from loadgen.stats import summarize
 from loadgen.target import Target
@@ -354,6 +360,8 @@ def linger(hooks: TerminalHooks, config: Config, err: Console) -> None:
 
 def render(report: Report, out: Console) -> None:
     out.print(format_table(report))
+    if report.agent is not None:
+        out.print(format_agent_table(report.agent))
     for note in format_notes(report):
         out.print(note, highlight=False, soft_wrap=True)
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, start_http_server
 
+from loadgen.agent import AgentResult
 from loadgen.api import LevelResult, Report
 from loadgen.config import Config
 from loadgen.errors import ExportError
@@ -30,6 +31,17 @@ _DISTS = {
         "loadgen_decode_tokens_per_second",
         "(completion tokens - 1) / (last token - first token) per request",
     ),
+}
+
+
+_TURN_DISTS = {
+    "ttft_s": ("loadgen_agent_ttft_seconds", "TTFT of one agent turn"),
+    "prefill_new_tok_s": (
+        "loadgen_agent_prefill_new_tokens_per_second",
+        "New prompt tokens of the turn (this prompt less the previous) / TTFT",
+    ),
+    "new_tokens": ("loadgen_agent_new_tokens", "Prompt tokens one agent turn added"),
+    "decode_tok_s": ("loadgen_agent_decode_tokens_per_second", "Decode rate of one agent turn"),
 }
 
 
@@ -72,6 +84,23 @@ class Metrics:
         self._ended = Gauge(
             "loadgen_run_timestamp_seconds", "Unix time the run ended", names, registry=reg
         )
+        # --workload agent, one series per turn (the level's own series above cover the run)
+        self._turn_dists = {
+            key: Gauge(name, doc, [*names, "turn", "stat"], registry=reg)
+            for key, (name, doc) in _TURN_DISTS.items()
+        }
+        self._turn_hit = Gauge(
+            "loadgen_agent_prefix_cache_hit_ratio",
+            "Cached / prompt tokens of one agent turn (usage.cached_tokens)",
+            [*names, "turn"],
+            registry=reg,
+        )
+        self._run_hit = Gauge(
+            "loadgen_prefix_cache_hit_ratio",
+            "Prefix-cache hits / queries over the run (the engine's vllm:prefix_cache_*)",
+            names,
+            registry=reg,
+        )
 
     def labels(self, concurrency: int | None) -> dict[str, str]:
         return {**self._const, "concurrency": str(concurrency) if concurrency else "unbounded"}
@@ -96,6 +125,23 @@ class Metrics:
     def record_report(self, report: Report) -> None:
         for level in report.levels:
             self.record(level, report.ended_unix)
+        if report.agent is not None:
+            self.record_agent(report.agent)
+
+    def record_agent(self, agent: AgentResult) -> None:
+        labels = self.labels(agent.sessions)
+        for turn in agent.per_turn:
+            for key, gauge in self._turn_dists.items():
+                d: Dist = getattr(turn, key)
+                for stat in STATS:
+                    value = d.get(stat)
+                    if value is not None:
+                        gauge.labels(**labels, turn=str(turn.turn), stat=stat).set(value)
+            if turn.cache_hit_rate is not None:
+                self._turn_hit.labels(**labels, turn=str(turn.turn)).set(turn.cache_hit_rate)
+        rate = (agent.prefix_cache or {}).get("hit_rate")
+        if rate is not None:
+            self._run_hit.labels(**labels).set(rate)
 
     def push(self, gateway: str, run_id: str) -> None:
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from loadgen.agent import AgentResult
 from loadgen.api import LevelResult, Report
 from loadgen.errors import ExportError
 from loadgen.slo import SloResult, best_level, met
@@ -115,6 +116,8 @@ def report_dict(report: Report) -> dict[str, Any]:
     """One level: the architecture.md schema. A sweep: {"config", "runs": [that schema, ...]}
     plus `slo_best`. Both add `prompts` (how prompts were made and counted)."""
     extra: dict[str, Any] = {"prompts": asdict(report.prompts) if report.prompts else None}
+    if report.agent is not None:
+        extra["agent"] = agent_dict(report.agent)
     if len(report.levels) == 1:
         return {**level_dict(report, report.levels[0]), **extra}
     config = report.config.public()
@@ -124,6 +127,37 @@ def report_dict(report: Report) -> dict[str, Any]:
         best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
         extra["slo_best"] = _slo_best(report, best)
     return {"config": config, "runs": runs, **extra}
+
+
+def agent_dict(a: AgentResult) -> dict[str, Any]:
+    """--workload agent: the per-turn table and the run's prefix cache (docs/loadgen.md)."""
+    turns = []
+    for t in a.per_turn:
+        row: dict[str, Any] = {
+            "turn": t.turn,
+            "requests_ok": t.requests_ok,
+            "requests_failed": t.requests_failed,
+        }
+        for key in ("prompt_tokens", "new_tokens", "ttft_s", "prefill_new_tok_s", "decode_tok_s"):
+            row[key] = dist_dict(getattr(t, key))
+        row.update(cached_tokens=t.cached_tokens, cache_hit_rate=t.cache_hit_rate)
+        turns.append(row)
+    first, last = a.per_turn[0], a.per_turn[-1]
+    ratio = (
+        last.ttft_s.p50 / first.ttft_s.p50
+        if first.ttft_s.p50 and last.ttft_s.p50 is not None
+        else None
+    )
+    return {
+        "sessions": a.sessions,
+        "turns": a.turns,
+        "context": list(a.context),
+        "think_s": a.think_s,
+        "per_turn": turns,
+        "ttft_last_over_first_p50": ratio,
+        "prefix_cache": a.prefix_cache,
+        "cache_source": a.cache_source,
+    }
 
 
 def _slo_best(report: Report, best: int | None) -> dict[str, Any]:
@@ -188,6 +222,10 @@ def _rate(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
 
 
+def _whole(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
 def _sec(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -205,6 +243,9 @@ def _title(report: Report) -> str:
     cfg = report.config
     chat = " chat" if cfg.chat else ""
     sizes = f"prompt {cfg.prompt} / gen {cfg.gen}"
+    if report.agent is not None:
+        chat, sizes = " agent", f"context {report.agent.context[0]}:{report.agent.context[1]}"
+        sizes += f" / gen {cfg.gen}"
     return f"{report.target.model}{chat}  {sizes}  plan {report.target.plan}"
 
 
@@ -228,11 +269,64 @@ def format_table(report: Report) -> Table:
             _rate(s.output_tok_s),
         )
     table.caption = "TTFT, prefill and decode are per-request p50"
-    if report.config.slo() is not None:
-        best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
-        found = f"concurrency {best}" if best is not None else "no level"
-        table.caption += f"; highest load meeting the SLO: {found}"
     return table
+
+
+def format_agent_table(a: AgentResult) -> Table:
+    """One row per turn: prompt and new tokens, TTFT, prefill of the new tokens, decode, cache."""
+    table = Table(
+        title=f"agent: {a.sessions} sessions x {a.turns} turns, context"
+        f" {a.context[0]}:{a.context[1]}, think {a.think_s:g} s"
+    )
+    heads = (
+        "turn",
+        "ok/fail",
+        "prompt tok",
+        "new tok",
+        "TTFT ms",
+        "prefill new t/s",
+        "decode t/s",
+        "cache hit",
+    )
+    for head in heads:
+        table.add_column(head, justify="right")
+    for t in a.per_turn:
+        hit = f"{t.cache_hit_rate:.0%}" if t.cache_hit_rate is not None else "-"
+        table.add_row(
+            str(t.turn),
+            f"{t.requests_ok}/{t.requests_failed}",
+            _whole(t.prompt_tokens.mean),
+            _whole(t.new_tokens.mean),
+            _ms(t.ttft_s.p50),
+            _rate(t.prefill_new_tok_s.p50),
+            _rate(t.decode_tok_s.p50),
+            hit,
+        )
+    table.caption = "means of tokens, p50 of the rest; cache hit from usage.cached_tokens"
+    return table
+
+
+def format_agent_notes(a: AgentResult) -> list[str]:
+    notes = []
+    first, last = a.per_turn[0].ttft_s.p50, a.per_turn[-1].ttft_s.p50
+    if first and last is not None:
+        notes.append(
+            f"agent: TTFT p50 of turn {a.turns} {_ms(last)} ms against turn 1 {_ms(first)} ms"
+            f" ({last / first:.2f}x)"
+        )
+    pc = a.prefix_cache
+    if pc is not None and pc.get("hit_rate") is not None:
+        where = a.metrics_url or "the target's /metrics"
+        notes.append(
+            f"prefix cache over the run (vllm:prefix_cache_* from {where}):"
+            f" {pc['hit_rate']:.1%} of {pc['queries']:,.0f} prompt tokens hit"
+        )
+    elif pc is None:
+        notes.append(
+            "prefix cache counters: none at the target's /metrics (the toposerve proxy does not"
+            " relay vllm:prefix_cache_*; pass --metrics-url http://ENGINE/metrics)"
+        )
+    return notes
 
 
 def _load(level: LevelResult) -> str:
@@ -267,6 +361,12 @@ def format_notes(report: Report) -> list[str]:
     notes = [format_totals(report.levels[0])] if len(report.levels) == 1 else []
     if report.prompts is not None:
         notes.append(report.prompts.line())
+    if report.agent is not None:
+        notes += format_agent_notes(report.agent)
+    if report.config.slo() is not None and len(report.levels) > 1:
+        best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
+        found = f"concurrency {best}" if best is not None else "no level"
+        notes.append(f"highest load meeting the SLO: {found}")
     for level in report.levels:
         s = level.summary
         at = f"concurrency {level.concurrency}: " if len(report.levels) > 1 else ""

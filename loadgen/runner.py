@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from loadgen.schedule import arrival_offsets
@@ -83,6 +83,40 @@ async def drive(
         await _closed_loop(client, payload, indices, shape, done)
     else:
         await _open_loop(client, payload, indices, shape, done)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    probe.stop()
+    for task in (probe_task, ticker):
+        if task is not None:
+            task.cancel()
+    if tick:
+        tick(done, wall)
+    health = LoopHealth(lag_s=dist(probe.lags), cpu_fraction=cpu / wall if wall > 0 else 0.0)
+    return Driven(tuple(sorted(done, key=lambda r: r.index)), health, tuple(probe.lags))
+
+
+async def drive_sessions(
+    client: Client,
+    payloads: Sequence[Sequence[bytes]],
+    think_s: float,
+    first_index: Callable[[int], int],
+    tick: Tick | None = None,
+) -> Driven:
+    """Agent sessions: session i sends its turns in order, `think_s` apart, starting
+    i/len(payloads) of a think time late; request numbers are first_index(i) + turn."""
+    done: list[RawRequest] = []
+    probe = _LoopProbe()
+    probe_task = asyncio.create_task(probe.run())
+    ticker = asyncio.create_task(_ticker(tick, done)) if tick else None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+
+    async def session(i: int, turns: Sequence[bytes]) -> None:
+        await sleep_until(wall0 + think_s * i / len(payloads))
+        for t, payload in enumerate(turns):
+            if t:  # the agent reads the answer and runs its tool: never shorter than asked
+                await sleep_until(time.perf_counter() + think_s)
+            done.append(await client.send(first_index(i) + t, payload))
+
+    await asyncio.gather(*(session(i, turns) for i, turns in enumerate(payloads)))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     probe.stop()
     for task in (probe_task, ticker):

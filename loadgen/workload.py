@@ -141,7 +141,9 @@ def generation_body(model: str, tokens: int) -> dict[str, Any]:
     }
 
 
-def shuffle_words(shared: tuple[str, ...], own: tuple[str, ...], seed: object, index: int) -> str:
+def shuffle_words(
+    shared: tuple[str, ...], own: tuple[str, ...], seed: object, index: object
+) -> str:
     # The first word has no space before it and may tokenize differently: it stays put.
     words = [*shared, *own]
     head, rest = words[:1], words[1 + len(shared[1:]) :]

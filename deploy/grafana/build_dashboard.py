@@ -453,6 +453,74 @@ def runs_row() -> list[Panel]:
     ]
 
 
+def agent_row() -> list[Panel]:
+    """`loadgen --workload agent`: what each turn of a growing conversation costs."""
+    sel = 'run_id=~"$run_id"'
+    return [
+        row("Agent sessions (loadgen --workload agent)"),
+        panel(
+            "barchart",
+            "Agent: TTFT and prefill of the new tokens, by turn",
+            [
+                target(
+                    f'max by (turn) (loadgen_agent_ttft_seconds{{stat="p50",{sel}}})',
+                    "TTFT p50",
+                    instant=True,
+                    table=True,
+                ),
+                target(
+                    "max by (turn) (loadgen_agent_prefill_new_tokens_per_second"
+                    f'{{stat="p50",{sel}}})',
+                    "prefill new tok/s p50",
+                    instant=True,
+                    table=True,
+                ),
+            ],
+            w=18,
+            h=9,
+            unit="s",
+            transformations=[
+                {"id": "merge", "options": {}},
+                {
+                    "id": "organize",
+                    "options": {
+                        "excludeByName": {"Time": True},
+                        "renameByName": {
+                            "Value #A": "TTFT p50 (s)",
+                            "Value #B": "prefill of new tokens p50 (tok/s)",
+                        },
+                    },
+                },
+            ],
+            options={
+                "xField": "turn",
+                "orientation": "vertical",
+                "showValue": "auto",
+                "legend": {"displayMode": "list", "placement": "bottom"},
+            },
+            description="Each turn resends the whole conversation; with the prefix cache only "
+            "the new tokens should cost prefill, so TTFT should stay flat as the context grows.",
+        ),
+        panel(
+            "stat",
+            "Agent: prefix-cache hit rate",
+            [
+                target(
+                    f"max by (run_id) (loadgen_prefix_cache_hit_ratio{{{sel}}})",
+                    "{{run_id}}",
+                    instant=True,
+                )
+            ],
+            w=6,
+            h=9,
+            unit="percentunit",
+            options={"reduceOptions": {"calcs": ["lastNotNull"], "values": False}},
+            description="Prompt tokens the engine served from its prefix cache over the run "
+            "(vllm:prefix_cache_hits / queries, read by loadgen before and after).",
+        ),
+    ]
+
+
 def layout(panels: list[Panel]) -> list[Panel]:
     """Give ids and flow panels left to right, top to bottom, in a 24-column grid."""
     x = y = row_h = 0
@@ -484,7 +552,15 @@ def variable(name: str, label: str, query: str) -> dict[str, Any]:
 
 
 def dashboard() -> dict[str, Any]:
-    panels = [*tokens_row(), *latency_row(), *load_row(), *gpu_row(), *plan_row(), *runs_row()]
+    panels = [
+        *tokens_row(),
+        *latency_row(),
+        *load_row(),
+        *gpu_row(),
+        *plan_row(),
+        *runs_row(),
+        *agent_row(),
+    ]
     return {
         "uid": UID,
         "title": "toposerve: prefill vs decode",

@@ -55,6 +55,7 @@ class Observed:
     prom_url: str
     variables: dict[str, str]
     launcher_started: bool
+    run_id: str  # the standard loadgen run ($run_id also matches the agent run beside it)
 
 
 def run_loadgen(proxy_url: str, pgw_url: str, run_id: str) -> None:
@@ -65,6 +66,19 @@ def run_loadgen(proxy_url: str, pgw_url: str, run_id: str) -> None:
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, f"loadgen failed ({done.returncode}):\n{done.stderr[-3000:]}"
+
+
+def run_loadgen_agent(proxy_url: str, vllm_url: str, pgw_url: str, run_id: str) -> None:
+    """A short agent run through the proxy, whose /metrics has no vllm:prefix_cache_*: the
+    engine's are read directly (the agent panels need both its per-turn and cache series)."""
+    argv = [
+        sys.executable, "-m", "loadgen", "--url", proxy_url, "--workload", "agent",
+        "--sessions", "2", "--turns", "3", "--context", "200:400", "--gen", "8",
+        "--think", "0.2", "--metrics-url", f"{vllm_url}/metrics", "--pushgateway", pgw_url,
+        "--run-id", run_id, "--label", "plan=deploy-test", "--no-progress",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, f"agent loadgen failed:\n{done.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +101,14 @@ def observed(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
             run_loadgen(stack.proxy_url, pgw_url, run_id + "-warmup")
             time.sleep(3)
             run_loadgen(stack.proxy_url, pgw_url, run_id)
+            run_loadgen_agent(stack.proxy_url, stack.vllm_url, pgw_url, run_id + "-agent")
             wait_for(prom_url, f'loadgen_run_timestamp_seconds{{run_id="{run_id}"}}', 30)
+            wait_for(prom_url, f'loadgen_agent_ttft_seconds{{run_id="{run_id}-agent"}}', 30)
             wait_for(prom_url, "model:toposerve_generation_tokens:rate1m > 0", 30)
             wait_for(prom_url, "model_name:vllm_generation_tokens:rate1m > 0", 30)
-            variables = {"__rate_interval": RATE_INTERVAL, "model": stack.model, "run_id": run_id}
-            yield Observed(prom_url, variables, stack.launcher_pid is not None)
+            runs = f"{run_id}|{run_id}-agent"  # what Grafana sends for two selected runs
+            variables = {"__rate_interval": RATE_INTERVAL, "model": stack.model, "run_id": runs}
+            yield Observed(prom_url, variables, stack.launcher_pid is not None, run_id)
 
 
 def finite_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,11 +187,11 @@ def test_dashboard_variables_offer_the_served_model_and_the_run(observed: Observ
     assert observed.variables["model"] in models
     # One $model variable filters both vLLM's model_name and the proxy's model label.
     assert observed.variables["model"] in proxy_models
-    assert observed.variables["run_id"] in runs
+    assert {observed.run_id, observed.run_id + "-agent"} <= runs
 
 
 def test_loadgen_run_reaches_prometheus_with_its_labels(observed: Observed) -> None:
-    run_id = observed.variables["run_id"]
+    run_id = observed.run_id
     rows = query(observed.prom_url, f'loadgen_requests_total{{run_id="{run_id}",outcome="ok"}}')
     assert len(rows) == 1
     labels = rows[0]["metric"]
@@ -182,3 +199,12 @@ def test_loadgen_run_reaches_prometheus_with_its_labels(observed: Observed) -> N
     assert labels["plan"] == "deploy-test"
     assert labels["model"] == observed.variables["model"]
     assert float(rows[0]["value"][1]) == 6
+
+
+def test_an_agent_run_reaches_prometheus_per_turn(observed: Observed) -> None:
+    run_id = observed.run_id + "-agent"
+    rows = query(observed.prom_url, f'loadgen_agent_ttft_seconds{{run_id="{run_id}",stat="p50"}}')
+    assert sorted(r["metric"]["turn"] for r in rows) == ["1", "2", "3"]
+    hit = query(observed.prom_url, f'loadgen_prefix_cache_hit_ratio{{run_id="{run_id}"}}')
+    assert len(hit) == 1
+    assert 0 < float(hit[0]["value"][1]) <= 1  # later turns resend the earlier ones

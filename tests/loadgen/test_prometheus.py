@@ -147,3 +147,34 @@ def test_metrics_port_is_scraped_while_the_run_lasts(sim_url: str, tmp_path: Pat
         finally:
             _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
+
+
+def test_an_agent_run_pushes_one_series_per_turn_and_its_cache_hit_rate(
+    tiny_model_path: str, tmp_path: Path
+) -> None:
+    from tests.loadgen.standin import spawn
+
+    out = tmp_path / "a.json"
+    with (
+        spawn("--tokenizer", tiny_model_path, "--cached-tokens", "--itl", "0.001") as url,
+        pushgateway(tmp_path / "pgw") as pgw,
+        prometheus(scrape_config({"pushgateway": [host_port(pgw)]}), tmp_path / "prom") as prom,
+    ):
+        result = run_cli(
+            "--url", url, "--workload", "agent", "--sessions", "2", "--turns", "3",
+            "--context", "200:400", "--gen", "8", "--think", "0.05",
+            "--pushgateway", pgw, "--run-id", "agenttest", "--json", str(out),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        agent = json.loads(out.read_text())["agent"]
+        sel = '{run_id="agenttest",stat="p50"}'
+        rows = wait_for(prom, f"loadgen_agent_ttft_seconds{sel}", timeout=30)
+        by_turn = {r["metric"]["turn"]: float(r["value"][1]) for r in rows}
+        assert by_turn == pytest.approx(
+            {str(t["turn"]): t["ttft_s"]["p50"] for t in agent["per_turn"]}
+        )
+        assert {r["metric"]["concurrency"] for r in rows} == {"2"}  # the sessions
+        hits = wait_for(prom, 'loadgen_agent_prefix_cache_hit_ratio{run_id="agenttest"}', 10)
+        assert len(hits) == 3
+        run = wait_for(prom, 'loadgen_prefix_cache_hit_ratio{run_id="agenttest"}', 10)
+        assert _value(run) == pytest.approx(agent["prefix_cache"]["hit_rate"])

@@ -91,3 +91,23 @@ def test_a_local_tokenizer_gives_exact_text_prompts_on_real_vllm(
     assert _rows(out) == [(300, 16, None)] * 3
     prompts = json.loads(out.read_text())["prompts"]
     assert (prompts["source"], prompts["format"]) == ("tokenizer", "chat" if chat else "text")
+
+
+def test_agent_sessions_on_real_vllm_count_exactly_and_hit_its_prefix_cache(
+    stack: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "agent.json"
+    result = run_cli(
+        "--url", stack.vllm_url, "--workload", "agent", "--sessions", "2", "--turns", "3",
+        "--context", "300:1200", "--gen", "8", "--think", "0.2", "--json", str(out),
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert all(r["error"] is None for r in data["requests"])
+    assert all(r["prompt_tokens"] == r["prompt_expected"] for r in data["requests"])
+    agent = data["agent"]
+    assert [t["requests_ok"] for t in agent["per_turn"]] == [2, 2, 2]
+    # vLLM's own counters: turns 2 and 3 resend what turns 1 and 2 sent
+    assert agent["cache_source"] == "metrics"
+    assert agent["prefix_cache"]["hit_rate"] > 0.3
