@@ -64,7 +64,9 @@ class EngineCommand:
         if self.max_model_len is not None:
             out += ["--max-model-len", str(self.max_model_len)]
         if self.prefix_caching:
-            out.append("--enable-prefix-caching")
+            # With it, usage.prompt_tokens_details.cached_tokens: how much of each prompt the
+            # prefix cache served, which coding agents read and show.
+            out += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
         if self.chunked_prefill:
             out.append("--enable-chunked-prefill")
         if self.tool_parser:
