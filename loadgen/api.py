@@ -10,10 +10,11 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from loadgen.config import Config
+from loadgen.gpus import GpuBalance, GpuSampler, has_gpu_metrics
 from loadgen.runner import Driven, Shape, drive, drive_sessions, window
 from loadgen.stats import Summary, summarize
 from loadgen.target import Target, TargetClient
@@ -55,6 +56,7 @@ class Report:
     ended_unix: float
     prompts: PromptInfo | None = None  # how prompts were made and counted
     agent: AgentResult | None = None  # --workload agent: per-turn results, prefix cache
+    gpus: GpuBalance | None = None  # the target's toposerve GPU metrics, sampled during the run
 
 
 class Hooks:
@@ -87,6 +89,28 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 def run(config: Config, hooks: Hooks | None = None) -> Report:
     hooks = hooks or Hooks()
+    sampler = _gpu_sampler(config)
+    if sampler is None:
+        return _run(config, hooks)
+    with sampler:
+        report = _run(config, hooks)
+    return replace(report, gpus=sampler.result())
+
+
+def _gpu_sampler(config: Config) -> GpuSampler | None:
+    """A sampler of the target's /metrics when it has toposerve's GPU series, else None."""
+    client = TargetClient(config.url, config.api_key)
+    try:
+        present = has_gpu_metrics(client.metrics_text())
+    finally:
+        client.close()
+    if not present:
+        return None
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    return GpuSampler(f"{config.url.rstrip('/')}/metrics", config.gpu_sample_s, headers)
+
+
+def _run(config: Config, hooks: Hooks) -> Report:
     if config.workload == "agent":
         return _run_agent(config, hooks)
     workload = prepare(config)

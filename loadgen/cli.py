@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NoReturn
@@ -64,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--url", default=DEFAULT_URL, help="server base URL (default %(default)s)")
     p.add_argument("--model", help="served model name (default: the first of /v1/models)")
-    p.add_argument("--api-key", help="bearer token for the server")
+    p.add_argument(
+        "--api-key",
+        help=f"bearer token for the server (default: ${API_KEY_ENV}, else $OPENAI_API_KEY;"
+        " the environment keeps it out of `ps`)",
+    )
     p.add_argument("--prompt", type=int, default=512, help="prompt tokens per request, exact")
     p.add_argument(
         "--gen", type=int, help="generated tokens per request, exact (default 256; agent 64)"
@@ -208,6 +213,15 @@ def parse_label_arg(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+API_KEY_ENV = "TOPOSERVE_API_KEY"
+
+
+def api_key_from_env(env: Mapping[str, str]) -> str | None:
+    """The key when --api-key is not given: TOPOSERVE_API_KEY (what `launcher tune` sets, so the
+    key is not on the command line), else OPENAI_API_KEY (what the ready banner exports)."""
+    return env.get(API_KEY_ENV) or env.get("OPENAI_API_KEY") or None
+
+
 def config_from(args: argparse.Namespace) -> Config:
     extra: dict[str, Any] = {"run_id": args.run_id} if args.run_id else {}
     if args.seed is not None:
@@ -219,7 +233,7 @@ def config_from(args: argparse.Namespace) -> Config:
         Config(
             url=args.url,
             model=args.model,
-            api_key=args.api_key,
+            api_key=args.api_key or api_key_from_env(os.environ),
             prompt=args.prompt,
             gen=gen,
             chat=args.chat or agent,

@@ -14,6 +14,7 @@ from rich.table import Table
 from loadgen.agent import AgentResult
 from loadgen.api import LevelResult, Report
 from loadgen.errors import ExportError
+from loadgen.gpus import GpuBalance
 from loadgen.slo import SloResult, best_level, met
 from loadgen.stats import STATS, Dist, Summary
 from loadgen.timing import RequestResult
@@ -118,6 +119,8 @@ def report_dict(report: Report) -> dict[str, Any]:
     extra: dict[str, Any] = {"prompts": asdict(report.prompts) if report.prompts else None}
     if report.agent is not None:
         extra["agent"] = agent_dict(report.agent)
+    if report.gpus is not None:
+        extra["gpus"] = asdict(report.gpus)
     if len(report.levels) == 1:
         return {**level_dict(report, report.levels[0]), **extra}
     config = report.config.public()
@@ -363,6 +366,8 @@ def format_notes(report: Report) -> list[str]:
         notes.append(report.prompts.line())
     if report.agent is not None:
         notes += format_agent_notes(report.agent)
+    if report.gpus is not None:
+        notes += format_gpus(report.gpus)
     if report.config.slo() is not None and len(report.levels) > 1:
         best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
         found = f"concurrency {best}" if best is not None else "no level"
@@ -408,6 +413,31 @@ def format_notes(report: Report) -> list[str]:
                     " be late: spread the load with --processes N"
                 )
     return notes
+
+
+def format_gpus(g: GpuBalance) -> list[str]:
+    """Per GPU beside the results: busy share and power over the run, and any flag."""
+    lines = []
+    for s in g.per_gpu:
+        util = (
+            f"busy {s.util_mean:.0%} mean / {s.util_max:.0%} max"
+            if s.util_mean is not None
+            else "busy -"
+        )
+        power = (
+            f"power {s.power_mean_w:.0f} W mean / {s.power_max_w:.0f} W max"
+            if s.power_mean_w is not None and s.power_max_w is not None
+            else "power -"
+        )
+        lines.append(f"GPU {s.gpu} ({s.name or 'unnamed'}): {util}, {power} ({s.samples} samples)")
+    for f in g.flagged:
+        lines.append(
+            f"warning: GPU {f.gpu} stays well below the others ({f.reason}):"
+            " the split may be uneven"
+        )
+    if not g.per_gpu:
+        lines.append("GPU metrics: the target stopped answering them during the run")
+    return lines
 
 
 def format_slo(s: SloResult) -> str:

@@ -109,5 +109,8 @@ def test_agent_sessions_on_real_vllm_count_exactly_and_hit_its_prefix_cache(
     agent = data["agent"]
     assert [t["requests_ok"] for t in agent["per_turn"]] == [2, 2, 2]
     # vLLM's own counters: turns 2 and 3 resend what turns 1 and 2 sent
-    assert agent["cache_source"] == "metrics"
+    assert "metrics" in agent["cache_source"].split("+")
     assert agent["prefix_cache"]["hit_rate"] > 0.3
+    if "usage" in agent["cache_source"]:  # this vLLM also reports usage's cached_tokens
+        later = [t["cache_hit_rate"] for t in agent["per_turn"][1:]]
+        assert all(rate is not None and rate > 0.3 for rate in later)
