@@ -190,6 +190,9 @@ def csv_text(report: Report) -> str:
         "decode_tok_s",
         "itl_s_max",
         "send_lag_s",
+        "t_sent_s",
+        "t_first_token_s",
+        "t_end_s",
         "error",
     ]
     writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
