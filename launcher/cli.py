@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
 import sys
 from collections.abc import Sequence
 
@@ -36,17 +38,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a command killed by SIGPIPE exits with (128 + 13), as `launcher plan | head` expects.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a reader gone before the last buffered line shows here, not at exit
     except LauncherError as exc:
         print(f"launcher: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     return code
+
+
+def _drop_stdout() -> None:
+    """The reader of stdout is gone (``| head``): point stdout at /dev/null, so that the flush
+    at interpreter exit does not fail again and print a traceback (Python's documented recipe)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return  # stdout is no file descriptor (a test's buffer): nothing will flush it at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

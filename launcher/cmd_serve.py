@@ -77,16 +77,13 @@ def collect_api_keys(flags: Sequence[str], path: Path | None,
 
 
 def read_key_file(path: Path) -> list[str]:
+    """The file's keys, read exactly as the proxy reads them (server.keyfile)."""
+    from server import keyfile
+
     try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except OSError as exc:
-        raise LauncherError(f"cannot read the API key file {path}: {exc.strerror}") from exc
-    if mode & 0o077:
-        raise LauncherError(f"the API key file {path} is readable by other users: "
-                            f"run `chmod 600 {path}`")
-    return [line.strip() for line in text.splitlines() if line.strip()
-            and not line.lstrip().startswith("#")]
+        return keyfile.read_key_file(path)
+    except keyfile.KeyFileError as exc:
+        raise LauncherError(str(exc)) from None
 
 
 def resolve_model(ref: str | None) -> tuple[str, str]:

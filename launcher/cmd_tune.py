@@ -298,8 +298,8 @@ def run_loadgen(spec: LaunchSpec, args: argparse.Namespace, out: Path,
         if bound is not None:
             argv += [flag, str(bound)]
     env = dict(os.environ)
-    if spec.api_keys:
-        argv += ["--api-key", spec.api_keys[0]]
+    if spec.api_keys:  # through the environment: a command line is visible to every user in ps
+        env["TOPOSERVE_API_KEY"] = spec.api_keys[0]
     res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     return res.returncode, (res.stderr or res.stdout).strip()[-300:]
 

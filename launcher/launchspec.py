@@ -7,6 +7,8 @@ conversation keeps hitting the replica whose prefix cache holds it).
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -53,7 +55,21 @@ class LaunchSpec:
         return f"http://{self.host}:{self.port}/v1"
 
     def banner(self) -> str:
-        key = "<one of your --api-key values>" if self.api_keys else "unused"
+        """How to use what started, in lines that work as printed once OPENAI_API_KEY holds a
+        key. A key itself is never printed: it may come from a key file, and this banner ends
+        up in logs."""
+        body = json.dumps(
+            {"model": self.served_name, "messages": [{"role": "user", "content": "def fib(n):"}]}
+        )
+        if self.api_keys:
+            key_lines = [
+                "  export OPENAI_API_KEY=...   # one of the keys the proxy accepts (not shown "
+                "here: --api-key, --api-key-file or TOPOSERVE_API_KEYS); the lines below read it",
+            ]
+            auth = ' -H "Authorization: Bearer $OPENAI_API_KEY"'
+        else:
+            key_lines = ["  export OPENAI_API_KEY=sk-unused   # the proxy checks no key"]
+            auth = ""
         return "\n".join([
             "",
             f"[bold green]toposerve is ready[/] — OpenAI-compatible API at [bold]{self.base_url}[/]"
@@ -61,12 +77,13 @@ class LaunchSpec:
             "",
             "Point a client or coding agent at it:",
             f"  export OPENAI_BASE_URL={self.base_url}",
-            f"  export OPENAI_API_KEY={key if self.api_keys else 'sk-unused'}",
-            f"  curl {self.base_url}/chat/completions -H 'Content-Type: application/json' \\",
-            f"    -d '{{\"model\": \"{self.served_name}\", \"messages\": "
-            "[{\"role\": \"user\", \"content\": \"def fib(n):\"}]}'",
-            f"  Aider: aider --openai-api-base {self.base_url} --model openai/{self.served_name}",
-            f"  Measure it: loadgen --url http://{self.host}:{self.port} --prompt 512 --gen 256",
+            *key_lines,
+            f"  curl {self.base_url}/chat/completions{auth} -H 'Content-Type: application/json' \\",
+            f"    -d {shlex.quote(body)}",
+            f"  Aider: aider --openai-api-base {self.base_url} --openai-api-key \"$OPENAI_API_KEY\""
+            f" --model openai/{self.served_name}",
+            f"  Measure it: loadgen --url http://{self.host}:{self.port} --prompt 512 --gen 256"
+            "   (reads $OPENAI_API_KEY)",
             f"  Metrics: http://{self.host}:{self.port}/metrics   Health: /health  /ready",
             "",
             "Ctrl-C (or SIGTERM) drains in-flight requests and stops everything.",

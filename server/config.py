@@ -1,7 +1,7 @@
 """The proxy's settings: one frozen dataclass, built from the command line and the environment.
 
-API keys come from ``--api-key`` (repeatable), ``--api-key-file`` (one per line, ``#`` comments;
-the file must not be readable by group or others) and ``TOPOSERVE_API_KEYS`` (comma-separated).
+API keys come from ``--api-key`` (repeatable), ``--api-key-file`` (server.keyfile: one a line, ``#``
+comment lines; not readable by group or others) and ``TOPOSERVE_API_KEYS`` (comma-separated).
 The environment is an argument, so tests pass a dict.
 """
 
@@ -11,11 +11,12 @@ import argparse
 import ipaddress
 import json
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from server import keyfile
 from server.errors import ConfigError
 
 KEYS_ENV = "TOPOSERVE_API_KEYS"
@@ -89,20 +90,11 @@ def load_keys(flags: Sequence[str], key_file: str | None, env: Mapping[str, str]
 
 
 def read_key_file(path: Path) -> list[str]:
+    """The file's keys, read as the launcher reads them (server.keyfile)."""
     try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the API key file {path}: {exc.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(
-            f"the API key file {path} can be read by other users (mode {stat.S_IMODE(mode):o}); "
-            f"run `chmod 600 {path}`")
-    keys = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-    keys = [k for k in keys if k]
-    if not keys:
-        raise ConfigError(f"the API key file {path} holds no key: put one key per line")
-    return keys
+        return keyfile.read_key_file(path)
+    except keyfile.KeyFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_plan_info(text: str | None) -> dict[str, str]:
@@ -184,15 +176,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_upstream(url: str) -> None:
+    """An engine URL the proxy can reach: plain HTTP (vLLM serves HTTP; the proxy keeps
+    keep-alive HTTP/1.1 connections to it), with a host and a port that parses."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        raise ConfigError(
+            f"--upstream {url!r}: the proxy reaches its engines over plain http:// (vLLM's own "
+            "server); give the engine's http://HOST:PORT, or terminate TLS in front of it")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme != "http" or not parts.hostname or port == -1:
+        raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
+                          "http://127.0.0.1:8001")
+
+
 def config_from_args(argv: Sequence[str] | None = None,
                      env: Mapping[str, str] | None = None) -> ProxyConfig:
     a = build_parser().parse_args(argv)
     env = os.environ if env is None else env
     upstreams = tuple(u.rstrip("/") for u in a.upstream)
     for url in upstreams:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
-                              "http://127.0.0.1:8001")
+        check_upstream(url)
     for flag in ("max_header_line_bytes", "max_header_bytes", "max_messages", "max_json_fields",
                  "max_response_bytes", "client_stall_timeout", "gpu_interval"):
         if getattr(a, flag) <= 0:

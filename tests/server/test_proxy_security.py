@@ -83,7 +83,7 @@ def test_key_never_in_logs_metrics_or_errors(keyed: ProxyProc) -> None:
 
 def test_key_file_must_be_private(tmp_path: Path) -> None:
     path = tmp_path / "keys"
-    path.write_text(f"# team keys\n{KEY}\n\nsecond # laptop\n")
+    path.write_text(f"# team keys\n{KEY}\n\n  # laptop\nsecond\n")
     path.chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
         read_key_file(path)

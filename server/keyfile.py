@@ -1,0 +1,44 @@
+"""The API key file, read one way by the proxy (``--api-key-file``) and the launcher
+(``launcher serve --api-key-file``), so that a key the launcher accepts is the key the proxy
+checks.
+
+One key per line; surrounding spaces are dropped; a line whose first non-space character is
+``#`` is a comment, and so is a blank line. A ``#`` anywhere else belongs to the key: keys are
+random strings and may hold one, and cutting a key short at it would make a different key. The
+file must not be readable by other users, and must hold at least one key (a file meant to hold
+keys that holds none would otherwise run the proxy open to everyone).
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+
+class KeyFileError(ValueError):
+    """The key file cannot be used; the message says why and what to do."""
+
+
+def parse_keys(text: str) -> list[str]:
+    """The keys of a key file's text, in order, comments and blank lines left out."""
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def read_key_file(path: Path) -> list[str]:
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KeyFileError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise KeyFileError(f"the API key file {path} is not UTF-8 text") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"the API key file {path} can be read by other users (mode {stat.S_IMODE(mode):o}); "
+            f"run `chmod 600 {path}`"
+        )
+    keys = parse_keys(text)
+    if not keys:
+        raise KeyFileError(f"the API key file {path} holds no key: put one key per line")
+    return keys

@@ -1,0 +1,111 @@
+"""The API key file is read one way by the launcher and the proxy (a '#' inside a key is part
+of it), and an https:// upstream given to the proxy ends in one line, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.cmd_serve import read_key_file as launcher_reads
+from launcher.errors import LauncherError
+from server.config import ConfigError, config_from_args
+from server.config import read_key_file as proxy_reads
+from server.keyfile import parse_keys
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def key_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "keys"
+    path.write_text(text, encoding="utf-8")
+    path.chmod(mode)
+    return path
+
+
+def test_a_hash_inside_a_key_is_part_of_the_key_for_both(tmp_path: Path) -> None:
+    path = key_file(tmp_path, "# team keys\nsk-a#1\n   # an indented comment\n  sk-b # c  \n\n")
+    assert launcher_reads(path) == proxy_reads(path) == ["sk-a#1", "sk-b # c"]
+
+
+LINES = st.lists(
+    st.one_of(
+        st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12),
+        st.sampled_from(["#", "# note", "  #x", "k#1", " k ", "\t", "##", "a # b"]),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=LINES, ending=st.sampled_from(["\n", "\r\n"]))
+def test_the_launcher_and_the_proxy_read_any_key_file_alike(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], ending: str
+) -> None:
+    path = key_file(tmp_path_factory.mktemp("k"), ending.join(lines))
+    try:
+        seen_by_launcher: list[str] | str = launcher_reads(path)
+    except LauncherError as exc:
+        seen_by_launcher = str(exc)
+    try:
+        seen_by_proxy: list[str] | str = proxy_reads(path)
+    except ConfigError as exc:
+        seen_by_proxy = str(exc)
+    assert seen_by_launcher == seen_by_proxy
+    for key in parse_keys(path.read_text(encoding="utf-8")):
+        assert key == key.strip()
+        assert key
+        assert not key.startswith("#")
+
+
+def test_an_empty_or_public_key_file_is_refused_alike(tmp_path: Path) -> None:
+    empty = key_file(tmp_path, "# no keys yet\n\n")
+    with pytest.raises(LauncherError, match="holds no key"):
+        launcher_reads(empty)
+    with pytest.raises(ConfigError, match="holds no key"):
+        proxy_reads(empty)
+    public = key_file(tmp_path, "k\n", 0o644)
+    with pytest.raises(LauncherError, match="chmod 600"):
+        launcher_reads(public)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        proxy_reads(public)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://127.0.0.1:8001", "plain http://"),
+        ("ftp://127.0.0.1:8001", "must be an http:// URL"),
+        ("http://", "must be an http:// URL"),
+        ("http://127.0.0.1:port", "must be an http:// URL"),
+    ],
+)
+def test_an_upstream_the_proxy_cannot_reach_is_a_config_error(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_args(["--upstream", url], {})
+
+
+def test_python_m_server_with_an_https_upstream_prints_one_line() -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--upstream",
+            "https://engine.example:8443",
+            "--port",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert "plain http://" in res.stderr
+    assert "Traceback" not in res.stderr
