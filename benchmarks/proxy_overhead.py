@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/proxy_overhead.py [--ttft 0.05] [--itl 0.02] [--tokens 64]
         [--levels 1,64,256] [--rounds 3] [--sequential 20] [--json FILE]
         [--proxy-cmd 'python other/proxy.py --upstream {upstream} --port {port}']
+        [--peers nginx,vllm-router]
 
 Starts a simulated engine (TTFT 50 ms, then a token every 20 ms: a 70B model's pace) and the
 proxy in front of it, each in its own process, then for every concurrency level runs the
@@ -16,6 +17,12 @@ neither always runs second, on a warmer or busier machine), and the verdict is t
 the per-round differences, with their interquartile range: on these shared machines a burst's
 TTFT p50 moves by several ms from one second to the next, and a pair shares most of that.
 ``--proxy-cmd`` measures another proxy build (e.g. an older checkout) against the same engine.
+
+``--peers`` puts other proxies beside toposerve in the same run, in front of the same engine,
+each round running every path in a rotated order: ``nginx`` (Debian's, one worker process,
+upstream keep-alive, buffering off) and ``vllm-router`` (vLLM's Rust router from PyPI, round
+robin over the one engine). A peer whose program is not found is skipped with a line saying so
+(``--vllm-router PATH`` / ``--nginx PATH`` point at one elsewhere).
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -110,30 +119,105 @@ def proxy_process(upstream: str, port: int,
             "--log-level", "warning"]
     if command:
         argv = shlex.split(command.format(upstream=upstream, port=port))
-    proc = subprocess.Popen(argv, env={**os.environ, "TOPOSERVE_API_KEYS": ""})
-    url = f"http://127.0.0.1:{port}"
+    with _running(argv, f"http://127.0.0.1:{port}", "/ready", "the proxy") as running:
+        yield running
+
+
+@contextmanager
+def _running(argv: list[str], url: str, ready_path: str, what: str,
+             log: Path | None = None) -> Iterator[tuple[str, int]]:
+    out = log.open("wb") if log is not None else None
+    proc = subprocess.Popen(argv, env={**os.environ, "TOPOSERVE_API_KEYS": ""}, stdout=out,
+                            stderr=subprocess.STDOUT if out else None)
     try:
-        _wait_ready(url + "/ready", proc)
+        _wait_ready(url + ready_path, proc, what)
         yield url, proc.pid
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if out is not None:
+            out.close()
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], what: str = "the proxy") -> None:
     import urllib.request
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the proxy exited with code {proc.returncode}")
+            raise SystemExit(f"{what} exited with code {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             time.sleep(0.2)
-    raise SystemExit("the proxy did not become ready in 30 s")
+    raise SystemExit(f"{what} did not become ready in 30 s")
+
+
+NGINX_CONF = """worker_processes 1;
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream engine {{ server {engine}; keepalive 1024; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def find_program(name: str, given: str | None) -> str | None:
+    """``given``, else ``name`` on PATH, beside this interpreter, or in /usr/sbin."""
+    if given:
+        return given if Path(given).exists() else None
+    for where in (None, str(Path(sys.executable).parent), "/usr/sbin"):
+        found = shutil.which(name, path=where)
+        if found:
+            return found
+    return None
+
+
+@contextmanager
+def peer_process(name: str, program: str, upstream: str,
+                 tmp: Path) -> Iterator[tuple[str, int]]:
+    """A peer proxy in front of ``upstream``; yields its URL and pid."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    engine = upstream.removeprefix("http://")
+    if name == "nginx":
+        conf = tmp / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, engine=engine, port=port))
+        argv = [program, "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")]
+    else:
+        argv = [program, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream,
+                "--policy", "round_robin", "--log-level", "warning",
+                "--log-dir", str(tmp / "router-logs")]
+    # Ready once it relays: the engine's /health through it.
+    with _running(argv, url, "/health", name, log=tmp / f"{name}.log") as running:
+        yield running
+
+
+PEERS = ("nginx", "vllm-router")
 
 
 def free_port() -> int:
@@ -155,41 +239,67 @@ def main() -> None:
     p.add_argument("--sequential", type=int, default=20)
     p.add_argument("--proxy-url", help="measure this running proxy instead of starting one")
     p.add_argument("--proxy-cmd", help="start this command as the proxy ({upstream}, {port})")
+    p.add_argument("--peers", default="",
+                   help=f"other proxies in the same run, comma-separated: {', '.join(PEERS)}")
+    p.add_argument("--nginx", help="the nginx program (default: found on PATH or /usr/sbin)")
+    p.add_argument("--vllm-router", help="the vllm-router program (default: on PATH)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     import uvloop
 
     levels = [int(x) for x in a.levels.split(",")]
+    peers = [x.strip() for x in a.peers.split(",") if x.strip()]
+    unknown = [x for x in peers if x not in PEERS]
+    if unknown:
+        p.error(f"unknown peer {unknown[0]!r}: choose from {', '.join(PEERS)}")
     report: dict[str, dict[str, object]] = {}
     with ExitStack() as stack:
         sim = stack.enter_context(spawn(SimConfig(ttft=a.ttft, itl=a.itl, max_model_len=1 << 20)))
         proxy = a.proxy_url or stack.enter_context(
             proxy_process(sim, free_port(), a.proxy_cmd))[0]
-        # Warm the proxy's keep-alive pool to the largest level: a running proxy has its pool.
-        uvloop.run(burst(proxy, max(levels), 2, 1))
+        paths = [("direct", sim), ("proxied", proxy)]
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-")))
+        for name in peers:
+            program = find_program(name, getattr(a, name.replace("-", "_")))
+            if program is None:
+                print(f"peer {name}: skipped ({name} not found; "
+                      + ("Debian: apt-get install nginx-light" if name == "nginx" else
+                         "PyPI: pip install vllm-router") + ")")
+                continue
+            (tmp / name).mkdir()
+            paths.append((name, stack.enter_context(peer_process(name, program, sim,
+                                                                 tmp / name))[0]))
+        # Warm each proxy's keep-alive pool to the largest level: a running proxy has its pool.
+        for _, url in paths[1:]:
+            uvloop.run(burst(url, max(levels), 2, 1))
         print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
-              f"{a.rounds} paired rounds (medians; [q1, q3] of the per-round differences)")
-        header = (f"{'streams':>7} {'path':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
-                  f"{'tok/s':>8} {'err':>4}")
-        print(header)
+              f"{a.rounds} paired rounds (medians; [q1, q3] of the per-round differences); "
+              f"proxied = toposerve")
+        width = max(11, *(len(n) for n, _ in paths))
+        print(f"{'streams':>7} {'path':>{width}} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
+              f"{'tok/s':>8} {'err':>4}")
         for level in levels:
-            runs: dict[str, list[Round]] = {"direct": [], "proxied": []}
+            runs: dict[str, list[Round]] = {name: [] for name, _ in paths}
             for i in range(a.rounds):
-                order = [("direct", sim), ("proxied", proxy)]
-                for name, url in order if i % 2 == 0 else order[::-1]:
+                # Every path in every position over the rounds (two paths: alternating).
+                k = i % len(paths)
+                for name, url in paths[k:] + paths[:k]:
                     runs[name].append(uvloop.run(burst(url, level, a.tokens, a.sequential)))
-            d, pr = median_round(runs["direct"]), median_round(runs["proxied"])
-            pairs = paired(runs["direct"], runs["proxied"])
-            for name, r in (("direct", d), ("proxied", pr)):
-                print(f"{level:>7} {name:>7} {r.ttft_p50_ms:>8.2f}m {r.ttft_p99_ms:>8.2f}m "
+            medians = {name: median_round(rs) for name, rs in runs.items()}
+            for name, r in medians.items():
+                print(f"{level:>7} {name:>{width}} {r.ttft_p50_ms:>8.2f}m {r.ttft_p99_ms:>8.2f}m "
                       f"{r.itl_mean_ms:>6.2f}m {r.tok_per_s:>8.1f} {r.errors:>4}")
-            added, ratio = pairs.added(), pairs.ratio()
-            print(f"{level:>7} {'=>':>7} TTFT p50 {added:+.2f} ms [{pairs.added(25):+.2f}, "
-                  f"{pairs.added(75):+.2f}], throughput {ratio:.1%} of direct "
-                  f"[{pairs.ratio(25):.1%}, {pairs.ratio(75):.1%}]")
-            report[str(level)] = {"direct": asdict(d), "proxied": asdict(pr),
-                                  "ttft_p50_added_ms": added, "throughput_ratio": ratio,
-                                  "paired": asdict(pairs)}
+            entry: dict[str, object] = {name: asdict(r) for name, r in medians.items()}
+            for name, _ in paths[1:]:
+                pairs = paired(runs["direct"], runs[name])
+                added, ratio = pairs.added(), pairs.ratio()
+                print(f"{level:>7} {'=> ' + name:>{width}} TTFT p50 {added:+.2f} ms "
+                      f"[{pairs.added(25):+.2f}, {pairs.added(75):+.2f}], throughput "
+                      f"{ratio:.1%} of direct [{pairs.ratio(25):.1%}, {pairs.ratio(75):.1%}]")
+                key = "" if name == "proxied" else f"{name}_"
+                entry |= {f"{key}ttft_p50_added_ms": added, f"{key}throughput_ratio": ratio,
+                          f"{key}paired": asdict(pairs)}
+            report[str(level)] = entry
     if a.json:
         a.json.write_text(json.dumps(report, indent=2))
 
