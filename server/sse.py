@@ -26,6 +26,7 @@ from typing import Any
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
 _NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
+_COMPACT_NULL = _NULL_FINISH[0]
 # Fields vLLM puts on each choice's last chunk when usage is not asked for, and on the usage
 # chunk instead when it is: what a client that did not ask must still see.
 TERMINAL_FIELDS = ("system_fingerprint",)
@@ -46,6 +47,7 @@ class Scan:
 class SseInspector:
     def __init__(self, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
+        self.keep_last = not strip_usage
         self.pending = b""
         self.done = False
         self.broken = False
@@ -103,8 +105,8 @@ class SseInspector:
                 and data[:7] == b"data: {" and b"\n\n" not in data[:-2]
                 and b"usage" not in data and b'"role"' not in data
                 and data[7:14] != b'"error"'
-                and (not self.strip_usage or b"finish_reason" not in data
-                     or _NULL_FINISH[0] in data))
+                # While usage is stripped, a choice's last chunk is held (see the module).
+                and (self.keep_last or _COMPACT_NULL in data or b"finish_reason" not in data))
 
     def release(self) -> bytes:
         """The held events, unchanged: what the client gets when the stream ends without the
