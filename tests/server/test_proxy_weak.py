@@ -246,8 +246,10 @@ def test_token_counts_must_be_integers(proxy: ProxyProc, sim_url: str, field: st
                      {"messages": CHAT["messages"], field: 2}).status == 200
 
 
-def test_completions_token_counts_too(proxy: ProxyProc) -> None:
-    assert post_json(proxy.url, "/v1/completions", {"prompt": "x", "max_tokens": "2"}).status == 400
+def test_completions_token_counts_too(proxy: ProxyProc, sim_url: str) -> None:
+    reply = post_json(proxy.url, "/v1/completions", {"prompt": "x", "max_tokens": "2"})
+    assert reply.status == 400
+    assert by_route(sim_url, "/v1/completions") == 0
     assert post_json(proxy.url, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status == 200
 
 
