@@ -45,8 +45,9 @@ from launcher.tune import (
     parse_candidate,
     request_tpot_s,
     resolve_objective,
+    stop_rounds,
 )
-from launcher.tunestats import CONFIDENCE, clearly_behind, next_step
+from launcher.tunestats import CONFIDENCE, next_step
 
 TABLE_WIDTH = 120
 CPU_DEFAULT_CANDIDATES = (
@@ -252,14 +253,10 @@ class Tuner:
                         sofar = earlier.plus(sofar)
                     v = judge(sofar, self.objective, args.gen, self.slo)
                     self.console.print(f"round {k + 1}/{args.repeats}: {_round_line(v)}")
-                    if len(v.scores) < len(sofar.rounds):  # a failed round: it cannot win
-                        return Measured(cand, tuple(rounds), note=v.excluded)
-                    ahead = (clearly_behind(v.interval, rivals)
-                             if v.interval is not None and v.interval.bounded else None)
-                    if ahead is not None and k + 1 < args.repeats:
-                        note = f"stopped after {k + 1} round(s): {ahead} is clearly ahead"
-                        self.console.print(note)
-                        return Measured(cand, tuple(rounds), note=note)
+                    stop = stop_rounds(v, len(sofar.rounds), rivals, k + 1, args.repeats)
+                    if stop is not None:
+                        self.console.print(stop)
+                        return Measured(cand, tuple(rounds), note=stop)
             except StopRequested:
                 raise KeyboardInterrupt from None
             except LauncherError as exc:

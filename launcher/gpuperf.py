@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PREFILL_TOKENS = 512
@@ -71,6 +71,8 @@ class GpuPerf:
     decode_gbs: float | None = None
     device: str | None = None  # what torch called it ("NVIDIA GeForce RTX 4090", "cpu")
     method: str | None = None  # how it was measured, for the record
+    # every shape timed, for the record (the planner reads only the two figures)
+    samples: tuple[Sample, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def any(self) -> bool:
@@ -97,7 +99,7 @@ def summarize(samples: Sequence[Sample], device: str | None = None,
         return math.fsum(work(s.m, s.k, s.n) * s.reps for s in chosen) / seconds / scale
 
     return GpuPerf(rate("prefill", gemm_flops, 1e12), rate("decode", gemm_bytes, 1e9),
-                   device, method)
+                   device, method, tuple(samples))
 
 
 # ------------------------------------------------------------------------------------- JSON
@@ -109,14 +111,30 @@ _MAX_TFLOPS = 1e5
 _MAX_GBS = 1e6
 
 
-def perf_to_json(perf: GpuPerf | None, samples: Sequence[Sample] = ()) -> dict[str, Any] | None:
+def perf_to_json(perf: GpuPerf | None) -> dict[str, Any] | None:
     if perf is None:
         return None
     data: dict[str, Any] = {"prefill_tflops": perf.prefill_tflops, "decode_gbs": perf.decode_gbs,
                             "device": perf.device, "method": perf.method}
-    if samples:
-        data["samples"] = [vars(s) for s in samples]
+    if perf.samples:
+        data["samples"] = [vars(s) for s in perf.samples]
     return data
+
+
+def _samples(raw: Any) -> tuple[tuple[Sample, ...], int]:
+    """The readable samples, and how many entries were not."""
+    if not isinstance(raw, list):
+        return (), 0 if raw is None else 1
+    good = []
+    for item in raw:
+        try:
+            m, k, n, reps = (int(item[key]) for key in ("m", "k", "n", "reps"))
+            s = Sample(str(item["kind"]), m, k, n, reps, float(item["seconds"]))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            continue
+        if s.kind in ("prefill", "decode") and min(s.m, s.k, s.n, s.reps) > 0 and s.seconds > 0:
+            good.append(s)
+    return tuple(good), len(raw) - len(good)
 
 
 def _rate(raw: Any, hi: float) -> float | None:
@@ -150,7 +168,10 @@ def perf_from_json(raw: Any) -> tuple[GpuPerf | None, list[str]]:
             reasons.append(f"measured {key} {text[:30]} ignored (not a {unit} figure in "
                            f"(0, {hi:g}]); the datasheet figure is used")
     device, method = raw.get("device"), raw.get("method")
+    samples, bad = _samples(raw.get("samples"))
+    if bad:
+        reasons.append(f"{bad} unreadable measured sample(s) ignored (a record only)")
     perf = GpuPerf(figures["prefill_tflops"], figures["decode_gbs"],
                    device if isinstance(device, str) else None,
-                   method if isinstance(method, str) else None)
+                   method if isinstance(method, str) else None, samples)
     return (perf if perf.any else None), reasons

@@ -361,7 +361,7 @@ def _gemm_worker(out: Path, device: str, tiny: bool) -> None:
     method = (f"torch {torch.__version__} bf16 matmul on {device}, "
               f"{len(samples)} shapes{' (tiny)' if tiny else ''}")
     perf = gpuperf.summarize(samples, device=name, method=method)
-    out.write_text(json.dumps(gpuperf.perf_to_json(perf, samples)))
+    out.write_text(json.dumps(gpuperf.perf_to_json(perf)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import LauncherError
-from launcher.tunestats import Interval, t_interval
+from launcher.tunestats import Interval, clearly_behind, t_interval
 
 SPLIT_KEYS = ("tp", "pp", "dp")
 OBJECTIVES = ("interactive", "throughput", "slo")
@@ -268,6 +268,22 @@ def judge(m: Measured, objective: str, gen_tokens: int, slo: Slo = Slo()) -> Ver
                         f"(needs {SLO_ATTAINMENT:.0%})")
     interval = t_interval(scores) if scores else None
     return Verdict(m.candidate.name, scores, interval, met, total, meets, excluded)
+
+
+def stop_rounds(v: Verdict, rounds: int, rivals: Mapping[str, Interval], done: int,
+                planned: int) -> str | None:
+    """Why this start of a candidate measures no more rounds (None: go on).
+
+    ``v`` judges all its rounds so far (``rounds`` of them, ``done`` in this start, of
+    ``planned``). A failed round ends it (it cannot win); so does a candidate already measured
+    being clearly ahead (interval wholly above this one's), unless this was the last round anyway.
+    """
+    if len(v.scores) < rounds:
+        return v.excluded or "a round failed"
+    if done >= planned or v.interval is None or not v.interval.bounded:
+        return None
+    ahead = clearly_behind(v.interval, rivals)
+    return None if ahead is None else f"stopped after {done} round(s): {ahead} is clearly ahead"
 
 
 def intervals_of(verdicts: Sequence[Verdict]) -> dict[str, Interval]:

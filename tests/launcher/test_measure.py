@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher import costmodel, gpuperf, hardware
+from launcher import costmodel, gpuperf, hardware, measure
 from launcher.cli import main
 from launcher.errors import MeasureError
 from launcher.gpuperf import GpuPerf, Sample
@@ -197,6 +198,8 @@ def test_measured_figures_are_saved_with_the_topology_and_read_back() -> None:
     ({"decode_gbs": 452, "fp8_tflops": 300}, GpuPerf(None, 452.0), "ignored: 'fp8_tflops'"),
     ([1, 2], None, "not an object"),
     ({"decode_gbs": True}, None, "decode_gbs True"),
+    ({"decode_gbs": 452, "samples": [{"kind": "decode"}, "x"]}, GpuPerf(None, 452.0),
+     "2 unreadable measured sample(s) ignored"),
 ])
 def test_unusable_measured_figures_are_ignored_with_a_reason(
     measured: Any, perf: GpuPerf | None, reason: str
@@ -216,7 +219,11 @@ json_values = st.recursive(
 )
 measured_objects = st.fixed_dictionaries(
     {}, optional={"prefill_tflops": json_values, "decode_gbs": json_values,
-                  "device": json_values, "method": json_values, "extra": json_values})
+                  "device": json_values, "method": json_values, "extra": json_values,
+                  "samples": st.lists(st.one_of(json_values, st.fixed_dictionaries(
+                      {"kind": st.sampled_from(["prefill", "decode", "x"]), "m": json_values,
+                       "k": json_values, "n": json_values, "reps": json_values,
+                       "seconds": json_values})), max_size=3)})
 
 
 @given(st.one_of(json_values, measured_objects))
@@ -268,3 +275,36 @@ def test_a_plan_from_a_measured_topology_predicts_from_and_names_the_measured_fi
     assert measured.prefill_tok_s > table.prefill_tok_s
     assert any("planned from figures measured on it" in r for r in files["measured"].reasons)
     assert not any("measured" in r for r in files["table"].reasons)
+
+
+def test_probe_measure_of_one_gpu_times_it_and_saves_the_figures(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """measure_topology end to end with the GEMM worker on torch CPU (tiny shapes): the worker
+    process, its JSON, the Gpu's figures, the notes, and the saved file read back."""
+    pytest.importorskip("torch")
+    real = measure._worker
+    seen: list[dict[str, str]] = []
+
+    def on_cpu(args: Sequence[str], env: Mapping[str, str]) -> Any:
+        seen.append(dict(env))
+        return real([*args, "--device", "cpu", "--tiny"], env)
+
+    monkeypatch.setattr(measure, "_worker", on_cpu)
+    topo = measure_topology(Topology(gpus=(replace(ADA4000, index=3),)), {"PATH": "/usr/bin"})
+    assert seen[0]["CUDA_VISIBLE_DEVICES"] == "3"  # a process that sees only that GPU
+    assert seen[0]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    perf = topo.gpus[0].perf
+    assert perf is not None
+    assert perf.prefill_tflops
+    assert perf.decode_gbs
+    assert "GPU3 measured: " in " ".join(topo.notes)
+    assert "one GPU: no link to measure" in topo.notes
+    saved = tmp_path / "one.json"
+    saved.write_text(json.dumps(topology_to_json(topo)))
+    back = load_topology(str(saved), {})
+    assert back.gpus[0].perf is not None
+    assert back.gpus[0].perf.prefill_tflops == pytest.approx(perf.prefill_tflops)
+    # every shape timed is kept with the figures, as the record of how they were made
+    assert [(s.kind, s.m) for s in back.gpus[0].perf.samples] == [
+        ("prefill", 16), ("prefill", 16), ("prefill", 16), ("decode", 1), ("decode", 4)]

@@ -27,6 +27,7 @@ from launcher.tune import (
     request_meets,
     request_tpot_s,
     resolve_objective,
+    stop_rounds,
     winner,
 )
 from launcher.tunestats import (
@@ -366,3 +367,42 @@ def test_loadgens_own_slo_verdict_is_used_when_it_judged_the_same_bounds() -> No
         r = Round({**base.summary, "slo": other}, base.requests)
         assert r.slo_counts(slo) == (5, 10)
     assert base.goodput_tok_s(slo) == pytest.approx(5 * 11 / 10.0)
+
+
+@pytest.mark.parametrize(("rounds", "rivals", "done", "planned", "want"), [
+    # clearly behind a candidate already measured, rounds left: stop early
+    ((rnd(100), rnd(101)), {"a": iv(500, 10)}, 2, 3,
+     "stopped after 2 round(s): a is clearly ahead"),
+    ((rnd(100), rnd(101)), {"a": iv(500, 10)}, 3, 3, None),  # that was the last round anyway
+    ((rnd(100), rnd(101)), {"a": iv(101, 10)}, 2, 3, None),  # overlapping: go on
+    ((rnd(100),), {"a": iv(500, 10)}, 1, 3, None),  # one round: no interval yet
+    ((rnd(100), rnd(101, failed=1)), {}, 2, 3, "round 2: failed requests or no usable figures"),
+])
+def test_rounds_of_a_start_stop_early_when_clearly_behind_or_failed(
+    rounds: tuple[Round, ...], rivals: dict[str, Interval], done: int, planned: int,
+    want: str | None
+) -> None:
+    v = judge(cand("x", *rounds), "throughput", 16)
+    assert stop_rounds(v, len(rounds), rivals, done, planned) == want
+
+
+@given(st.dictionaries(names, st.tuples(st.lists(scores, min_size=1, max_size=3),
+                                         st.integers(min_value=0, max_value=10)), min_size=1))
+def test_under_an_slo_the_winner_meets_it_and_has_the_best_mean_of_those_that_do(
+    by_name: dict[str, tuple[list[float], int]]
+) -> None:
+    """Each candidate: its rounds' throughputs and how many of its 10-request rounds' requests
+    have a slow first token (the same in every round)."""
+    slo = Slo(ttft_ms=500)
+    ms = [cand(k, *(rnd(x, slow=slow) for x in xs)) for k, (xs, slow) in by_name.items()]
+    verdicts = [judge(m, "slo", 16, slo) for m in ms]
+    meeting = [v for v in verdicts if v.meets_slo]
+    assert all(v.meets_slo == (by_name[v.name][1] <= 1) for v in verdicts)  # 90% of 10
+    if not meeting:
+        with pytest.raises(LauncherError, match="no candidate met TTFT ≤ 500 ms"):
+            choose(verdicts, "slo", slo)
+        return
+    best = choose(verdicts, "slo", slo)
+    assert best.meets_slo
+    assert best.interval is not None
+    assert best.interval.mean == max(v.interval.mean for v in meeting if v.interval)
