@@ -25,7 +25,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--measure",
         action="store_true",
-        help="measure peer copies and a real NCCL all-reduce per pair (needs torch)",
+        help="measure each GPU's bf16 GEMM rates (prefill TFLOP/s, decode GB/s) and peer "
+        "copies and a real NCCL all-reduce per pair (needs torch with CUDA)",
     )
     p.set_defaults(func=run)
 

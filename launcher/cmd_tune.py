@@ -252,7 +252,8 @@ class Tuner:
                     if earlier is not None:
                         sofar = earlier.plus(sofar)
                     v = judge(sofar, self.objective, args.gen, self.slo)
-                    self.console.print(f"round {k + 1}/{args.repeats}: {_round_line(v)}")
+                    line = _round_line(v, len(sofar.rounds))
+                    self.console.print(f"round {k + 1}/{args.repeats}: {line}")
                     stop = stop_rounds(v, len(sofar.rounds), rivals, k + 1, args.repeats)
                     if stop is not None:
                         self.console.print(stop)
@@ -266,8 +267,8 @@ class Tuner:
         return Measured(cand, tuple(rounds))
 
 
-def _round_line(v: Verdict) -> str:
-    if not v.scores:
+def _round_line(v: Verdict, rounds: int) -> str:
+    if len(v.scores) < rounds:  # this round gave no score
         return v.excluded or "no score"
     iv = v.interval
     text = f"score {_fmt_score(v.scores[-1])}"
