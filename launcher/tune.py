@@ -276,11 +276,20 @@ def stop_rounds(v: Verdict, rounds: int, rivals: Mapping[str, Interval], done: i
 
     ``v`` judges all its rounds so far (``rounds`` of them, ``done`` in this start, of
     ``planned``). A failed round ends it (it cannot win); so does a candidate already measured
-    being clearly ahead (interval wholly above this one's), unless this was the last round anyway.
+    being clearly ahead (interval wholly above this one's), or an SLO share that the rounds left
+    can no longer lift to :data:`SLO_ATTAINMENT`, unless this was the last round anyway.
     """
     if len(v.scores) < rounds:
         return v.excluded or "a round failed"
-    if done >= planned or v.interval is None or not v.interval.bounded:
+    if done >= planned:
+        return None
+    if v.meets_slo is False and rounds:
+        # even if every request still to come met the SLO, the share would stay below it
+        left = (planned - done) * v.slo_total / rounds
+        if v.slo_met + left < SLO_ATTAINMENT * (v.slo_total + left):
+            return (f"stopped after {done} round(s): {v.slo_met} of {v.slo_total} requests "
+                    f"within the SLO, it can no longer reach {SLO_ATTAINMENT:.0%}")
+    if v.interval is None or not v.interval.bounded:
         return None
     ahead = clearly_behind(v.interval, rivals)
     return None if ahead is None else f"stopped after {done} round(s): {ahead} is clearly ahead"

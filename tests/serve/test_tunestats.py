@@ -406,3 +406,19 @@ def test_under_an_slo_the_winner_meets_it_and_has_the_best_mean_of_those_that_do
     assert best.meets_slo
     assert best.interval is not None
     assert best.interval.mean == max(v.interval.mean for v in meeting if v.interval)
+
+
+@pytest.mark.parametrize(("slow", "done", "planned", "stops"), [
+    (5, 1, 3, True),  # 5/10 within; even 20 more all within: 25/30 < 90%
+    (2, 1, 3, False),  # 8/10 within; 28/30 = 93% still reachable
+    (5, 3, 3, False),  # last round: nothing to save
+])
+def test_a_start_stops_when_its_slo_share_can_no_longer_be_reached(
+    slow: int, done: int, planned: int, stops: bool
+) -> None:
+    v = judge(cand("x", rnd(100, slow=slow)), "slo", 16, Slo(ttft_ms=500))
+    why = stop_rounds(v, 1, {}, done, planned)
+    assert (why is not None) is stops
+    if stops:
+        assert why == ("stopped after 1 round(s): 5 of 10 requests within the SLO, it can no "
+                       "longer reach 90%")
