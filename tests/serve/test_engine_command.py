@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher import failures
 from launcher.cli import main
@@ -104,3 +106,30 @@ def test_a_json_flag_given_with_equals_is_merged_not_repeated() -> None:
     argv = cmd.argv()
     assert sum(a.startswith("--compilation-config") for a in argv) == 1
     assert json.loads(argv[-1].split("=", 1)[1]) == {"level": 3, "pass_config": {"x": False}}
+
+
+FLAG = st.from_regex(r"--[a-z][a-z-]{0,20}", fullmatch=True)
+WORD = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    extra=st.lists(st.one_of(FLAG, WORD), max_size=8).filter(
+        lambda xs: not any(x.startswith("--compilation-config") for x in xs)),
+    tp=st.integers(1, 8), pp=st.integers(1, 4), trust=st.booleans(),
+    backend=st.sampled_from([None, "ray", "mp"]), no_car=st.booleans(),
+    parser=st.sampled_from([None, "hermes"]), compilation=st.booleans(),
+)
+def test_user_extra_args_are_last_for_any_command(
+    extra: list[str], tp: int, pp: int, trust: bool, backend: str | None, no_car: bool,
+    parser: str | None, compilation: bool,
+) -> None:
+    cmd = EngineCommand("m", "127.0.0.1", 8000, tp=tp, pp=pp, trust_remote_code=trust,
+                        distributed_backend=backend, disable_custom_all_reduce=no_car,
+                        tool_parser=parser, extra_args=tuple(extra),
+                        compilation_config={"level": 1} if compilation else {})
+    argv = cmd.argv()
+    assert argv[:3] == ("vllm", "serve", "m")
+    assert argv[len(argv) - len(extra):] == tuple(extra)
+    assert argv.count("--compilation-config") == int(compilation)
+    assert ("--trust-remote-code" in argv[:len(argv) - len(extra)]) == trust
