@@ -86,14 +86,21 @@ def fetch(repo: str, revision: str | None, env: Mapping[str, str]) -> HubModel:
 
     disable_progress_bars()  # a few kB of JSON: a progress bar per file would be noise
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # our one line says it all
+    from huggingface_hub import constants
+
     hub = HubEnv.from_env(env)
     rev = revision or "main"
+    # huggingface_hub reads HF_HUB_OFFLINE once, at its import; what `env` says now decides.
+    was_offline = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = hub.offline
     try:
         return _fetch(repo, rev, hub)
     except ModelError:
         raise
     except Exception as exc:  # every failure of the hub client becomes one line
         raise ModelError(_explain(exc, repo, rev, hub)) from exc
+    finally:
+        constants.HF_HUB_OFFLINE = was_offline
 
 
 def _fetch(repo: str, rev: str, hub: HubEnv) -> HubModel:

@@ -310,3 +310,14 @@ def test_serve_dry_run_and_tune_take_the_hub_model_and_revision(
     assert res.returncode == 0, res.stderr
     assert "--tensor-parallel-size 2" in res.stdout
     assert "Traceback" not in res.stderr
+
+
+def test_the_environment_given_decides_offline_not_the_one_at_import(
+    hub: StandinHub, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    # as if huggingface_hub had been imported under HF_HUB_OFFLINE=1 (another test, a parent)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert load_model_spec("meta-llama/Llama-3.3-70B-Instruct", env).num_layers == 80
+    assert constants.HF_HUB_OFFLINE is True  # left as it was found
