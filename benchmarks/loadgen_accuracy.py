@@ -1,6 +1,10 @@
 """How exactly loadgen measures, against a simulated engine whose timings are known.
 
     .venv/bin/python benchmarks/loadgen_accuracy.py [--quick] [--json FILE] [--no-vllm]
+    .venv/bin/python benchmarks/loadgen_accuracy.py --peers [--peers-dir /tmp/peers] [--json F]
+
+`--peers` puts the other tools beside loadgen in one run (see `peers()` below), on a stand-in
+server that counts tokens with a real Hugging Face tokenizer (tests/loadgen/standin.py).
 
 For each case, a fresh simulated engine (simengine.engine) sends token k of every request at
 exactly t0 + TTFT + k·ITL. loadgen, then `vllm bench serve` (same shape, same simulator
@@ -302,6 +306,270 @@ def cases(quick: bool) -> list[Case]:
     return accuracy + ([] if quick else capacity)
 
 
+# ---- peers: the same cases measured by loadgen and the other tools, side by side ---------------
+#
+# Each tool lives in its own virtual environment under --peers-dir (pip-installed there, not into
+# .venv: they would move its torch/vLLM pins); `vllm bench serve` comes from .venv's vLLM. A tool
+# that is not installed, or cannot run, gets a line saying why instead of a row. Every row has a
+# fresh stand-in server (tests/loadgen/standin.py): prompts counted with the embedded model's
+# tokenizer (so `prompt exact` is what a real server would say), token k of each request due at
+# t0 + TTFT + k·ITL, sent K tokens per event, and without ignore_eos a request stops after 16
+# tokens, as a model that says EOS would. All tools get that tokenizer and ask for 512 prompt
+# tokens and 128 output tokens; at 32 streams every tool starts all 32 at once (a burst).
+
+PEER_PROMPT, PEER_GEN, PEER_TTFT, PEER_ITL = 512, 128, 0.08, 0.01
+
+
+@dataclass(frozen=True)
+class PeerCase:
+    streams: int
+    per_event: int  # tokens per streamed event
+    requests: int
+
+    @property
+    def true_ttft(self) -> float:
+        """The first event leaves with its last token: TTFT + (K − 1)·ITL."""
+        return PEER_TTFT + (self.per_event - 1) * PEER_ITL
+
+
+@dataclass
+class PeerRow:
+    tool: str
+    case: PeerCase
+    ok: int = 0
+    failed: int = 0
+    ttft_p50_s: float | None = None
+    itl_p50_s: float | None = None
+    reported_out: float | None = None  # output tokens the tool says it got, all requests
+    sent_out: int = 0  # output tokens the server sent, all requests
+    prompt_exact: int = 0  # requests whose prompt the server counted as PEER_PROMPT tokens
+    out_exact: int = 0  # requests the server answered with PEER_GEN tokens
+    seen: int = 0  # requests the server saw
+    cpu_s: float = 0.0  # the tool's whole process tree, start-up included
+    wall_s: float = 0.0
+    sim_late_s: float = 0.0
+    note: str = ""
+
+
+def peer_cases(quick: bool) -> list[PeerCase]:
+    n = 1 if quick else 2
+    return [PeerCase(1, 1, 4 * n), PeerCase(32, 1, 32 * n), PeerCase(32, 2, 32 * n)]
+
+
+def _timed(
+    argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
+) -> tuple[int, float, float]:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        code = subprocess.run(
+            argv,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+            check=False,
+            env={**os.environ, **(env or {})},
+        ).returncode
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return code, cpu, wall
+
+
+def _tail(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return (lines[-1] if lines else "(no output)")[:200]
+
+
+def peer_loadgen(case: PeerCase, url: str, tok: str, work: Path, row: PeerRow) -> None:
+    out = work / "loadgen.json"
+    argv = [sys.executable, "-m", "loadgen", "--url", url, "--tokenizer", tok,
+            "--prompt", str(PEER_PROMPT), "--gen", str(PEER_GEN), "--concurrency",
+            str(case.streams), "--requests", str(case.requests), "--json", str(out),
+            "--no-progress"]  # fmt: skip
+    code, row.cpu_s, row.wall_s = _timed(argv, REPO, work / "loadgen.log")
+    if not out.exists():
+        row.note = f"exit {code}: {_tail(work / 'loadgen.log')}"
+        return
+    d = json.loads(out.read_text())
+    s = d["summary"]
+    row.ok, row.failed = s["requests_ok"], s["requests_failed"]
+    row.ttft_p50_s, row.itl_p50_s = s["ttft_s"]["p50"], s["itl_s"]["p50"]
+    row.reported_out = sum(r["completion_tokens"] or 0 for r in d["requests"])
+
+
+def peer_vllm(case: PeerCase, url: str, tok: str, work: Path, row: PeerRow) -> None:
+    out = work / "vllm.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "vllm_bench_serve.py"), "--backend",
+            "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model",
+            "standin-model", "--tokenizer", tok, "--dataset-name", "random",
+            "--random-input-len", str(PEER_PROMPT), "--random-output-len", str(PEER_GEN),
+            "--num-prompts", str(case.requests), "--max-concurrency", str(case.streams),
+            "--ignore-eos", "--save-result", "--result-dir", str(work), "--result-filename",
+            out.name, "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
+            "50,90,99", "--disable-tqdm"]  # fmt: skip
+    code, row.cpu_s, row.wall_s = _timed(argv, REPO, work / "vllm.log")
+    if not out.exists():
+        row.note = f"exit {code}: {_tail(work / 'vllm.log')}"
+        return
+    r = json.loads(out.read_text())
+    row.ok, row.failed = r["completed"], r.get("failed", 0)
+    row.ttft_p50_s, row.itl_p50_s = r["median_ttft_ms"] / 1000, r["median_itl_ms"] / 1000
+    row.reported_out = r["total_output_tokens"]
+
+
+def peer_aiperf(case: PeerCase, url: str, tok: str, work: Path, row: PeerRow, exe: Path) -> None:
+    art = work / "aiperf"
+    argv = [str(exe), "profile", "--model", "standin-model", "--url", url, "--endpoint-type",
+            "completions", "--streaming", "--tokenizer", tok, "--synthetic-input-tokens-mean",
+            str(PEER_PROMPT), "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean",
+            str(PEER_GEN), "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+            "--extra-inputs", f"min_tokens:{PEER_GEN}", "--concurrency", str(case.streams),
+            "--request-count", str(case.requests), "--output-artifact-dir", str(art),
+            "--ui-type", "none"]  # fmt: skip
+    code, row.cpu_s, row.wall_s = _timed(argv, work, work / "aiperf.log")
+    found = art / "profile_export_aiperf.json"
+    if not found.exists():
+        row.note = f"exit {code}: {_tail(work / 'aiperf.log')}"
+        return
+    d = json.loads(found.read_text())
+    row.ok = int(d["request_count"]["avg"])
+    row.failed = sum(int(e.get("count", 0)) for e in d.get("error_summary") or [])
+    row.ttft_p50_s = d["time_to_first_token"]["p50"] / 1000
+    row.itl_p50_s = d["inter_token_latency"]["p50"] / 1000
+    row.reported_out = d["output_token_count"]["sum"]
+
+
+def peer_inference_perf(
+    case: PeerCase, url: str, tok: str, work: Path, row: PeerRow, exe: Path
+) -> None:
+    store = work / "ip"
+    n = case.requests
+    dist = "{{min: {v}, max: {v}, mean: {v}, std_dev: 0, total_count: {n}}}"
+    config = "\n".join([
+        "load:", "  type: concurrent", "  stages:",
+        f"  - concurrency_level: {case.streams}", f"    num_requests: {n}",
+        "api:", "  type: completion", "  streaming: true",
+        "server:", "  type: vllm", "  model_name: standin-model", f"  base_url: {url}",
+        "  ignore_eos: true",
+        "tokenizer:", f"  pretrained_model_name_or_path: {tok}",
+        "data:", "  type: random",
+        f"  input_distribution: {dist.format(v=PEER_PROMPT, n=n)}",
+        f"  output_distribution: {dist.format(v=PEER_GEN, n=n)}",
+        "report:", "  request_lifecycle: {summary: true, per_request: false}",
+        "storage:", f"  local_storage: {{path: {store}}}", "",
+    ])  # fmt: skip
+    (work / "ip.yaml").write_text(config)
+    code, row.cpu_s, row.wall_s = _timed([str(exe), "-c", str(work / "ip.yaml")], work,
+                                         work / "ip.log")  # fmt: skip
+    found = store / "summary_lifecycle_metrics.json"
+    if not found.exists():
+        row.note = f"exit {code}: {_tail(work / 'ip.log')}"
+        return
+    d = json.loads(found.read_text())
+    ok = d["successes"]
+    lat = ok["latency"]
+    row.ok = ok["count"]
+    row.failed = (d.get("failures") or {}).get("count", 0)
+    row.ttft_p50_s = lat["time_to_first_token"]["median"]
+    row.itl_p50_s = lat["inter_token_latency"]["median"]
+    # output_len is the client's own re-tokenized count (mean per request); output_tokens the
+    # server's usage. The table shows the client's own, as for the other tools.
+    mean = (ok.get("output_len") or {}).get("mean")
+    row.reported_out = mean * row.ok if mean is not None else None
+
+
+PEER_HEADER = (
+    "| streams | tokens/event | tool | ok/failed | prompt exact (server count) |"
+    " output exact (server sent) | output tokens reported / sent | TTFT p50 ms (error vs"
+    " 80 ms + (K-1)·10 ms) |"
+    " ITL p50 ms (truth 10) | client CPU s (whole tree, start-up incl.) / wall s |"
+    " sim late ms/token |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _peer_fmt(r: PeerRow) -> str:
+    c = r.case
+    if r.note:
+        return f"| {c.streams} | {c.per_event} | {r.tool} | - | - | - | - | - | - | - | {r.note} |"
+    ttft = (
+        "-"
+        if r.ttft_p50_s is None
+        else (f"{r.ttft_p50_s * 1000:.1f} ({(r.ttft_p50_s - PEER_TTFT) * 1000:+.1f})")
+    )
+    itl = "-" if r.itl_p50_s is None else f"{r.itl_p50_s * 1000:.2f}"
+    ratio = "-" if not r.reported_out or not r.sent_out else f"{r.reported_out / r.sent_out:.2f}"
+    return (
+        f"| {c.streams} | {c.per_event} | {r.tool} | {r.ok}/{r.failed} |"
+        f" {r.prompt_exact}/{r.seen} | {r.out_exact}/{r.seen} |"
+        f" {r.reported_out or '-'} / {r.sent_out} = {ratio} | {ttft} | {itl} |"
+        f" {r.cpu_s:.1f} / {r.wall_s:.1f} | {r.sim_late_s * 1000:.2f} |"
+    )  # fmt: skip
+
+
+def peers(quick: bool, peers_dir: Path, json_path: Path | None) -> None:
+    sys.path.insert(0, str(REPO))
+    from launcher.tinymodel import ensure_tiny_model
+    from tests.loadgen.standin import spawn as spawn_standin
+
+    tok = str(ensure_tiny_model())
+    tools: list[tuple[str, Any]] = [("loadgen", peer_loadgen), ("vllm bench serve", peer_vllm)]
+    for name, exe_name, fn in (
+        ("aiperf", "aiperf", peer_aiperf),
+        ("inference-perf", "inference-perf", peer_inference_perf),
+    ):
+        exe = peers_dir / name / "bin" / exe_name
+        if exe.exists():
+            tools.append((name, lambda c, u, t, w, r, fn=fn, exe=exe: fn(c, u, t, w, r, exe)))
+        else:
+            print(f"{name}: skipped, not installed at {exe} (python -m venv {peers_dir / name}"
+                  f" && {peers_dir / name}/bin/pip install {name})", flush=True)  # fmt: skip
+    guidellm = peers_dir / "guidellm" / "bin" / "python"
+    if not guidellm.exists():
+        print(f"guidellm: skipped, not installed at {guidellm.parent}", flush=True)
+    else:
+        probe = subprocess.run([str(guidellm), "-c", "import guidellm.data"],
+                               capture_output=True, text=True, check=False)  # fmt: skip
+        why = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"guidellm: skipped, it cannot load its data pipeline here ({why}); it needs torch,"
+              " which from PyPI is the CUDA build (GBs) that this machine cannot use"
+              if probe.returncode else "guidellm: installed, but this benchmark has no runner"
+              " for it", flush=True)  # fmt: skip
+    print(
+        f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},"
+        f" load average before {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
+        flush=True,
+    )
+    print(PEER_HEADER, flush=True)
+    rows: list[PeerRow] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, case in enumerate(peer_cases(quick)):
+            for name, fn in tools:
+                args = ("--tokenizer", tok, "--ttft", str(PEER_TTFT), "--itl", str(PEER_ITL),
+                        "--tokens-per-chunk", str(case.per_event), "--eos-after", "16",
+                        "--max-model-len", "8192")  # fmt: skip
+                work = Path(tmp) / f"{i}-{name.replace(' ', '_')}"
+                work.mkdir()
+                row = PeerRow(name, case)
+                with spawn_standin(*args) as url:
+                    fn(case, url, tok, work, row)
+                    stats = _get(f"{url}/sim/stats")
+                seen = stats["requests"]
+                row.seen = len(seen)
+                row.prompt_exact = sum(r["prompt_tokens"] == PEER_PROMPT for r in seen)
+                row.out_exact = sum(r["completion_tokens"] == PEER_GEN for r in seen)
+                row.sent_out = stats["tokens"]
+                row.sim_late_s = stats["late_sum_s"] / max(1, stats["tokens"])
+                rows.append(row)
+                print(_peer_fmt(row), flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
+    if json_path:
+        json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -309,7 +577,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer requests, no capacity sweep")
     p.add_argument("--no-vllm", action="store_true", help="skip `vllm bench serve`")
     p.add_argument("--json", type=Path, help="write every measurement here")
+    p.add_argument("--peers", action="store_true", help="loadgen beside the other tools")
+    p.add_argument(
+        "--peers-dir",
+        type=Path,
+        default=Path("/tmp/peers"),
+        help="where each peer has its venv: DIR/aiperf, DIR/inference-perf, DIR/guidellm",
+    )
     args = p.parse_args()
+    if args.peers:
+        peers(args.quick, args.peers_dir, args.json)
+        return
     tokenizer = ""
     if not args.no_vllm:
         from launcher.tinymodel import ensure_tiny_model

@@ -51,6 +51,7 @@ class Options:
     model: str = "standin-model"
     max_model_len: int = 4096
     gpu_metrics: list[Path] = field(default_factory=list)
+    eos_after: int | None = None  # without ignore_eos, stop after this many tokens
 
 
 class Engine:
@@ -65,6 +66,12 @@ class Engine:
         self.hits = 0
         self.scrapes = 0
         self.requests = 0
+        # What the engine saw, for benchmarks to compare with what each client reports.
+        self.log: list[dict[str, Any]] = []
+        self.running = 0
+        self.late_sum = 0.0
+        self.late_max = 0.0
+        self.tokens = 0
 
     def _single_token_word(self) -> str:
         for word in (" the", " a", " x", " tok", " e"):
@@ -157,6 +164,18 @@ async def route(
         _send(
             writer, 200, json.dumps({"object": "list", "data": [card]}).encode(), "application/json"
         )
+    elif (method, path) == ("GET", "/sim/stats"):
+        stats = {
+            "running": engine.running,
+            "requests": engine.log,
+            "tokens": engine.tokens,
+            "late_sum_s": engine.late_sum,
+            "late_max_s": engine.late_max,
+        }
+        _send(writer, 200, json.dumps(stats).encode(), "application/json")
+    elif (method, path) == ("POST", "/sim/reset"):
+        engine.log, engine.tokens, engine.late_sum, engine.late_max = [], 0, 0.0, 0.0
+        _send(writer, 200, b"{}", "application/json")
     elif (method, path) == ("GET", "/metrics"):
         _send(writer, 200, engine.metrics().encode(), "text/plain; version=0.0.4")
     elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
@@ -177,11 +196,23 @@ async def generate(
     except (ValueError, KeyError, TypeError) as exc:
         _error(writer, 400, str(exc))
         return
-    n = int(body.get("max_tokens") or 16)
+    asked = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+    n = int(asked)
+    if opts.eos_after is not None and not body.get("ignore_eos"):
+        n = min(n, max(opts.eos_after, int(body.get("min_tokens") or 0)))
     if len(ids) + n > opts.max_model_len:
         _error(writer, 400, f"maximum context length is {opts.max_model_len} tokens")
         return
     engine.requests += 1
+    engine.log.append(
+        {
+            "prompt_tokens": len(ids),
+            "max_tokens": asked,
+            "completion_tokens": n,
+            "stream": bool(body.get("stream")),
+            "chat": chat,
+        }
+    )
     cached = engine.cached(ids)
     usage: dict[str, Any] = {
         "prompt_tokens": len(ids),
@@ -190,7 +221,32 @@ async def generate(
     }
     if opts.cached_tokens:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    head = {"id": f"cmpl-{engine.requests}", "created": int(time.time()), "model": opts.model}
+    head = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{engine.requests}",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": opts.model,
+    }
+    engine.running += 1
+    try:
+        await _answer(engine, writer, body, chat, t0, n, head, usage)
+    finally:
+        engine.running -= 1
+        engine.tokens += n
+
+
+async def _answer(
+    engine: Engine,
+    writer: asyncio.StreamWriter,
+    body: dict[str, Any],
+    chat: bool,
+    t0: float,
+    n: int,
+    head: dict[str, Any],
+    usage: dict[str, Any],
+) -> None:
+    loop = asyncio.get_running_loop()
+    opts = engine.opts
     if not body.get("stream"):
         await asyncio.sleep(max(0.0, t0 + opts.ttft + (n - 1) * opts.itl - loop.time()))
         text = engine.word * n
@@ -214,9 +270,20 @@ async def generate(
         size = min(k, n - start)
         due = t0 + opts.ttft + (start + size - 1) * opts.itl
         await asyncio.sleep(max(0.0, due - loop.time()))
+        late = loop.time() - due
+        engine.late_sum += late * size
+        engine.late_max = max(engine.late_max, late)
         text = engine.word * size
-        delta = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-        _chunk(writer, {**head, "choices": [delta]})
+        finish = "length" if start + size >= n else None
+        delta: dict[str, Any] = (
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": text} if not start else {"content": text},
+            }
+            if chat
+            else {"index": 0, "text": text}
+        )
+        _chunk(writer, {**head, "choices": [{**delta, "logprobs": None, "finish_reason": finish}]})
     options = body.get("stream_options") or {}
     if opts.usage and options.get("include_usage"):
         _chunk(writer, {**head, "choices": [], "usage": usage})
@@ -279,6 +346,7 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--model", default="standin-model")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-metrics", type=Path, nargs="*", default=[])
+    p.add_argument("--eos-after", type=int)
     a = p.parse_args(argv)
     return Options(
         a.tokenizer,
@@ -293,6 +361,7 @@ def parse(argv: list[str]) -> Options:
         a.model,
         a.max_model_len,
         list(a.gpu_metrics),
+        a.eos_after,
     )
 
 
