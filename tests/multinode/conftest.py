@@ -111,15 +111,31 @@ def _cmdline(pid: int) -> str:
 
 
 def stop_cluster(groups: list[int], grace_s: float = 15.0) -> list[int]:
-    """SIGTERM, then SIGKILL, every process of the cluster; the pids still alive after."""
+    """SIGTERM, then SIGKILL, every process of the cluster; the pids still alive after.
+
+    The processes are listed once, before any signal: a worker whose raylet died is re-parented
+    to init and would no longer be found under the two sessions."""
+    procs = _descendants_of_groups(groups)
+
+    def alive() -> list[int]:
+        return sorted(p for p in procs if _live(p))
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _descendants_of_groups(groups):
+        for pid in alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _descendants_of_groups(groups):
+        while time.monotonic() < deadline and alive():
             time.sleep(0.2)
-    return sorted(_descendants_of_groups(groups))
+    return alive()
+
+
+def _live(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 # per module: its raylets and dashboard are stopped before the next module starts vLLM
