@@ -45,11 +45,20 @@ ACT_BYTES = 2  # bf16/fp16 activations on the wire
 REQUEST_OVERHEAD_S = 3.0e-3
 # A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
 # GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
-# weighted sum): assumed ~7 kernels at ~4 us each inside a CUDA graph for a decode step, and in
-# an eager prefill as much host-side launch cost again as the rest of the layer (EAGER_LAYER_S).
-# Assumptions made before the H200 MoE measurement (docs/benchmarks.md compares).
+# weighted sum): assumed, before any MoE measurement, ~7 kernels at ~4 us each inside a CUDA
+# graph for a decode step. The H200 run of the Qwen3-30B-A3B shape then measured single-stream
+# decode at 251 tok/s against 257 predicted (+2.4%): not refitted.
 MOE_LAYER_DECODE_S = 30e-6
-MOE_LAYER_EAGER_S = EAGER_LAYER_S
+# An eager prefill runs each layer's kernels as the host launches them, so a layer takes the
+# longer of the GPU's work and the host's launching: EAGER_HOST_LAYER_S is the host's time per
+# dense layer. FITTED to the H200 run of the Llama-3.1-8B shape (512-token prompt: 29.0 ms to
+# the first token, where the GPU's arithmetic is ~10 ms): (29.0 - 4) ms / 32 layers. Larger
+# models (the 32B and 70B above) keep the GPU busier than that per layer, so their figures
+# stay as they were fitted. A mixture-of-experts layer adds MOE_LAYER_PREFILL_S (its fused-MoE
+# kernels over 128 experts, each with a few dozen tokens, and their launches), FITTED to the
+# Qwen3-30B-A3B shape's 100 ms for 512 tokens. Both are fits, not validations (docs/benchmarks.md).
+EAGER_HOST_LAYER_S = 0.78e-3
+MOE_LAYER_PREFILL_S = 1.2e-3
 # 4-bit weights at batch 1 stream at this share of the bf16 path's rate (weight_stream_efficiency)
 QUANT_B1_EFFICIENCY = 0.5
 
@@ -230,8 +239,11 @@ def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
     act = tokens * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
-    eager = m.num_layers * EAGER_LAYER_S + moe_layers(m) * MOE_LAYER_EAGER_S
-    return max(compute, memory) + comm + hops + eager + STEP_OVERHEAD_S
+    # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, the eager
+    # kernels' own cost) against the host's launching of it, whichever is longer
+    gpu_layer = (max(compute, memory) + comm) / m.num_layers + EAGER_LAYER_S
+    layer = max(gpu_layer, EAGER_HOST_LAYER_S) + (MOE_LAYER_PREFILL_S if m.num_experts else 0.0)
+    return m.num_layers * layer + hops + STEP_OVERHEAD_S
 
 
 def _kv_shards(m: ModelSpec, tp: int) -> int:
@@ -260,7 +272,14 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
 
 
 def predict(
-    m: ModelSpec, lay: Layout, *, prompt: int, gen: int, concurrency: int, max_num_seqs: int = 256
+    m: ModelSpec,
+    lay: Layout,
+    *,
+    prompt: int,
+    gen: int,
+    concurrency: int,
+    max_num_seqs: int = 256,
+    batched_tokens: int = 8192,
 ) -> Prediction:
     """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen)."""
     ttft = prefill_s(m, lay, prompt) + REQUEST_OVERHEAD_S
@@ -270,9 +289,13 @@ def predict(
     fits = max(1, int(lay.kv_budget_bytes // m.kv_bytes(prompt + gen)))
     batch = min(per_replica, fits, max_num_seqs)
     # While ``batch`` requests run to completion the replica does their prefills and gen steps.
-    cycle = batch * (prefill_s(m, lay, prompt) - STEP_OVERHEAD_S) + gen * decode_step_s(
-        m, lay, batch, ctx_mid
-    )
+    # The prompts of streams started together are prefilled together, ``batched_tokens`` per
+    # step (chunked prefill): a step's fixed per-layer costs and, for a mixture-of-experts, its
+    # read of (nearly) every expert are paid per chunk, not per prompt.
+    total = batch * prompt
+    chunks = -(-total // max(1, batched_tokens))
+    prefills = chunks * prefill_s(m, lay, -(-total // chunks))
+    cycle = prefills + gen * decode_step_s(m, lay, batch, ctx_mid)
     busy = min(lay.dp, -(-concurrency // batch))  # fewer streams than replicas leave some idle
     throughput = busy * batch * gen / cycle
     return Prediction(

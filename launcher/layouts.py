@@ -221,6 +221,7 @@ def evaluate(
         gen=policy.gen_tokens,
         concurrency=policy.streams,
         max_num_seqs=policy.max_num_seqs,
+        batched_tokens=f.limits.batched_tokens,
     )
     return replace(cand, predicted=pred, max_model_len=policy.max_model_len or f.context), lay
 

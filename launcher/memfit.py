@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher.modelspec import GIB, ModelSpec
+from launcher.modelspec import GIB, KvGroup, ModelSpec
 from launcher.topology import Gpu
 
 # Kept below the longest context the estimate admits, so that an estimate a few percent too
@@ -78,12 +78,20 @@ def stage_share(m: ModelSpec, pp: int) -> float:
     return -(-m.num_layers // pp) / m.num_layers
 
 
+def rope_cache_bytes(m: ModelSpec) -> int:
+    """vLLM's rotary cos/sin table, one row per position in the model's dtype, on every GPU. It
+    counts in "Model loading took": the Llama-3.1-8B shape with 1,048,576 positions loaded
+    13.31 GiB on the H200 for 13.06 GiB of weights, the 0.25 GiB this gives."""
+    return m.max_position_embeddings * m.head_dim * 2
+
+
 def weights_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
     # PP splits the layers evenly and gives the embedding to the first stage, the LM head to
     # the last (a copy of the embedding when they are tied); TP splits the tables by vocabulary.
     tables = table_bytes(m)
     per_stage = embedding_bytes(m) if pp > 1 else tables
-    return (m.weight_bytes - tables) * stage_share(m, pp) / tp + per_stage / tp
+    layers = (m.weight_bytes - tables) * stage_share(m, pp) / tp
+    return layers + per_stage / tp + rope_cache_bytes(m)
 
 
 def kv_shards(m: ModelSpec, tp: int, pp: int) -> float:
@@ -125,25 +133,49 @@ def overhead_per_gpu(m: ModelSpec, tp: int, pp: int, lim: EngineLimits) -> float
 # ------------------------------------------------------------------------------ KV and context
 
 
+# vLLM's GPU engine schedules the next step while one runs (async scheduling): two batches are
+# in flight, and a sliding-window layer keeps KV for both (VllmConfig.max_in_flight_tokens).
+GPU_BATCHES_IN_FLIGHT = 2
+CPU_BATCHES_IN_FLIGHT = 1
+
+
+def vllm_groups(m: ModelSpec) -> list[tuple[KvGroup, int]]:
+    """The KV groups vLLM forms, each with how many layers it counts (padding included).
+
+    With one page size for every layer type, vLLM makes groups of as many layers as the
+    smallest type has (the largest, when they differ by less than 1.5×) and pads each type's
+    last group (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``): Gemma 3's 52
+    sliding layers are counted as 60 beside its 10 full ones. Types of different page sizes are
+    counted layer by layer here (no padding)."""
+    groups = [g for g in m.kv_groups if g.layers]
+    if len(groups) < 2 or len({g.bytes_per_token() for g in groups}) > 1:
+        return [(g, g.layers) for g in groups]
+    sizes = [g.layers for g in groups]
+    size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    return [(g, -(-g.layers // size) * size) for g in groups]
+
+
 def request_kv_bytes(
     m: ModelSpec,
     tokens: int,
     batched_tokens: int,
     kv_dtype_bytes: int = 2,
     block: int = BLOCK_TOKENS,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
-    """What vLLM's start-up check reserves for one request of ``tokens``: whole blocks per layer;
-    a sliding-window layer holds ``window − 1 + batched_tokens`` tokens (chunked prefill keeps
-    the in-flight chunk) plus one block, never more than the request."""
+    """What vLLM's start-up check reserves for one request of ``tokens``: whole blocks per layer
+    of each (padded) group; a sliding-window layer holds ``window − 1 + in-flight tokens`` plus
+    one block (chunked prefill frees blocks only once a step settles), never more than the
+    request. Matches the H200's refusal of Gemma 3 27B at 131,072 tokens: 17.98 GiB needed."""
     total = 0
-    for g in m.kv_groups:
+    for g, layers in vllm_groups(m):
         page = block * g.bytes_per_token(kv_dtype_bytes)
         if g.window:
-            held = min(g.window - 1 + batched_tokens, tokens)
+            held = min(g.window - 1 + in_flight * batched_tokens, tokens)
             blocks = -(-held // block) + 1
         else:
             blocks = -(-tokens // block)
-        total += g.layers * blocks * page
+        total += layers * blocks * page
     return total
 
 
