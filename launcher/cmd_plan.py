@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         user_env=os.environ,
         cpu_ids=planopts.cpu_ids(),
+        revision=args.revision,
     )
     if args.json:
         print(json.dumps(plan_to_json(chosen, rendered), indent=1))

@@ -125,7 +125,8 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     rendered = render(chosen, model_ref, served_name=served, host=args.engine_host,
                       port=engine_port, extra_args=extra,
                       trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,
-                      user_env=os.environ, cpu_ids=planopts.cpu_ids())
+                      user_env=os.environ, cpu_ids=planopts.cpu_ids(),
+                      revision=getattr(args, "revision", None))
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,

@@ -193,7 +193,8 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
                   load_model_spec(model_ref, revision=getattr(ns, "revision", None)),
                   planopts.policy_from_args(ns))
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
-                      extra_args=ns.extra, user_env=os.environ)
+                      extra_args=ns.extra, user_env=os.environ,
+                      revision=getattr(ns, "revision", None))
     data = plan_to_json(chosen, rendered)
     data["vllm_extra_args"] = list(ns.extra)
     return data

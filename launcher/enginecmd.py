@@ -25,6 +25,7 @@ class EngineCommand:
     host: str
     port: int
     served_name: str | None = None
+    revision: str | None = None  # of a hub model: the one the plan was made from
     tp: int = 1
     pp: int = 1
     max_model_len: int | None = None
@@ -53,6 +54,8 @@ class EngineCommand:
         out = ["vllm", "serve", self.model, "--host", self.host, "--port", str(self.port)]
         if self.served_name:
             out += ["--served-model-name", self.served_name]
+        if self.revision:
+            out += ["--revision", self.revision]
         out += ["--tensor-parallel-size", str(self.tp), "--pipeline-parallel-size", str(self.pp)]
         if self.distributed_backend:
             out += ["--distributed-executor-backend", self.distributed_backend]

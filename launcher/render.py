@@ -32,6 +32,7 @@ class EngineOptions:
     """What the user says about the engine beyond the plan (the same options in plan and serve)."""
 
     served_name: str | None = None
+    revision: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     trust_remote_code: bool = False
@@ -76,7 +77,7 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
         backend = backend or "ray"
     return EngineCommand(
         model=model_ref, host=opts.host, port=opts.port, served_name=opts.served_name,
-        tp=plan.tp, pp=plan.pp, max_model_len=plan.max_model_len,
+        revision=opts.revision, tp=plan.tp, pp=plan.pp, max_model_len=plan.max_model_len,
         gpu_memory_utilization=plan.gpu_memory_utilization if plan.engine == "gpu" else None,
         # A coding agent resends its growing conversation: prefix caching reuses the shared
         # prefix, chunked prefill keeps long prompts from stalling other streams' tokens.
@@ -100,11 +101,13 @@ def render(
     ray_address: str | None = None,
     user_env: Mapping[str, str] | None = None,
     cpu_ids: Sequence[int] = (),
+    revision: str | None = None,
 ) -> Rendered:
     """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
     opts = EngineOptions(served_name=served_name, host=host, port=port,
                          trust_remote_code=trust_remote_code, ray_address=ray_address,
-                         extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids))
+                         extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids),
+                         revision=revision)
     cmd = engine_command(plan, model_ref, opts, user_env)
     notes: list[str] = []
     if cmd.tool_parser is None:

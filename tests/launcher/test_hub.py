@@ -251,7 +251,10 @@ def test_revision_picks_the_files_of_that_branch_tag_or_commit(
         "--json",
     )
     assert code == 0, err
-    assert any("40" in r for r in json.loads(out)["reasons"])
+    planned = json.loads(out)
+    assert any("40" in r for r in planned["reasons"])
+    argv = planned["argv"]
+    assert argv[argv.index("--revision") + 1] == "v2"  # vLLM loads what was planned
     # offline, a revision fetched before is still there
     again = load_model_spec(
         "meta-llama/Llama-3.3-70B-Instruct", {**env, "HF_HUB_OFFLINE": "1"}, revision="v2"
@@ -309,6 +312,7 @@ def test_serve_dry_run_and_tune_take_the_hub_model_and_revision(
     )
     assert res.returncode == 0, res.stderr
     assert "--tensor-parallel-size 2" in res.stdout
+    assert "--revision main" in res.stdout
     assert "Traceback" not in res.stderr
 
 
