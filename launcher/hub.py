@@ -188,7 +188,7 @@ def _explain(exc: Exception, repo: str, rev: str, hub: HubEnv) -> str:
         token = (
             "HF_TOKEN is set, but its account has no access yet"
             if hub.token
-            else "set HF_TOKEN to a token of that account (https://huggingface.co/settings/tokens)"
+            else f"set HF_TOKEN to a token of that account ({hub.endpoint}/settings/tokens)"
         )
         return f"{repo} is a gated model: accept its licence on {page} (logged in), then {token}"
     if isinstance(exc, RepositoryNotFoundError):

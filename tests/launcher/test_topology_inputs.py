@@ -88,6 +88,17 @@ def _maybe(value: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return value | JSON | st.just(ERR)
 
 
+def _mostly(value: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Usually a good value: fields the planner needs, so that many cases get as far as a plan."""
+    return st.one_of(value, value, value, JSON, st.just(ERR))
+
+
+def _gpu(fields: dict[str, Any], memory: str) -> st.SearchStrategy[dict[str, Any]]:
+    """A GPU entry that has its memory field (a good value, mostly) and any of the others."""
+    rest = {k: v for k, v in fields.items() if k != memory}
+    return st.fixed_dictionaries({memory: fields[memory]}, optional=rest)
+
+
 @st.composite
 def generated_dumps(draw: st.DrawFn) -> dict[str, Any]:
     """An NVML dump built from nothing: plausible values, junk, refusals and gaps, mixed."""
@@ -97,7 +108,7 @@ def generated_dumps(draw: st.DrawFn) -> dict[str, Any]:
         "name": _maybe(st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 3090"])),
         "uuid": _maybe(st.text(max_size=8)),
         "bus_id": _maybe(st.sampled_from(["00000000:01:00.0", "0000:02:00.0", "zz:1"])),
-        "memory_total": _maybe(st.sampled_from([24 << 30, 80 << 30, 0, -1])),
+        "memory_total": _mostly(st.sampled_from([24 << 30, 80 << 30, 0, -1])),
         "cc": _maybe(st.lists(st.integers(-1, 12), max_size=3)),
         "pcie_gen_cur": _maybe(st.integers(0, 6)),
         "pcie_gen_max": _maybe(st.integers(0, 6)),
@@ -124,7 +135,7 @@ def generated_dumps(draw: st.DrawFn) -> dict[str, Any]:
         "common_ancestor": _maybe(st.sampled_from([0, 10, 20, 30, 40, 50, 7])),
         **{f: _maybe(st.integers(0, 7)) for f in ("p2p_read", "p2p_write", "p2p_nvlink")},
     }
-    gpus = [draw(st.fixed_dictionaries({}, optional=gpu_fields)) | {"index": i} for i in range(n)]
+    gpus = [draw(_gpu(gpu_fields, "memory_total")) | {"index": i} for i in range(n)]
     gpus += draw(st.lists(st.fixed_dictionaries({}, optional=gpu_fields) | JSON, max_size=2))
     dump: dict[str, Any] = {"gpus": gpus}
     if draw(st.booleans()):
@@ -134,6 +145,53 @@ def generated_dumps(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         dump["driver"], dump["cuda"] = draw(JSON), draw(JSON)
     return dump
+
+
+@st.composite
+def generated_saved_topologies(draw: st.DrawFn) -> dict[str, Any]:
+    """The project's own format (probe --save) built from nothing, junk and gaps mixed in."""
+    n = draw(st.integers(0, 4))
+    names = st.sampled_from(["OK", "NOT_SUPPORTED", "CHIPSET_NOT_SUPPORTED", "UNKNOWN", "ok"])
+    gpu_fields = {
+        "index": _maybe(st.integers(0, 5)),
+        "name": _maybe(st.sampled_from(["NVIDIA H200", "NVIDIA GeForce RTX 4090"])),
+        "memory_bytes": _mostly(st.sampled_from([24 << 30, 141 << 30, 0, 1 << 60])),
+        "cc": _maybe(st.lists(st.integers(-1, 12), max_size=3)),
+        "pcie_gen_cur": _maybe(st.integers(0, 6)),
+        "pcie_gen_max": _maybe(st.integers(0, 6)),
+        "pcie_width_cur": _maybe(st.sampled_from([1, 4, 16, 0, 128])),
+        "pcie_width_max": _maybe(st.sampled_from([4, 16])),
+        "nvlinks_active": _maybe(st.integers(-1, 18)),
+        "persistence_mode": _maybe(st.booleans()),
+    }
+    measured = st.fixed_dictionaries(
+        {},
+        optional={
+            "bandwidth_gbs": _maybe(st.floats(-1, 500)),
+            "allreduce_gbs": _maybe(st.floats(allow_nan=True)),
+            "latency_us": _maybe(st.floats(0, 100)),
+            "nccl_transport": _maybe(st.sampled_from(["nvlink", "shm", "p2p-pcie", "pigeon"])),
+            "allreduce_ok": _maybe(st.booleans()),
+        },
+    )
+    pair_fields = {
+        "a": _maybe(st.integers(0, 5)),
+        "b": _maybe(st.integers(0, 5)),
+        "nvlinks": _maybe(st.sampled_from([0, 4, 18, -2])),
+        "common_ancestor": _maybe(st.sampled_from(["PIX", "PHB", "SYS", "X", "nowhere"])),
+        **{f: _maybe(names) for f in ("p2p_read", "p2p_write", "p2p_nvlink")},
+        "measured": _maybe(measured),
+    }
+    gpus = [draw(_gpu(gpu_fields, "memory_bytes")) | {"index": i} for i in range(n)]
+    gpus += draw(st.lists(st.fixed_dictionaries({}, optional=gpu_fields) | JSON, max_size=2))
+    doc: dict[str, Any] = {"format": "toposerve-topology/1", "gpus": gpus}
+    if draw(st.booleans()):
+        doc["pairs"] = draw(
+            st.lists(st.fixed_dictionaries({}, optional=pair_fields) | JSON, max_size=6) | JSON
+        )
+    if draw(st.booleans()):
+        doc["notes"], doc["driver"], doc["cuda"] = draw(JSON), draw(JSON), draw(JSON)
+    return doc
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -177,6 +235,12 @@ def test_a_real_dump_mutated_anywhere_plans_or_fails_in_one_line(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=generated_dumps())
 def test_a_generated_dump_plans_or_fails_in_one_line(doc: dict[str, Any]) -> None:
+    assert_plans_or_one_line_error(doc, doc)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=generated_saved_topologies())
+def test_a_generated_saved_topology_plans_or_fails_in_one_line(doc: dict[str, Any]) -> None:
     assert_plans_or_one_line_error(doc, doc)
 
 
