@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan_to_json(chosen, rendered), indent=1))
     else:
-        print(format_plan(chosen, rendered))
+        print(format_plan(chosen, rendered, prompt=args.prompt))
     return 0
 
 
@@ -78,7 +78,7 @@ def _cand_row(c: Candidate, chosen: Plan) -> str:
     )
 
 
-def format_plan(chosen: Plan, rendered: Rendered) -> str:
+def format_plan(chosen: Plan, rendered: Rendered, prompt: int = 512) -> str:
     p = chosen.predicted
     lines = [
         f"plan: {chosen.mode} (tp={chosen.tp} pp={chosen.pp} dp={chosen.dp}) on "
@@ -87,7 +87,7 @@ def format_plan(chosen: Plan, rendered: Rendered) -> str:
             if chosen.engine == "gpu"
             else "the CPU engine"
         ),
-        f"predicted: prefill {p.prefill_tok_s:.0f} tok/s (512-token prompt), "
+        f"predicted: prefill {p.prefill_tok_s:.0f} tok/s ({prompt}-token prompt), "
         f"decode {p.decode_tok_s:.1f} tok/s (one stream), "
         f"{p.throughput_tok_s:.0f} tok/s aggregate; "
         f"max_model_len {chosen.max_model_len}",

@@ -38,3 +38,14 @@ def test_only_tune_defaults_the_concurrency_it_measures_at() -> None:
     # tune runs loadgen at this concurrency, so it needs a number where the planner has a rule
     assert policy_of("tune") == replace(plan, concurrency=16)
     assert policy_of("serve") == plan
+
+
+def test_plan_text_names_the_prompt_length_it_predicted_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from launcher.cli import main
+    from tests.launcher.paths import model
+
+    assert main(["plan", "--model", model("llama-3.3-70b"), "--topology",
+                 str(TOPOLOGIES / "h200x2-nvlink.nvml.json"), "--prompt", "3072"]) == 0
+    assert "tok/s (3072-token prompt)" in capsys.readouterr().out
