@@ -357,3 +357,11 @@ def test_a_refused_nvlink_query_through_a_real_process_prints_a_plan(tmp_path: P
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     assert "NVLink state unknown" in res.stdout
+
+
+def test_a_topology_path_that_is_no_readable_file_ends_in_one_line(tmp_path: Path) -> None:
+    for path in (tmp_path, tmp_path / "missing.json"):
+        code, _, err = run_cli("plan", "--topology", str(path), "--model", MODEL)
+        assert code == 1
+        assert err.startswith("launcher: error: "), err
+        assert err.count("\n") == 1, err
