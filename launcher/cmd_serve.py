@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from launcher import planopts, supervise, tinymodel
-from launcher.errors import LauncherError, ModelError
+from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.launchspec import LaunchSpec, replica_specs
 from launcher.serve import Supervision, run
 
@@ -119,8 +119,15 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         # A tuned plan carries the engine flags that won; flags given now come after and win.
         extra = (*saved.get("vllm_extra_args", []), *extra)
     else:
-        chosen = plan(load_topology(args.topology, os.environ), model,
-                      planopts.policy_from_args(args))
+        try:
+            chosen = plan(load_topology(args.topology, os.environ), model,
+                          planopts.policy_from_args(args))
+        except PlanError as exc:
+            if args.ray_address and args.nodes == 1 and (args.pp or 1) > 1:
+                # The topology is this node's: stages meant for the other nodes must be said.
+                raise PlanError(f"{exc}; on a Ray cluster say how many nodes the stages go to "
+                                f"with --nodes (e.g. --nodes {args.pp})") from exc
+            raise
     engine_port = args.engine_port or supervise.free_port(args.engine_host)
     rendered = render(chosen, model_ref, served_name=served, host=args.engine_host,
                       port=engine_port, extra_args=extra,

@@ -107,3 +107,15 @@ def test_engine_host_sets_where_vllm_listens_and_the_proxy_still_reaches_it() ->
     assert "proxy upstreams: http://127.0.0.1:9100" in res.stdout
     default = dry_run("--engine-port", "9100")
     assert "--host 127.0.0.1 --port 9100" in default.stdout  # only the proxy reaches vLLM
+
+
+def test_layer_stages_for_other_ray_nodes_without_nodes_say_to_pass_nodes() -> None:
+    four = TOPOLOGIES / "4xh200-nvswitch.nvml.json"
+    res = dry_run("--topology", str(four), "--model", str(LLAMA70B), "--ray-address",
+                  "10.0.0.5:6379", "--tp", "4", "--pp", "2")
+    assert res.returncode == 3, res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.endswith("with --nodes (e.g. --nodes 2)")
+    ok = dry_run("--topology", str(four), "--model", str(LLAMA70B), "--ray-address",
+                 "10.0.0.5:6379", "--tp", "4", "--pp", "2", "--nodes", "2")
+    assert ok.returncode == 0, ok.stderr
