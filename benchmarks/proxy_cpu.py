@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/proxy_cpu.py [--bursts 20] [--streams 64] [--tokens 64]
         [--other 'python other/checkout/-m server --upstream {upstream} --port {port}']
+        [--route /v1/completions|/v1/chat/completions|/v1/messages]
 
 TTFT differences between the direct and the proxied path are a few ms on these shared two-core
 machines and move by as much from one second to the next; the CPU the proxy process spends
@@ -10,6 +11,8 @@ simulated engine, this tree's proxy (and ``--other`` in front of the same engine
 ``--streams`` concurrent streams alternating between the proxies: once with one token per
 request (the per-request cost: connection, parsing, checks, upstream exchange, metrics) and
 once with ``--tokens`` (the rest, divided by the extra tokens, is the per-token cost).
+``--route`` picks what the streams ask for: the lean generation routes or a relayed one
+(``/v1/messages``: FastAPI's surface and the relay without SSE inspection).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from proxy_overhead import burst, free_port, proxy_process
+from proxy_overhead import ROUTES, burst, free_port, proxy_process
 
 from simengine.engine import SimConfig, spawn
 
@@ -46,7 +49,7 @@ class Tally:
 
 
 def measure(proxies: dict[str, tuple[str, int]], bursts: int, streams: int,
-            tokens: int) -> dict[str, Tally]:
+            tokens: int, route: str = "/v1/completions") -> dict[str, Tally]:
     """CPU per proxy over ``bursts`` bursts each, alternating so both see the same machine."""
     import uvloop
 
@@ -54,7 +57,7 @@ def measure(proxies: dict[str, tuple[str, int]], bursts: int, streams: int,
     for _ in range(bursts):
         for name, (url, pid) in proxies.items():
             before = cpu_seconds(pid)
-            r = uvloop.run(burst(url, streams, tokens, 1))
+            r = uvloop.run(burst(url, streams, tokens, 1, route))
             if r.errors:
                 raise SystemExit(f"{name}: {r.errors} of {streams} streams failed")
             tallies[name].cpu_s += cpu_seconds(pid) - before
@@ -83,6 +86,7 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--other", help="a second proxy command ({upstream}, {port}) to compare")
+    p.add_argument("--route", choices=ROUTES, default="/v1/completions")
     a = p.parse_args()
     import uvloop
 
@@ -91,11 +95,11 @@ def main() -> None:
         sim = stack.enter_context(spawn(SimConfig(ttft=0.005, itl=0.002, max_model_len=1 << 20)))
         proxies = dict(proxies_of(stack, sim, a.other))
         for url, _ in proxies.values():  # warm the keep-alive pools and imports
-            uvloop.run(burst(url, a.streams, 2, 1))
-        one = measure(proxies, a.bursts, a.streams, 1)
-        many = measure(proxies, a.bursts, a.streams, a.tokens)
-    print(f"{a.bursts} bursts of {a.streams} streams each, 1 and {a.tokens} tokens per request, "
-          "alternating")
+            uvloop.run(burst(url, a.streams, 2, 1, a.route))
+        one = measure(proxies, a.bursts, a.streams, 1, a.route)
+        many = measure(proxies, a.bursts, a.streams, a.tokens, a.route)
+    print(f"{a.bursts} bursts of {a.streams} streams each on {a.route}, 1 and {a.tokens} tokens "
+          "per request, alternating")
     print(f"{'proxy':>10} {'µs/request':>11} {'µs/token':>9}")
     for name in proxies:
         req, tok = per_unit(one[name], many[name], a.tokens)

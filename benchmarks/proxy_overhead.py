@@ -70,10 +70,18 @@ def summarize(results: list[StreamResult], wall_s: float) -> Round:
         errors=len(results) - len(ok))
 
 
-async def burst(url: str, concurrency: int, tokens: int, sequential: int) -> Round:
-    body = {"model": "sim-model", "prompt": "benchmark prompt", "max_tokens": tokens,
-            "ignore_eos": True, "stream": True}
-    target = url + "/v1/completions"
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
+
+
+async def burst(url: str, concurrency: int, tokens: int, sequential: int,
+                route: str = "/v1/completions") -> Round:
+    body: dict[str, object] = {"model": "sim-model", "max_tokens": tokens, "ignore_eos": True,
+                               "stream": True}
+    if route == "/v1/completions":
+        body["prompt"] = "benchmark prompt"
+    else:
+        body["messages"] = [{"role": "user", "content": "benchmark prompt"}]
+    target = url + route
     t0 = time.perf_counter()
     if concurrency == 1:
         results = [await stream(target, body) for _ in range(sequential)]

@@ -4,7 +4,10 @@ It speaks just enough HTTP/1.1 (one request per connection, chunked or sized bod
 Server-Sent Events without a heavyweight client library eating the cores it shares with the
 engine and the proxy. Token events are recognised by bytes, not JSON: a ``data:`` event is a
 token unless it is ``[DONE]``, a usage-only chunk (``"choices":[]``), an error or the bare role
-chunk (``"delta":{"role":"assistant","content":""}``).
+chunk (``"delta":{"role":"assistant","content":""}``). Named events (``event:`` then
+``data:``: /v1/messages, /v1/responses) are tokens when they are text deltas
+(``content_block_delta``, ``response.output_text.delta``); ``message_stop`` and
+``response.completed`` end the stream as ``[DONE]`` does, and ``error`` is an error.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
+_TOKEN_EVENTS = frozenset({b"content_block_delta", b"response.output_text.delta"})
+_LAST_EVENTS = frozenset({b"message_stop", b"response.completed", b"response.incomplete"})
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,15 @@ async def _exchange(host: str, port: int, request: bytes, t_sent: float) -> Stre
             pending += data
             *complete, pending = pending.split(b"\n\n")
             for event in complete:
+                if event.startswith(b"event: "):
+                    name, _, payload = event[7:].partition(b"\ndata: ")
+                    events += 1
+                    done = done or name in _LAST_EVENTS
+                    if name == b"error":
+                        error = payload.decode(errors="replace")
+                    if name in _TOKEN_EVENTS:
+                        times.append(now)
+                    continue
                 if not event.startswith(b"data: "):
                     continue
                 payload = event[6:]

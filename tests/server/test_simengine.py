@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from simengine.client import stream
 from simengine.engine import SimConfig, build_app, spawn
 from simengine.faults import Fault, FaultSpecError, parse_fault
 from simengine.tokens import messages_token_ids, prompt_token_ids
@@ -311,3 +312,15 @@ def test_responses_stream_counts_its_sequence(sim_url: str) -> None:
     assert [d["type"] for d in data] == ["response.created", "response.output_text.delta",
                                          "response.output_text.delta", "response.completed"]
     assert [d["sequence_number"] for d in data] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/messages", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 5}),
+    ("/v1/responses", {"input": "a", "max_output_tokens": 5}),
+])
+def test_client_times_the_token_events_of_named_event_streams(
+        sim_url: str, path: str, body: dict[str, object]) -> None:
+    result = asyncio.run(stream(sim_url + path, {**body, "stream": True}))
+    assert result.error is None
+    assert result.done
+    assert len(result.token_times) == 5
