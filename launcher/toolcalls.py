@@ -1,0 +1,118 @@
+"""Which vLLM tool-call parser to turn on, checked against the model's own tokenizer.
+
+Some of vLLM's parsers look up a marker token in the tokenizer when a chat request arrives and
+refuse the request when it is missing: with ``--enable-auto-tool-choice`` every chat request then
+fails with HTTP 500 ("Llama3JsonToolParser could not locate the bot token ..."), tools or not.
+That happens with a fine-tune or a test model whose tokenizer dropped the family's markers, so
+the parser is chosen by family and then checked against the tokens the tokenizer really has.
+
+:func:`choose_tool_parser` is pure; :func:`tokenizer_tokens` is the thin reader of the files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+# vLLM's --tool-call-parser per model family (vllm/tool_parsers/__init__.py names them).
+FAMILY_PARSERS = {
+    "llama": "llama3_json",
+    "mistral": "mistral",
+    "qwen2": "hermes",
+    "qwen3": "hermes",
+    "gemma4": "gemma4",
+    "deepseek": "deepseek_v3",
+    "phi": "phi4_mini_json",
+}
+
+# The tokens a parser needs in the vocabulary before it will parse anything (the parsers that
+# raise when the lookup fails: llama_tool_parser, deepseekv3_tool_parser, parser/mistral.py).
+PARSER_TOKENS: dict[str, tuple[str, ...]] = {
+    "llama3_json": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]",),
+    "deepseek_v3": (
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+    ),
+}
+
+
+def choose_tool_parser(family: str, tokens: frozenset[str] | None) -> tuple[str | None, str | None]:
+    """(parser or None, a note for the user or None).
+
+    ``tokens`` is what the tokenizer holds, or None when its files could not be read: then the
+    family's parser is trusted (the family's published tokenizers carry its markers).
+    """
+    parser = FAMILY_PARSERS.get(family)
+    if parser is None:
+        return None, f"no vLLM tool-call parser known for the {family} family: tool calls off"
+    if tokens is None:
+        return parser, None
+    missing = [t for t in PARSER_TOKENS.get(parser, ()) if t not in tokens]
+    if missing:
+        return None, (
+            f"tool calls off: vLLM's {parser} parser needs {', '.join(missing)} in the tokenizer, "
+            "which this model's tokenizer does not have (with the parser on, vLLM would refuse "
+            "every chat request); pass `-- --enable-auto-tool-choice --tool-call-parser NAME` "
+            "to choose one yourself"
+        )
+    return parser, None
+
+
+def tokenizer_tokens(model_dir: str | Path | None) -> frozenset[str] | None:
+    """Every token string the model's tokenizer files name, or None when none could be read."""
+    if model_dir is None:
+        return None
+    root = Path(model_dir)
+    if not root.is_dir():
+        return None
+    found: set[str] = set()
+    read_any = False
+    for name, extract in (("tokenizer.json", _from_tokenizer_json),
+                          ("tokenizer_config.json", _from_tokenizer_config)):
+        data = _read_json(root / name)
+        if data is None:
+            continue
+        read_any = True
+        found.update(extract(data))
+    return frozenset(found) if read_any else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def _strings(items: Iterable[Any]) -> list[str]:
+    return [x for x in items if isinstance(x, str)]
+
+
+def _from_tokenizer_json(data: Any) -> list[str]:
+    if not isinstance(data, dict):
+        return []
+    out: list[str] = []
+    added = data.get("added_tokens")
+    if isinstance(added, list):
+        out += _strings(t.get("content") for t in added if isinstance(t, dict))
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):  # BPE / WordPiece: token -> id
+        out += _strings(vocab)
+    elif isinstance(vocab, list):  # Unigram: [token, score] pairs
+        out += _strings(v[0] for v in vocab if isinstance(v, list) and v)
+    return out
+
+
+def _from_tokenizer_config(data: Any) -> list[str]:
+    if not isinstance(data, dict):
+        return []
+    decoder = data.get("added_tokens_decoder")
+    if not isinstance(decoder, dict):
+        return []
+    return _strings(t.get("content") for t in decoder.values() if isinstance(t, dict))

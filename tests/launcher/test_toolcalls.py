@@ -1,0 +1,97 @@
+"""The tool-call parser is turned on only when the model's tokenizer can serve it."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.toolcalls import FAMILY_PARSERS, choose_tool_parser, tokenizer_tokens
+
+
+def _write(root: Path, name: str, data: object) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / name).write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_llama_parser_is_off_when_the_tokenizer_lacks_its_bot_token() -> None:
+    parser, note = choose_tool_parser("llama", frozenset({"hello", "<|eot_id|>"}))
+    assert parser is None
+    assert note is not None
+    assert "<|python_tag|>" in note
+    assert "--tool-call-parser" in note
+
+
+def test_llama_parser_is_on_when_the_bot_token_is_there() -> None:
+    assert choose_tool_parser("llama", frozenset({"<|python_tag|>"})) == ("llama3_json", None)
+
+
+def test_an_unreadable_tokenizer_keeps_the_familys_parser() -> None:
+    assert choose_tool_parser("qwen3", None) == ("hermes", None)
+
+
+def test_an_unknown_family_gets_no_parser_and_says_so() -> None:
+    parser, note = choose_tool_parser("someformer", frozenset())
+    assert parser is None
+    assert note is not None
+    assert "someformer" in note
+
+
+def test_gemma4_gets_vllms_gemma4_parser() -> None:
+    assert FAMILY_PARSERS["gemma4"] == "gemma4"
+
+
+def test_tokens_are_read_from_added_tokens_vocab_and_the_config(tmp_path: Path) -> None:
+    _write(tmp_path, "tokenizer.json", {
+        "added_tokens": [{"id": 5, "content": "<|python_tag|>"}],
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}},
+    })
+    _write(tmp_path, "tokenizer_config.json",
+           {"added_tokens_decoder": {"7": {"content": "[TOOL_CALLS]"}}})
+    assert tokenizer_tokens(tmp_path) == frozenset({"<|python_tag|>", "a", "b", "[TOOL_CALLS]"})
+
+
+def test_a_unigram_vocab_of_pairs_is_read(tmp_path: Path) -> None:
+    _write(tmp_path, "tokenizer.json", {"model": {"type": "Unigram", "vocab": [["x", -1.0]]}})
+    assert tokenizer_tokens(tmp_path) == frozenset({"x"})
+
+
+def test_a_folder_without_tokenizer_files_is_unknown(tmp_path: Path) -> None:
+    assert tokenizer_tokens(tmp_path) is None
+    assert tokenizer_tokens(tmp_path / "absent") is None
+    assert tokenizer_tokens(None) is None
+
+
+def test_the_embedded_model_keeps_the_llama_parser(tiny_model_path: str) -> None:
+    assert choose_tool_parser("llama", tokenizer_tokens(tiny_model_path))[0] == "llama3_json"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+_shaped = st.fixed_dictionaries({}, optional={
+    "added_tokens": st.lists(st.dictionaries(st.sampled_from(["content", "id"]), _json) | _json),
+    "model": st.fixed_dictionaries({}, optional={"vocab": _json}) | _json,
+    "added_tokens_decoder": st.dictionaries(st.text(max_size=4), _json) | _json,
+})
+
+
+@settings(max_examples=200, deadline=None)
+@given(tok=_shaped | _json, cfg=_shaped | _json, raw=st.binary(max_size=40))
+def test_any_tokenizer_files_give_a_token_set_or_unknown_never_an_error(
+    tok: object, cfg: object, raw: bytes
+) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        _write(root, "tokenizer.json", tok)
+        (root / "tokenizer_config.json").write_bytes(raw if raw[:1] == b"\xff" else
+                                                     json.dumps(cfg).encode())
+        tokens = tokenizer_tokens(root)
+        assert tokens is None or all(isinstance(t, str) for t in tokens)
+        choose_tool_parser("llama", tokens)
