@@ -325,6 +325,7 @@ class PeerCase:
     streams: int
     per_event: int  # tokens per streamed event
     requests: int
+    usage: bool = True  # the server sends usage (prompt and completion counts)
 
     @property
     def true_ttft(self) -> float:
@@ -353,7 +354,12 @@ class PeerRow:
 
 def peer_cases(quick: bool) -> list[PeerCase]:
     n = 1 if quick else 2
-    return [PeerCase(1, 1, 4 * n), PeerCase(32, 1, 32 * n), PeerCase(32, 2, 32 * n)]
+    return [
+        PeerCase(1, 1, 4 * n),
+        PeerCase(32, 1, 32 * n),
+        PeerCase(32, 2, 32 * n),
+        PeerCase(32, 2, 32 * n, usage=False),  # counts must come from the client's tokenizer
+    ]
 
 
 def _timed(
@@ -483,7 +489,7 @@ def peer_inference_perf(
 
 
 PEER_HEADER = (
-    "| streams | tokens/event | tool | ok/failed | prompt exact (server count) |"
+    "| streams | tokens/event, usage | tool | ok/failed | prompt exact (server count) |"
     " output exact (server sent) | output tokens reported / sent | TTFT p50 ms (error vs"
     " 80 ms + (K-1)·10 ms) |"
     " ITL p50 ms (truth 10) | client CPU s (whole tree, start-up incl.) / wall s |"
@@ -494,16 +500,20 @@ PEER_HEADER = (
 def _peer_fmt(r: PeerRow) -> str:
     c = r.case
     if r.note:
-        return f"| {c.streams} | {c.per_event} | {r.tool} | - | - | - | - | - | - | - | {r.note} |"
+        return (
+            f"| {c.streams} | {c.per_event}, {'yes' if c.usage else 'no'} | {r.tool} | - | - | - |"
+            f" - | - | - | - | {r.note} |"
+        )
     ttft = (
         "-"
         if r.ttft_p50_s is None
-        else (f"{r.ttft_p50_s * 1000:.1f} ({(r.ttft_p50_s - PEER_TTFT) * 1000:+.1f})")
+        else (f"{r.ttft_p50_s * 1000:.1f} ({(r.ttft_p50_s - c.true_ttft) * 1000:+.1f})")
     )
     itl = "-" if r.itl_p50_s is None else f"{r.itl_p50_s * 1000:.2f}"
     ratio = "-" if not r.reported_out or not r.sent_out else f"{r.reported_out / r.sent_out:.2f}"
     return (
-        f"| {c.streams} | {c.per_event} | {r.tool} | {r.ok}/{r.failed} |"
+        f"| {c.streams} | {c.per_event}, {'yes' if c.usage else 'no'} | {r.tool} |"
+        f" {r.ok}/{r.failed} |"
         f" {r.prompt_exact}/{r.seen} | {r.out_exact}/{r.seen} |"
         f" {r.reported_out or '-'} / {r.sent_out} = {ratio} | {ttft} | {itl} |"
         f" {r.cpu_s:.1f} / {r.wall_s:.1f} | {r.sim_late_s * 1000:.2f} |"
@@ -550,7 +560,8 @@ def peers(quick: bool, peers_dir: Path, json_path: Path | None) -> None:
             for name, fn in tools:
                 args = ("--tokenizer", tok, "--ttft", str(PEER_TTFT), "--itl", str(PEER_ITL),
                         "--tokens-per-chunk", str(case.per_event), "--eos-after", "16",
-                        "--max-model-len", "8192")  # fmt: skip
+                        "--max-model-len", "8192",
+                        *([] if case.usage else ["--no-usage"]))  # fmt: skip
                 work = Path(tmp) / f"{i}-{name.replace(' ', '_')}"
                 work.mkdir()
                 row = PeerRow(name, case)
@@ -584,7 +595,14 @@ def main() -> None:
         default=Path("/tmp/peers"),
         help="where each peer has its venv: DIR/aiperf, DIR/inference-perf, DIR/guidellm",
     )
+    p.add_argument("--render", type=Path, help="print the peer table of a saved --peers --json")
     args = p.parse_args()
+    if args.render:
+        print(PEER_HEADER)
+        for saved in json.loads(args.render.read_text()):
+            saved["case"] = PeerCase(**saved["case"])
+            print(_peer_fmt(PeerRow(**saved)))
+        return
     if args.peers:
         peers(args.quick, args.peers_dir, args.json)
         return
