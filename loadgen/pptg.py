@@ -15,6 +15,7 @@ from rich.table import Table
 
 from loadgen.api import run_async
 from loadgen.config import Config
+from loadgen.errors import TargetError
 from loadgen.report import request_measures
 from loadgen.runner import Shape, drive
 from loadgen.stats import Dist, dist
@@ -46,6 +47,12 @@ class PpTgReport:
 
 def run_pptg(config: Config) -> PpTgReport:
     workload = prepare(config)
+    if workload.prompts.info.format != "ids":
+        # tg's 1-token prompt can only be a token id; text cannot be made that short exactly
+        raise TargetError(
+            "--pptg sends token-id prompts, which need a target with /tokenize (vLLM, the"
+            " toposerve proxy); against this server use --prompt/--gen runs instead"
+        )
     pp, tg = run_async(_both(workload))
     return PpTgReport(config, workload.target, pp, tg)
 

@@ -169,3 +169,12 @@ def test_offline_hub_id_that_is_not_cached_is_refused_in_one_line(
     assert code == 2
     assert "cannot load tokenizer 'no-such-org/no-such-model'" in stderr
     assert "Traceback" not in stderr
+
+
+def test_pptg_needs_token_ids_and_says_so_against_a_server_without_tokenize(
+    plain: str, tiny_model_path: str
+) -> None:
+    result = run_cli("--url", plain, "--pptg", "-r", "1", "--tokenizer", tiny_model_path)
+    assert result.returncode == 1
+    assert "--pptg sends token-id prompts" in result.stderr
+    assert "Traceback" not in result.stderr
