@@ -8,16 +8,17 @@ import os
 from typing import Any
 
 from launcher import planopts
-from launcher.modelspec import load_model_spec
+from launcher.modelspec import ModelSpec, load_model_spec
 from launcher.plan import Candidate, Plan, plan
 from launcher.render import Rendered, plan_to_json, render
+from launcher.toolcalls import tokenizer_tokens
 from launcher.topology import load_topology
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
+def make_plan(args: argparse.Namespace) -> tuple[Plan, ModelSpec]:
     topo = load_topology(args.topology, os.environ)
     model = load_model_spec(args.model, revision=args.revision)
-    return plan(topo, model, planopts.policy_from_args(args))
+    return plan(topo, model, planopts.policy_from_args(args)), model
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from launcher.cmd_serve import resolve_model
 
-    chosen = make_plan(args)
+    chosen, model = make_plan(args)
     model_ref, default_name = resolve_model(args.model)
     # the same builder `launcher serve` uses: what is printed here is what serve runs
     rendered = render(
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         user_env=os.environ,
         cpu_ids=planopts.cpu_ids(),
         revision=args.revision,
+        tokenizer_tokens=tokenizer_tokens(model.path),
     )
     if args.json:
         print(json.dumps(plan_to_json(chosen, rendered), indent=1))

@@ -107,6 +107,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     from launcher.modelspec import load_model_spec
     from launcher.plan import plan
     from launcher.render import plan_from_json, render
+    from launcher.toolcalls import tokenizer_tokens
     from launcher.topology import load_topology
 
     model_ref, default_name = resolve_model(args.model)
@@ -133,7 +134,8 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                       port=engine_port, extra_args=extra,
                       trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,
                       user_env=os.environ, cpu_ids=planopts.cpu_ids(),
-                      revision=getattr(args, "revision", None))
+                      revision=getattr(args, "revision", None),
+                      tokenizer_tokens=tokenizer_tokens(model.path))
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,

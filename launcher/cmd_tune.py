@@ -186,15 +186,16 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     from launcher.modelspec import load_model_spec
     from launcher.plan import plan
     from launcher.render import plan_to_json, render
+    from launcher.toolcalls import tokenizer_tokens
     from launcher.topology import load_topology
 
     model_ref, served = resolve_model(ns.model)
-    chosen = plan(load_topology(ns.topology, os.environ),
-                  load_model_spec(model_ref, revision=getattr(ns, "revision", None)),
-                  planopts.policy_from_args(ns))
+    model = load_model_spec(model_ref, revision=getattr(ns, "revision", None))
+    chosen = plan(load_topology(ns.topology, os.environ), model, planopts.policy_from_args(ns))
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
                       extra_args=ns.extra, user_env=os.environ,
-                      revision=getattr(ns, "revision", None))
+                      revision=getattr(ns, "revision", None),
+                      tokenizer_tokens=tokenizer_tokens(model.path))
     data = plan_to_json(chosen, rendered)
     data["vllm_extra_args"] = list(ns.extra)
     return data

@@ -14,16 +14,8 @@ from launcher.costmodel import Prediction
 from launcher.enginecmd import EngineCommand, replicas
 from launcher.errors import PlanError
 from launcher.plan import Candidate, Plan, Scores
+from launcher.toolcalls import choose_tool_parser
 
-# vLLM's --tool-call-parser per model family (vllm/entrypoints/openai/tool_parsers/).
-TOOL_PARSERS = {
-    "llama": "llama3_json",
-    "mistral": "mistral",
-    "qwen2": "hermes",
-    "qwen3": "hermes",
-    "deepseek": "deepseek_v3",
-    "phi": "phi4_mini_json",
-}
 CPU_KV_CACHE_GIB = "1"
 
 
@@ -39,6 +31,8 @@ class EngineOptions:
     ray_address: str | None = None
     extra_args: tuple[str, ...] = ()
     cpu_ids: tuple[int, ...] = ()  # the CPUs this process may use (CPU engine only)
+    # What the model's tokenizer holds (None: unread): a tool parser needs its marker tokens.
+    tokenizer_tokens: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +76,7 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
         # A coding agent resends its growing conversation: prefix caching reuses the shared
         # prefix, chunked prefill keeps long prompts from stalling other streams' tokens.
         prefix_caching=True, chunked_prefill=True,
-        tool_parser=TOOL_PARSERS.get(plan.family),
+        tool_parser=choose_tool_parser(plan.family, opts.tokenizer_tokens)[0],
         trust_remote_code=opts.trust_remote_code,
         distributed_backend=backend, disable_custom_all_reduce=no_custom_ar,
         layout_flags=tuple(flags), env=env, extra_args=opts.extra_args,
@@ -102,16 +96,18 @@ def render(
     user_env: Mapping[str, str] | None = None,
     cpu_ids: Sequence[int] = (),
     revision: str | None = None,
+    tokenizer_tokens: frozenset[str] | None = None,
 ) -> Rendered:
     """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
     opts = EngineOptions(served_name=served_name, host=host, port=port,
                          trust_remote_code=trust_remote_code, ray_address=ray_address,
                          extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids),
-                         revision=revision)
+                         revision=revision, tokenizer_tokens=tokenizer_tokens)
     cmd = engine_command(plan, model_ref, opts, user_env)
     notes: list[str] = []
-    if cmd.tool_parser is None:
-        notes.append(f"no vLLM tool-call parser known for the {plan.family} family: tool calls off")
+    parser_note = choose_tool_parser(plan.family, tokenizer_tokens)[1]
+    if parser_note and cmd.tool_parser is None:
+        notes.append(parser_note)
     if plan.dp > 1:
         notes.append(f"dp={plan.dp}: {plan.dp} vLLM servers on ports {port}..{port + plan.dp - 1}, "
                      "each on its own GPUs; `launcher serve` puts the proxy in front of them")

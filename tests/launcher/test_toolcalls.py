@@ -95,3 +95,36 @@ def test_any_tokenizer_files_give_a_token_set_or_unknown_never_an_error(
         tokens = tokenizer_tokens(root)
         assert tokens is None or all(isinstance(t, str) for t in tokens)
         choose_tool_parser("llama", tokens)
+
+
+def _plan_argv(model_dir: Path, capsys: object) -> list[str]:
+    from launcher.cli import main
+    from tests.launcher.paths import topo
+
+    assert main(["plan", "--model", str(model_dir), "--topology", topo("h200x2-nvlink"),
+                 "--json"]) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    return list(json.loads(out)["argv"])
+
+
+def test_plan_turns_the_parser_off_for_a_tokenizer_without_its_marker(
+    tmp_path: Path, capsys: object
+) -> None:
+    from tests.launcher.paths import model
+
+    (tmp_path / "config.json").write_text(Path(model("llama-3.3-70b"), "config.json").read_text())
+    _write(tmp_path, "tokenizer_config.json",
+           {"added_tokens_decoder": {"1": {"content": "<|begin_of_text|>"}}})
+    argv = _plan_argv(tmp_path, capsys)
+    assert "--tool-call-parser" not in argv
+    assert "--enable-auto-tool-choice" not in argv
+
+
+def test_plan_keeps_the_parser_when_the_marker_is_there(tmp_path: Path, capsys: object) -> None:
+    from tests.launcher.paths import model
+
+    (tmp_path / "config.json").write_text(Path(model("llama-3.3-70b"), "config.json").read_text())
+    _write(tmp_path, "tokenizer_config.json",
+           {"added_tokens_decoder": {"9": {"content": "<|python_tag|>"}}})
+    argv = _plan_argv(tmp_path, capsys)
+    assert argv[argv.index("--tool-call-parser") + 1] == "llama3_json"
