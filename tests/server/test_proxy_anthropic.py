@@ -88,7 +88,8 @@ def test_the_anthropic_sdk_reads_a_whole_stream_through_the_proxy(proxy: ProxyPr
 def test_engine_down_is_an_anthropic_503_before_the_stream(spawn_proxy: SpawnProxy) -> None:
     proxy = spawn_proxy([f"http://127.0.0.1:{free_port()}"])
     for stream in (False, True):
-        answer = exchange(proxy.url, "POST", "/v1/messages", {**MESSAGE, "stream": stream})
+        answer = exchange(proxy.url, "POST", "/v1/messages?beta=true",
+                          {**MESSAGE, "stream": stream})
         assert answer.status == 503
         assert answer.headers[b"retry-after"]
         assert_anthropic_error(answer.json(), "overloaded_error")
@@ -107,7 +108,8 @@ def keyed(spawn_proxy: SpawnProxy, sim_url: str) -> ProxyProc:
 
 @pytest.mark.parametrize("headers", [{}, {"x-api-key": "sk-wrong"},
                                      {"authorization": "Bearer sk-wrong"}])
-@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages?beta=true",
+                                  "/v1/messages/count_tokens"])
 def test_401_on_anthropic_routes_is_anthropic_shaped_and_names_x_api_key(
         keyed: ProxyProc, headers: dict[str, str], path: str) -> None:
     answer = exchange(keyed.url, "POST", path, MESSAGE, headers)
