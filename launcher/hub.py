@@ -111,7 +111,8 @@ def _fetch(repo: str, rev: str, hub: HubEnv) -> HubModel:
     if not hub.offline:
         try:
             info = HfApi(endpoint=hub.endpoint, token=hub.token).model_info(repo, revision=rev)
-            present = {s.rfilename for s in info.siblings or ()}
+            # a mirror may leave the file list out: then every file is asked for
+            present = None if info.siblings is None else {s.rfilename for s in info.siblings}
         except _unreachable() as exc:
             # The hub out of reach: what the cache holds may still do (as hf_hub_download does).
             return _from_cache(repo, rev, hub, exc)

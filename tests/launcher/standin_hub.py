@@ -33,6 +33,7 @@ class Repo:
     refs: dict[str, str]  # branch or tag -> commit sha
     gated: bool = False
     readers: frozenset[str] = frozenset()  # tokens with access to a gated repository
+    lists_files: bool = True  # False: the info leaves out 'siblings', as a mirror may
 
 
 @dataclass
@@ -154,6 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
             "tags": [],
             "siblings": [{"rfilename": name} for name in sorted(repo.commits[commit])],
         }
+        if not repo.lists_files:
+            del info["siblings"]
         data = json.dumps(info).encode()
         self._answer(200, data, {"Content-Type": "application/json"}, body)
 

@@ -50,6 +50,11 @@ def hub() -> Iterator[StandinHub]:
             commits={MAIN: files(LLAMA), V2: files({**LLAMA, "num_hidden_layers": 40}, False)},
             refs={"main": MAIN, "v2": V2},
         ),
+        "mirror/config-only": Repo(
+            commits={MAIN: {"config.json": json.dumps(LLAMA).encode()}},
+            refs={"main": MAIN},
+            lists_files=False,
+        ),
         "gated-org/licensed-70b": Repo(
             commits={MAIN: files(LLAMA)},
             refs={"main": MAIN},
@@ -325,3 +330,17 @@ def test_the_environment_given_decides_offline_not_the_one_at_import(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert load_model_spec("meta-llama/Llama-3.3-70B-Instruct", env).num_layers == 80
     assert constants.HF_HUB_OFFLINE is True  # left as it was found
+
+
+def test_a_hub_that_lists_no_files_is_asked_for_each_and_missing_ones_are_skipped(
+    hub: StandinHub, env: dict[str, str]
+) -> None:
+    m = load_model_spec("mirror/config-only", env)
+    assert m.num_layers == 80
+    asked = {p.rsplit("/", 1)[1] for p in hub.paths() if "/resolve/" in p}
+    assert asked == {
+        "config.json",
+        "model.safetensors.index.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+    }  # each asked for, the three it lacks answered 404 EntryNotFound and skipped
