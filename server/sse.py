@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024
+# Held back at most this much (several choices streaming after the first one ended, or an
+# engine that never sends the usage chunk): then released unchanged, and nothing held again.
+MAX_HELD_BYTES = 64 * 1024
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
 _NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
 _COMPACT_NULL = _NULL_FINISH[0]
@@ -54,6 +57,7 @@ class SseInspector:
         # Events held back (strip_usage only) from a choice's last chunk until the usage chunk;
         # each with whether it is such a last chunk (the fields go there).
         self.held: list[tuple[bytes, bool]] = []
+        self.held_bytes = 0
 
     def feed(self, data: bytes) -> Scan:
         # The usual case: exactly one whole event per read (and not a 1-byte read, whose
@@ -111,7 +115,7 @@ class SseInspector:
     def release(self) -> bytes:
         """The held events, unchanged: what the client gets when the stream ends without the
         usage chunk (broken, or [DONE] first)."""
-        held, self.held = self.held, []
+        held, self.held, self.held_bytes = self.held, [], 0
         return b"".join(event + b"\n\n" for event, _ in held)
 
     def _one(self, data: bytes) -> Scan:
@@ -157,7 +161,7 @@ class SseInspector:
                 scan.usage = usage_counts(obj["usage"])
                 if not self.strip_usage:
                     return None
-                held, self.held = self.held, []
+                held, self.held, self.held_bytes = self.held, [], 0
                 return b"".join(_with_fields(e, obj) if last else e + b"\n\n"
                                 for e, last in held)
         if payload[:8] == b'{"error"':
@@ -165,7 +169,7 @@ class SseInspector:
             return self._release_before_end(scan, event)
         if not _role_only(payload, obj):
             scan.tokens += 1
-        if self.strip_usage:
+        if not self.keep_last:  # usage is stripped, and nothing over MAX_HELD_BYTES held yet
             last = _maybe_last(payload, obj)
             if last or self.held:  # from a choice's last chunk on, until the usage chunk
                 return self._hold(event, last)
@@ -173,6 +177,10 @@ class SseInspector:
 
     def _hold(self, event: bytes, last: bool) -> bytes:
         self.held.append((event, last))
+        self.held_bytes += len(event) + 2
+        if self.held_bytes > MAX_HELD_BYTES:
+            self.keep_last = True  # stop holding: this stream's last chunks go as they come
+            return self.release()
         return b""
 
     def _release_before_end(self, scan: Scan, event: bytes | None = None) -> bytes | None:

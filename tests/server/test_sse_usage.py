@@ -144,3 +144,19 @@ def test_events_are_told_apart_by_what_they_say(event: bytes, tokens: int) -> No
 def test_usage_asked_for_the_client_leaves_out_continuous_usage(
         options: object, sent: dict[str, object]) -> None:
     assert usage_options(options) == sent
+
+
+def test_holding_back_after_a_last_chunk_is_bounded() -> None:
+    # Choice 0 ends, choice 1 streams on (n=2), and the usage chunk is far off: what is held is
+    # released unchanged past the bound, and later events pass as they come.
+    from server.sse import MAX_HELD_BYTES
+
+    last0 = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    token1 = b'data: {"choices":[{"index":1,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+    inspector = SseInspector(strip_usage=True)
+    forwarded = inspector.feed(last0).forward
+    n = MAX_HELD_BYTES // len(token1) + 10
+    for _ in range(n):
+        forwarded += inspector.feed(token1).forward
+    assert forwarded == last0 + token1 * n
+    assert not inspector.held
