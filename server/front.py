@@ -76,11 +76,12 @@ class HeadLimit:
     went over, else None. A head that comes whole in its first chunk and is shorter than one
     line's limit (every usual request) costs one ``find``."""
 
-    __slots__ = ("cr", "done", "head_max", "line", "line_max", "lines", "total")
+    __slots__ = ("cr", "done", "fast_max", "head_max", "line", "line_max", "lines", "total")
 
     def __init__(self, line_max: int, head_max: int) -> None:
         self.line_max = line_max
         self.head_max = head_max
+        self.fast_max = min(line_max, head_max)  # a whole head this short is within both
         self.reset()
 
     def reset(self) -> None:
@@ -94,7 +95,7 @@ class HeadLimit:
         if self.done:
             return None
         if (not self.total and data[:1] not in b"\r\n"
-                and data.find(_HEAD_END, 0, self.line_max) >= 0):
+                and data.find(_HEAD_END, 0, self.fast_max) >= 0):
             self.done = True
             return None
         pos, end = 0, len(data)

@@ -116,6 +116,20 @@ def test_a_header_line_over_the_limit_is_431(proxy: ProxyProc, path: str) -> Non
     assert reply.closed
 
 
+@pytest.mark.parametrize("lines", [1, 70], ids=["one long line", "70 KB in all"])
+def test_heads_over_the_limits_after_a_served_request_are_431(proxy: ProxyProc,
+                                                              lines: int) -> None:
+    # By then the connection is uvicorn's protocol's (server.serve): the same limits hold.
+    with connect(proxy.url) as sock:
+        sock.sendall(request_bytes("GET", "/health", close=False))
+        assert read_reply(sock, see_close=False).status == 200
+        sock.sendall(_head_with(17 * 1024 if lines == 1 else 1000, lines=lines))
+        reply = read_reply(sock)
+    assert reply.status == 431
+    assert "--max-header-bytes" in reply.json()["error"]["message"]
+    assert reply.closed
+
+
 def test_headers_over_the_total_limit_are_431(proxy: ProxyProc) -> None:
     with connect(proxy.url) as sock:
         sock.sendall(_head_with(1000, lines=70))  # 70 KB of 1 KB lines
