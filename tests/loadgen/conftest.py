@@ -23,7 +23,9 @@ def sim_url() -> Iterator[str]:
         yield url
 
 
-def run_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m loadgen ARGS` as a user runs it: a real process, its exit code and output."""
     return subprocess.run(
         [sys.executable, "-m", "loadgen", *args],
@@ -32,4 +34,5 @@ def run_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[s
         timeout=timeout,
         cwd=REPO,
         check=False,
+        env=env,
     )

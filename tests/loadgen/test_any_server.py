@@ -178,3 +178,29 @@ def test_pptg_needs_token_ids_and_says_so_against_a_server_without_tokenize(
     assert result.returncode == 1
     assert "--pptg sends token-id prompts" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_hub_id_already_under_hf_home_loads_offline(
+    plain: str, tiny_model_path: str, tmp_path: Path
+) -> None:
+    import os
+
+    # huggingface_hub's cache layout, as a download would have left it
+    repo = tmp_path / "hf" / "hub" / "models--toposerve--tiny-tokenizer"
+    commit = "0" * 39 + "1"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
+        (snapshot / name).write_bytes((Path(tiny_model_path) / name).read_bytes())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env = {**base, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "r.json"
+    result = run_cli(
+        "--url", plain, "--chat", "--prompt", "200", "--gen", "4", "--requests", "2",
+        "--tokenizer", "toposerve/tiny-tokenizer", "--json", str(out), env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert _rows(_load(out)) == [(200, 4, None)] * 2
+    assert _load(out)["prompts"]["tokenizer"] == "toposerve/tiny-tokenizer"
