@@ -179,6 +179,7 @@ class StandIn:
     models_delay: float = 0.0
     close_models: bool = False  # GET /v1/models too is closed without an answer
     seen: list[str] = field(default_factory=list)
+    connections: int = 0  # accepted so far
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, what: str) -> int:
@@ -234,6 +235,8 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
                 conn, _ = server.accept()
             except OSError:
                 return
+            with engine.lock:
+                engine.connections += 1
             threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
     thread = threading.Thread(target=accept, daemon=True)
