@@ -56,7 +56,8 @@ def context_for(config: Config, max_len: int | None, model: str) -> tuple[int, i
         return first, last
     first, last = DEFAULT_CONTEXT
     if max_len is not None:
-        last = min(last, max_len - config.gen)
+        # A margin: the pieces are fitted to the turn targets within a few tokens each.
+        last = min(last, max_len - config.gen - max(64, max_len // 50))
         first = min(first, last // 2)
     if first < 64:
         raise ContextTooShort(

@@ -54,8 +54,8 @@ def test_turn_targets_grow_linearly_from_first_to_last() -> None:
 
 def test_the_default_context_is_capped_to_the_model() -> None:
     assert context_for(Config(gen=64), None, "m") == (2000, 30000)
-    assert context_for(Config(gen=64), 4096, "m") == (2000, 4032)
-    assert context_for(Config(gen=64), 2048, "m") == (992, 1984)
+    assert context_for(Config(gen=64), 4096, "m") == (1975, 3951)  # the embedded model
+    assert context_for(Config(gen=64), 2048, "m") == (960, 1920)
 
 
 def test_a_context_past_the_model_is_refused_before_sending() -> None:
