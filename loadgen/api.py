@@ -99,6 +99,8 @@ def run(config: Config, hooks: Hooks | None = None) -> Report:
 
 def _gpu_sampler(config: Config) -> GpuSampler | None:
     """A sampler of the target's /metrics when it has toposerve's GPU series, else None."""
+    if config.gpu_sample_s <= 0:
+        return None
     client = TargetClient(config.url, config.api_key)
     try:
         present = has_gpu_metrics(client.metrics_text())

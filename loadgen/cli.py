@@ -186,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu-sample",
         type=float,
-        default=1.0,
-        help="seconds between samples of the target's toposerve GPU metrics (default 1)",
+        default=2.0,
+        help="seconds between samples of the target's toposerve GPU metrics (default 2; 0: off)",
     )
     return p
 

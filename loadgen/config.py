@@ -68,7 +68,8 @@ class Config:
     slo_tpot_ms: float | None = None
     slo_share: float = 0.9
     metrics_url: str | None = None  # engine /metrics (vllm:prefix_cache_*), default: the target
-    gpu_sample_s: float = 1.0  # toposerve GPU metrics sampling interval during the run
+    # toposerve GPU metrics sampling interval during the run; 0: no sampling
+    gpu_sample_s: float = 2.0
 
     def levels(self) -> tuple[int | None, ...]:
         """Concurrency of each run: the sweep's, or the single one."""
@@ -160,7 +161,7 @@ def validate(config: Config) -> Config:
         (config.slo_ttft_ms is None or config.slo_ttft_ms > 0, "--slo-ttft-ms must be above 0"),
         (config.slo_tpot_ms is None or config.slo_tpot_ms > 0, "--slo-tpot-ms must be above 0"),
         (0 < config.slo_share <= 1, "--slo-share must be above 0 and at most 1"),
-        (config.gpu_sample_s > 0, "--gpu-sample must be above 0 seconds"),
+        (config.gpu_sample_s >= 0, "--gpu-sample cannot be negative (0 turns it off)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -2,8 +2,10 @@
 
 When the target's /metrics (the toposerve proxy's) has `toposerve_gpu_utilization_ratio` or
 `toposerve_gpu_power_watts`, a thread fetches it every `--gpu-sample` seconds while the run
-lasts; only the text is kept, and it is parsed after the run (one GET a second is all the run
-pays). Per GPU: mean and max busy share and power over the samples.
+lasts; only the text is kept, and it is parsed after the run (one GET every 2 s by default is
+all loadgen pays). The scrape may cost the target more: the proxy's GPU collector reads NVML
+inside /metrics (issue 17 measured about 50 ms per GPU on an H200), so `--gpu-sample 0` turns
+sampling off where that matters. Per GPU: mean and max busy share and power over the samples.
 
 The flag (the second study's advice: a card far below the other means an uneven split): a GPU
 whose mean busy share or mean power is below half of the highest GPU's. Busy shares are compared

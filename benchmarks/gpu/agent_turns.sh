@@ -44,7 +44,7 @@ if [[ $ready == 1 ]]; then
   python3 -m loadgen --no-progress --url "http://127.0.0.1:$port" --workload agent \
     --sessions "${SESSIONS:-4}" --turns "${TURNS:-10}" --context "${CONTEXT:-2000:30000}" \
     --gen "${GEN:-64}" --think "${THINK:-1}" \
-    --metrics-url "http://127.0.0.1:$eport/metrics" --gpu-sample 0.5 \
+    --metrics-url "http://127.0.0.1:$eport/metrics" --gpu-sample 2 \
     --json "$out/agent.json" >"$out/loadgen.txt" 2>&1
   echo "agent_turns: loadgen exit $? after $(( $(date +%s) - t0 ))s" | tee -a "$out/summary.txt"
   cat "$out/loadgen.txt"

@@ -102,3 +102,15 @@ def test_a_target_without_gpu_metrics_gets_no_gpu_section(
         )
     assert result.returncode == 0, result.stderr
     assert "gpus" not in json.loads(out.read_text())
+
+
+def test_gpu_sample_zero_turns_the_sampling_off(tiny_model_path: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    args = ("--tokenizer", tiny_model_path, "--gpu-metrics", *map(str, SCRAPES))
+    with spawn(*args) as url:
+        result = run_cli(
+            "--url", url, "--prompt", "32", "--gen", "4", "--requests", "2",
+            "--gpu-sample", "0", "--json", str(out),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "gpus" not in json.loads(out.read_text())
