@@ -8,11 +8,14 @@
 #   OUT=/tmp/out bash benchmarks/gpu/agent_turns.sh            # from the repository root
 #
 # Env: MODEL (default benchmarks/gpu/models/qwen2.5-32b-shape), PORT / ENGINE_PORT (18000 /
-# 18100), SESSIONS, TURNS, CONTEXT, GEN, THINK (4, 10, 2000:30000, 64, 1), VLLM_EXTRA (more vLLM
-# flags). PYTHONPATH must hold vLLM (/root/site, see ../shared/gpu/README.md); it defaults to
-# /root/site:$PWD. Results in $OUT/agent_turns/: agent.json (loadgen), loadgen.txt, summary.txt,
-# launcher.out. Budget: cold start of the 32B shape with this capture list about 2-4 min, the
-# run about 1 min (10 turns x (1 s think + prefill/decode)), well under 6 min.
+# 18100), SESSIONS, TURNS, CONTEXT, GEN, THINK (4, 10, 2000:30000, 64, 1), MAX_MODEL_LEN (32768),
+# VLLM_EXTRA (more vLLM flags). PYTHONPATH must hold vLLM (/root/site, see
+# ../shared/gpu/README.md); it defaults to /root/site:$PWD. Results in $OUT/agent_turns/:
+# agent.json (loadgen), loadgen.txt, summary.txt, launcher-tail.txt. Budget: cold start of the
+# 32B shape with this capture list about 2-4 min (estimated from earlier runs, not measured with
+# this script), the run about 1 min (10 turns x (1 s think + prefill/decode)).
+# Checked on CPU with the embedded model (MODEL=~/.cache/toposerve/models/tiny-llama-v1
+# MAX_MODEL_LEN=4096 CONTEXT=1000:3000 TURNS=3 SESSIONS=2 GEN=16 THINK=0.2 COMPILATION_CONFIG={}).
 set -uo pipefail
 model=${MODEL:-benchmarks/gpu/models/qwen2.5-32b-shape}
 root=${OUT:-/tmp/out}
@@ -27,7 +30,7 @@ COMPILE_CFG=${COMPILATION_CONFIG:-'{"cudagraph_capture_sizes":[1,2,4,8,16,32,64]
 t0=$(date +%s)
 # shellcheck disable=SC2086
 python3 -m launcher serve --model "$model" --port "$port" --engine-port "$eport" \
-  --log-dir "$out/logs" --ready-timeout 360 --tp 1 --pp 1 --max-model-len 32768 \
+  --log-dir "$out/logs" --ready-timeout 360 --tp 1 --pp 1 --max-model-len "${MAX_MODEL_LEN:-32768}" \
   -- --load-format dummy --compilation-config "$COMPILE_CFG" ${VLLM_EXTRA:-} \
   >"$out/launcher.out" 2>&1 &
 lp=$!
@@ -70,4 +73,4 @@ fi
 kill -TERM $lp 2>/dev/null; wait $lp; echo "agent_turns: launcher exit $?" >> "$out/summary.txt"
 tail -n 40 "$out/launcher.out" > "$out/launcher-tail.txt"
 rm -rf "$out/logs" "$out/launcher.out"  # at most 8 files come back from one device command
-nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/summary.txt" 2>&1
+nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >> "$out/summary.txt" 2>&1 || true
