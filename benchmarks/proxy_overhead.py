@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/proxy_overhead.py [--ttft 0.05] [--itl 0.02] [--tokens 64]
         [--levels 1,64,256] [--rounds 3] [--sequential 20] [--json FILE]
         [--proxy-cmd 'python other/proxy.py --upstream {upstream} --port {port}']
-        [--peers nginx,vllm-router]
+        [--peers nginx,vllm-router] [--route /v1/completions|/v1/chat/completions|/v1/messages]
 
 Starts a simulated engine (TTFT 50 ms, then a token every 20 ms: a 70B model's pace) and the
 proxy in front of it, each in its own process, then for every concurrency level runs the
@@ -251,6 +251,8 @@ def main() -> None:
                    help=f"other proxies in the same run, comma-separated: {', '.join(PEERS)}")
     p.add_argument("--nginx", help="the nginx program (default: found on PATH or /usr/sbin)")
     p.add_argument("--vllm-router", help="the vllm-router program (default: on PATH)")
+    p.add_argument("--route", choices=ROUTES, default="/v1/completions",
+                   help="what the streams ask for (default: the lean /v1/completions)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     import uvloop
@@ -279,10 +281,10 @@ def main() -> None:
                                                                  tmp / name))[0]))
         # Warm each proxy's keep-alive pool to the largest level: a running proxy has its pool.
         for _, url in paths[1:]:
-            uvloop.run(burst(url, max(levels), 2, 1))
+            uvloop.run(burst(url, max(levels), 2, 1, a.route))
         print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
               f"{a.rounds} paired rounds (medians; [q1, q3] of the per-round differences); "
-              f"proxied = toposerve")
+              f"{a.route}; proxied = toposerve")
         width = max(11, *(len(n) for n, _ in paths))
         print(f"{'streams':>7} {'path':>{width}} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
               f"{'tok/s':>8} {'err':>4}")
@@ -292,7 +294,8 @@ def main() -> None:
                 # Every path in every position over the rounds (two paths: alternating).
                 k = i % len(paths)
                 for name, url in paths[k:] + paths[:k]:
-                    runs[name].append(uvloop.run(burst(url, level, a.tokens, a.sequential)))
+                    runs[name].append(uvloop.run(burst(url, level, a.tokens, a.sequential,
+                                                       a.route)))
             medians = {name: median_round(rs) for name, rs in runs.items()}
             for name, r in medians.items():
                 print(f"{level:>7} {name:>{width}} {r.ttft_p50_ms:>8.2f}m {r.ttft_p99_ms:>8.2f}m "
