@@ -79,10 +79,11 @@ def stage_share(m: ModelSpec, pp: int) -> float:
 
 
 def rope_cache_bytes(m: ModelSpec) -> int:
-    """vLLM's rotary cos/sin table, one row per position in the model's dtype, on every GPU. It
-    counts in "Model loading took": the Llama-3.1-8B shape with 1,048,576 positions loaded
-    13.31 GiB on the H200 for 13.06 GiB of weights, the 0.25 GiB this gives."""
-    return m.max_position_embeddings * m.head_dim * 2
+    """vLLM's rotary cos/sin tables (one per distinct rotary setting, a row per position, in the
+    model's dtype) on every GPU. They count in "Model loading took": the Llama-3.1-8B shape
+    with 1,048,576 positions loaded 13.31 GiB on the H200 for 13.06 GiB of weights, the
+    0.25 GiB this gives."""
+    return (m.rope_cache_elems or m.max_position_embeddings * m.head_dim) * 2
 
 
 def weights_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
@@ -180,15 +181,25 @@ def request_kv_bytes(
 
 
 def longest_context(
-    m: ModelSpec, kv_budget: float, batched_tokens: int, kv_dtype_bytes: int = 2
+    m: ModelSpec,
+    kv_budget: float,
+    batched_tokens: int,
+    kv_dtype_bytes: int = 2,
+    *,
+    block: int = BLOCK_TOKENS,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
     """The longest ``max_model_len`` whose one request passes vLLM's start-up check."""
+
+    def fits(n: int) -> bool:
+        return request_kv_bytes(m, n, batched_tokens, kv_dtype_bytes, block, in_flight) <= kv_budget
+
     lo, hi = 0, max(1, m.max_position_embeddings)
-    if request_kv_bytes(m, hi, batched_tokens, kv_dtype_bytes) <= kv_budget:
+    if fits(hi):
         return hi
     while lo < hi:  # the need grows with the length: bisect, as vLLM's own estimate does
         mid = (lo + hi + 1) // 2
-        if request_kv_bytes(m, mid, batched_tokens, kv_dtype_bytes) <= kv_budget:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
@@ -196,15 +207,40 @@ def longest_context(
 
 
 def planned_context(
-    m: ModelSpec, kv_budget: float, batched_tokens: int, kv_dtype_bytes: int = 2
+    m: ModelSpec,
+    kv_budget: float,
+    batched_tokens: int,
+    kv_dtype_bytes: int = 2,
+    *,
+    block: int = BLOCK_TOKENS,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
-    """The context to ask vLLM for: the model's own limit, or ``CONTEXT_MARGIN`` below the
-    longest the estimated KV budget admits."""
-    if request_kv_bytes(
-        m, m.max_position_embeddings, batched_tokens, kv_dtype_bytes
-    ) <= kv_budget * (1 - CONTEXT_MARGIN):
-        return m.max_position_embeddings
-    return longest_context(m, kv_budget * (1 - CONTEXT_MARGIN), batched_tokens, kv_dtype_bytes)
+    """The context to ask vLLM for: the model's own limit, or the longest one that fits in
+    ``CONTEXT_MARGIN`` less than the estimated KV budget."""
+    return longest_context(
+        m,
+        kv_budget * (1 - CONTEXT_MARGIN),
+        batched_tokens,
+        kv_dtype_bytes,
+        block=block,
+        in_flight=in_flight,
+    )
+
+
+# vLLM's CPU backend: blocks of 128 tokens, one batch in flight, the OpenAI server's default of
+# 2,048 batched tokens (vllm/platforms/cpu.py, vllm/engine/arg_utils.py).
+CPU_BLOCK_TOKENS = 128
+CPU_BATCHED_TOKENS = 2048
+
+
+def cpu_context(
+    m: ModelSpec, kv_cache_bytes: float, batched_tokens: int = CPU_BATCHED_TOKENS
+) -> int:
+    """The context to plan on the CPU engine, whose KV cache is given outright
+    (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes)."""
+    return planned_context(
+        m, kv_cache_bytes, batched_tokens, block=CPU_BLOCK_TOKENS, in_flight=CPU_BATCHES_IN_FLIGHT
+    )
 
 
 def kv_pool_tokens(
@@ -215,55 +251,33 @@ def kv_pool_tokens(
     *,
     block: int = BLOCK_TOKENS,
     kv_dtype_bytes: int = 2,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
     """The token capacity vLLM logs ("KV cache size: N tokens") for ``kv_bytes`` of cache.
 
-    vLLM groups the layers so that every group has as many layers as the smallest attention
-    type (or the largest, when they differ by less than 1.5×), padding the last group of a
-    type; one block of the shared pool spans one layer of each group's size. Capacity is then
+    One block of the shared pool spans one layer of each (padded) group: ``num_blocks =
+    kv_bytes // (block × bytes per token and layer × group size)``, and the capacity is
     ``num_blocks / blocks one max_model_len request takes × max_model_len``
-    (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``, ``get_kv_cache_capacity``).
-    """
-    groups = [g for g in m.kv_groups if g.layers]
+    (kv_cache_utils.py ``get_kv_cache_config_from_groups``, ``get_kv_cache_capacity``)."""
+    groups = vllm_groups(m)
     if not groups:
         return 0
-    pages = {g.bytes_per_token(kv_dtype_bytes) for g in groups}
-    if len(groups) == 1 or len(pages) > 1:
-        # one type, or page sizes that differ (vLLM then pads pages): count every layer's page
-        per_block = sum(g.layers * block * g.bytes_per_token(kv_dtype_bytes) for g in groups)
-        num_blocks = int(kv_bytes // per_block)
-        return (
-            num_blocks * block
-            if len(groups) == 1
-            else _capacity_by_bytes(
-                m, kv_bytes, max_model_len, batched_tokens, block, kv_dtype_bytes
-            )
-        )
-    sizes = [g.layers for g in groups]
-    size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
-    page = block * groups[0].bytes_per_token(kv_dtype_bytes)
+    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
+        need = request_kv_bytes(m, max_model_len, batched_tokens, kv_dtype_bytes, block, in_flight)
+        return int(kv_bytes / need * max_model_len) if need else 0
+    sizes = [n for _, n in groups]
+    size = min(sizes) if len(groups) > 1 else sizes[0]
+    page = block * groups[0][0].bytes_per_token(kv_dtype_bytes)
     num_blocks = int(kv_bytes // (page * size))
     per_request = 0
-    for g in groups:
-        n_groups = -(-g.layers // size)
+    for g, layers in groups:
+        n = layers // size if len(groups) > 1 else 1
         if g.window:
-            held = min(g.window - 1 + batched_tokens, max_model_len)
-            per_request += n_groups * (-(-held // block) + 1)
+            held = min(g.window - 1 + in_flight * batched_tokens, max_model_len)
+            per_request += n * (-(-held // block) + 1)
         else:
-            per_request += n_groups * -(-max_model_len // block)
+            per_request += n * -(-max_model_len // block)
     return int(num_blocks / per_request * max_model_len)
-
-
-def _capacity_by_bytes(
-    m: ModelSpec,
-    kv_bytes: float,
-    max_model_len: int,
-    batched_tokens: int,
-    block: int,
-    kv_dtype_bytes: int,
-) -> int:
-    need = request_kv_bytes(m, max_model_len, batched_tokens, kv_dtype_bytes, block)
-    return int(kv_bytes / need * max_model_len) if need else 0
 
 
 # ------------------------------------------------------------------------------------ the fit

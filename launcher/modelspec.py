@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from launcher import hub
+from launcher import hfconfig, hub
 from launcher.errors import ModelError
 
 GIB = 1024**3
@@ -36,6 +36,8 @@ _FAMILIES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
     "phi3": "phi",
     "deepseek_v3": "deepseek",
 }
@@ -84,6 +86,7 @@ class ModelSpec:
     # Layers with their own KV cache, by shape; empty means num_layers × (kv_heads, head_dim),
     # ``sliding_layers`` of them windowed. Gemma 4 differs per layer type and shares KV layers.
     layer_kv: tuple[KvGroup, ...] = ()
+    rope_cache_elems: int = 0  # vLLM's rotary tables (elements); 0: positions × head_dim
 
     @property
     def kv_groups(self) -> tuple[KvGroup, ...]:
@@ -220,40 +223,80 @@ def _count_params(
     return embed, attn + 2 * h, mlp, active
 
 
+def _experts(t: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(routed experts, experts per token, expert intermediate size); zeros for a dense model."""
+    e = int(t.get("num_experts") or t.get("num_local_experts") or t.get("n_routed_experts") or 0)
+    if not e or t.get("enable_moe_block") is False:
+        return 0, 0, 0
+    k = int(t.get("num_experts_per_tok") or t.get("top_k_experts") or 2)
+    return e, k, int(t.get("moe_intermediate_size") or t.get("intermediate_size") or 0)
+
+
+def _kv_groups(attn: tuple[hfconfig.LayerAttention, ...]) -> tuple[KvGroup, ...]:
+    """Layers with their own KV cache, grouped by shape (shared-KV layers hold none)."""
+    counts: dict[tuple[int, int, int | None], int] = {}
+    for a in attn:
+        if not a.shared:
+            key = (a.kv_heads, a.head_dim, a.window)
+            counts[key] = counts.get(key, 0) + 1
+    return tuple(KvGroup(n, kv, d, w) for (kv, d, w), n in counts.items())
+
+
 def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
-    """Size a model from its parsed config.json; ModelError on fields that are missing."""
-    t = dict(_text_config(cfg))
+    """Size a model from its parsed config.json; ModelError on fields that are missing.
+
+    The config is read through transformers' class for its model_type and the model counted
+    module by module (:mod:`launcher.hfconfig`); a config transformers cannot build is sized
+    from its own fields (the family's defaults for the few it commonly omits)."""
+    hf = hfconfig.shape(cfg)
+    t = dict(hf.text) if hf else dict(_text_config(cfg))
     # tie_word_embeddings sits at the top level in multimodal configs
     t.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    if not hf and cfg.get("tie_word_embeddings") is not None and "text_config" in cfg:
+        t["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     model_type = str(t.get("model_type") or cfg.get("model_type") or "unknown")
     try:
         layers = int(t["num_hidden_layers"])
         heads = int(t["num_attention_heads"])
         kv = int(t.get("num_key_value_heads") or heads)
         hidden = int(t["hidden_size"])
-        t.setdefault("vocab_size", _GEMMA3_VOCAB if model_type == "gemma3_text" else None)
+        if min(layers, heads, kv, hidden) <= 0:
+            raise ValueError("layers, heads, KV heads and hidden size must be positive")
+        t["vocab_size"] = t.get("vocab_size") or (
+            _GEMMA3_VOCAB if model_type == "gemma3_text" else None
+        )
         head_dim = int(t.get("head_dim") or hidden // heads)
         embed, attn, mlp, active_mlp = _count_params(t, layers, heads, kv, head_dim)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise ModelError(
-            f"{name}: config.json lacks {exc} needed to size the model; "
-            "is it a decoder-only language model?"
+            f"{name}: config.json lacks {exc} needed to size the model, or has it out of "
+            "range; is it a decoder-only language model?"
         ) from exc
     dtype = str(
-        t.get("torch_dtype")
-        or cfg.get("torch_dtype")
-        or t.get("dtype")
+        cfg.get("torch_dtype")
+        or t.get("torch_dtype")
         or cfg.get("dtype")
+        or t.get("dtype")
         or "bfloat16"
     )
     method, bits, overhead = _quantization(cfg, t)
     dense_bytes = _DTYPE_BYTES.get(dtype, 2)
-    linear = layers * (attn - 2 * hidden + mlp)
-    other = embed + layers * 2 * hidden + hidden + _vision_params(cfg)
+    n_experts, per_token, moe_inter = _experts(t)
+    if hf:
+        linear = hf.linear_params
+        other = hf.embedding_params + hf.lm_head_params + hf.other_params
+        inactive = hf.expert_params * (1 - per_token / n_experts) if n_experts else 0.0
+        groups = _kv_groups(hf.attention)
+        sliding = sum(g.layers for g in groups if g.window)
+        window = next((g.window for g in groups if g.window), None)
+    else:
+        linear = layers * (attn - 2 * hidden + mlp)
+        other = embed + layers * 2 * hidden + hidden + _vision_params(cfg)
+        inactive = float(layers * (mlp - active_mlp))
+        groups = ()
+        window, sliding = _sliding_layers(t, model_type, layers)
     params = linear + other
     weight_bytes = int(linear * (bits / 8 + overhead) + other * dense_bytes)
-    window, sliding = _sliding_layers(t, model_type, layers)
-    experts = int(t.get("num_experts") or t.get("num_local_experts") or 0)
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,
@@ -273,7 +316,7 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
             or _DEFAULT_CONTEXT.get(model_type, 4096)
         ),
         params=params,
-        active_params=params - layers * (mlp - active_mlp),
+        active_params=int(params - inactive),
         weight_bytes=weight_bytes,
         dtype="float16"
         if method in ("awq", "gptq")
@@ -282,11 +325,13 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
         weight_bits=bits,
         sliding_window=window,
         sliding_layers=sliding,
-        num_experts=int(t.get("num_experts") or t.get("num_local_experts") or 0),
+        num_experts=n_experts,
         tied_embeddings=bool(t.get("tie_word_embeddings", True)),
         path=path,
-        experts_per_token=int(t.get("num_experts_per_tok") or 0) if experts else 0,
-        moe_intermediate_size=int(t.get("moe_intermediate_size") or 0) if experts else 0,
+        experts_per_token=per_token,
+        moe_intermediate_size=moe_inter,
+        layer_kv=groups,
+        rope_cache_elems=hf.rope_cache_elems if hf else 0,
     )
 
 

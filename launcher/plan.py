@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from launcher import costmodel
+from launcher import costmodel, memfit
 from launcher.errors import PlanError
 from launcher.explain import describe_choice, describe_model, describe_topology, no_fit, settings
 from launcher.layouts import Links, Shape, best_candidate, shapes, structural_reject
@@ -95,7 +95,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         gen=policy.gen_tokens,
         concurrency=policy.streams,
     )
-    context = policy.max_model_len or min(m.max_position_embeddings, m.tokens_fitting(4 * GIB))
+    context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
     # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
     # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
     tp, pp = policy.force_tp or 1, policy.force_pp or 1

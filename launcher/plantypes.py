@@ -29,6 +29,7 @@ class Policy:
     max_num_seqs: int = 256
     internode_gbs: float = hardware.DEFAULT_INTERNODE_GBS
     cpu_cores: int = 4  # CPU engine only
+    cpu_kv_cache_gib: float = 1.0  # CPU engine only: the KV cache it is given (render sets it)
 
     @property
     def streams(self) -> int:

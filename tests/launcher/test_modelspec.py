@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.errors import ModelError
 from launcher.modelspec import GIB, load_model_spec, spec_from_config
@@ -107,3 +109,70 @@ def test_the_embedded_tiny_model_sizes(tiny_model_path: str) -> None:
     m = load_model_spec(tiny_model_path)
     assert (m.hidden_size, m.num_layers) == (256, 4)
     assert m.weight_bytes > 0
+
+
+# ---------------------------------------------- issue 14: read as transformers defines them
+
+# name, family, params (billions, published), active (billions), KV bytes/token at 8k
+FAMILY_CASES = [
+    ("llama-3.1-8b", "llama", 8.03, 8.03, 131072),
+    ("llama-3.2-3b", "llama", 3.21, 3.21, 114688),  # tied LM head
+    ("mistral-small-24b", "mistral", 23.6, 23.6, 163840),
+    ("qwen2-57b-a14b", "qwen2", 57.4, 14.2, 57344),  # shared expert beside 64 routed
+    # Gemma 4: 50 sliding layers of 16 KV heads x 256, 10 global of 4 x 512 whose keys are
+    # their values (the value slot still holds a copy in vLLM)
+    ("gemma-4-31b", "gemma4", 30.7, 30.7, 184320),
+    ("gemma-4-26b-a4b", "gemma4", 25.2, 3.8, 46080),  # 128 experts, top 8, beside a dense MLP
+]
+
+
+@pytest.mark.parametrize(("name", "family", "params_b", "active_b", "kv8k"), FAMILY_CASES)
+def test_sizes_every_family_through_its_transformers_config_class(
+    name: str, family: str, params_b: float, active_b: float, kv8k: int
+) -> None:
+    m = load_model_spec(model(name))
+    assert m.family == family
+    assert m.params / 1e9 == pytest.approx(params_b, rel=0.01)
+    assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.02)
+    assert m.kv_bytes_per_token(8192) == pytest.approx(kv8k)
+
+
+def test_gemma4_layer_types_differ_in_kv_shape() -> None:
+    m = load_model_spec(model("gemma-4-31b"))
+    by_window = {g.window: (g.layers, g.kv_heads, g.head_dim) for g in m.kv_groups}
+    assert by_window == {1024: (50, 16, 256), None: (10, 4, 512)}
+
+
+def test_gemma4_shared_kv_layers_hold_no_cache() -> None:
+    cfg = json.loads(Path(model("gemma-4-31b"), "config.json").read_text())
+    cfg["text_config"] = {**cfg["text_config"], "num_kv_shared_layers": 12}
+    m = spec_from_config(cfg, "shared")
+    assert sum(g.layers for g in m.kv_groups) == 48  # the last 12 reuse earlier layers' KV
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layers=st.integers(-2, 200),
+    hidden=st.sampled_from([0, 7, 64, 256, 4096, "x", None]),
+    heads=st.sampled_from([0, 1, 3, 4, 32, None]),
+    kv=st.sampled_from([0, 1, 2, 8, 64, None]),
+    model_type=st.sampled_from(["llama", "qwen2", "gemma3_text", "gemma4_text", "nope", ""]),
+)
+def test_generated_configs_size_or_fail_with_a_model_error(
+    layers: int, hidden: object, heads: object, kv: object, model_type: str
+) -> None:
+    cfg = {
+        "model_type": model_type,
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "vocab_size": 512,
+        "intermediate_size": 128,
+    }
+    try:
+        m = spec_from_config(cfg, "generated")
+    except ModelError:
+        return
+    assert m.params >= 0
+    assert m.weight_bytes >= 0
