@@ -383,6 +383,12 @@ class _TooManyFields(Exception):
     pass
 
 
+# Nesting is bounded by Python's JSON parser itself (its recursion limit, about 1,000 levels),
+# inline and in the thread alike, before any validation.
+_TOO_DEEP = ("request body is nested too deeply (the limit is about 1,000 levels of arrays and "
+             "objects): send a flatter body")
+
+
 def parse_object(body: bytes, max_fields: int | None = None) -> dict[str, Any]:
     """The body's JSON object. With ``max_fields``, every object goes through a Python hook
     that counts its fields (the parse stops past the limit), which also lets other threads run
@@ -407,7 +413,7 @@ def parse_object(body: bytes, max_fields: int | None = None) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
     except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
+        raise BadRequest(_TOO_DEEP) from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -435,7 +441,7 @@ def check_messages(messages: list[Any], start: int) -> None:
         param = ".".join(str(p) for p in ["messages", *loc])
         raise BadRequest(f"{param}: {first['msg']}", param=param) from None
     except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
+        raise BadRequest(_TOO_DEEP) from None
 
 
 def check(schema: type[BaseModel], obj: dict[str, Any]) -> None:
@@ -446,7 +452,7 @@ def check(schema: type[BaseModel], obj: dict[str, Any]) -> None:
         param = ".".join(str(p) for p in first["loc"]) or None
         raise BadRequest(f"{param or 'body'}: {first['msg']}", param=param) from None
     except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
+        raise BadRequest(_TOO_DEEP) from None
 
 
 def _openapi_body(schema: type[BaseModel]) -> dict[str, Any]:

@@ -349,3 +349,13 @@ def test_socket_module_is_what_the_helpers_use() -> None:
         assert holds_connection(os.getpid(), client)
         conn.close()
         assert not holds_connection(os.getpid(), client)
+
+
+@pytest.mark.parametrize("depth", [5_000, 200_000], ids=["inline", "in the thread"])
+def test_deep_nesting_is_a_400_saying_what_to_do(proxy: ProxyProc, depth: int) -> None:
+    body = b'{"messages": [{"role": "user", "content": "x"}], "x": ' + (
+        b"[" * depth + b"]" * depth + b"}")
+    reply = exchange(proxy.url, "POST", "/v1/chat/completions",
+                     {"content-type": "application/json"}, body)
+    assert reply.status == 400
+    assert "flatter" in reply.json()["error"]["message"]
