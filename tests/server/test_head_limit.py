@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from server.front import HeadLimit
 
-LINE = st.binary(min_size=1, max_size=300).map(lambda b: b.replace(b"\r", b"x").replace(b"\n", b"y"))
+LINE = st.binary(min_size=1, max_size=300).map(
+    lambda b: b.replace(b"\r", b"x").replace(b"\n", b"y"))  # a header line: no CR or LF in it
 
 
 def reference(lines: list[bytes], leading: int, line_max: int, head_max: int) -> bool:
