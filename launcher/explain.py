@@ -103,9 +103,15 @@ def describe_model(m: ModelSpec) -> str:
         if m.sliding_layers
         else ""
     )
+    moe = (
+        f", {m.num_experts} experts (top {m.experts_per_token}), "
+        f"{m.active_params / 1e9:.1f}B active"
+        if m.num_experts
+        else ""
+    )
     return (
-        f"{m.name}: {m.params / 1e9:.1f}B parameters, {gib(m.weight_bytes)} GiB of weights ({q}), "
-        f"KV {m.kv_bytes_per_layer_token() * m.num_layers // 1024} KiB/token{window}"
+        f"{m.name}: {m.params / 1e9:.1f}B parameters{moe}, {gib(m.weight_bytes)} GiB of weights "
+        f"({q}), KV {m.kv_bytes(8192) / 8192 / 1024:.0f} KiB/token at 8k tokens{window}"
     )
 
 

@@ -316,3 +316,22 @@ def test_measured_h200_links_keep_the_nvlink_versus_shm_shape() -> None:
     b = plan(shm, m, Policy(force_tp=2)).predicted
     assert a.prefill_tok_s / b.prefill_tok_s > 1.3
     assert a.decode_tok_s / b.decode_tok_s == pytest.approx(1.0, abs=0.1)
+
+
+def test_what_would_fit_names_each_option_with_the_context_it_gives() -> None:
+    # the consumer case of issue 14: a 70B 4-bit model on 2 x 24 GB asked for its full context
+    with pytest.raises(PlanError) as exc:
+        plan(T("2x3090-nvlink-x8x8"), M(AWQ), Policy(max_model_len=131072))
+    msg = str(exc.value)
+    fp8_kv = re.search(r"FP8 KV cache \(--kv-cache-dtype fp8\)[^:]*: --max-model-len (\d+)", msg)
+    shorter = re.search(r"a shorter context, --max-model-len (\d+)", msg)
+    assert fp8_kv
+    assert shorter
+    assert int(fp8_kv.group(1)) > int(shorter.group(1))  # half the bytes per token: longer
+    assert re.search(r"--cpu-offload-gb \d+[^:]*: --max-model-len \d+", msg)
+    assert re.search(r"8 GPUs like these as TP=8: --max-model-len 131072", msg)
+
+
+def test_fp8_weights_are_offered_with_their_context_when_bf16_does_not_fit() -> None:
+    with pytest.raises(PlanError, match=r"FP8 weights \(~30.0 GiB\)[^:]*: --max-model-len \d+"):
+        plan(T("2x3090-nvlink-x8x8"), M("gemma-4-31b"), Policy(max_model_len=262144))
