@@ -195,7 +195,14 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         *why,
         *rejected,
         f"max_model_len {chosen.max_model_len}: "
-        + ("asked for" if policy.max_model_len else "the longest context the KV cache holds"),
+        + (
+            "asked for"
+            if policy.max_model_len
+            else "the model's own limit, which the KV cache holds"
+            if chosen.max_model_len >= model.max_position_embeddings
+            else "the longest context the estimated KV cache holds, less a "
+            f"{memfit.CONTEXT_MARGIN:.0%} margin (vLLM's own sizing may differ by a few percent)"
+        ),
     )
     return Plan(
         mode=chosen.mode,
