@@ -78,7 +78,10 @@ def _shape(cfg_json: str) -> HfShape | None:
         return None
     if model is None:
         return None
-    return _count(model, conf, text, model_type, transformers.__version__)
+    try:
+        return _count(model, conf, text, model_type, transformers.__version__)
+    except Exception:  # a module layout this reader does not know: size from the fields
+        return None
 
 
 def _build(conf: Any) -> Any:
