@@ -1,0 +1,53 @@
+"""The memory fit: vLLM's defaults by card, its start-up KV check, the margin kept."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher import memfit
+from launcher.modelspec import GIB, load_model_spec
+from tests.launcher.paths import model
+
+
+def test_vllm_defaults_follow_the_card() -> None:
+    assert memfit.vllm_defaults(int(140.4 * GIB), "NVIDIA H200") == memfit.EngineLimits(8192, 1024)
+    assert memfit.vllm_defaults(80 * GIB, "NVIDIA A100-SXM4-80GB").batched_tokens == 2048
+    assert memfit.vllm_defaults(24 * GIB, "NVIDIA GeForce RTX 4090").batched_tokens == 2048
+    assert memfit.vllm_defaults(180 * GIB, "NVIDIA B200").batched_tokens == 16384
+
+
+def test_sliding_layers_are_padded_into_groups_as_vllm_does() -> None:
+    m = load_model_spec(model("gemma-3-27b"))
+    counted = {g.window: n for g, n in memfit.vllm_groups(m)}
+    assert counted == {None: 10, 1024: 60}  # 52 sliding layers counted as 6 groups of 10
+
+
+def test_a_dense_model_needs_whole_blocks_of_every_layer() -> None:
+    m = load_model_spec(model("llama-3.3-70b"))
+    per_block = 16 * m.kv_bytes_per_layer_token() * 80
+    assert memfit.request_kv_bytes(m, 1000, 8192) == 63 * per_block  # ceil(1000 / 16)
+
+
+@given(budget_gib=st.floats(0.01, 200), batched=st.sampled_from([512, 2048, 8192, 16384]))
+def test_the_planned_context_always_passes_vllms_check_with_the_margin(
+    budget_gib: float, batched: int
+) -> None:
+    for name in ("gemma-3-27b", "llama-3.3-70b", "gemma-4-31b", "qwen3-30b-a3b"):
+        m = load_model_spec(model(name))
+        ctx = memfit.planned_context(m, budget_gib * GIB, batched)
+        assert 0 <= ctx <= m.max_position_embeddings
+        if ctx:
+            need = memfit.request_kv_bytes(m, ctx, batched)
+            assert need <= budget_gib * GIB * (1 - memfit.CONTEXT_MARGIN)
+        if ctx < m.max_position_embeddings:  # the longest: one token more would not pass
+            assert memfit.request_kv_bytes(m, ctx + 1, batched) > budget_gib * GIB * 0.95
+
+
+def test_the_overhead_grows_with_vllms_profiling_batch() -> None:
+    m = load_model_spec(model("llama-3.3-70b"))
+    small = memfit.overhead_per_gpu(m, 1, 1, memfit.EngineLimits(2048, 256))
+    big = memfit.overhead_per_gpu(m, 1, 1, memfit.EngineLimits(16384, 1024))
+    assert big > small
+    assert memfit.overhead_per_gpu(m, 2, 1, memfit.EngineLimits(2048, 256)) != pytest.approx(small)
