@@ -46,6 +46,23 @@ class Refusal:
             return None
         return self.fits
 
+    def failure(self) -> str:
+        """The one line for a refusal that a restart will not cure."""
+        mem = (
+            f" ({self.need_gib:g} GiB of KV cache needed, {self.have_gib:g} GiB available)"
+            if self.need_gib is not None and self.have_gib is not None
+            else ""
+        )
+        hint = (
+            f"pass --max-model-len {self.fits} or less, "
+            if self.fits
+            else "lower --max-model-len, "
+        )
+        return (
+            f"vLLM cannot hold a {self.asked}-token context{mem}; {hint}"
+            "raise --gpu-memory-utilization or use more GPUs"
+        )
+
     def explain(self) -> str:
         mem = (
             f" ({self.need_gib:g} GiB of KV cache needed, {self.have_gib:g} GiB available)"

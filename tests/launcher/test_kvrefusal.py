@@ -79,3 +79,12 @@ def test_generated_refusals_round_trip(
 def test_arbitrary_text_never_raises(text: str) -> None:
     r = refusal(text)
     assert r is None or r.asked >= 0
+
+
+def test_the_failure_line_names_the_length_that_fits() -> None:
+    r = Refusal(asked=131072, fits=111456, need_gib=17.98, have_gib=16.48)
+    assert r.failure() == (
+        "vLLM cannot hold a 131072-token context (17.98 GiB of KV cache needed, 16.48 GiB "
+        "available); pass --max-model-len 111456 or less, raise --gpu-memory-utilization or "
+        "use more GPUs"
+    )
