@@ -23,7 +23,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from launcher import failures, progress, supervise
+from launcher import failures, kvrefusal, progress, supervise
 from launcher.engine import ENGINE_CMD_VAR, detect_engine, engine_argv, engine_prefix
 from launcher.errors import EngineError
 from launcher.failures import Diagnosis
@@ -162,6 +162,17 @@ class Runner:
         log = child.log_tail()
         timed_out = child.alive()
         child.stop(5.0)
+        refused = kvrefusal.refusal(log)  # the planned context is more than vLLM's KV holds
+        if refused is not None and not timed_out:
+            user_len = any(a.startswith("--max-model-len") for a in replica.command.extra_args)
+            if refused.retry_len and not retried and not user_len:
+                self.console.print(f"[yellow]![/] {refused.explain()}")
+                changed = replace(replica, command=replace(
+                    replica.command, max_model_len=refused.retry_len))
+                self._restart_changed(index, changed)
+                return
+            raise EngineError(f"vLLM failed to start: {refused.failure()}; "
+                              f"full log: {child.log_path}")
         diagnosis = failures.diagnose(log)
         if diagnosis and diagnosis.retryable and not retried:
             self._retry_with_fallback(index, replica, diagnosis)
@@ -171,7 +182,9 @@ class Runner:
     def _retry_with_fallback(self, index: int, replica: ReplicaSpec, diag: Diagnosis) -> None:
         self.console.print(f"[yellow]![/] {diag.sentence}.\n  Retrying once with: "
                            f"{' '.join(diag.changes())}")
-        changed = replace(replica, command=diag.apply(replica.command))
+        self._restart_changed(index, replace(replica, command=diag.apply(replica.command)))
+
+    def _restart_changed(self, index: int, changed: ReplicaSpec) -> None:
         self.engines[index] = self._engine_child(changed)
         self.guard.children = self._all_children()
         self._truncate_log(self.engines[index])
