@@ -75,7 +75,7 @@ class Refusal:
                 "raise --gpu-memory-utilization or use more GPUs"
             )
         return (
-            f"vLLM cannot hold the planned {self.asked}-token context{mem}; "
+            f"vLLM cannot hold the {self.asked}-token context asked of it{mem}; "
             f"starting again with --max-model-len {self.fits}, the longest it says it can hold"
         )
 

@@ -67,7 +67,7 @@ def test_vllm_cpu_refusal_is_restarted_at_its_own_length(
             time.sleep(1)
         text = out.read_text()
         said = re.search(
-            r"cannot hold the planned (\d+)-token context.*?"
+            r"cannot hold the (\d+)-token context.*?"
             r"starting again with --max-model-len (\d+)",
             text,
             re.S,

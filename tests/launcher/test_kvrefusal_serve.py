@@ -59,7 +59,7 @@ def test_a_refused_context_is_started_again_at_the_length_vllm_names(tmp_path: P
         assert (tmp_path / "state" / "refused").read_text().split() == ["4096"]
         argv = starts(tmp_path)[-1]
         assert argv[argv.index("--max-model-len") + 1] == "3000"
-        assert "cannot hold the planned 4096-token context" in text
+        assert "cannot hold the 4096-token context asked of it" in text
         assert "starting again with --max-model-len 3000" in text
     finally:
         assert stop(proc) == 0
