@@ -335,3 +335,21 @@ def test_what_would_fit_names_each_option_with_the_context_it_gives() -> None:
 def test_fp8_weights_are_offered_with_their_context_when_bf16_does_not_fit() -> None:
     with pytest.raises(PlanError, match=r"FP8 weights \(~30.0 GiB\)[^:]*: --max-model-len \d+"):
         plan(T("2x3090-nvlink-x8x8"), M("gemma-4-31b"), Policy(max_model_len=262144))
+
+
+def test_gemma4_is_served_with_vllms_gemma4_tool_parser() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from launcher.render import render
+
+    p = plan(T("h200x2-nvlink"), M("gemma-4-31b"), Policy())
+    assert p.family == "gemma4"
+    argv = render(p, "gemma-4-31b", served_name=None, host="127.0.0.1", port=8000).argv
+    assert argv[argv.index("--tool-call-parser") + 1] == "gemma4"
+    # the installed vLLM registers a parser of that name (vllm/tool_parsers/__init__.py)
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None
+    assert spec.origin is not None
+    registry = Path(spec.origin).parent / "tool_parsers" / "__init__.py"
+    assert '"gemma4": (' in registry.read_text()
