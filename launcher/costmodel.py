@@ -1,11 +1,17 @@
-"""Cost model: predicted prefill, decode and aggregate tok/s of one candidate layout. Pure.
+"""Speed: predicted prefill, decode and aggregate tok/s of one candidate layout. Pure.
 
-Roofline per forward pass, then the communication the layout adds (docs/planner.md derives it):
+Memory (what fits, how many sequences the KV cache holds) is :mod:`launcher.memfit`'s; this
+module only times a layout. Roofline per forward pass, then the communication the layout adds,
+then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
 
 - compute: 2 FLOPs per active parameter per token (+ causal attention), at an achieved fraction
   of the slowest card's dense BF16 rate; a tensor-parallel group divides it by ``tp``.
 - memory: every step streams the weights (and the sequences' KV cache) at an achieved fraction
-  of the slowest card's memory bandwidth. A step costs the larger of compute and memory.
+  of the slowest card's memory bandwidth; of a mixture-of-experts only the experts the step's
+  tokens route to (``experts_touched``), and 4-bit weights at batch 1 at half the rate
+  (``weight_stream_efficiency``). A step costs the larger of compute and memory.
+- fixed costs: an eager prefill layer takes at least ``EAGER_HOST_LAYER_S``; MoE layers add
+  their kernels' cost; every step ``STEP_OVERHEAD_S``, every request ``REQUEST_OVERHEAD_S``.
 - tensor parallel: two all-reduces per layer of ``tokens × hidden`` activations, each costing
   ``latency + 2(n-1)/n · bytes / link`` on the slowest link of the group (NVLink, P2P over PCIe
   at the negotiated width, or NCCL's SHM bounce through host memory).
