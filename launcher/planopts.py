@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 
 from launcher import hardware
-from launcher.plantypes import WORKLOADS, Policy
+from launcher.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
 
 
 def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
@@ -54,7 +55,20 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         gpus_per_node=args.gpus_per_node,
         internode_gbs=args.network_gbps / 8 * hardware.NETWORK_EFFICIENCY,
         cpu_cores=os.cpu_count() or 1,
+        cpu_kv_cache_gib=cpu_kv_cache_gib(os.environ),
     )
+
+
+def cpu_kv_cache_gib(env: Mapping[str, str]) -> float:
+    """The KV cache the CPU engine will get: the user's VLLM_CPU_KVCACHE_SPACE (GiB) when it is a
+    positive number, else what render gives it, so that the planned context is the one vLLM
+    can hold."""
+    raw = env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return CPU_KV_CACHE_GIB
+    return value if 0 < value < float("inf") else CPU_KV_CACHE_GIB
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:

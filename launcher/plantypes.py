@@ -13,6 +13,12 @@ WORKLOADS = ("interactive", "throughput")
 MIN_CONTEXT = 4096  # below this a coding agent cannot work; shorter only when asked for
 
 
+# What the CPU engine's KV cache is given unless the user sets VLLM_CPU_KVCACHE_SPACE: vLLM's
+# CPU backend otherwise reserves --gpu-memory-utilization of host memory, which fails on a
+# shared machine.
+CPU_KV_CACHE_GIB = 1.0
+
+
 @dataclass(frozen=True)
 class Policy:
     workload: str = "interactive"
@@ -29,7 +35,8 @@ class Policy:
     max_num_seqs: int = 256
     internode_gbs: float = hardware.DEFAULT_INTERNODE_GBS
     cpu_cores: int = 4  # CPU engine only
-    cpu_kv_cache_gib: float = 1.0  # CPU engine only: the KV cache it is given (render sets it)
+    # CPU engine only: the KV cache it is given (render sets VLLM_CPU_KVCACHE_SPACE to it)
+    cpu_kv_cache_gib: float = CPU_KV_CACHE_GIB
 
     @property
     def streams(self) -> int:

@@ -14,9 +14,8 @@ from launcher.costmodel import Prediction
 from launcher.enginecmd import EngineCommand, replicas
 from launcher.errors import PlanError
 from launcher.plan import Candidate, Plan, Scores
+from launcher.plantypes import CPU_KV_CACHE_GIB
 from launcher.toolcalls import choose_tool_parser
-
-CPU_KV_CACHE_GIB = "1"
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def _cpu_env(plan: Plan, cpu_ids: Sequence[int], user_env: Mapping[str, str]) ->
     if "VLLM_CPU_KVCACHE_SPACE" not in user_env:
         # vLLM's CPU backend reserves --gpu-memory-utilization of *host* memory unless a KV-cache
         # size is given; on a shared machine that start-up check fails, so we size it.
-        env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{CPU_KV_CACHE_GIB:g}"
     ranks = plan.tp * plan.pp
     if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in user_env:
         # vLLM binds each CPU worker to a NUMA node of its own and refuses to start with more

@@ -49,3 +49,21 @@ def test_plan_text_names_the_prompt_length_it_predicted_for(
     assert main(["plan", "--model", model("llama-3.3-70b"), "--topology",
                  str(TOPOLOGIES / "h200x2-nvlink.nvml.json"), "--prompt", "3072"]) == 0
     assert "tok/s (3072-token prompt)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("value", "gib"),
+    [("0.5", 0.5), ("4", 4.0), (" 2 ", 2.0), ("", 1.0), ("lots", 1.0), ("0", 1.0), ("-3", 1.0),
+     ("inf", 1.0), ("nan", 1.0)],
+)
+def test_the_cpu_plan_sizes_the_kv_cache_the_engine_will_really_get(value: str, gib: float) -> None:
+    from launcher.planopts import cpu_kv_cache_gib
+
+    assert cpu_kv_cache_gib({"VLLM_CPU_KVCACHE_SPACE": value}) == gib
+
+
+def test_without_the_variable_the_plan_and_render_agree_on_the_default() -> None:
+    from launcher.planopts import cpu_kv_cache_gib
+    from launcher.plantypes import CPU_KV_CACHE_GIB, Policy
+
+    assert cpu_kv_cache_gib({}) == CPU_KV_CACHE_GIB == Policy().cpu_kv_cache_gib
