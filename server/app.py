@@ -34,7 +34,6 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from server import anthropic
 from server.admission import Admission
@@ -50,13 +49,13 @@ from server.errors import (
     Unauthorized,
     UpstreamUnavailable,
 )
-from server.front import Exchange
 from server.health import HealthChecker
 from server.metrics import GpuCollector, GpuSampler, ProxyMetrics, route_label
 from server.relay import Call, Relay, send_error
 from server.router import Router, affinity_key
 from server.schemas import ChatCompletionRequest, CompletionRequest, message_list
 from server.sse import usage_options
+from server.uvicorn_adapter import body_buffered
 
 log = logging.getLogger("toposerve.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -157,7 +156,7 @@ class Proxy:
         chunks, size = [], 0
         # A body uvicorn already holds whole (the usual case) comes in one receive() that does
         # not wait: no timer to set up and cancel for it.
-        whole = _body_buffered(receive)
+        whole = body_buffered(receive)
         try:
             async with (contextlib.nullcontext() if whole
                         else asyncio.timeout(self.cfg.body_timeout_s)):
@@ -293,19 +292,6 @@ class ProxyApp:
 
     def openapi(self) -> dict[str, Any]:
         return self.fastapi.openapi()
-
-
-def _body_buffered(receive: Receive) -> bool:
-    """True when ``receive`` is server.front's or uvicorn's and the whole body has arrived."""
-    cycle = getattr(receive, "__self__", None)
-    if type(cycle) is Exchange:
-        return cycle.body_buffered()
-    if type(cycle) is not RequestResponseCycle:
-        return False
-    try:
-        return not cycle.more_body and not cycle.disconnected
-    except AttributeError:  # a uvicorn that renamed them: take the general path
-        return False
 
 
 # Fresh request ids: a random prefix per process and a counter (32 hex digits in all). Unique

@@ -14,7 +14,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# ASGI scope extension {"callbacks": [...], "left": bool}, offered by server.serve's and
+# ASGI scope extension {"callbacks": [...], "left": bool}, offered by server.uvicorn_adapter's and
 # server.front's protocols: they call the callbacks when the client's connection drops, and set
 # "left" for a request that registers after that. The relay then needs no task per request
 # blocked in receive() just to learn of a disconnect; without the extension, such a task watches.

@@ -15,10 +15,10 @@ that request, and whatever followed it) goes to uvicorn's protocol for the rest 
 exactly as if uvicorn had had it from the start. Requests are served one at a time per
 connection; bytes that arrive while one is being answered (pipelining) wait, unparsed.
 
-Two things are refused here, and by server.serve's uvicorn protocol alike, before any app sees
-them (``refuse``: an OpenAI-format error, then the connection is closed): an upgrade
-(``Connection: upgrade``, ``Upgrade:``, ``CONNECT``; the proxy serves no websockets, and an
-upgraded connection escapes every timeout), and a request head over the limits of
+Two things are refused here, and by uvicorn's guarded protocol (server.uvicorn_adapter) alike,
+before any app sees them (``refuse``: an OpenAI-format error, then the connection is closed): an
+upgrade (``Connection: upgrade``, ``Upgrade:``, ``CONNECT``; the proxy serves no websockets, and
+an upgraded connection escapes every timeout), and a request head over the limits of
 ``HeadLimit`` (431), counted as it arrives so that an endless header line is cut off before
 httptools, which concatenates a header's pieces, spends time and memory on it. A client whose
 socket accepts nothing for ``Guards.stall_timeout_s`` is disconnected (``StallTimer``).
@@ -33,7 +33,7 @@ import json
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 
@@ -60,7 +60,7 @@ LINGER_BYTES = 64 * 1024  # or sooner, once it sent this much more (it is not li
 
 @dataclass(frozen=True)
 class Guards:
-    """What both protocols (this one and server.serve's) enforce on every connection."""
+    """What both protocols (this one and server.uvicorn_adapter's) enforce on every connection."""
 
     header_timeout_s: float = 15.0
     max_header_line_bytes: int = 16 * 1024
@@ -325,7 +325,7 @@ class Exchange:
     def _start(self, status: int, headers: Any) -> None:
         self.response_started = True
         parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
-        for name, value in self.proto.server_state.default_headers:  # date, as uvicorn sends
+        for name, value in self.proto.host.default_headers:  # date, as uvicorn sends
             parts += (name, b": ", value, b"\r\n")
         length: int | None = None
         for name, value in headers:
@@ -355,12 +355,29 @@ class Exchange:
 Handler = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
 
 
+class Host(Protocol):
+    """What the front needs of the server that runs it: server.uvicorn_adapter.UvicornHost."""
+
+    @property
+    def keep_alive_s(self) -> float: ...
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]: ...
+    def runs(self, app: object) -> bool: ...
+    def opened(self, proto: asyncio.Protocol) -> None: ...
+    def closed(self, proto: asyncio.Protocol) -> None: ...
+    def started(self, task: asyncio.Task[None]) -> None: ...
+    def finished(self, task: asyncio.Task[None]) -> None: ...
+    def answered(self) -> None: ...
+    def protocol(self, cls: type[asyncio.Protocol]) -> asyncio.Protocol: ...
+
+
 def front_protocol(app: object, generation: Handler, fallback: type[asyncio.Protocol],
-                   guards: Guards) -> type[asyncio.Protocol]:
+                   guards: Guards, host_of: Callable[..., Host]) -> type[asyncio.Protocol]:
     """The protocol class for uvicorn's ``http=``: ``generation`` serves the lean requests while
     uvicorn runs ``app`` bare (wrapped in middleware, e.g. under --log-level trace, everything
     goes through uvicorn); ``fallback`` (uvicorn's, with the header timeout) takes over every
-    connection this one does not serve itself."""
+    connection this one does not serve itself; ``host_of(config, server_state, app_state,
+    loop)`` is what the protocol knows of the server (server.uvicorn_adapter.UvicornHost)."""
 
     class Front(FrontProtocol):
         pass
@@ -370,6 +387,7 @@ def front_protocol(app: object, generation: Handler, fallback: type[asyncio.Prot
     Front.fallback = fallback
     Front.guards = guards
     Front.header_timeout_s = guards.header_timeout_s
+    Front.host_of = staticmethod(host_of)  # type: ignore[assignment]
     return Front
 
 
@@ -379,16 +397,14 @@ class FrontProtocol(asyncio.Protocol):
     fallback: type[asyncio.Protocol]
     guards: Guards
     header_timeout_s: float
+    host_of: Callable[..., Host]
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if not config.loaded:
-            config.load()
-        self.config = config
-        self.server_state = server_state
-        self.app_state = app_state
         self.loop = _loop or asyncio.get_event_loop()
-        self.handler = self.generation if config.loaded_app is self.app else None
+        # What this protocol needs of the server that runs it (uvicorn's, by name).
+        self.host = self.host_of(config, server_state, app_state, self.loop)
+        self.handler = self.generation if self.host.runs(self.app) else None
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser: httptools.HttpRequestParser | None = None
         self.buf = bytearray()  # received and not taken by a complete lean request
@@ -415,7 +431,7 @@ class FrontProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server_state.connections.add(self)
+        self.host.opened(self)
         self._arm(self.header_timeout_s)
 
     def data_received(self, data: bytes) -> None:
@@ -437,7 +453,7 @@ class FrontProtocol(asyncio.Protocol):
         self._parse()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server_state.connections.discard(self)
+        self.host.closed(self)
         self._disarm()
         self.stall.resumed()
         if self.refused is not None:
@@ -572,7 +588,7 @@ class FrontProtocol(asyncio.Protocol):
         }
         task = self.loop.create_task(handler(scope, ex.receive, ex.send))
         task.add_done_callback(lambda t: self._task_done(t, ex))
-        self.server_state.tasks.add(task)
+        self.host.started(task)
 
     def on_body(self, body: bytes) -> None:
         ex = self.exchange
@@ -597,7 +613,7 @@ class FrontProtocol(asyncio.Protocol):
     # -- the end of an exchange -------------------------------------------------------------
 
     def response_done(self, ex: Exchange) -> None:
-        self.server_state.total_requests += 1
+        self.host.answered()
         if not ex.keep_alive or ex.more_body or self.transport.is_closing():
             self.transport.close()  # an unread request body cannot be skipped safely
             return
@@ -608,7 +624,7 @@ class FrontProtocol(asyncio.Protocol):
         if self.buf:  # a pipelined request: after this task step, not inside its send()
             self.loop.call_soon(self._next)
         else:
-            self._arm(self.config.timeout_keep_alive, keep_alive=True)
+            self._arm(self.host.keep_alive_s, keep_alive=True)
 
     def _next(self) -> None:
         if (self.waiting or self.handed_over or self.refused is not None
@@ -624,11 +640,11 @@ class FrontProtocol(asyncio.Protocol):
         self._disarm()
         self.buf.clear()
         self.read_paused = False
-        self.refused = refuse(self.transport, self.loop, self.server_state.default_headers,
+        self.refused = refuse(self.transport, self.loop, self.host.default_headers,
                               status, message, code)
 
     def _task_done(self, task: asyncio.Task[None], ex: Exchange) -> None:
-        self.server_state.tasks.discard(task)
+        self.host.finished(task)
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
             log.error("lean HTTP path: %s: %s", type(exc).__name__, exc)
@@ -650,10 +666,8 @@ class FrontProtocol(asyncio.Protocol):
         self.handed_over = True
         self._disarm()
         self.stall.resumed()
-        self.server_state.connections.discard(self)
-        other = self.fallback(config=self.config,  # type: ignore[call-arg]
-                              server_state=self.server_state, app_state=self.app_state,
-                              _loop=self.loop)
+        self.host.closed(self)
+        other = self.host.protocol(self.fallback)
         self.resume_reading()
         other.connection_made(self.transport)
         self.transport.set_protocol(other)

@@ -1,28 +1,50 @@
-"""Every use of uvicorn's internals by the relay, in one place: the relay's downstream
-(server.downstream) under the two servers this proxy runs.
+"""Every use of uvicorn's internals, in one place (uvicorn's public ``Config``/``Server`` are
+used by server.serve; pyproject pins uvicorn to the releases the contract tests passed with).
 
-- server.front's lean path: its ``Exchange`` is the ASGI ``receive``/``send``, and writes
-  token events itself once a chunked response started.
-- uvicorn's httptools protocol: its ``RequestResponseCycle`` is; a body chunk is written
-  straight to its transport, framed as its ``send`` frames it. That reads private attributes
-  (``response_started``, ``chunked_encoding``, ``disconnected``, ``response_complete``,
-  ``flow.write_paused``, ``transport``), all checked when the writer is made: a uvicorn that
-  renamed one gets no direct writer, and every chunk goes through ``send`` (tested with a bare
-  cycle; pyproject pins uvicorn to the tested releases).
-
-Under any other server (or ``send`` wrapped by middleware) the relay gets plain
-``server.asgi.AsgiDownstream``.
+- The relay's downstream (server.downstream) under the two servers this proxy runs:
+  server.front's lean path, whose ``Exchange`` is the ASGI ``receive``/``send`` and writes
+  token events itself once a chunked response started; and uvicorn's httptools protocol, whose
+  ``RequestResponseCycle`` is, a body chunk then being written straight to its transport as its
+  ``send`` frames it. That reads private attributes (``response_started``, ``chunked_encoding``,
+  ``disconnected``, ``response_complete``, ``flow.write_paused``, ``transport``), all checked
+  when the writer is made: a uvicorn that renamed one gets no direct writer, and every chunk
+  goes through ``send`` (tested with a bare cycle). Under any other server (or ``send``
+  wrapped by middleware) the relay gets plain ``server.asgi.AsgiDownstream``.
+- ``body_buffered``: whether a request's whole body is already held (the app then reads it
+  without a timer).
+- ``UvicornHost``: what server.front's protocol needs of the uvicorn server running it.
+- ``guarded_protocol``: uvicorn's httptools protocol with server.front's guards (header
+  timeout, bounded heads, refused upgrades, stalled clients) and the disconnect hook.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from server.asgi import AsgiDownstream, Receive, Send
+from server.asgi import (
+    DISCONNECT_HOOK,
+    AsgiDownstream,
+    Receive,
+    Send,
+    client_left,
+    disconnect_hook,
+    new_disconnect_hook,
+)
 from server.downstream import ChunkWriter, Downstream
-from server.front import Exchange
+from server.front import (
+    UPGRADE_REFUSED,
+    Exchange,
+    Guards,
+    HeadLimit,
+    Refusal,
+    StallTimer,
+    head_too_large,
+    refuse,
+    wants_upgrade,
+)
 
 
 def downstream_for(receive: Receive, send: Send, hook: dict[str, Any] | None) -> Downstream:
@@ -32,6 +54,11 @@ def downstream_for(receive: Receive, send: Send, hook: dict[str, Any] | None) ->
         return LeanDownstream(receive, send, hook)
     if type(owner) is RequestResponseCycle:
         return CycleDownstream(receive, send, hook)
+    # A relayed route reaches the relay through FastAPI, whose send wraps the cycle's (only to
+    # note that a response started); the guarded protocol leaves the cycle's own in the hook.
+    raw = hook.get("send") if hook is not None else None
+    if raw is not None and type(getattr(raw, "__self__", None)) is RequestResponseCycle:
+        return CycleDownstream(receive, raw, hook)
     return AsgiDownstream(receive, send, hook)
 
 
@@ -92,3 +119,179 @@ class CycleWriter:
 
     def write(self, data: bytes) -> None:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+
+def body_buffered(receive: Receive) -> bool:
+    """True when ``receive`` is server.front's or uvicorn's and the whole body has arrived (the
+    next receive() will not wait)."""
+    cycle = getattr(receive, "__self__", None)
+    if type(cycle) is Exchange:
+        return cycle.body_buffered()
+    if type(cycle) is not RequestResponseCycle:
+        return False
+    try:
+        return not cycle.more_body and not cycle.disconnected
+    except AttributeError:  # a uvicorn that renamed them: take the general path
+        return False
+
+
+class UvicornHost:
+    """What server.front's protocol needs of the uvicorn server that runs it, by name.
+
+    uvicorn builds an ``http=`` protocol as ``cls(config=, server_state=, app_state=, _loop=)``
+    and expects it to keep ``server_state``'s connection and task sets and request count (its
+    graceful shutdown and limits read them), to send ``default_headers`` (the date it refreshes
+    every second) and to honour ``config.timeout_keep_alive``; a connection handed to uvicorn's
+    own protocol is built the same way."""
+
+    __slots__ = ("app_state", "config", "loop", "state")
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.state = server_state
+        self.app_state = app_state
+        self.loop = loop
+
+    def runs(self, app: object) -> bool:
+        """Whether uvicorn serves ``app`` itself (not wrapped in middleware)."""
+        return self.config.loaded_app is app
+
+    @property
+    def keep_alive_s(self) -> float:
+        return float(self.config.timeout_keep_alive)
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return self.state.default_headers  # type: ignore[no-any-return]
+
+    def opened(self, proto: asyncio.Protocol) -> None:
+        self.state.connections.add(proto)
+
+    def closed(self, proto: asyncio.Protocol) -> None:
+        self.state.connections.discard(proto)
+
+    def started(self, task: asyncio.Task[None]) -> None:
+        self.state.tasks.add(task)
+
+    def finished(self, task: asyncio.Task[None]) -> None:
+        self.state.tasks.discard(task)
+
+    def answered(self) -> None:
+        self.state.total_requests += 1
+
+    def protocol(self, cls: type[asyncio.Protocol]) -> asyncio.Protocol:
+        """A fresh ``cls`` (uvicorn's protocol) for a connection handed over to it."""
+        return cls(config=self.config, server_state=self.state,  # type: ignore[call-arg]
+                   app_state=self.app_state, _loop=self.loop)
+
+
+def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
+    timeout_s = guards.header_timeout_s
+
+    class GuardedProtocol(HttpToolsProtocol):
+        """uvicorn's protocol, closing a connection whose request headers do not arrive
+        within ``timeout_s``, bounding request heads, refusing upgrades and cutting off a
+        client that stops reading (the same rules as server.front's)."""
+
+        _header_timer: asyncio.TimerHandle | None = None
+        _refused: Refusal | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head = HeadLimit(guards.max_header_line_bytes, guards.max_header_bytes)
+            self._stall = StallTimer(self.loop, guards)
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused is not None:
+                self._refused.drop(data)
+                return
+            # Counted before httptools sees the bytes. The head is known to start after the
+            # previous request's end, so the first chunk of a pipelined head can go uncounted:
+            # the bound is looser by at most one read, never absent.
+            over = self._head.feed(data)
+            if over is not None:
+                self._refuse(431, head_too_large(self._head, over), "header_too_large")
+                return
+            super().data_received(data)
+
+        def _refuse(self, status: int, message: str, code: str) -> None:
+            self._disarm()
+            self._refused = refuse(self.transport, self.loop, self.server_state.default_headers,
+                                   status, message, code)
+
+        def _unsupported_upgrade_warning(self) -> None:
+            if self._refused is None:  # pragma: no cover - every upgrade is refused first
+                super()._unsupported_upgrade_warning()
+
+        def on_message_begin(self) -> None:
+            if self._refused is not None:
+                return
+            super().on_message_begin()
+            if self._header_timer is None:  # a new connection's first request: armed already
+                self._arm()
+
+        def on_headers_complete(self) -> None:
+            if self._refused is not None:
+                return
+            self._disarm()
+            if self.parser.should_upgrade() or wants_upgrade(self.headers):
+                self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
+                return
+            # A fresh scope per request (made in on_message_begin): the relay registers there
+            # what to call if the client leaves, instead of a task waiting on receive().
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
+            extensions[DISCONNECT_HOOK] = new_disconnect_hook()
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self._refused is None:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if self._refused is None:
+                super().on_message_complete()
+                self._head.reset()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._stall.paused(self.transport)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stall.resumed()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            self._stall.resumed()
+            if self._refused is not None:
+                self._refused.cancel()
+            cycle = self.cycle
+            super().connection_lost(exc)
+            # uvicorn marks only the running cycle, and only before its response completed:
+            # exactly when its receive() would have answered http.disconnect.
+            hook = disconnect_hook(cycle.scope) if cycle is not None else None
+            if cycle is not None and cycle.disconnected and hook is not None:
+                client_left(hook)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+    return GuardedProtocol

@@ -151,12 +151,11 @@ def test_uvicorn_fast_paths_fall_back_when_its_cycle_lacks_what_they_read() -> N
     # be) must send them down the general path, not fail mid-stream.
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from server.app import _body_buffered
-    from server.uvicorn_adapter import CycleWriter
+    from server.uvicorn_adapter import CycleWriter, body_buffered
 
     bare = RequestResponseCycle.__new__(RequestResponseCycle)
     assert CycleWriter.of(bare.send) is None
-    assert _body_buffered(bare.receive) is False
+    assert body_buffered(bare.receive) is False
 
     async def not_uvicorn(message: object) -> None:
         return None
