@@ -171,13 +171,17 @@ def request_kv_bytes(
     total = 0
     for g, layers in vllm_groups(m):
         page = block * g.bytes_per_token(kv_dtype_bytes)
-        if g.window:
-            held = min(g.window - 1 + in_flight * batched_tokens, tokens)
-            blocks = -(-held // block) + 1
-        else:
-            blocks = -(-tokens // block)
-        total += layers * blocks * page
+        total += layers * layer_blocks(g, tokens, batched_tokens, block, in_flight) * page
     return total
+
+
+def layer_blocks(g: KvGroup, tokens: int, batched_tokens: int, block: int, in_flight: int) -> int:
+    """The blocks one layer of group ``g`` holds for one request of ``tokens`` (see
+    :func:`request_kv_bytes`)."""
+    if g.window:
+        held = min(g.window - 1 + in_flight * batched_tokens, tokens)
+        return -(-held // block) + 1
+    return -(-tokens // block)
 
 
 def longest_context(
@@ -272,11 +276,7 @@ def kv_pool_tokens(
     per_request = 0
     for g, layers in groups:
         n = layers // size if len(groups) > 1 else 1
-        if g.window:
-            held = min(g.window - 1 + in_flight * batched_tokens, max_model_len)
-            per_request += n * (-(-held // block) + 1)
-        else:
-            per_request += n * -(-max_model_len // block)
+        per_request += n * layer_blocks(g, max_model_len, batched_tokens, block, in_flight)
     return int(num_blocks / per_request * max_model_len)
 
 
