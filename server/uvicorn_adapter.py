@@ -247,8 +247,13 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             # A fresh scope per request (made in on_message_begin): the relay registers there
             # what to call if the client leaves, instead of a task waiting on receive().
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
-            extensions[DISCONNECT_HOOK] = new_disconnect_hook()
+            hook = extensions[DISCONNECT_HOOK] = new_disconnect_hook()
             super().on_headers_complete()
+            # The cycle's own send, for the relay's direct writes on routes that reach it
+            # through FastAPI (whose send wraps this one): see downstream_for.
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:
+                hook["send"] = cycle.send
 
         def on_body(self, body: bytes) -> None:
             if self._refused is None:
