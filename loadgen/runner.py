@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from loadgen.schedule import arrival_offsets
@@ -43,6 +43,7 @@ class Driven:
 
 
 Tick = Callable[[list[RawRequest], float], None]  # (finished so far, elapsed s) -> None
+Load = Callable[[list[RawRequest], float], Awaitable[None]]  # (finished, start) -> sends
 
 
 class _LoopProbe:
@@ -74,24 +75,14 @@ async def drive(
     """
     if start_at is not None:
         await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
-    done: list[RawRequest] = []
-    probe = _LoopProbe()
-    probe_task = asyncio.create_task(probe.run())
-    ticker = asyncio.create_task(_ticker(tick, done)) if tick else None
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    if shape.rate is None:
-        await _closed_loop(client, payload, indices, shape, done)
-    else:
-        await _open_loop(client, payload, indices, shape, done)
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    probe.stop()
-    for task in (probe_task, ticker):
-        if task is not None:
-            task.cancel()
-    if tick:
-        tick(done, wall)
-    health = LoopHealth(lag_s=dist(probe.lags), cpu_fraction=cpu / wall if wall > 0 else 0.0)
-    return Driven(tuple(sorted(done, key=lambda r: r.index)), health, tuple(probe.lags))
+
+    async def load(done: list[RawRequest], wall0: float) -> None:
+        if shape.rate is None:
+            await _closed_loop(client, payload, indices, shape, done)
+        else:
+            await _open_loop(client, payload, indices, shape, done)
+
+    return await _probed(load, tick)
 
 
 async def drive_sessions(
@@ -103,20 +94,30 @@ async def drive_sessions(
 ) -> Driven:
     """Agent sessions: session i sends its turns in order, `think_s` apart, starting
     i/len(payloads) of a think time late; request numbers are first_index(i) + turn."""
+
+    async def load(done: list[RawRequest], wall0: float) -> None:
+        async def session(i: int, turns: Sequence[bytes]) -> None:
+            await sleep_until(wall0 + think_s * i / len(payloads))
+            for t, payload in enumerate(turns):
+                if t:  # the agent reads the answer and runs its tool: never shorter than asked
+                    await sleep_until(time.perf_counter() + think_s)
+                done.append(await client.send(first_index(i) + t, payload))
+
+        await asyncio.gather(*(session(i, turns) for i, turns in enumerate(payloads)))
+
+    return await _probed(load, tick)
+
+
+async def _probed(load: Load, tick: Tick | None) -> Driven:
+    """Run ``load`` (given the list it appends finished requests to, and its start time) with
+    the loop probe and the ticker beside it; the requests in index order and the loop's health.
+    """
     done: list[RawRequest] = []
     probe = _LoopProbe()
     probe_task = asyncio.create_task(probe.run())
     ticker = asyncio.create_task(_ticker(tick, done)) if tick else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
-
-    async def session(i: int, turns: Sequence[bytes]) -> None:
-        await sleep_until(wall0 + think_s * i / len(payloads))
-        for t, payload in enumerate(turns):
-            if t:  # the agent reads the answer and runs its tool: never shorter than asked
-                await sleep_until(time.perf_counter() + think_s)
-            done.append(await client.send(first_index(i) + t, payload))
-
-    await asyncio.gather(*(session(i, turns) for i, turns in enumerate(payloads)))
+    await load(done, wall0)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     probe.stop()
     for task in (probe_task, ticker):
