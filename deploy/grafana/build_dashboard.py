@@ -63,7 +63,7 @@ def panel(
     **extra: Any,
 ) -> Panel:
     """A panel without position: layout() gives ids and gridPos."""
-    refs = [dict(t, refId=chr(ord("A") + i)) for i, t in enumerate(targets)]
+    refs = [dict(t, refId=ref_id(i)) for i, t in enumerate(targets)]
     out: Panel = {
         "type": kind,
         "title": title,
@@ -76,6 +76,56 @@ def panel(
     }
     out.update(extra)
     return out
+
+
+def ref_id(i: int) -> str:
+    """The refId of a panel's i-th query; an instant table query's value column is
+    ``Value #<refId>``."""
+    return chr(ord("A") + i)
+
+
+def merged_columns(rename: dict[str, str]) -> list[dict[str, Any]]:
+    """Transformations that join instant table queries into one row per label set, drop the
+    time column and name the value columns."""
+    return [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {"excludeByName": {"Time": True}, "renameByName": rename},
+        },
+    ]
+
+
+def bars_by(
+    label: str,
+    title: str,
+    series: Sequence[tuple[str, str, str]],
+    *,
+    w: int,
+    unit: str,
+    orientation: str,
+    description: str = "",
+) -> Panel:
+    """A bar chart of instant queries, one group of bars per value of ``label``; ``series`` is
+    (query, legend, column name) per bar."""
+    return panel(
+        "barchart",
+        title,
+        [target(expr, legend, instant=True, table=True) for expr, legend, _ in series],
+        w=w,
+        h=9,
+        unit=unit,
+        transformations=merged_columns(
+            {f"Value #{ref_id(i)}": column for i, (_, _, column) in enumerate(series)}
+        ),
+        options={
+            "xField": label,
+            "orientation": orientation,
+            "showValue": "auto",
+            "legend": {"displayMode": "list", "placement": "bottom"},
+        },
+        description=description,
+    )
 
 
 def timeseries(
@@ -390,8 +440,8 @@ def runs_row() -> list[Panel]:
             table=True,
         )
     )
-    rename = {f"Value #{chr(ord('A') + i)}": label for i, (_, _, label) in enumerate(columns)}
-    rename[f"Value #{chr(ord('A') + len(columns))}"] = "failed requests"
+    rename = {f"Value #{ref_id(i)}": label for i, (_, _, label) in enumerate(columns)}
+    rename[f"Value #{ref_id(len(columns))}"] = "failed requests"
     return [
         row("Loadgen runs compared"),
         panel(
@@ -400,55 +450,28 @@ def runs_row() -> list[Panel]:
             targets,
             w=24,
             h=9,
-            transformations=[
-                {"id": "merge", "options": {}},
-                {
-                    "id": "organize",
-                    "options": {"excludeByName": {"Time": True}, "renameByName": rename},
-                },
-            ],
+            transformations=merged_columns(rename),
             description="One row per `loadgen --pushgateway` run (pushed under job=loadgen, "
             "grouped by run_id).",
         ),
-        panel(
-            "barchart",
+        bars_by(
+            "run_id",
             "Decode vs prefill tok/s by run",
             [
-                target(
+                (
                     f'max by (run_id) (loadgen_prefill_tokens_per_second{{stat="mean",{sel}}})',
                     "prefill",
-                    instant=True,
-                    table=True,
+                    "prefill tok/s (mean)",
                 ),
-                target(
+                (
                     f'max by (run_id) (loadgen_decode_tokens_per_second{{stat="mean",{sel}}})',
                     "decode",
-                    instant=True,
-                    table=True,
+                    "decode tok/s (mean)",
                 ),
             ],
             w=24,
-            h=9,
             unit="tps",
-            transformations=[
-                {"id": "merge", "options": {}},
-                {
-                    "id": "organize",
-                    "options": {
-                        "excludeByName": {"Time": True},
-                        "renameByName": {
-                            "Value #A": "prefill tok/s (mean)",
-                            "Value #B": "decode tok/s (mean)",
-                        },
-                    },
-                },
-            ],
-            options={
-                "xField": "run_id",
-                "orientation": "horizontal",
-                "showValue": "auto",
-                "legend": {"displayMode": "list", "placement": "bottom"},
-            },
+            orientation="horizontal",
         ),
     ]
 
@@ -458,46 +481,25 @@ def agent_row() -> list[Panel]:
     sel = 'run_id=~"$run_id"'
     return [
         row("Agent sessions (loadgen --workload agent)"),
-        panel(
-            "barchart",
+        bars_by(
+            "turn",
             "Agent: TTFT and prefill of the new tokens, by turn",
             [
-                target(
+                (
                     f'max by (turn) (loadgen_agent_ttft_seconds{{stat="p50",{sel}}})',
                     "TTFT p50",
-                    instant=True,
-                    table=True,
+                    "TTFT p50 (s)",
                 ),
-                target(
+                (
                     "max by (turn) (loadgen_agent_prefill_new_tokens_per_second"
                     f'{{stat="p50",{sel}}})',
                     "prefill new tok/s p50",
-                    instant=True,
-                    table=True,
+                    "prefill of new tokens p50 (tok/s)",
                 ),
             ],
             w=18,
-            h=9,
             unit="s",
-            transformations=[
-                {"id": "merge", "options": {}},
-                {
-                    "id": "organize",
-                    "options": {
-                        "excludeByName": {"Time": True},
-                        "renameByName": {
-                            "Value #A": "TTFT p50 (s)",
-                            "Value #B": "prefill of new tokens p50 (tok/s)",
-                        },
-                    },
-                },
-            ],
-            options={
-                "xField": "turn",
-                "orientation": "vertical",
-                "showValue": "auto",
-                "legend": {"displayMode": "list", "placement": "bottom"},
-            },
+            orientation="vertical",
             description="Each turn resends the whole conversation; with the prefix cache only "
             "the new tokens should cost prefill, so TTFT should stay flat as the context grows.",
         ),
