@@ -1,10 +1,13 @@
 """How exactly loadgen measures, against a simulated engine whose timings are known.
 
     .venv/bin/python benchmarks/loadgen_accuracy.py [--quick] [--json FILE] [--no-vllm]
-    .venv/bin/python benchmarks/loadgen_accuracy.py --peers [--peers-dir /tmp/peers] [--json F]
+    .venv/bin/python benchmarks/loadgen_accuracy.py --peers [--setup-peers] [--peers-dir /tmp/peers]
+        [--json F]
 
 `--peers` puts the other tools beside loadgen in one run (see `peers()` below), on a stand-in
 server that counts tokens with a real Hugging Face tokenizer (tests/loadgen/standin.py).
+`--setup-peers` first makes or repairs, each in its own venv, a peer that is missing or cannot
+run (`PEER_SETUP`: pinned versions; GuideLLM on torch 2.13.0, installed before it).
 
 For each case, a fresh simulated engine (simengine.engine) sends token k of every request at
 exactly t0 + TTFT + k·ITL. loadgen, then `vllm bench serve` (same shape, same simulator
@@ -488,6 +491,100 @@ def peer_inference_perf(
     row.reported_out = mean * row.ok if mean is not None else None
 
 
+def peer_guidellm(case: PeerCase, url: str, tok: str, work: Path, row: PeerRow, exe: Path) -> None:
+    out = work / "guidellm.json"
+    # A scenario file rather than flags: its `kind=...,key=value` flags cannot carry a nested
+    # body. No health check (the stand-in, like a hosted API, has no /health); all streams start
+    # at once (no ramp-up), no warm-up or cool-down is cut from the figures.
+    spec = {"spec": {
+        "backend": {"kind": "openai_http", "target": url, "model": "standin-model",
+                    "request_format": "/v1/completions", "validate_backend": False,
+                    "extras": {"body": {"ignore_eos": True}}},
+        "profile": {"kind": "concurrent", "streams": [case.streams]},
+        "constraints": [{"kind": "max_requests", "count": case.requests}],
+        "tokenizer": {"kind": "huggingface_auto", "model": tok},
+        "data": [{"kind": "synthetic_text", "prompt_tokens": PEER_PROMPT,
+                  "output_tokens": PEER_GEN}],
+        "outputs": [{"kind": "json", "path": str(out)}],
+    }}  # fmt: skip
+    (work / "guidellm-scenario.json").write_text(json.dumps(spec))
+    argv = [str(exe), "run", "-c", str(work / "guidellm-scenario.json"),
+            "--disable-console-interactive"]  # fmt: skip
+    code, row.cpu_s, row.wall_s = _timed(argv, work, work / "guidellm.log")
+    if not out.exists():
+        row.note = f"exit {code}: {_tail(work / 'guidellm.log')}"
+        return
+    m = json.loads(out.read_text())["benchmarks"][0]["metrics"]
+    totals = m["request_totals"]
+    row.ok, row.failed = totals["successful"], totals["errored"] + totals["incomplete"]
+    row.ttft_p50_s = m["time_to_first_token_ms"]["successful"]["median"] / 1000
+    row.itl_p50_s = m["inter_token_latency_ms"]["successful"]["median"] / 1000
+    row.reported_out = m["output_token_count"]["successful"]["total_sum"]
+
+
+# Each peer's venv: the Python it needs, then pip installs in order, then a check that it can run.
+# GuideLLM depends on a bare `torch`: installing torch==2.13.0 first makes pip take the CPU wheel
+# this machine keeps on disk (/opt/wheels), which then satisfies guidellm's requirement; left to
+# resolve it alone, pip would pull PyPI's CUDA build (GBs). Where no such wheel is on disk, the
+# same pin downloads PyPI's build of that release.
+PEER_SETUP: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "aiperf": ("python3.11", ("aiperf==0.13.0",), ("aiperf", "--version")),
+    "inference-perf": ("python3.12", ("inference-perf==0.7.0",), ("inference-perf", "--help")),
+    "guidellm": (
+        "python3.11",
+        ("torch==2.13.0", "guidellm==0.8.1"),
+        ("python", "-c", "import torch, guidellm.data, guidellm.benchmark"),
+    ),
+}
+PEER_RUNNERS: dict[str, tuple[str, Any]] = {
+    "aiperf": ("aiperf", peer_aiperf),
+    "inference-perf": ("inference-perf", peer_inference_perf),
+    "guidellm": ("guidellm", peer_guidellm),
+}
+
+
+def _setup_commands(name: str, venv: Path) -> list[str]:
+    python, installs, _ = PEER_SETUP[name]
+    return [f"{python} -m venv {venv}", *(f"{venv}/bin/pip install {p}" for p in installs)]
+
+
+def _peer_broken(name: str, venv: Path) -> str | None:
+    """Why the peer in `venv` cannot run, or None if its own check passes."""
+    _, _, check = PEER_SETUP[name]
+    exe = venv / "bin" / check[0]
+    if not exe.exists():
+        return f"not installed at {exe}"
+    try:
+        probe = subprocess.run([str(exe), *check[1:]], capture_output=True, text=True,
+                               timeout=300, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"`{' '.join(check)}` did not finish in 300 s"
+    if probe.returncode == 0:
+        return None
+    last = (probe.stderr.strip() or probe.stdout.strip() or "?").splitlines()[-1]
+    return f"installed but broken: `{' '.join(check)}` exited {probe.returncode}: {last[:200]}"
+
+
+def _setup_peer(name: str, venv: Path) -> str | None:
+    """Make (or repair) the peer's venv with its pinned installs; why not, or None."""
+    print(f"{name}: setting up {venv}", flush=True)
+    log = venv.parent / f"{name}.setup.log"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    cmds = _setup_commands(name, venv)
+    if (venv / "bin" / "python").exists():
+        cmds = cmds[1:]  # repair in place: keep what is installed, add what is missing
+    with log.open("w") as out:
+        for cmd in cmds:
+            try:
+                code = subprocess.run(cmd.split(), stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=1800, check=False).returncode  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return f"`{cmd}` failed: {e}"
+            if code:
+                return f"`{cmd}` exited {code} (log: {log})"
+    return None
+
+
 PEER_HEADER = (
     "| streams | tokens/event, usage | tool | ok/failed | prompt exact (server count) |"
     " output exact (server sent) | output tokens reported / sent | TTFT p50 ms (error vs"
@@ -520,34 +617,24 @@ def _peer_fmt(r: PeerRow) -> str:
     )  # fmt: skip
 
 
-def peers(quick: bool, peers_dir: Path, json_path: Path | None) -> None:
+def peers(quick: bool, peers_dir: Path, json_path: Path | None, setup: bool = False) -> None:
     sys.path.insert(0, str(REPO))
     from launcher.tinymodel import ensure_tiny_model
     from tests.loadgen.standin import spawn as spawn_standin
 
     tok = str(ensure_tiny_model())
     tools: list[tuple[str, Any]] = [("loadgen", peer_loadgen), ("vllm bench serve", peer_vllm)]
-    for name, exe_name, fn in (
-        ("aiperf", "aiperf", peer_aiperf),
-        ("inference-perf", "inference-perf", peer_inference_perf),
-    ):
-        exe = peers_dir / name / "bin" / exe_name
-        if exe.exists():
-            tools.append((name, lambda c, u, t, w, r, fn=fn, exe=exe: fn(c, u, t, w, r, exe)))
-        else:
-            print(f"{name}: skipped, not installed at {exe} (python -m venv {peers_dir / name}"
-                  f" && {peers_dir / name}/bin/pip install {name})", flush=True)  # fmt: skip
-    guidellm = peers_dir / "guidellm" / "bin" / "python"
-    if not guidellm.exists():
-        print(f"guidellm: skipped, not installed at {guidellm.parent}", flush=True)
-    else:
-        probe = subprocess.run([str(guidellm), "-c", "import guidellm.data"],
-                               capture_output=True, text=True, check=False)  # fmt: skip
-        why = (probe.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"guidellm: skipped, it cannot load its data pipeline here ({why}); it needs torch,"
-              " which from PyPI is the CUDA build (GBs) that this machine cannot use"
-              if probe.returncode else "guidellm: installed, but this benchmark has no runner"
-              " for it", flush=True)  # fmt: skip
+    for name, (exe_name, fn) in PEER_RUNNERS.items():
+        venv = peers_dir / name
+        why = _peer_broken(name, venv)
+        if why and setup:
+            why = _setup_peer(name, venv) or _peer_broken(name, venv)
+        if why:
+            print(f"{name}: skipped, {why} (set up with --setup-peers, or by hand:"
+                  f" {' && '.join(_setup_commands(name, venv))})", flush=True)  # fmt: skip
+            continue
+        exe = venv / "bin" / exe_name
+        tools.append((name, lambda c, u, t, w, r, fn=fn, exe=exe: fn(c, u, t, w, r, exe)))
     print(
         f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},"
         f" load average before {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
@@ -595,6 +682,12 @@ def main() -> None:
         default=Path("/tmp/peers"),
         help="where each peer has its venv: DIR/aiperf, DIR/inference-perf, DIR/guidellm",
     )
+    p.add_argument(
+        "--setup-peers",
+        action="store_true",
+        help="with --peers: make or repair a peer's venv that is missing or cannot run"
+        " (pinned: aiperf 0.13.0, inference-perf 0.7.0, guidellm 0.8.1 on torch 2.13.0)",
+    )
     p.add_argument("--render", type=Path, help="print the peer table of a saved --peers --json")
     args = p.parse_args()
     if args.render:
@@ -604,7 +697,7 @@ def main() -> None:
             print(_peer_fmt(PeerRow(**saved)))
         return
     if args.peers:
-        peers(args.quick, args.peers_dir, args.json)
+        peers(args.quick, args.peers_dir, args.json, args.setup_peers)
         return
     tokenizer = ""
     if not args.no_vllm:
@@ -616,8 +709,7 @@ def main() -> None:
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(cases(args.quick)):
-            tools = [("loadgen", run_loadgen)] + ([] if args.no_vllm else [("vllm", run_vllm)])
-            for name, fn in tools:
+            for name in ["loadgen"] + ([] if args.no_vllm else ["vllm"]):
                 with spawn(
                     SimConfig(
                         port=0, ttft=case.ttft, itl=case.itl, model="sim-model", max_model_len=8192
@@ -625,7 +717,7 @@ def main() -> None:
                 ) as sim:
                     out = Path(tmp) / f"{name}-{i}.json"
                     m = (
-                        fn(case, sim, out)
+                        run_loadgen(case, sim, out)
                         if name == "loadgen"
                         else run_vllm(case, sim, tokenizer, out)
                     )
