@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from launcher.errors import TopologyError
@@ -227,25 +228,39 @@ def _dump_links(r: _Reader, index: int, g: Mapping[str, Any], several: bool) -> 
     return out[:_MAX_LINKS]
 
 
-def _dump_gpu(r: _Reader, index: int, d: Mapping[str, Any], links: list[str] | None) -> Gpu:
+def _gpu(
+    r: _Reader,
+    index: int,
+    d: Mapping[str, Any],
+    memory_key: str,
+    nvlinks_active: int,
+    persistence_mode: bool | None,
+) -> Gpu:
+    """A GPU from the fields both formats read alike; the memory size is under ``memory_key``
+    (the dump's memory_total, the saved format's memory_bytes)."""
     subject = f"GPU{index}"
-    persistence = _int(_get(d, "persistence_mode"), 0, 1)
     return Gpu(
         index=index,
         name=_str(_get(d, "name")) or UNKNOWN_NAME,
         uuid=_str(_get(d, "uuid")) or f"unknown-{index}",
         bus_id=normalize_bus_id(_str(_get(d, "bus_id")) or ""),
-        memory_bytes=r.checked_int(subject, d, "memory_total", _MAX_MEMORY) or 0,
+        memory_bytes=r.checked_int(subject, d, memory_key, _MAX_MEMORY) or 0,
         cc=_cc(_get(d, "cc")),
         pcie_gen_cur=r.checked_int(subject, d, "pcie_gen_cur", _MAX_PCIE_GEN, 1),
         pcie_gen_max=r.checked_int(subject, d, "pcie_gen_max", _MAX_PCIE_GEN, 1),
         pcie_width_cur=r.checked_int(subject, d, "pcie_width_cur", _MAX_PCIE_WIDTH, 1),
         pcie_width_max=r.checked_int(subject, d, "pcie_width_max", _MAX_PCIE_WIDTH, 1),
         numa_node=_int(_get(d, "numa_node"), 0, _MAX_INDEX),
-        nvlinks_active=len(links or []),
-        persistence_mode=None if persistence is None else persistence == 1,
+        nvlinks_active=nvlinks_active,
+        persistence_mode=persistence_mode,
         cpu_affinity=_str(_get(d, "cpu_affinity")),
     )
+
+
+def _dump_gpu(r: _Reader, index: int, d: Mapping[str, Any], links: list[str] | None) -> Gpu:
+    persistence = _int(_get(d, "persistence_mode"), 0, 1)
+    on = None if persistence is None else persistence == 1
+    return _gpu(r, index, d, "memory_total", len(links or []), on)
 
 
 def _status(raw: Any) -> str | None:
@@ -361,23 +376,10 @@ def _project_gpu(r: _Reader, index: int, d: Mapping[str, Any]) -> Gpu:
     subject = f"GPU{index}"
     persistence = _get(d, "persistence_mode")
     nvlinks = r.checked_int(subject, d, "nvlinks_active", _MAX_LINKS)
-    return Gpu(
-        index=index,
-        name=_str(_get(d, "name")) or UNKNOWN_NAME,
-        uuid=_str(_get(d, "uuid")) or f"unknown-{index}",
-        bus_id=normalize_bus_id(_str(_get(d, "bus_id")) or ""),
-        memory_bytes=r.checked_int(subject, d, "memory_bytes", _MAX_MEMORY) or 0,
-        cc=_cc(_get(d, "cc")),
-        pcie_gen_cur=r.checked_int(subject, d, "pcie_gen_cur", _MAX_PCIE_GEN, 1),
-        pcie_gen_max=r.checked_int(subject, d, "pcie_gen_max", _MAX_PCIE_GEN, 1),
-        pcie_width_cur=r.checked_int(subject, d, "pcie_width_cur", _MAX_PCIE_WIDTH, 1),
-        pcie_width_max=r.checked_int(subject, d, "pcie_width_max", _MAX_PCIE_WIDTH, 1),
-        numa_node=_int(_get(d, "numa_node"), 0, _MAX_INDEX),
-        nvlinks_active=nvlinks or 0,
-        persistence_mode=persistence if isinstance(persistence, bool) else None,
-        cpu_affinity=_str(_get(d, "cpu_affinity")),
-        perf=_perf(r, subject, d),
-    )
+    on = persistence if isinstance(persistence, bool) else None
+    gpu = _gpu(r, index, d, "memory_bytes", nvlinks or 0, on)
+    # read after the other fields, so that its notes follow theirs as they always have
+    return replace(gpu, perf=_perf(r, subject, d))
 
 
 def _perf(r: _Reader, subject: str, d: Mapping[str, Any]) -> GpuPerf | None:
