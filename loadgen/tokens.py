@@ -3,7 +3,9 @@
 * `RemoteCounter`: the target's own `/tokenize` (vLLM, the toposerve proxy): exact.
 * `LocalCounter`: a Hugging Face tokenizer given with `--tokenizer PATH_OR_HUB_ID`: exact when it
   is the served model's tokenizer; loaded with transformers' AutoTokenizer, which resolves a hub
-  id through huggingface_hub and so honours HF_HOME, HF_HUB_OFFLINE, HF_ENDPOINT and HF_TOKEN.
+  id through huggingface_hub. As the planner's `launcher.hub` does, HF_HOME / HF_HUB_CACHE,
+  HF_TOKEN and HF_HUB_OFFLINE are read when the tokenizer is loaded (huggingface_hub reads them
+  once, at its import); HF_ENDPOINT is still read at that import, which for the CLI is its start.
   Chat prompts are counted through the tokenizer's chat template (`add_generation_prompt`).
 * `UsageCounter`: neither: each count is a 1-token request whose `usage.prompt_tokens` is read
   back (calibration). Counts are cached per input, and the request count is reported.
@@ -15,9 +17,12 @@ adds them) and `chat(messages)` (the templated conversation).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
+from launcher.hub import HubEnv, is_repo_id
 from loadgen.errors import TargetError, TokenizerError
 
 Messages = Sequence[Mapping[str, Any]]
@@ -94,7 +99,7 @@ def load_tokenizer(name: str) -> LocalCounter:
         ) from None
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # its advice on stderr is not loadgen's output
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(name)
+        tok = _from_pretrained(transformers.AutoTokenizer, name)
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not loadable"
         raise TokenizerError(
             f"cannot load tokenizer {name!r} ({_first_line(exc)}): give a directory holding"
@@ -104,6 +109,24 @@ def load_tokenizer(name: str) -> LocalCounter:
     if not callable(tok):
         raise TokenizerError(f"{name!r} did not load as a tokenizer: give a tokenizer directory")
     return LocalCounter(tok, name)
+
+
+def _from_pretrained(auto: Any, name: str) -> Any:
+    """auto.from_pretrained(name), a hub id with the environment as it is now, not as it was
+    when huggingface_hub was imported: the planner's reading of it (launcher.hub.HubEnv)."""
+    if Path(name).exists() or not is_repo_id(name):
+        return auto.from_pretrained(name)
+    from huggingface_hub import constants
+
+    hub = HubEnv.from_env(os.environ)
+    was_offline = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = hub.offline
+    try:
+        return auto.from_pretrained(
+            name, cache_dir=str(hub.cache), token=hub.token, local_files_only=hub.offline
+        )
+    finally:
+        constants.HF_HUB_OFFLINE = was_offline
 
 
 def _first_line(exc: BaseException) -> str:

@@ -5,8 +5,16 @@ the hub does, for the routes the launcher uses (read in huggingface_hub's own so
 
 - ``GET /api/models/<repo>`` and ``/api/models/<repo>/revision/<rev>``: the commit (``sha``) and
   the file list (``siblings``); a gated repository's info is public, as on the hub;
-- ``HEAD``/``GET /<repo>/resolve/<rev>/<file>``: the file, with ``X-Repo-Commit``, ``ETag`` and
-  ``Content-Length``.
+- ``GET /api/models/<repo>/tree/<rev>[/<folder>]``: one folder's entries (``?recursive=true``:
+  all below it), as ``{"type": "file"|"directory", "oid", "size", "path"}`` in one page (no
+  ``Link`` header, so huggingface_hub's paging stops); a folder the commit lacks is 404
+  ``EntryNotFound``. transformers 5 lists ``additional_chat_templates/`` this way on every
+  tokenizer load, and takes that 404 as "none";
+- ``HEAD``/``GET /<repo>/resolve/<rev>/<file>``: the file, with ``X-Repo-Commit``, ``ETag`` (the
+  git blob id, as the hub gives for a file kept in git, not LFS: so no ``X-Linked-Size`` /
+  ``X-Linked-Etag``, which only an LFS file's redirect carries) and ``Content-Length``.
+
+A gated repository's info and tree are public, its files are not, as on the hub.
 
 Refusals as the hub gives them: an unknown repository is 401 without a token (the hub does not
 say whether a private one exists) and 404 with one, ``X-Error-Code: RepoNotFound``; a gated one's
@@ -24,7 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 
 @dataclass
@@ -86,6 +94,37 @@ def commit_of(label: str) -> str:
     return hashlib.sha1(label.encode()).hexdigest()
 
 
+def blob_id(content: bytes) -> str:
+    """The git blob id of a file: what the hub gives as ETag and tree ``oid`` for a non-LFS file."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def tree_entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[dict[str, Any]]:
+    """The hub's tree listing of ``folder`` ('' for the root): files and folders, sorted."""
+    prefix = f"{folder.strip('/')}/" if folder.strip("/") else ""
+    found: dict[str, dict[str, Any]] = {}
+    for name in sorted(files):
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :].split("/")
+        # every folder on the way down is an entry; with recursive, the files below it too
+        for depth in range(1, len(rest)):
+            path = prefix + "/".join(rest[:depth])
+            found.setdefault(
+                path, {"type": "directory", "oid": commit_of(path), "size": 0, "path": path}
+            )
+            if not recursive:
+                break
+        else:
+            found[name] = {
+                "type": "file",
+                "oid": blob_id(files[name]),
+                "size": len(files[name]),
+                "path": name,
+            }
+    return [found[path] for path in sorted(found)]
+
+
 class _Handler(BaseHTTPRequestHandler):
     standin: StandinHub
     protocol_version = "HTTP/1.1"
@@ -114,10 +153,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.standin.seen.append(Seen(self.command, path, auth))
         token = auth.removeprefix("Bearer ").strip() if auth else None
         parts = [unquote(p) for p in path.strip("/").split("/")]
-        if parts[:2] == ["api", "models"] and len(parts) >= 4:
-            repo_id = "/".join(parts[2:4])
-            rev = parts[5] if len(parts) >= 6 and parts[4] == "revision" else "main"
-            self._info(repo_id, rev, token, body)
+        if parts[:2] == ["api", "models"] and len(parts) == 4:
+            self._info("/".join(parts[2:4]), "main", token, body)
+        elif parts[:2] == ["api", "models"] and len(parts) == 6 and parts[4] == "revision":
+            self._info("/".join(parts[2:4]), parts[5], token, body)
+        elif parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "tree":
+            query = parse_qs(urlsplit(self.path).query)
+            recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+            folder = "/".join(parts[6:])
+            self._tree("/".join(parts[2:4]), parts[5], folder, recursive, token, body)
         elif len(parts) >= 5 and parts[2] == "resolve":
             self._file(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), token, body)
         else:
@@ -160,6 +204,22 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(info).encode()
         self._answer(200, data, {"Content-Type": "application/json"}, body)
 
+    def _tree(
+        self, repo_id: str, rev: str, folder: str, recursive: bool, token: str | None, body: bool
+    ) -> None:
+        repo = self._repo(repo_id, token, body)
+        if repo is None:
+            return
+        commit = self._commit(repo, rev, body)
+        if commit is None:
+            return
+        entries = tree_entries(repo.commits[commit], folder, recursive)
+        if folder and not entries:
+            self._refuse(404, "EntryNotFound", f"{folder} does not exist on {rev}", body, commit)
+            return
+        data = json.dumps(entries).encode()
+        self._answer(200, data, {"Content-Type": "application/json"}, body)
+
     def _file(self, repo_id: str, rev: str, name: str, token: str | None, body: bool) -> None:
         repo = self._repo(repo_id, token, body)
         if repo is None:
@@ -183,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {
             "Content-Type": "application/json",
             "X-Repo-Commit": commit,
-            "ETag": f'"{hashlib.sha256(content).hexdigest()}"',
+            "ETag": f'"{blob_id(content)}"',
         }
         self._answer(200, content, headers, body)
 
