@@ -27,6 +27,14 @@ LLAMA = json.loads((MODELS / "llama-3.3-70b" / "config.json").read_text())
 # What Llama-3.3-70B-Instruct's model.safetensors.index.json says: 141,107,412,992 bytes of bf16.
 TOTAL_SIZE = 141_107_412_992
 MAIN, V2 = commit_of("main"), commit_of("v2")
+# What planning fetches of a repository, and all it asks for: config, index and the two small
+# configs, never a weight file.
+PLANNING_FILES = {
+    "config.json",
+    "model.safetensors.index.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+}
 
 
 def files(config: dict[str, object], index: bool = True) -> dict[str, bytes]:
@@ -110,12 +118,7 @@ def test_a_public_hub_model_plans_from_its_fetched_config(
     assert "vllm serve meta-llama/Llama-3.3-70B-Instruct" in out
     assert "/api/models/meta-llama/Llama-3.3-70B-Instruct/revision/main" in hub.paths()
     fetched = {p.rsplit("/", 1)[1] for p in hub.paths() if "/resolve/main/" in p}
-    assert fetched == {
-        "config.json",
-        "model.safetensors.index.json",
-        "generation_config.json",
-        "tokenizer_config.json",
-    }  # the weights are left to vLLM
+    assert fetched == PLANNING_FILES  # the weights are left to vLLM
     snapshot = Path(env["HF_HOME"]) / "hub" / "models--meta-llama--Llama-3.3-70B-Instruct"
     assert (snapshot / "snapshots" / MAIN / "config.json").is_file()
 
@@ -338,9 +341,5 @@ def test_a_hub_that_lists_no_files_is_asked_for_each_and_missing_ones_are_skippe
     m = load_model_spec("mirror/config-only", env)
     assert m.num_layers == 80
     asked = {p.rsplit("/", 1)[1] for p in hub.paths() if "/resolve/" in p}
-    assert asked == {
-        "config.json",
-        "model.safetensors.index.json",
-        "generation_config.json",
-        "tokenizer_config.json",
-    }  # each asked for, the three it lacks answered 404 EntryNotFound and skipped
+    # each asked for, the three it lacks answered 404 EntryNotFound and skipped
+    assert asked == PLANNING_FILES
