@@ -127,8 +127,7 @@ def report_dict(report: Report) -> dict[str, Any]:
     config.update(model=report.target.model, plan=report.target.plan)
     runs = [level_dict(report, lv) for lv in report.levels]
     if report.config.slo() is not None:
-        best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
-        extra["slo_best"] = _slo_best(report, best)
+        extra["slo_best"] = _slo_best(report)
     return {"config": config, "runs": runs, **extra}
 
 
@@ -145,12 +144,8 @@ def agent_dict(a: AgentResult) -> dict[str, Any]:
             row[key] = dist_dict(getattr(t, key))
         row.update(cached_tokens=t.cached_tokens, cache_hit_rate=t.cache_hit_rate)
         turns.append(row)
-    first, last = a.per_turn[0], a.per_turn[-1]
-    ratio = (
-        last.ttft_s.p50 / first.ttft_s.p50
-        if first.ttft_s.p50 and last.ttft_s.p50 is not None
-        else None
-    )
+    ttft = _first_last_ttft(a)
+    ratio = ttft[1] / ttft[0] if ttft else None
     return {
         "sessions": a.sessions,
         "turns": a.turns,
@@ -163,8 +158,20 @@ def agent_dict(a: AgentResult) -> dict[str, Any]:
     }
 
 
-def _slo_best(report: Report, best: int | None) -> dict[str, Any]:
+def _first_last_ttft(a: AgentResult) -> tuple[float, float] | None:
+    """TTFT p50 of the first and the last turn, where both are known and the first is not 0."""
+    first, last = a.per_turn[0].ttft_s.p50, a.per_turn[-1].ttft_s.p50
+    return (first, last) if first and last is not None else None
+
+
+def _best(report: Report) -> int | None:
+    """The highest concurrency whose level met the SLO (None: no level did)."""
+    return best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
+
+
+def _slo_best(report: Report) -> dict[str, Any]:
     """The highest concurrency whose level met the SLO (None: no level did) and its goodput."""
+    best = _best(report)
     level = next((lv for lv in report.levels if lv.concurrency == best), None)
     s = level.summary.slo if level is not None else None
     return {
@@ -314,8 +321,8 @@ def format_agent_table(a: AgentResult) -> Table:
 
 def format_agent_notes(a: AgentResult) -> list[str]:
     notes = []
-    first, last = a.per_turn[0].ttft_s.p50, a.per_turn[-1].ttft_s.p50
-    if first and last is not None:
+    if ttft := _first_last_ttft(a):
+        first, last = ttft
         notes.append(
             f"agent: TTFT p50 of turn {a.turns} {_ms(last)} ms against turn 1 {_ms(first)} ms"
             f" ({last / first:.2f}x)"
@@ -372,7 +379,7 @@ def format_notes(report: Report) -> list[str]:
     if report.gpus is not None:
         notes += format_gpus(report.gpus)
     if report.config.slo() is not None and len(report.levels) > 1:
-        best = best_level([(lv.concurrency, lv.summary.slo) for lv in report.levels])
+        best = _best(report)
         found = f"concurrency {best}" if best is not None else "no level"
         notes.append(f"highest load meeting the SLO: {found}")
     for level in report.levels:
