@@ -305,9 +305,23 @@ def fit(
     lim = vllm_defaults(smallest.memory_bytes, smallest.name)
     weights = weights_per_gpu(m, tp, pp)
     over = overhead_per_gpu(m, tp, pp, lim)
-    kv_budget = max(0.0, budget - weights - over) * kv_shards(m, tp, pp)
+    kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     context = planned_context(m, kv_budget, lim.batched_tokens, kv_dtype_bytes)
     return Fit(budget, weights, over, kv_budget, context, lim)
+
+
+def replica_kv_budget(
+    m: ModelSpec,
+    tp: int,
+    pp: int,
+    budget: float,
+    weights: float,
+    overhead: float,
+    offload: float = 0.0,
+) -> float:
+    """KV bytes of one replica: what each GPU's budget leaves after its weights (less
+    ``offload`` bytes of them kept on the CPU) and the overhead, over all the KV shards."""
+    return max(0.0, budget - weights + offload - overhead) * kv_shards(m, tp, pp)
 
 
 def need_per_gpu(

@@ -49,7 +49,7 @@ def _context(
 ) -> int:
     f = memfit.fit(m, gpus, tp, pp, util, kv_bytes)
     if offload:
-        room = max(0.0, f.budget - f.weights + offload - f.overhead) * memfit.kv_shards(m, tp, pp)
+        room = memfit.replica_kv_budget(m, tp, pp, f.budget, f.weights, f.overhead, offload)
         return memfit.planned_context(m, room, f.limits.batched_tokens, kv_bytes)
     return f.context if f.kv_budget > 0 else 0
 
