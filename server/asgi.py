@@ -74,6 +74,9 @@ class AsgiDownstream:
     def direct(self) -> ChunkWriter | None:
         return None  # ``send`` is a coroutine: nothing to write from a callback
 
+    def paused(self) -> bool:
+        return False  # ASGI does not say: a silent stream is the engine's, as before
+
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()

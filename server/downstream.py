@@ -41,5 +41,9 @@ class Downstream(Protocol):
     def direct(self) -> ChunkWriter | None:
         """After ``start``: a synchronous writer for body chunks, or None (use ``write``)."""
 
+    def paused(self) -> bool:
+        """Whether the server has stopped writing to the client's socket because it took
+        nothing (its write buffer is full); False where the server does not say."""
+
     def close(self) -> None:
         """The request is over: stop watching for the client's leaving."""

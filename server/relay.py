@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +87,25 @@ class Call:
 
 
 class _Guard:
-    """Turns a client disconnect or a timeout into a cancellation of the request task."""
+    """Turns a client disconnect or a timeout into a cancellation of the request task.
 
-    def __init__(self, task: asyncio.Task[Any], cfg: ProxyConfig) -> None:
+    A timeout is the engine's only while the client is reading: once the client's socket is
+    paused, the proxy stops reading the engine (back-pressure) and the silence is the
+    client's. The guard then waits ``max(idle, stall)`` longer for the server's stall timer
+    (server.front.StallTimer) to cut the client off; a client still paused after that (a server
+    without one) is ended here as a stall. Only the timer's expiry looks at this: no per-token
+    work."""
+
+    def __init__(self, task: asyncio.Task[Any], cfg: ProxyConfig,
+                 client_paused: Callable[[], bool]) -> None:
         self.task = task
         self.cfg = cfg
+        self.client_paused = client_paused
         self.loop = task.get_loop()
         self.reason: str | None = None
         self.active = True
         self.streaming = False
+        self.held = False  # a timeout was put off once already because the client was paused
         self.last = self.loop.time()
         self.timer = self.loop.call_at(self.last + cfg.first_byte_timeout_s, self._expire)
 
@@ -115,14 +125,23 @@ class _Guard:
             self.timer = self.loop.call_at(self.last + self.cfg.idle_timeout_s, self._expire)
 
     def _expire(self) -> None:
-        if not self.streaming:
-            self.fire("first_byte")
+        now = self.loop.time()
+        if self.streaming:
+            due = self.last + self.cfg.idle_timeout_s
+            if now < due:  # data came since this timer was set: look again when the new
+                self.held = False  # silence would end
+                self.timer = self.loop.call_at(due, self._expire)
+                return
+        if self.client_paused():
+            if self.held:
+                self.fire("stall")
+                return
+            self.held = True
+            self.last = now  # the engine could not be heard while the client held it back
+            wait = max(self.cfg.idle_timeout_s, self.cfg.client_stall_timeout_s)
+            self.timer = self.loop.call_at(now + wait, self._expire)
             return
-        due = self.last + self.cfg.idle_timeout_s
-        if self.loop.time() >= due:
-            self.fire("idle")
-        else:  # data came since this timer was set: look again when the new silence would end
-            self.timer = self.loop.call_at(due, self._expire)
+        self.fire("idle" if self.streaming else "first_byte")
 
     def stop(self) -> None:
         self.active = False
@@ -150,7 +169,7 @@ class Relay:
     async def relay(self, call: Call, down: Downstream) -> None:
         task = asyncio.current_task()
         assert task is not None
-        guard = _Guard(task, self.cfg)
+        guard = _Guard(task, self.cfg, down.paused)
         down.on_disconnect(guard.client_left)
         route_metrics = self.metrics.route(call.model, call.route)
         in_flight = route_metrics.in_flight
@@ -344,6 +363,12 @@ class Relay:
 
     async def _cancelled(self, call: Call, reason: str, down: Downstream) -> None:
         if reason == "client":
+            call.status = CLIENT_GONE
+            return
+        if reason == "stall":  # the client took nothing for a whole timeout and more
+            self.metrics.client_stalls.inc()
+            log.info("%s: the client took nothing while the engine waited: given up",
+                     call.request_id)
             call.status = CLIENT_GONE
             return
         if call.finished:

@@ -71,6 +71,10 @@ class LeanDownstream(AsgiDownstream):
         ex: Exchange = self.send.__self__  # type: ignore[attr-defined]
         return ex if ex.response_started and ex.chunked else None
 
+    def paused(self) -> bool:
+        ex: Exchange = self.send.__self__  # type: ignore[attr-defined]
+        return ex.proto.write_paused and not ex.disconnected
+
 
 class CycleDownstream(AsgiDownstream):
     """uvicorn's httptools ``RequestResponseCycle``."""
@@ -79,6 +83,13 @@ class CycleDownstream(AsgiDownstream):
 
     def direct(self) -> ChunkWriter | None:
         return CycleWriter.of(self.send)
+
+    def paused(self) -> bool:
+        cycle = self.send.__self__  # type: ignore[attr-defined]
+        try:
+            return bool(cycle.flow.write_paused and not cycle.disconnected)
+        except AttributeError:  # a uvicorn that renamed them: the relay's old reading
+            return False
 
 
 class CycleWriter:

@@ -71,6 +71,36 @@ def test_a_client_that_stops_reading_is_cut_off_and_counted_as_a_stall(
         sock.close()
 
 
+STALL_ROUTES = ["/v1/chat/completions",  # the lean front's downstream
+                "/v1/messages"]  # relayed through FastAPI: uvicorn's cycle under the guards
+
+
+@pytest.mark.parametrize("path", STALL_ROUTES)
+def test_a_stalled_client_is_a_stall_even_when_the_idle_timeout_is_shorter(
+        spawn_proxy: SpawnProxy, sim_url: str, path: str) -> None:
+    # The idle timer runs out first; the engine is fine (the proxy stopped reading it because
+    # the client took nothing), so the client is the one blamed, at its own timeout.
+    p = spawn_proxy([sim_url], "--client-stall-timeout", "2", "--idle-timeout", "1")
+    sim_control(sim_url, itl=0.0002)
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 90_000,
+                       "stream": True}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(address(p.url))
+    try:
+        sock.sendall(request_bytes("POST", path, {"content-type": "application/json",
+                                                  "anthropic-version": "2023-06-01"}, body))
+        assert wait_for(lambda: holds_connection(p.pid, sock), timeout=5)
+        assert wait_for(lambda: not holds_connection(p.pid, sock), timeout=20)
+        assert wait_for(lambda: sim_stats(sim_url)["aborted"] >= 1)
+        text = metrics_text(p.url)
+        assert metric(text, "toposerve_client_stalls_total") == 1.0
+        assert metric(text, "toposerve_upstream_errors_total", kind="timeout") is None
+        assert metric(text, "toposerve_requests_total", status="499") == 1.0
+    finally:
+        sock.close()
+
+
 # -- /ready ------------------------------------------------------------------------------------
 
 def test_protect_metrics_closes_ready_too(spawn_proxy: SpawnProxy, sim_url: str) -> None:
