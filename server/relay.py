@@ -46,7 +46,7 @@ from server.errors import (
 from server.metrics import ProxyMetrics, RouteMetrics
 from server.router import Router, Upstream
 from server.sse import SseInspector, usage_of_body
-from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response
+from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response, ResponseTooLarge
 from server.uvicorn_adapter import downstream_for
 
 log = logging.getLogger("toposerve.access")
@@ -262,6 +262,12 @@ class Relay:
                           headers: list[tuple[bytes, bytes]], down: Downstream) -> None:
         try:
             body = await resp.read()
+        except ResponseTooLarge:  # not broken off: the proxy's own limit refused it
+            self.metrics.upstream_errors.labels(up.url, "too_large").inc()
+            raise UpstreamBadResponse(
+                "the engine's answer exceeded --max-response-bytes "
+                f"({self.pools[up.url].max_response_bytes} bytes); start the proxy with a larger "
+                "--max-response-bytes to accept it, or ask for a shorter answer") from None
         except ConnectionBroken:
             self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
             raise UpstreamBadResponse("the engine broke off its answer; retry the request"

@@ -176,7 +176,14 @@ def test_a_non_streamed_answer_over_the_limit_is_502(spawn_proxy: SpawnProxy,
     p = spawn_proxy([sim_url], "--max-response-bytes", "3000")
     reply = post_json(p.url, "/v1/completions", {"prompt": "x", "max_tokens": 3000})
     assert reply.status == 502
-    assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "exceeded --max-response-bytes (3000 bytes)" in error["message"]
+    assert "larger --max-response-bytes" in error["message"]
+    assert "broke off" not in error["message"]
+    text = metrics_text(p.url)
+    assert metric(text, "toposerve_upstream_errors_total", kind="too_large") == 1.0
+    assert metric(text, "toposerve_upstream_errors_total", kind="stream_broken") is None
     assert post_json(p.url, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status == 200
     assert exchange(p.url, "GET", "/v1/models").status == 200
 
