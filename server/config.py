@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest non-streamed engine answer (502 past it)")
     p.add_argument("--client-stall-timeout", type=float, default=30.0, metavar="S",
                    help="a client whose socket accepts nothing for this long is disconnected "
-                        "(keep it below --idle-timeout)")
+                        "(counted as a client stall, never as an engine timeout)")
     p.add_argument("--gpu-interval", type=float, default=5.0, metavar="S",
                    help="how often NVML is sampled for toposerve_gpu_* (in a thread)")
     p.add_argument("--max-in-flight", type=int, default=1024)
