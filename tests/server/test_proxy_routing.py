@@ -3,6 +3,7 @@ taken out of routing and put back."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 
@@ -88,20 +89,41 @@ def test_failed_replica_is_taken_out_and_put_back(spawn_proxy: SpawnProxy,
     assert generations(a) > 0
 
 
+def prompts_preferring(url: str, urls: list[str], prefix: str, n: int) -> list[str]:
+    """n completion prompts whose prefix affinity points at `url` among `urls`. With
+    --affinity-slack 0 a request on an idle proxy goes where its affinity points, and that is a
+    hash of the prompt and the replicas' URLs, whose ports are random: fixed prompts would reach
+    a given replica only by luck of the ports."""
+    router = Router(urls, slack=0)
+    found: list[str] = []
+    for i in itertools.count():
+        prompt = f"{prefix}{i}"
+        up = router.pick(affinity_key({"prompt": prompt, "max_tokens": 1}))
+        if up is not None and up.url == url:
+            found.append(prompt)
+            if len(found) == n:
+                return found
+    raise AssertionError("unreachable")
+
+
 def test_unreachable_replica_is_skipped_at_once(spawn_proxy: SpawnProxy,
                                                 sims: tuple[str, str]) -> None:
     _, b = sims
     with spawn_process(SimConfig(ttft=0.01, itl=0.002)) as (a, proc):
-        p = spawn_proxy([a, b], "--health-interval", "30", "--affinity-slack", "0")
-        for i in range(4):
-            httpx.post(p.url + "/v1/completions", json={"prompt": f"w{i}", "max_tokens": 1})
-        assert generations(a) > 0
+        # an hour between health checks: only the failed connection can take `a` out
+        p = spawn_proxy([a, b], "--health-interval", "3600", "--affinity-slack", "0")
+        # every prompt prefers `a`: the warm-up leaves idle pooled connections to it, and after
+        # the kill each request would go to `a` if the first failure had not taken it out
+        for prompt in prompts_preferring(a, [a, b], "w", 4):
+            assert httpx.post(p.url + "/v1/completions",
+                              json={"prompt": prompt, "max_tokens": 1}).status_code == 200
+        assert generations(a) == 4
         proc.kill()
         proc.wait()
         before = generations(b)
         codes = [httpx.post(p.url + "/v1/completions",
-                            json={"prompt": f"r{i}", "max_tokens": 1}).status_code
-                 for i in range(6)]
+                            json={"prompt": prompt, "max_tokens": 1}).status_code
+                 for prompt in prompts_preferring(a, [a, b], "r", 6)]
     assert codes == [200] * 6
     assert generations(b) == before + 6
     connect_errors = f'toposerve_upstream_errors_total{{kind="connect",upstream="{a}"}} 1.0'
