@@ -10,7 +10,7 @@
 # Env: MODEL (default benchmarks/gpu/models/qwen2.5-32b-shape), PORT / ENGINE_PORT (18000 /
 # 18100), SESSIONS, TURNS, CONTEXT, GEN, THINK (4, 10, 2000:30000, 64, 1), MAX_MODEL_LEN (32768),
 # VLLM_EXTRA (more vLLM flags). PYTHONPATH must hold vLLM (/root/site, see
-# ../shared/gpu/README.md); it defaults to /root/site:$PWD. Results in $OUT/agent_turns/:
+# benchmarks/gpu/BUNDLE.md); it defaults to /root/site:$PWD. Results in $OUT/agent_turns/:
 # agent.json (loadgen), loadgen.txt, summary.txt, launcher-tail.txt. Budget: cold start of the
 # 32B shape with this capture list about 2-4 min (estimated from earlier runs, not measured with
 # this script), the run about 1 min (10 turns x (1 s think + prefill/decode)).

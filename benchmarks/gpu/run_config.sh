@@ -7,7 +7,7 @@
 # SCENARIOS: space-separated from single (512->256, 1 stream), long (3584-token prompt),
 # c8 and c32 (512->256 at concurrency 8 / 32), proxyab (c32 direct to vLLM vs through the proxy).
 # Results: $OUT/NAME/*.json (loadgen), launcher.out, nccl.txt (the transports NCCL logged).
-# Run with PYTHONPATH holding vLLM (see ../shared/gpu/README.md); multicast stays off.
+# Run with PYTHONPATH holding vLLM (see benchmarks/gpu/BUNDLE.md); multicast stays off.
 set -uo pipefail
 name=$1 model=$2 largs=$3 scenarios=$4
 root=${OUT:-/tmp/out}
@@ -17,7 +17,7 @@ port=${PORT:-8000} eport=${ENGINE_PORT:-8100}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_DEBUG=INFO PYTHONUNBUFFERED=1
 # Capture sizes kept short (start-up time); with TP the all-reduce+RMSNorm fusion is off and
-# VLLM_ALLREDUCE_USE_SYMM_MEM=0 is exported by the caller, as ../shared/gpu/README.md requires.
+# VLLM_ALLREDUCE_USE_SYMM_MEM=0 is exported by the caller, as benchmarks/gpu/BUNDLE.md requires.
 COMPILE_CFG=${COMPILATION_CONFIG:-'{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'}
 t0=$(date +%s)
 # shellcheck disable=SC2086
