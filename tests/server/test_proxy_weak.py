@@ -53,22 +53,8 @@ def test_a_client_that_stops_reading_is_cut_off_and_counted_as_a_stall(
     sim_control(sim_url, itl=0.0002)  # a fast stream: it fills every buffer on the way quickly
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 90_000,
                        "stream": True}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(address(p.url))
-    try:
-        sock.sendall(request_bytes("POST", "/v1/chat/completions",
-                                   {"content-type": "application/json"}, body))
-        # Never read. The proxy lets go of the socket; the engine request is aborted.
-        assert wait_for(lambda: holds_connection(p.pid, sock), timeout=5)
-        assert wait_for(lambda: not holds_connection(p.pid, sock), timeout=20)
-        assert wait_for(lambda: sim_stats(sim_url)["aborted"] >= 1)
-        text = metrics_text(p.url)
-        assert metric(text, "toposerve_client_stalls_total") == 1.0
-        assert metric(text, "toposerve_upstream_errors_total", kind="timeout") is None
-        assert metric(text, "toposerve_requests_total", status="499") == 1.0
-    finally:
-        sock.close()
+    _stall_and_check(p, sim_url, "/v1/chat/completions", {"content-type": "application/json"},
+                     body)
 
 
 STALL_ROUTES = ["/v1/chat/completions",  # the lean front's downstream
@@ -84,12 +70,19 @@ def test_a_stalled_client_is_a_stall_even_when_the_idle_timeout_is_shorter(
     sim_control(sim_url, itl=0.0002)
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 90_000,
                        "stream": True}).encode()
+    _stall_and_check(p, sim_url, path, {"content-type": "application/json",
+                                        "anthropic-version": "2023-06-01"}, body)
+
+
+def _stall_and_check(p: ProxyProc, sim_url: str, path: str, headers: dict[str, str],
+                     body: bytes) -> None:
+    """Send one request and never read: the proxy lets go of the socket, the engine request is
+    aborted, and it counts as one client stall (499), not as an engine timeout."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(address(p.url))
     try:
-        sock.sendall(request_bytes("POST", path, {"content-type": "application/json",
-                                                  "anthropic-version": "2023-06-01"}, body))
+        sock.sendall(request_bytes("POST", path, headers, body))
         assert wait_for(lambda: holds_connection(p.pid, sock), timeout=5)
         assert wait_for(lambda: not holds_connection(p.pid, sock), timeout=20)
         assert wait_for(lambda: sim_stats(sim_url)["aborted"] >= 1)
