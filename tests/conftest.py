@@ -75,9 +75,12 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 "--engine-port", str(engine_port), "--log-dir", str(logs), "--grace", "10"]
         vllm_url = f"http://127.0.0.1:{engine_port}"
     log = logs / "launcher.log"
+    # Development mode opens vLLM's /pause and /resume, with which a test fixes the order of
+    # events between a client and the engine instead of racing the engine's speed.
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     try:
         _wait_ready(f"{proxy_url}/ready", proc, log, STACK_START_TIMEOUT_S)
