@@ -15,11 +15,13 @@ model from config.json's fields alone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 # Module names of parts vLLM keeps in 16 bits whatever the checkpoint's quantization.
@@ -129,7 +131,7 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
             linear += k.weight.numel()
     return HfShape(
         model_type=model_type,
-        text=text.to_dict(),
+        text=_plain(text.to_dict()),
         embedding_params=emb,
         lm_head_params=head,
         linear_params=linear,
@@ -166,6 +168,18 @@ def _rope_cache_elems(text: Any, attn: tuple[LayerAttention, ...]) -> int:
     return rows(params if isinstance(params, Mapping) else {}) * head
 
 
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields as JSON gives them back (``id2label``'s int keys become strings), so that a
+    shape read from the disk cache equals the one counted; unchanged if JSON cannot hold them."""
+    import json
+
+    try:
+        plain = json.loads(json.dumps(fields))
+    except (TypeError, ValueError):
+        return fields
+    return plain if isinstance(plain, dict) else fields
+
+
 def _decoder_layers(model: Any) -> list[Any]:
     for name, module in model.named_modules():
         if name.endswith(".layers") and "vision" not in name and "audio" not in name:
@@ -196,11 +210,84 @@ def _attention(model: Any, text: Any) -> tuple[LayerAttention, ...]:
 
 
 def shape(cfg: Mapping[str, Any]) -> HfShape | None:
-    """The model of ``cfg`` (a parsed config.json) as transformers builds it, or None."""
+    """The model of ``cfg`` (a parsed config.json) as transformers builds it, or None.
+
+    Importing torch and transformers and building the model take some 3 s, most of a
+    `launcher plan`; so a shape once counted is kept on disk (see :func:`_cache_file`) and the
+    next plan of the same model reads it back without importing either."""
     import json
 
     try:
         key = json.dumps(cfg, sort_keys=True, default=str)
     except (TypeError, ValueError):
         return None
-    return _shape(key)
+    path = _cache_file(key)
+    cached = _read_cached(path) if path is not None else None
+    if cached is not None:
+        return cached
+    found = _shape(key)
+    if found is not None and path is not None:
+        _write_cached(path, found)
+    return found
+
+
+def _cache_file(key: str) -> Path | None:
+    """Where the shape of config ``key`` is kept: named by a hash of the config, the installed
+    transformers and this module's own source, so that a new transformers or a change of the
+    counting here never reads an old answer. None where nothing can be kept."""
+    import hashlib
+    import os
+    from importlib import metadata
+
+    from launcher.tinymodel import default_cache_dir
+
+    try:
+        version = metadata.version("transformers")
+        source = Path(__file__).read_bytes()
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    digest = hashlib.sha256(b"\0".join([key.encode(), version.encode(), source])).hexdigest()
+    return default_cache_dir(os.environ) / "shapes" / f"{digest[:32]}.json"
+
+
+def _to_json(found: HfShape) -> dict[str, Any]:
+    return dataclasses.asdict(found)
+
+
+def _from_json(data: Any) -> HfShape:
+    """The shape a cache file holds; TypeError/KeyError/ValueError when it holds anything else."""
+    fields = dict(data)
+    fields["attention"] = tuple(LayerAttention(**a) for a in fields["attention"])
+    found = HfShape(**fields)
+    ints = (found.embedding_params, found.lm_head_params, found.linear_params,
+            found.expert_params, found.other_params, found.rope_cache_elems)
+    if not all(type(n) is int for n in ints) or not isinstance(found.text, dict):
+        raise TypeError("not a shape")
+    return found
+
+
+def _read_cached(path: Path) -> HfShape | None:
+    import json
+
+    try:
+        return _from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # absent, unreadable or not ours: count the model again
+
+
+def _write_cached(path: Path, found: HfShape) -> None:
+    import json
+    import os
+    import tempfile
+
+    try:
+        text = json.dumps(_to_json(found))
+        if _from_json(json.loads(text)) != found:
+            return  # a field JSON cannot carry as it is: not kept rather than kept changed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".shape-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)  # whole or not at all, for a plan running beside this one
+    except (OSError, TypeError, ValueError):
+        return  # a read-only cache only costs the next plan its 3 s
