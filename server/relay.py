@@ -85,6 +85,12 @@ class Call:
         """An Anthropic route: the proxy's own errors in Anthropic's shape."""
         return anthropic.is_anthropic(self.target)
 
+    @property
+    def responses(self) -> bool:
+        """OpenAI's Responses API, whose streams end in a terminal event, not [DONE]."""
+        path = self.target.split("?", 1)[0]
+        return path == "/v1/responses" or path.startswith("/v1/responses/")
+
 
 class _Guard:
     """Turns a client disconnect or a timeout into a cancellation of the request task.
@@ -309,6 +315,10 @@ class Relay:
                         await self._broken(call, up, "stream_broken", "the engine ended the "
                                            "stream without message_stop; retry the request",
                                            down, stream)
+                    elif stream.responses and not stream.terminal_seen:
+                        await self._broken(call, up, "stream_broken", "the engine ended the "
+                                           "stream without response.completed; retry the "
+                                           "request", down, stream)
                     else:
                         await down.end()
                     return
@@ -411,6 +421,11 @@ class Relay:
 
 
 _MORE, _DONE, _MALFORMED = 0, 1, 2
+# The events that end a Responses stream (an "event:" line starts a line, so a model's text,
+# JSON-escaped inside data, cannot look like one).
+RESPONSES_TERMINAL = (b"\nevent: response.completed", b"\nevent: response.incomplete",
+                      b"\nevent: response.failed", b"\nevent: error")
+RESPONSES_MARKER_SPAN = max(map(len, RESPONSES_TERMINAL))
 
 
 class _Stream:
@@ -426,7 +441,7 @@ class _Stream:
     """
 
     __slots__ = ("anthropic", "busy", "call", "ending", "failure", "guard", "inspector",
-                 "relay", "resp", "tail", "timing", "writer")
+                 "relay", "resp", "responses", "tail", "terminal_seen", "timing", "writer")
 
     def __init__(self, relay: Relay, call: Call, guard: _Guard, resp: Response,
                  down: Downstream) -> None:
@@ -438,7 +453,12 @@ class _Stream:
         # An Anthropic stream is relayed as it is, but must end in message_stop: an SDK takes
         # a stream cut short without an error event for a whole (truncated) message.
         self.anthropic = call.anthropic
-        self.tail = b""
+        # A Responses stream must carry a terminal event (its data holds the whole response, so
+        # it is looked for as the chunks pass, not in the tail); an OpenAI SDK takes a stream
+        # cut short without one for a finished (truncated) response.
+        self.responses = call.responses and not self.anthropic
+        self.terminal_seen = False
+        self.tail = b"\n" if self.responses else b""  # the first event starts a line too
         self.timing = _Timing(relay.metrics.route(call.model, call.route), call)
         self.busy = False
         self.ending: tuple[bytes, int] | None = None
@@ -454,6 +474,10 @@ class _Stream:
         if inspector is None:
             if self.anthropic:
                 self.tail = (self.tail + data)[-64:]
+            elif self.responses and not self.terminal_seen:
+                window = self.tail + data  # a marker may be split between two reads
+                self.terminal_seen = any(m in window for m in RESPONSES_TERMINAL)
+                self.tail = window[-RESPONSES_MARKER_SPAN:]
             return data, _MORE
         scan = inspector.feed(data)
         if scan.tokens:

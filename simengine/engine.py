@@ -487,6 +487,9 @@ class _Generation:
             self.conn.send_chunk(GARBAGE)
             self._finish().end_chunks()
             return
+        if fault.end_after is not None and k >= fault.end_after:
+            self._finish().end_chunks()
+            return
         last = k == plan.n_tokens - 1
         data = self.tpl.last(k) if last else self.tpl.token(k)
         if k == 0:

@@ -7,6 +7,8 @@ request with ``--fault``, or at run time through ``POST /sim/control``:
     stall-after=N     stop sending after N tokens and keep the connection open, silent
     garbage           answer 200 with a body that is neither valid SSE nor JSON
     garbage-after=N   N good tokens, then a malformed ``data:`` line and the end of the body
+    end-after=N       N good tokens, then a clean end of the body without the stream's closing
+                      events ([DONE], message_stop, response.completed): a truncated answer
     status=CODE       answer CODE at once with an OpenAI-format error body (e.g. 503)
     retry-after=S     with status=: add a ``Retry-After: S`` header
     header-delay=S    wait S seconds before sending the response headers
@@ -27,6 +29,7 @@ class Fault:
     kill_after: int | None = None
     stall_after: int | None = None
     garbage_after: int | None = None
+    end_after: int | None = None
     status: int | None = None
     retry_after: int | None = None
     header_delay: float = 0.0
@@ -43,6 +46,7 @@ _INT_KEYS = {
     "kill-after": "kill_after",
     "stall-after": "stall_after",
     "garbage-after": "garbage_after",
+    "end-after": "end_after",
     "status": "status",
     "retry-after": "retry_after",
 }
@@ -69,7 +73,8 @@ def parse_fault(spec: str) -> Fault:
         else:
             raise FaultSpecError(
                 f"unknown fault {item!r}: use kill-after=N, stall-after=N, garbage, "
-                "garbage-after=N, status=CODE, retry-after=S, header-delay=S or close"
+                "garbage-after=N, end-after=N, status=CODE, retry-after=S, header-delay=S "
+                "or close"
             )
     return Fault(**fields)  # type: ignore[arg-type]
 

@@ -47,7 +47,8 @@ def client(proxy: ProxyProc, key: str = "none", **headers: str) -> anthropic.Ant
                                default_headers=headers, timeout=20)
 
 
-@pytest.mark.parametrize("fault", ["kill-after=3", "garbage-after=3", "stall-after=3"])
+@pytest.mark.parametrize("fault", ["kill-after=3", "garbage-after=3", "stall-after=3",
+                                   "end-after=3"])
 def test_a_broken_messages_stream_ends_with_an_anthropic_error_event(
         proxy: ProxyProc, fault: str) -> None:
     answer = exchange(proxy.url, "POST", "/v1/messages", {**MESSAGE, "stream": True},
@@ -64,7 +65,7 @@ def test_a_broken_messages_stream_ends_with_an_anthropic_error_event(
     assert b'data: {"error"' not in answer.body
 
 
-@pytest.mark.parametrize("fault", ["kill-after=3", "stall-after=3"])
+@pytest.mark.parametrize("fault", ["kill-after=3", "stall-after=3", "end-after=3"])
 def test_the_anthropic_sdk_raises_on_a_broken_stream(proxy: ProxyProc, fault: str) -> None:
     sdk = client(proxy, **{"x-sim-fault": fault})
     texts: list[str] = []

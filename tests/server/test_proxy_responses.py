@@ -26,7 +26,8 @@ def test_a_whole_responses_stream_reads_whole(proxy: ProxyProc) -> None:
                    "response.completed"]
 
 
-@pytest.mark.parametrize("fault", ["kill-after=2", "stall-after=2"])
+# end-after: the engine ends the body cleanly, without response.completed
+@pytest.mark.parametrize("fault", ["kill-after=2", "stall-after=2", "end-after=2"])
 def test_a_broken_responses_stream_raises_in_the_openai_sdk(proxy: ProxyProc,
                                                             fault: str) -> None:
     with pytest.raises(openai.APIError, match="engine"):
