@@ -34,6 +34,9 @@ class LayerAttention:
     head_dim: int
     window: int | None  # sliding-window layers keep this many tokens; None: full attention
     shared: bool  # reuses an earlier layer's KV cache (Gemma 4's last layers): holds none
+    # Multi-head latent attention (DeepSeek V2/V3, Kimi K2): the cache holds one compressed
+    # vector of ``head_dim`` = kv_lora_rank + qk_rope_head_dim per token, no separate V.
+    latent: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,8 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
                 emb += n
             elif name.endswith("lm_head"):
                 head += 0 if tied else n
-            elif "experts" in full and p.dim() >= 2:
+            elif "experts" in full and "shared_expert" not in full and p.dim() >= 2:
+                # (DeepSeek's shared_experts run for every token: dense, not routed)
                 linear += n
                 experts += n
             elif isinstance(module, torch.nn.Linear) and pname == "weight" and "router" not in full:
@@ -165,7 +169,13 @@ def _rope_cache_elems(text: Any, attn: tuple[LayerAttention, ...]) -> int:
             tables.add((kind, rows(p), a.head_dim))
         return sum(r * d for _, r, d in tables)
     head = attn[0].head_dim if attn else 0
-    return rows(params if isinstance(params, Mapping) else {}) * head
+    if attn and attn[0].latent:  # MLA rotates only the rope part of its keys
+        head = int(getattr(text, "qk_rope_head_dim", 0) or 0)
+    flat = params if isinstance(params, Mapping) else {}
+    partial = flat.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None))
+    if isinstance(partial, (int, float)) and not isinstance(partial, bool) and 0 < partial < 1:
+        head = int(head * partial)  # vLLM's table spans the rotary dimensions only
+    return rows(flat) * head
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
@@ -193,6 +203,13 @@ def _attention(model: Any, text: Any) -> tuple[LayerAttention, ...]:
     for i, layer in enumerate(_decoder_layers(model)):
         attn = getattr(layer, "self_attn", None)
         if attn is None:
+            continue
+        rank = getattr(text, "kv_lora_rank", None)
+        if isinstance(rank, int) and rank > 0 and getattr(attn, "kv_a_proj_with_mqa", None):
+            # vLLM caches the latent vector and the rotary key once per token, whatever the
+            # head count (MLAAttentionSpec: one KV head of kv_lora_rank + qk_rope_head_dim).
+            latent = rank + int(getattr(text, "qk_rope_head_dim", 0) or 0)
+            out.append(LayerAttention(1, latent, None, False, latent=True))
             continue
         head_dim = int(getattr(attn, "head_dim", 0) or text.hidden_size // text.num_attention_heads)
         k = getattr(attn, "k_proj", None)

@@ -39,7 +39,9 @@ _FAMILIES = {
     "gemma4": "gemma4",
     "gemma4_text": "gemma4",
     "phi3": "phi",
+    "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
+    "gpt_oss": "gpt_oss",
 }
 
 
@@ -51,9 +53,10 @@ class KvGroup:
     kv_heads: int
     head_dim: int
     window: int | None = None  # tokens a sliding-window layer keeps; None for full attention
+    latent: bool = False  # MLA: one latent vector per token (no separate K and V)
 
     def bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
-        return 2 * self.kv_heads * self.head_dim * kv_dtype_bytes  # K and V
+        return (1 if self.latent else 2) * self.kv_heads * self.head_dim * kv_dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ class ModelSpec:
         return self.num_layers - self.sliding_layers
 
     def kv_bytes_per_layer_token(self, kv_dtype_bytes: int = 2) -> int:
+        latent = next((g for g in self.layer_kv if g.latent), None)
+        if latent is not None:  # MLA: the compressed vector, not per-head K and V
+            return latent.bytes_per_token(kv_dtype_bytes)
         return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes  # K and V
 
     def kv_bytes(self, tokens: int, kv_dtype_bytes: int = 2) -> int:
@@ -189,6 +195,10 @@ def _quantization(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | N
         return method.split("_")[0], bits, (2 + bits / 8) / group
     if method == "fp8":
         return "fp8", 8.0, 0.0
+    if method == "mxfp4":
+        # OCP MX: 4-bit values and one 8-bit shared scale per 32 (gpt-oss quantizes only its
+        # experts this way; spec_from_config keeps the other layers at 16 bits)
+        return "mxfp4", 4.0, 1 / 32
     if method == "bitsandbytes":
         return "bitsandbytes", 4.0 if q.get("load_in_4bit") else 8.0, 0.0
     if method == "compressed-tensors":
@@ -232,14 +242,24 @@ def _experts(t: Mapping[str, Any]) -> tuple[int, int, int]:
     return e, k, int(t.get("moe_intermediate_size") or t.get("intermediate_size") or 0)
 
 
+def _latent_groups(t: Mapping[str, Any], layers: int) -> tuple[KvGroup, ...]:
+    """MLA's cache from the config's own fields, when transformers cannot build the model."""
+    rank = t.get("kv_lora_rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        return ()
+    rope = t.get("qk_rope_head_dim")
+    rope = rope if isinstance(rope, int) and not isinstance(rope, bool) and rope > 0 else 0
+    return (KvGroup(layers, 1, rank + rope, None, latent=True),)
+
+
 def _kv_groups(attn: tuple[hfconfig.LayerAttention, ...]) -> tuple[KvGroup, ...]:
     """Layers with their own KV cache, grouped by shape (shared-KV layers hold none)."""
-    counts: dict[tuple[int, int, int | None], int] = {}
+    counts: dict[tuple[int, int, int | None, bool], int] = {}
     for a in attn:
         if not a.shared:
-            key = (a.kv_heads, a.head_dim, a.window)
+            key = (a.kv_heads, a.head_dim, a.window, a.latent)
             counts[key] = counts.get(key, 0) + 1
-    return tuple(KvGroup(n, kv, d, w) for (kv, d, w), n in counts.items())
+    return tuple(KvGroup(n, kv, d, w, lat) for (kv, d, w, lat), n in counts.items())
 
 
 def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
@@ -293,10 +313,19 @@ def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None)
         linear = layers * (attn - 2 * hidden + mlp)
         other = embed + layers * 2 * hidden + hidden + _vision_params(cfg)
         inactive = float(layers * (mlp - active_mlp))
-        groups = ()
+        groups = _latent_groups(t, layers)
         window, sliding = _sliding_layers(t, model_type, layers)
+    if any(g.latent for g in groups):
+        kv = 1  # one latent "head", the same on every TP rank: vLLM replicates it
     params = linear + other
-    weight_bytes = int(linear * (bits / 8 + overhead) + other * dense_bytes)
+    packed = linear
+    if method == "mxfp4":  # the experts only; attention, router, embeddings stay 16-bit
+        experts = hf.expert_params if hf else max(0, int(layers * (mlp - active_mlp) /
+                                                       max(1e-9, 1 - per_token / n_experts))
+                                                   if n_experts else 0)
+        packed = min(linear, experts)
+    weight_bytes = int(packed * (bits / 8 + overhead) + (linear - packed) * dense_bytes
+                       + other * dense_bytes)
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,

@@ -25,6 +25,7 @@ FAMILY_PARSERS = {
     "gemma4": "gemma4",
     "deepseek": "deepseek_v3",
     "phi": "phi4_mini_json",
+    "gpt_oss": "openai",  # gpt-oss's harmony format (gptoss_tool_parser)
 }
 
 # The tokens a parser needs in the vocabulary before it will parse anything (the parsers that

@@ -193,3 +193,19 @@ def test_plan_under_nccl_p2p_disable_predicts_the_shm_fallback(
     prefill = [p["predicted"]["prefill_tok_s"] for p in (free, off)]  # type: ignore[index]
     assert prefill[0] > 1.3 * prefill[1]  # measured on the H200s: 1.46x
     assert any("NCCL_P2P_DISABLE" in r for r in off["reasons"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "gpt-oss-20b", "mixtral-8x7b"])
+def test_families_beyond_the_fitted_ones_plan_or_refuse_in_one_line(
+        capsys: pytest.CaptureFixture[str], name: str) -> None:
+    # DeepSeek's latent attention has no k_proj: the planner divided by a KV size of 0.
+    code, out, err = run(capsys, "plan", "--topology", topo("2x3090-pcie-x8x8-nop2p"),
+                         "--model", model(name), "--json")
+    assert "Traceback" not in out + err
+    if code == 0:
+        d = json.loads(out)
+        assert d["max_model_len"] > 0
+        assert d["predicted"]["decode_tok_s"] > 0
+    else:
+        assert code == 3
+        assert len(err.strip().splitlines()) == 1

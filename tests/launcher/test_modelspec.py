@@ -23,6 +23,11 @@ CASES = [
     ("mistral-7b", "mistral", 7.25, 13.5, 131072, 0),
     ("qwen3-32b", "qwen3", 32.8, 61.0, 262144, 0),
     ("qwen3-30b-a3b", "qwen3", 30.5, 56.9, 98304, 0),
+    ("mixtral-8x7b", "mistral", 46.7, 87.0, 131072, 0),
+    # MLA: one latent vector of 512 + 64 per token and layer (27 layers, 16 bits)
+    ("deepseek-v2-lite", "deepseek", 15.7, 29.3, 27 * 576 * 2, 0),
+    # MXFP4 experts (4.25 bits), the rest 16-bit: gpt-oss-20b's checkpoint is 13.8 GB
+    ("gpt-oss-20b", "gpt_oss", 20.9, 12.8, 24960, 12),
 ]
 
 
@@ -176,3 +181,20 @@ def test_generated_configs_size_or_fail_with_a_model_error(
         return
     assert m.params >= 0
     assert m.weight_bytes >= 0
+
+
+def test_latent_attention_is_one_cache_replicated_over_tensor_parallel_ranks() -> None:
+    from launcher import memfit
+
+    m = load_model_spec(model("deepseek-v2-lite"))
+    assert [g.latent for g in m.kv_groups] == [True]
+    # vLLM keeps the whole latent cache on every TP rank: TP=2 does not halve it
+    assert memfit.kv_shards(m, 2, 1) == 1
+    assert memfit.kv_shards(m, 1, 2) == pytest.approx(27 / 14)  # PP splits layers 14/13
+
+
+def test_latent_attention_is_read_from_config_fields_when_transformers_cannot_build_it() -> None:
+    cfg = json.loads(Path(model("deepseek-v2-lite"), "config.json").read_text())
+    cfg["model_type"] = "deepseek_v2_unknown_to_transformers"
+    m = spec_from_config(cfg, "unknown-mla")
+    assert m.kv_bytes_per_token(8192) == 27 * 576 * 2

