@@ -218,6 +218,11 @@ def _attention(model: Any, text: Any) -> tuple[LayerAttention, ...]:
             kv = int(k.out_features // head_dim)
         else:  # a layer without its own K projection reads another layer's cache
             kv = 0 if shared else int(getattr(attn, "num_key_value_heads", 0) or 0)
+        if kv <= 0 and not shared:
+            # A fused or unfamiliar projection (Persimmon's query_key_value): the config's own
+            # head counts, the larger cache when in doubt.
+            kv = int(getattr(text, "num_key_value_heads", 0) or
+                     getattr(text, "num_attention_heads", 0) or 0)
         sliding = (i < len(types) and types[i] == "sliding_attention") or bool(
             getattr(attn, "is_sliding", False)
         )
