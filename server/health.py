@@ -70,6 +70,14 @@ class HealthChecker:
                 self.metrics.serve_models(names)
                 self._models_due = MODELS_EVERY
 
+    async def _get_status(self, up: Upstream, path: str) -> int:
+        resp = await self.pools[up.url].request("GET", path, (), b"")
+        try:
+            await resp.read()
+        finally:
+            resp.finish()
+        return resp.status
+
     async def _served_models(self, timeout_s: float) -> set[str] | None:
         """The ids in every healthy replica's /v1/models; None if none could be read."""
         found: set[str] | None = None
@@ -96,12 +104,14 @@ class HealthChecker:
         slow = False
         try:
             async with asyncio.timeout(timeout_s):
-                resp = await self.pools[up.url].request("GET", "/health", (), b"")
-                try:
-                    await resp.read()
-                finally:
-                    resp.finish()
-            ok = resp.status == 200
+                status = await self._get_status(up, up.health_path)
+                if status == 404 and up.health_path == "/health":
+                    # An OpenAI-compatible server without vLLM's /health (Ollama, some
+                    # hosted gateways): its model list answering is its health from now on.
+                    log.info("engine %s has no /health: checking it with GET /v1/models", up.url)
+                    up.health_path = "/v1/models"
+                    status = await self._get_status(up, up.health_path)
+            ok = status == 200
         except TimeoutError:
             ok, slow = False, True
         except (UpstreamError, OSError):

@@ -25,6 +25,7 @@ class Upstream:
     outstanding: int = 0
     checked: bool = False
     slow_checks: int = 0  # health checks in a row that timed out
+    health_path: str = "/health"  # /v1/models for a server without /health (Ollama, gateways)
 
 
 class Router:
