@@ -222,22 +222,27 @@ class CacheCounters:
 
 
 def cache_counters(metrics_text: str | None) -> CacheCounters | None:
-    """vllm:prefix_cache_queries/hits summed over engines, or None when absent."""
+    """The prefix-cache queries/hits summed over engines, or None when absent: vLLM's own
+    ``vllm:prefix_cache_*`` where the target is an engine, else the toposerve proxy's
+    ``toposerve_engine_prefix_cache_*`` (the same counters, re-exported per replica)."""
     if not metrics_text:
         return None
-    sums = {"queries": 0.0, "hits": 0.0}
-    seen = False
     try:
         families = list(text_string_to_metric_families(metrics_text))
     except ValueError:
         return None
-    for family in families:
-        for sample in family.samples:
-            for key in sums:
-                if sample.name in (f"vllm:prefix_cache_{key}", f"vllm:prefix_cache_{key}_total"):
-                    sums[key] += sample.value
-                    seen = True
-    return CacheCounters(sums["queries"], sums["hits"]) if seen else None
+    for prefix in ("vllm:prefix_cache_", "toposerve_engine_prefix_cache_"):
+        sums = {"queries": 0.0, "hits": 0.0}
+        seen = False
+        for family in families:
+            for sample in family.samples:
+                for key in sums:
+                    if sample.name in (f"{prefix}{key}", f"{prefix}{key}_total"):
+                        sums[key] += sample.value
+                        seen = True
+        if seen:
+            return CacheCounters(sums["queries"], sums["hits"])
+    return None
 
 
 def cache_delta(before: CacheCounters | None, after: CacheCounters | None) -> dict[str, Any] | None:

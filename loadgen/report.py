@@ -331,13 +331,14 @@ def format_agent_notes(a: AgentResult) -> list[str]:
     if pc is not None and pc.get("hit_rate") is not None:
         where = a.metrics_url or "the target's /metrics"
         notes.append(
-            f"prefix cache over the run (vllm:prefix_cache_* from {where}):"
+            f"prefix cache over the run (the engines' counters from {where}):"
             f" {pc['hit_rate']:.1%} of {pc['queries']:,.0f} prompt tokens hit"
         )
     elif pc is None:
         notes.append(
-            "prefix cache counters: none at the target's /metrics (the toposerve proxy does not"
-            " relay vllm:prefix_cache_*; pass --metrics-url http://ENGINE/metrics)"
+            "prefix cache counters: none at the target's /metrics (neither vllm:prefix_cache_*"
+            " nor the toposerve proxy's toposerve_engine_prefix_cache_*; pass --metrics-url"
+            " http://ENGINE/metrics)"
         )
     return notes
 

@@ -39,6 +39,7 @@ from server import anthropic
 from server.admission import Admission
 from server.asgi import Receive, Scope, Send, disconnect_hook
 from server.config import ProxyConfig
+from server.enginestats import EngineCacheStats
 from server.errors import (
     BadRequest,
     BodyTooLarge,
@@ -55,6 +56,7 @@ from server.relay import Call, Relay, send_error
 from server.router import Router, affinity_key
 from server.schemas import ChatCompletionRequest, CompletionRequest, message_list
 from server.sse import usage_options
+from server.upstream import UpstreamError
 from server.uvicorn_adapter import body_buffered
 
 log = logging.getLogger("toposerve.access")
@@ -85,6 +87,8 @@ ADMIN_PREFIXES = ("/fault_tolerance/",)
 # Bodies from this size on are parsed and checked in a thread (json.loads with a Python hook
 # per object, so the GIL is handed back to the event loop as it goes); smaller ones inline,
 # where their size bounds the work (a few ms at most).
+# A scrape waits this long at most for the engines' prefix-cache counters (server/enginestats).
+ENGINE_METRICS_TIMEOUT_S = 1.0
 THREAD_BODY_BYTES = 64 * 1024
 VALIDATE_SLICE = 1024  # messages validated per pydantic call in the thread (GIL released between)
 
@@ -105,6 +109,8 @@ class Proxy:
             pool.max_response_bytes = cfg.max_response_bytes
         self.metrics.queued.set_function(lambda: self.admission.queued)  # read at scrape time
         self.health = HealthChecker(cfg, self.router, self.metrics, self.relay.pools)
+        self.engine_cache = EngineCacheStats()
+        self.registry.register(self.engine_cache)
         self._keys = [k.encode() for k in cfg.api_keys]
         self._admin_keys = [k.encode() for k in cfg.admin_api_keys]
 
@@ -248,10 +254,25 @@ class Proxy:
         return JSONResponse({"ready": False, "upstreams": states}, status_code=503,
                             headers={"retry-after": str(exc.retry_after)})
 
-    def metrics_text(self, request: Request) -> Response:
+    async def metrics_text(self, request: Request) -> Response:
         if self.cfg.protect_metrics:
             self.authorize(request.headers)
+        await self.engine_cache.refresh(
+            [u.url for u in self.router.upstreams if u.up], self._engine_metrics)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def _engine_metrics(self, url: str) -> str | None:
+        """One replica's /metrics text, or None when it does not answer in time."""
+        try:
+            async with asyncio.timeout(ENGINE_METRICS_TIMEOUT_S):
+                resp = await self.relay.pools[url].request("GET", "/metrics", (), b"")
+                try:
+                    body = await resp.read()
+                finally:
+                    resp.finish()
+        except (TimeoutError, UpstreamError, OSError):
+            return None
+        return body.decode("utf-8", "replace") if resp.status == 200 else None
 
 
 class ClientGone(Exception):
@@ -517,7 +538,7 @@ def _add_routes(app: FastAPI, proxy: Proxy) -> None:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return proxy.metrics_text(request)
+        return await proxy.metrics_text(request)
 
     @app.api_route("/{path:path}", methods=_METHODS, include_in_schema=False)
     async def relay_any(request: Request) -> Response:

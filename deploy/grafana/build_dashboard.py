@@ -294,9 +294,17 @@ def load_row() -> list[Panel]:
             "KV-cache use",
             [
                 target(f"vllm:kv_cache_usage_perc{{{vllm_sel}}}", "{{model_name}} {{engine}}"),
+                target(
+                    # clamp_min: an idle engine reads 0, not 0/0
+                    f"rate(toposerve_engine_prefix_cache_hits_total[{RATE}]) / clamp_min("
+                    f"rate(toposerve_engine_prefix_cache_queries_total[{RATE}]), 1e-9)",
+                    "prefix-cache hit rate {{upstream}}",
+                ),
             ],
             unit="percentunit",
-            description="Fraction of vLLM's KV-cache blocks in use (1 = full).",
+            description="Fraction of vLLM's KV-cache blocks in use (1 = full), and the share "
+            "of prompt tokens served from the prefix cache (the engines' counters, re-exported "
+            "by the proxy).",
         ),
         timeseries(
             "Requests/s by status (proxy)",

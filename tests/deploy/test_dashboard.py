@@ -48,6 +48,7 @@ REQUIRED_METRICS = [
     ("running requests", "vllm:num_requests_running"),
     ("waiting requests", "vllm:num_requests_waiting"),
     ("KV-cache use", "vllm:kv_cache_usage_perc"),
+    ("prefix-cache hit rate through the proxy", "toposerve_engine_prefix_cache_hits_total"),
     ("GPU utilisation", "toposerve_gpu_utilization_ratio"),
     ("GPU power", "toposerve_gpu_power_watts"),
     ("PCIe tx", "toposerve_gpu_pcie_tx_bytes_per_second"),

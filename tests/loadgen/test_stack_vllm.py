@@ -93,12 +93,16 @@ def test_a_local_tokenizer_gives_exact_text_prompts_on_real_vllm(
     assert (prompts["source"], prompts["format"]) == ("tokenizer", "chat" if chat else "text")
 
 
+@pytest.mark.parametrize("through", ["engine", "proxy"])
 def test_agent_sessions_on_real_vllm_count_exactly_and_hit_its_prefix_cache(
-    stack: Any, tmp_path: Path
+    stack: Any, tmp_path: Path, through: str
 ) -> None:
+    # Through the proxy the run-wide counters come from its re-export of the engine's
+    # (toposerve_engine_prefix_cache_*), with no --metrics-url.
     out = tmp_path / "agent.json"
+    url = stack.vllm_url if through == "engine" else stack.proxy_url
     result = run_cli(
-        "--url", stack.vllm_url, "--workload", "agent", "--sessions", "2", "--turns", "3",
+        "--url", url, "--workload", "agent", "--sessions", "2", "--turns", "3",
         "--context", "300:1200", "--gen", "8", "--think", "0.2", "--json", str(out),
         timeout=600,
     )  # fmt: skip

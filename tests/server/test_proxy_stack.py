@@ -205,3 +205,26 @@ def test_anthropic_messages_stream_passes_through(stack: Any) -> None:
     assert shape(proxied.text) == shape(direct.text)
     assert shape(proxied.text)[0] == "message_start"
     assert shape(proxied.text)[-1] == "message_stop"
+
+
+def test_proxy_metrics_carry_the_engines_prefix_cache_counters(stack: Any) -> None:
+    # The same prompt twice: the second is served from vLLM's prefix cache.
+    for _ in range(2):
+        client(stack).completions.create(model=stack.model, prompt="A shared prefix " * 40,
+                                         max_tokens=1)
+    queries = vllm_metric(stack, r'^vllm:prefix_cache_queries_total\{[^}]*\} (\S+)$')
+    hits = vllm_metric(stack, r'^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$')
+    assert queries > 0
+    assert hits > 0
+    upstream = re.escape(stack.vllm_url)
+
+    def proxied(name: str) -> list[float]:
+        text = httpx.get(stack.proxy_url + "/metrics").text
+        return [float(v) for v in re.findall(
+            rf'^toposerve_engine_prefix_cache_{name}_total\{{upstream="{upstream}"\}} (\S+)$',
+            text, re.M)]
+
+    # A scrape within half a second of the last read takes that read's values.
+    for name, want in (("queries", queries), ("hits", hits)):
+        assert wait_for(lambda n=name, w=want: proxied(n) == [w], 10, 0.2), (
+            f"{name}: proxy {proxied(name)}, vLLM {want}")
