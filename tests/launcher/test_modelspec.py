@@ -198,3 +198,34 @@ def test_latent_attention_is_read_from_config_fields_when_transformers_cannot_bu
     cfg["model_type"] = "deepseek_v2_unknown_to_transformers"
     m = spec_from_config(cfg, "unknown-mla")
     assert m.kv_bytes_per_token(8192) == 27 * 576 * 2
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 1 << 40) | st.floats() | st.text(max_size=6),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(method=st.sampled_from(["awq", "gptq", "gptq_marlin", "fp8", "fbgemm_fp8", "mxfp4",
+                               "modelopt", "bitsandbytes", "compressed-tensors", "hqq", ""]),
+       fields=st.dictionaries(st.sampled_from(["bits", "w_bit", "group_size", "q_group_size",
+                                               "quant_algo", "load_in_4bit", "config_groups",
+                                               "weights", "num_bits"]), _JSON, max_size=5))
+def test_any_quantization_config_sizes_the_model(method: str, fields: dict[str, object]) -> None:
+    cfg = json.loads(Path(model("llama-3.1-8b"), "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, **fields}
+    m = spec_from_config(cfg, "generated-quantization")
+    assert 1 <= m.weight_bits <= 16
+    assert 0 < m.weight_bytes <= spec_from_config({**cfg, "quantization_config": None},
+                                                  "bf16").weight_bytes * 1.01
+
+
+def test_nvfp4_and_fp8_modelopt_checkpoints_are_4_and_8_bit() -> None:
+    cfg = json.loads(Path(model("llama-3.1-8b"), "config.json").read_text())
+    fp4 = spec_from_config({**cfg, "quantization_config": {"quant_method": "modelopt",
+                                                           "quant_algo": "NVFP4"}}, "fp4")
+    fp8 = spec_from_config({**cfg, "quantization_config": {"quant_method": "modelopt",
+                                                           "quant_algo": "FP8"}}, "fp8")
+    assert (fp4.weight_bits, fp8.weight_bits) == (4.0, 8.0)
+    assert fp4.weight_bytes < fp8.weight_bytes
