@@ -150,6 +150,26 @@ def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return cfg
 
 
+# Far past any published model (DeepSeek-V3: 61 layers, hidden 7168, 256 experts; Llama 4:
+# 202,048 tokens of vocabulary, 10M of context). A value past these is a damaged config, and
+# building it (even on the meta device) would take the planner minutes or all its memory.
+_SIZE_LIMITS = {
+    "num_hidden_layers": 4096, "hidden_size": 1 << 17, "intermediate_size": 1 << 21,
+    "moe_intermediate_size": 1 << 21, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+    "head_dim": 1 << 14, "vocab_size": 1 << 23, "num_experts": 1 << 13,
+    "num_local_experts": 1 << 13, "n_routed_experts": 1 << 13, "kv_lora_rank": 1 << 16,
+    "max_position_embeddings": 1 << 30,
+}
+
+
+def _beyond_any_model(t: Mapping[str, Any]) -> str | None:
+    for key, limit in _SIZE_LIMITS.items():
+        value = t.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+            return f"{key} = {value}, beyond any model (at most {limit:,})"
+    return None
+
+
 def _vision_params(cfg: Mapping[str, Any]) -> int:
     """A ViT tower: per layer attention (4·h²) and MLP (2·h·i); embeddings are small beside them."""
     v = cfg.get("vision_config")
@@ -283,11 +303,63 @@ def _kv_groups(attn: tuple[hfconfig.LayerAttention, ...]) -> tuple[KvGroup, ...]
 
 
 def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
-    """Size a model from its parsed config.json; ModelError on fields that are missing.
+    """Size a model from its parsed config.json; ModelError (one line) on a config this cannot
+    read: a field missing, of another type or out of range, wherever it is used."""
+    try:
+        spec = _spec_from_config(cfg, name, path)
+    except ModelError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError,
+            OverflowError, IndexError) as exc:
+        raise ModelError(f"{name}: config.json has a value this planner cannot read "
+                         f"({_one_line(exc)}); is it a decoder-only language model?") from exc
+    problem = _implausible(spec)
+    if problem:
+        raise ModelError(f"{name}: config.json gives {problem}; is it a decoder-only "
+                         "language model with a valid config?")
+    return spec
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
+
+
+def _is_count(value: object, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _implausible(m: ModelSpec) -> str | None:
+    """What makes the sized model unusable to plan with (a config's value of the wrong type
+    that got through), or None."""
+    for field, low in (("num_layers", 1), ("hidden_size", 1), ("num_heads", 1),
+                       ("num_kv_heads", 0), ("head_dim", 1), ("vocab_size", 1),
+                       ("max_position_embeddings", 1), ("params", 1), ("active_params", 0),
+                       ("weight_bytes", 1), ("sliding_layers", 0), ("num_experts", 0),
+                       ("experts_per_token", 0), ("intermediate_size", 0)):
+        value = getattr(m, field)
+        if not _is_count(value, low):
+            return f"{field} = {value!r}"
+    if m.sliding_window is not None and not _is_count(m.sliding_window, 1):
+        return f"sliding_window = {m.sliding_window!r}"
+    for g in m.kv_groups:
+        if not (_is_count(g.layers) and _is_count(g.kv_heads) and _is_count(g.head_dim, 1)
+                and (g.window is None or _is_count(g.window, 1))):
+            return f"a KV cache layout of {g}"
+    if m.kv_bytes(1) <= 0:
+        return "no KV cache per token"
+    return None
+
+
+def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
+    """spec_from_config's reading, which may raise on a value of the wrong type.
 
     The config is read through transformers' class for its model_type and the model counted
     module by module (:mod:`launcher.hfconfig`); a config transformers cannot build is sized
     from its own fields (the family's defaults for the few it commonly omits)."""
+    beyond = _beyond_any_model(_text_config(cfg))
+    if beyond:
+        raise ModelError(f"{name}: config.json gives {beyond}; is the config damaged?")
     hf = hfconfig.shape(cfg)
     t = dict(hf.text) if hf else dict(_text_config(cfg))
     # tie_word_embeddings sits at the top level in multimodal configs
