@@ -183,14 +183,14 @@ def test_too_many_in_flight_is_429_with_retry_after(spawn_proxy: SpawnProxy, sim
 def test_queue_wait_is_bounded(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5",
                     "--queue-timeout", "0.3")
-    sim_control(sim_url, ttft=1.5)
+    sim_control(sim_url, ttft=4.0)
     holder = threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
-                              kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
+                              kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 20})
     holder.start()
     time.sleep(0.2)
-    t0 = time.monotonic()
     assert_openai_error(httpx.post(p.url + "/v1/completions", json={"prompt": "x"}), 429)
-    assert time.monotonic() - t0 < 1.0
+    # The queue timeout answered, not the slot freeing: the holder's 4 s request still runs.
+    assert holder.is_alive()
     holder.join()
 
 
@@ -225,10 +225,9 @@ def test_header_injection_is_refused_without_a_5xx(proxy: ProxyProc, header: byt
 def test_slow_headers_are_cut_off(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--header-timeout", "0.5")
     host, port = p.url.removeprefix("http://").split(":")
-    t0 = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
-        for _ in range(20):
+        for _ in range(100):  # a header line every 0.1 s for 10 s, unless cut off
             try:
                 sock.sendall(b"x-slow: 1\r\n")
             except OSError:
@@ -236,20 +235,19 @@ def test_slow_headers_are_cut_off(spawn_proxy: SpawnProxy, sim_url: str) -> None
             time.sleep(0.1)
         try:
             leftover = sock.recv(100)
-        except OSError:
+        except TimeoutError:
+            pytest.fail("the proxy kept the trickling connection open")
+        except OSError:  # reset: the proxy closed while headers were still arriving
             leftover = b""
-    assert leftover == b""
-    assert time.monotonic() - t0 < 2.5
+    assert leftover == b""  # closed, with nothing sent back
 
 
 def test_slow_body_is_408(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--body-timeout", "0.5")
     payload = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                b"content-length: 100\r\n\r\n{\"prompt\": ")
-    t0 = time.monotonic()
     reply = _raw_exchange(p.url, payload)
-    assert reply.startswith(b"HTTP/1.1 408")
-    assert time.monotonic() - t0 < 2.0
+    assert reply.startswith(b"HTTP/1.1 408")  # only the body timeout answers 408
 
 
 def test_many_idle_connections_do_not_block_others(spawn_proxy: SpawnProxy, sim_url: str) -> None:
