@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_ids=planopts.cpu_ids(),
         revision=args.revision,
         tokenizer_tokens=tokenizer_tokens(model.path),
+        custom_code=model.custom_code,
     )
     if args.json:
         print(json.dumps(plan_to_json(chosen, rendered), indent=1))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from launcher import planopts, supervise, tinymodel
 from launcher.errors import LauncherError, ModelError, PlanError
@@ -135,12 +136,13 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                       trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,
                       user_env=os.environ, cpu_ids=planopts.cpu_ids(),
                       revision=getattr(args, "revision", None),
-                      tokenizer_tokens=tokenizer_tokens(model.path))
+                      tokenizer_tokens=tokenizer_tokens(model.path),
+                      custom_code=model.custom_code)
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
-        summary=summary_lines(chosen, replicas, model_ref),
+        summary=summary_lines(chosen, replicas, model_ref, rendered.notes),
     )
 
 
@@ -168,7 +170,8 @@ def plan_labels(chosen: Any, served: str) -> dict[str, str]:
     }
 
 
-def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str) -> tuple[str, ...]:
+def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str,
+                  notes: Sequence[str] = ()) -> tuple[str, ...]:
     lines = [f"[bold]Plan:[/] {chosen.mode} (tp={chosen.tp} pp={chosen.pp} dp={chosen.dp}, "
              f"engine {chosen.engine}) for {model_ref}"]
     lines += [f"  • {reason}" for reason in chosen.reasons]
@@ -180,5 +183,6 @@ def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str) -> tuple
     for r in replicas:
         lines.append(f"  engine: {r.command.shell_line()}")
     lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
+    lines += [f"  note: {escape(n)}" for n in notes]  # a note quotes tokens like [TOOL_CALLS]
     return tuple(lines)
 

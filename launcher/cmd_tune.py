@@ -195,7 +195,8 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
                       extra_args=ns.extra, user_env=os.environ,
                       revision=getattr(ns, "revision", None),
-                      tokenizer_tokens=tokenizer_tokens(model.path))
+                      tokenizer_tokens=tokenizer_tokens(model.path),
+                      custom_code=model.custom_code)
     data = plan_to_json(chosen, rendered)
     data["vllm_extra_args"] = list(ns.extra)
     return data

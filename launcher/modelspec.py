@@ -90,6 +90,9 @@ class ModelSpec:
     # ``sliding_layers`` of them windowed. Gemma 4 differs per layer type and shares KV layers.
     layer_kv: tuple[KvGroup, ...] = ()
     rope_cache_elems: int = 0  # vLLM's rotary tables (elements); 0: positions × head_dim
+    # config.json names its own modelling code (auto_map) for a model_type the installed
+    # transformers does not define: vLLM loads it only with --trust-remote-code
+    custom_code: bool = False
 
     @property
     def kv_groups(self) -> tuple[KvGroup, ...]:
@@ -453,6 +456,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         moe_intermediate_size=moe_inter,
         layer_kv=groups,
         rope_cache_elems=hf.rope_cache_elems if hf else 0,
+        custom_code=hf is None and isinstance(cfg.get("auto_map"), Mapping)
+        and bool(cfg.get("auto_map")),
     )
 
 

@@ -96,6 +96,7 @@ def render(
     cpu_ids: Sequence[int] = (),
     revision: str | None = None,
     tokenizer_tokens: frozenset[str] | None = None,
+    custom_code: bool = False,
 ) -> Rendered:
     """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
     opts = EngineOptions(served_name=served_name, host=host, port=port,
@@ -104,6 +105,10 @@ def render(
                          revision=revision, tokenizer_tokens=tokenizer_tokens)
     cmd = engine_command(plan, model_ref, opts, user_env)
     notes: list[str] = []
+    if custom_code and not trust_remote_code:
+        notes.append("config.json names its own modelling code (auto_map) for a model type this "
+                     "transformers does not know: vLLM will refuse it without "
+                     "--trust-remote-code; pass --trust-remote-code if you trust the repository")
     parser_note = choose_tool_parser(plan.family, tokenizer_tokens)[1]
     if parser_note and cmd.tool_parser is None:
         notes.append(parser_note)

@@ -209,3 +209,19 @@ def test_families_beyond_the_fitted_ones_plan_or_refuse_in_one_line(
     else:
         assert code == 3
         assert len(err.strip().splitlines()) == 1
+
+
+def test_a_model_with_its_own_code_is_told_about_trust_remote_code(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = json.loads(Path(model("llama-3.1-8b"), "config.json").read_text())
+    cfg.update(model_type="acme_newarch", architectures=["AcmeForCausalLM"],
+               auto_map={"AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    argv = ["plan", "--topology", str(H200), "--model", str(tmp_path)]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert "--trust-remote-code if you trust the repository" in out
+    code, out, _ = run(capsys, *argv, "--trust-remote-code")
+    assert code == 0
+    assert "auto_map" not in out
+    assert "--trust-remote-code" in out  # in the engine command
