@@ -100,7 +100,8 @@ class AgentWorkload:
     def expected_for(self, index: int) -> Expected:
         s, t = self.where(index)
         strict = self.info.source != "usage"
-        return Expected(self.prompt_tokens[s][t], self.config.gen, strict_prompt=strict)
+        return Expected(self.prompt_tokens[s][t], self.config.gen, strict_prompt=strict,
+                        strict_completion=self.target.exact_length)
 
     def payloads(self) -> list[list[bytes]]:
         """Every request of every session, built before the clock starts."""
@@ -109,7 +110,7 @@ class AgentWorkload:
         for messages_by_turn in self.conversations:
             row = []
             for messages in messages_by_turn:
-                body = generation_body(self.target.model, self.config.gen)
+                body = generation_body(self.target.model, self.config.gen, self.target.exact_length)
                 body["messages"] = list(messages)
                 data = json.dumps(body, separators=(",", ":")).encode()
                 row.append(request_bytes(endpoint, PATH, data, self.config.api_key))
@@ -192,7 +193,8 @@ def prepare_agent(config: Config) -> AgentWorkload:
     try:
         src = open_source(config, client)
         max_len = max_model_len(src.model, src.sample)
-        target = Target(config.url, src.name, max_len, plan_label(client.metrics_text()))
+        target = Target(config.url, src.name, max_len, plan_label(client.metrics_text()),
+                        exact_length=src.exact_length)
         context = context_for(config, max_len, src.name)
         conversations, counts = build_conversations(src.counter, config, context)
         longest = max(max(row) for row in counts)

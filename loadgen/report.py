@@ -85,6 +85,7 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
         model=report.target.model,
         plan=report.target.plan,
         max_model_len=report.target.max_model_len,
+        exact_length=report.target.exact_length,
     )
     start = min((r.sent_at for r in level.requests), default=0.0)
     slo = report.config.slo()
@@ -124,7 +125,8 @@ def report_dict(report: Report) -> dict[str, Any]:
     if len(report.levels) == 1:
         return {**level_dict(report, report.levels[0]), **extra}
     config = report.config.public()
-    config.update(model=report.target.model, plan=report.target.plan)
+    config.update(model=report.target.model, plan=report.target.plan,
+                  exact_length=report.target.exact_length)
     runs = [level_dict(report, lv) for lv in report.levels]
     if report.config.slo() is not None:
         extra["slo_best"] = _slo_best(report)
@@ -375,6 +377,10 @@ def format_notes(report: Report) -> list[str]:
     notes = [format_totals(report.levels[0])] if len(report.levels) == 1 else []
     if report.prompts is not None:
         notes.append(report.prompts.line())
+    if not report.target.exact_length:
+        notes.append("outputs: the server refused min_tokens/ignore_eos, so requests went without"
+                     f" them and end where the model stops, at most --gen {report.config.gen}"
+                     " tokens; counts still come from the server's usage")
     if report.agent is not None:
         notes += format_agent_notes(report.agent)
     if report.gpus is not None:

@@ -26,6 +26,9 @@ class Target:
     model: str
     max_model_len: int | None
     plan: str  # "unknown" when the server does not export toposerve_plan_info
+    # False when the server refuses vLLM's exact-length fields (min_tokens, ignore_eos), as
+    # OpenAI's API does: requests go without them and may end before --gen tokens.
+    exact_length: bool = True
 
 
 class NoTokenize(TargetError):

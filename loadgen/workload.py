@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.config import Config
-from loadgen.errors import PromptError
+from loadgen.errors import PromptError, TargetError
 from loadgen.prompts import fit_text, prompt_ids, seeded_text, token_pool
 from loadgen.target import (
     NoTokenize,
@@ -88,7 +88,8 @@ class Workload:
     @property
     def expected(self) -> Expected:
         strict = self.prompts.info.source != "usage"
-        return Expected(self.config.prompt, self.config.gen, strict_prompt=strict)
+        return Expected(self.config.prompt, self.config.gen, strict_prompt=strict,
+                        strict_completion=self.target.exact_length)
 
     def expected_for(self, index: int) -> Expected:
         return self.expected
@@ -100,7 +101,7 @@ class Workload:
     def body(self, index: int, gen: int | None = None, prompt: int | None = None) -> dict[str, Any]:
         cfg = self.config
         tokens = cfg.gen if gen is None else gen
-        body = generation_body(self.target.model, tokens)
+        body = generation_body(self.target.model, tokens, self.target.exact_length)
         if cfg.chat:
             body["messages"] = [{"role": "user", "content": self.shuffled(index)}]
         elif self.prompts.info.format == "text":
@@ -128,9 +129,14 @@ class Workload:
         return payload
 
 
-def generation_body(model: str, tokens: int) -> dict[str, Any]:
+# vLLM's (and SGLang's, llama.cpp's) fields that make the output exactly max_tokens long; a
+# server that refuses them (OpenAI's API: 400 "Unrecognized request argument") gets none.
+EXACT_LENGTH_FIELDS = ("min_tokens", "ignore_eos")
+
+
+def generation_body(model: str, tokens: int, exact_length: bool = True) -> dict[str, Any]:
     """The fields every generation request carries: exact output length, streamed, usage."""
-    return {
+    body: dict[str, Any] = {
         "model": model,
         "max_tokens": tokens,
         "min_tokens": tokens,
@@ -139,6 +145,31 @@ def generation_body(model: str, tokens: int) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if not exact_length:
+        for name in EXACT_LENGTH_FIELDS:
+            del body[name]
+    return body
+
+
+def takes_exact_length(client: TargetClient, model: str, chat: bool) -> tuple[bool, str | None]:
+    """Whether the server accepts the exact-length fields: one 1-token request with them.
+    (True, None) when it does; (False, its refusal) when it answers 400/422 naming one of
+    them. Any other failure is left to the run, which reports it per request."""
+    body = generation_body(model, 1)
+    body.update(stream=False)
+    del body["stream_options"]
+    if chat:
+        body["messages"] = [{"role": "user", "content": "Hi"}]
+    else:
+        body["prompt"] = "Hi"
+    try:
+        client.post("/v1/chat/completions" if chat else "/v1/completions", body)
+    except TargetError as exc:
+        text = str(exc)
+        if any(f"HTTP {code}" in text for code in (400, 422)) and any(
+                name in text for name in EXACT_LENGTH_FIELDS):
+            return False, text
+    return True, None
 
 
 def shuffle_words(
@@ -161,16 +192,19 @@ class Source:
     counter: Counter
     sample: dict[str, Any] | None  # /tokenize of seeded text, when the target has it
     output: OutputCounter | None
+    exact_length: bool = True  # the server takes min_tokens/ignore_eos (takes_exact_length)
+    refusal: str | None = None  # what it answered when it did not
 
 
 def open_source(config: Config, client: TargetClient) -> Source:
     """Pick the model and the best token counter: --tokenizer, /tokenize, else usage."""
     model = pick_model(client.models(), config.model, config.url)
     name = str(model.get("id"))
+    exact, refusal = takes_exact_length(client, name, config.chat or config.workload == "agent")
     sample: dict[str, Any] | None = None
     if config.tokenizer:
         local: LocalCounter = load_tokenizer(config.tokenizer)
-        return Source(client, model, name, local, None, local.output)
+        return Source(client, model, name, local, None, local.output, exact, refusal)
     try:
         sample = client.tokenize(
             name, prompt=seeded_text(f"{config.seed}:pool", _POOL_WORDS), add_special_tokens=False
@@ -180,7 +214,7 @@ def open_source(config: Config, client: TargetClient) -> Source:
         counter: Counter = RemoteCounter(client.tokenize, name)
     except NoTokenize:
         sample, counter = None, UsageCounter(client.post, name)
-    return Source(client, model, name, counter, sample, None)
+    return Source(client, model, name, counter, sample, None, exact, refusal)
 
 
 def prepare(config: Config) -> Workload:
@@ -193,6 +227,7 @@ def prepare(config: Config) -> Workload:
             src.name,
             max_model_len(src.model, src.sample),
             plan_label(client.metrics_text()),
+            exact_length=src.exact_length,
         )
         check_context(target.max_model_len, config.prompt, config.gen, src.name)
         if config.chat or src.sample is None:

@@ -2,6 +2,7 @@
 
     python -m tests.loadgen.standin --tokenizer DIR [--port 0] [--ttft 0.05] [--itl 0.01]
         [--tokens-per-chunk K] [--no-usage] [--cached-tokens] [--ids] [--gpu-metrics F ...]
+        [--eos-after N] [--strict-fields]
 
 What llama.cpp's server, SGLang, TGI or a hosted API look like to loadgen: /v1/models,
 /v1/completions and /v1/chat/completions (streamed or not), /metrics, and nothing else (every
@@ -52,6 +53,7 @@ class Options:
     max_model_len: int = 4096
     gpu_metrics: list[Path] = field(default_factory=list)
     eos_after: int | None = None  # without ignore_eos, stop after this many tokens
+    strict_fields: bool = False  # refuse vLLM's min_tokens/ignore_eos, as OpenAI's API does
 
 
 class Engine:
@@ -191,6 +193,10 @@ async def generate(
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     opts = engine.opts
+    refused = [k for k in ("min_tokens", "ignore_eos") if k in body] if opts.strict_fields else []
+    if refused:
+        _error(writer, 400, f"Unrecognized request argument supplied: {refused[0]}")
+        return
     try:
         ids = engine.prompt_ids(body, chat)
     except (ValueError, KeyError, TypeError) as exc:
@@ -347,6 +353,7 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-metrics", type=Path, nargs="*", default=[])
     p.add_argument("--eos-after", type=int)
+    p.add_argument("--strict-fields", action="store_true")
     a = p.parse_args(argv)
     return Options(
         a.tokenizer,
@@ -362,6 +369,7 @@ def parse(argv: list[str]) -> Options:
         a.max_model_len,
         list(a.gpu_metrics),
         a.eos_after,
+        a.strict_fields,
     )
 
 

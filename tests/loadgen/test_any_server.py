@@ -213,3 +213,20 @@ def test_a_hub_id_already_under_hf_home_loads_offline(
     assert result.returncode == 0, result.stderr
     assert _rows(_load(out)) == [(200, 4, None)] * 2
     assert _load(out)["prompts"]["tokenizer"] == "toposerve/tiny-tokenizer"
+
+
+def test_a_server_that_refuses_vllms_length_fields_is_measured_without_them(
+    tiny_model_path: str, tmp_path: Path
+) -> None:
+    # OpenAI's API answers 400 "Unrecognized request argument supplied: ignore_eos"; the model
+    # then stops where it likes (here after 3 tokens): that is a result, not a failure.
+    out = tmp_path / "strict.json"
+    with spawn("--tokenizer", tiny_model_path, "--strict-fields", "--eos-after", "3") as url:
+        result = run_cli("--url", url, "--tokenizer", tiny_model_path, "--prompt", "64",
+                         "--gen", "8", "--requests", "3", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "refused min_tokens/ignore_eos" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["config"]["exact_length"] is False
+    assert [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]] \
+        == [(64, 3, None)] * 3
