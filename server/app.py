@@ -89,6 +89,9 @@ ADMIN_PREFIXES = ("/fault_tolerance/",)
 # where their size bounds the work (a few ms at most).
 # A scrape waits this long at most for the engines' prefix-cache counters (server/enginestats).
 ENGINE_METRICS_TIMEOUT_S = 1.0
+# vLLM's /metrics is tens of KiB (a few hundred per LoRA or model label); a broken engine's
+# endless one is cut here instead of at --max-response-bytes (64 MiB) on every scrape.
+ENGINE_METRICS_MAX_BYTES = 4 << 20
 THREAD_BODY_BYTES = 64 * 1024
 VALIDATE_SLICE = 1024  # messages validated per pydantic call in the thread (GIL released between)
 
@@ -267,7 +270,7 @@ class Proxy:
             async with asyncio.timeout(ENGINE_METRICS_TIMEOUT_S):
                 resp = await self.relay.pools[url].request("GET", "/metrics", (), b"")
                 try:
-                    body = await resp.read()
+                    body = await resp.read(ENGINE_METRICS_MAX_BYTES)
                 finally:
                     resp.finish()
         except (TimeoutError, UpstreamError, OSError):

@@ -195,10 +195,10 @@ class Response:
                 raise ConnectionBroken("the engine broke off its answer")
             await self._wait()
 
-    async def read(self) -> bytes:
-        """The whole body, at most ``Pool.max_response_bytes`` of it (else ResponseTooLarge,
-        and the connection is closed)."""
-        limit = self.pool.max_response_bytes
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body, at most ``limit`` (default ``Pool.max_response_bytes``) of it (else
+        ResponseTooLarge, and the connection is closed)."""
+        limit = self.pool.max_response_bytes if limit is None else limit
         for name, value in self.headers:
             if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
                 self.conn.abort()
