@@ -6,6 +6,7 @@ The JSON (:func:`plan_to_json`) is what ``launcher plan --json`` prints, and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -207,57 +208,132 @@ def plan_to_json(plan: Plan, rendered: Rendered) -> dict[str, Any]:
     }
 
 
-def _pred_from(d: Mapping[str, Any] | None) -> Prediction | None:
+class _BadPlan(ValueError):
+    """A field of a plan file that is missing or not what `launcher plan --json` writes."""
+
+
+def _count(d: Mapping[str, Any], key: str, low: int = 1, default: int | None = None) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _BadPlan(f"{key} must be a whole number of at least {low}, not {value!r}")
+    return value
+
+
+def _text(d: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = d.get(key, default)
+    if not isinstance(value, str):
+        raise _BadPlan(f"{key} must be a string, not {value!r}")
+    return value
+
+
+def _texts(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = d.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _BadPlan(f"{key} must be a list of strings")
+    return tuple(value)
+
+
+def _number(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _BadPlan(f"{key} must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _pred_from(d: object) -> Prediction | None:
     if d is None:
         return None
-    return Prediction(**{k: d[k] for k in Prediction.__dataclass_fields__})
+    if not isinstance(d, Mapping):
+        raise _BadPlan("predicted must be an object")
+    missing = [k for k in Prediction.__dataclass_fields__ if k not in d]
+    if missing:
+        raise _BadPlan(f"predicted lacks {', '.join(missing)}")
+    return Prediction(prefill_tok_s=_number(d, "prefill_tok_s"),
+                      decode_tok_s=_number(d, "decode_tok_s"),
+                      throughput_tok_s=_number(d, "throughput_tok_s"),
+                      ttft_s=_number(d, "ttft_s"), e2e_s=_number(d, "e2e_s"),
+                      batch=_count(d, "batch", low=0))
 
 
-def _cand_from(d: Mapping[str, Any]) -> Candidate:
+def _gpus(d: Mapping[str, Any]) -> tuple[int, ...]:
+    value = d.get("gpus", [])
+    if not isinstance(value, list) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value):
+        raise _BadPlan("gpus must be a list of GPU indices")
+    return tuple(value)
+
+
+def _cand_from(d: object) -> Candidate:
+    if not isinstance(d, Mapping):
+        raise _BadPlan("each candidate must be an object")
     s = d.get("scores")
+    if s is not None and not isinstance(s, Mapping):
+        raise _BadPlan("a candidate's scores must be an object")
+    rejected = d.get("rejected")
+    limit = d.get("max_model_len")
     return Candidate(
-        mode=d["mode"],
-        tp=d["tp"],
-        pp=d["pp"],
-        dp=d["dp"],
-        gpus=tuple(d.get("gpus", ())),
-        transport=d.get("transport", "none"),
+        mode=_text(d, "mode"),
+        tp=_count(d, "tp"),
+        pp=_count(d, "pp"),
+        dp=_count(d, "dp"),
+        gpus=_gpus(d),
+        transport=_text(d, "transport", "none"),
         predicted=_pred_from(d.get("predicted")),
-        rejected=d.get("rejected"),
-        scores=Scores(**s) if s else None,
-        max_model_len=d.get("max_model_len"),
-        need_gib=d.get("need_gib", 0.0),
-        budget_gib=d.get("budget_gib", 0.0),
+        rejected=rejected if rejected is None else _text(d, "rejected"),
+        scores=Scores(**{k: _number(s, k) for k in Scores.__dataclass_fields__}) if s else None,
+        max_model_len=limit if limit is None else _count(d, "max_model_len"),
+        need_gib=_number(d, "need_gib"),
+        budget_gib=_number(d, "budget_gib"),
     )
 
 
-def plan_from_json(d: Mapping[str, Any]) -> Plan:
-    """Read back what :func:`plan_to_json` wrote (``launcher serve --plan FILE``)."""
+def plan_from_json(d: object) -> Plan:
+    """Read back what :func:`plan_to_json` wrote (``launcher serve --plan FILE``); a PlanError
+    in one line, naming the field, for anything else."""
     try:
-        pred = _pred_from(d["predicted"])
-        assert pred is not None
+        if not isinstance(d, Mapping):
+            raise _BadPlan("the file holds no JSON object")
+        pred = _pred_from(d.get("predicted"))
+        if pred is None:
+            raise _BadPlan("predicted is missing")
+        env = d.get("plan_env", {})
+        if not isinstance(env, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise _BadPlan("plan_env must map names to strings")
+        candidates = d.get("candidates", [])
+        if not isinstance(candidates, list):
+            raise _BadPlan("candidates must be a list")
+        engine = _text(d, "engine", "gpu")
+        tp, pp, dp = _count(d, "tp"), _count(d, "pp"), _count(d, "dp")
+        gpus, nodes = _gpus(d), _count(d, "nodes", default=1)
+        if engine == "gpu" and nodes == 1 and len(gpus) != tp * pp * dp:
+            raise _BadPlan(f"tp {tp} x pp {pp} x dp {dp} needs {tp * pp * dp} GPUs, and gpus "
+                           f"lists {len(gpus)}")
+        utilization = _number(d, "gpu_memory_utilization", 0.9)
+        if not 0 < utilization <= 1:
+            raise _BadPlan(f"gpu_memory_utilization must be in (0, 1], not {utilization}")
         return Plan(
-            mode=d["mode"],
-            tp=int(d["tp"]),
-            pp=int(d["pp"]),
-            dp=int(d["dp"]),
-            gpus=tuple(d["gpus"]),
-            engine=d.get("engine", "gpu"),
-            transport=d.get("transport", "none"),
+            mode=_text(d, "mode"),
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            gpus=gpus,
+            engine=engine,
+            transport=_text(d, "transport", "none"),
             predicted=pred,
-            reasons=tuple(d.get("reasons", ())),
-            candidates=tuple(_cand_from(c) for c in d.get("candidates", ())),
-            max_model_len=int(d["max_model_len"]),
-            model=d.get("model", ""),
-            family=d.get("family", ""),
-            workload=d.get("workload", "interactive"),
-            gpu_memory_utilization=float(d.get("gpu_memory_utilization", 0.9)),
-            nodes=int(d.get("nodes", 1)),
-            env=dict(d.get("plan_env", {})),
-            flags=tuple(d.get("flags", ())),
+            reasons=_texts(d, "reasons"),
+            candidates=tuple(_cand_from(c) for c in candidates),
+            max_model_len=_count(d, "max_model_len"),
+            model=_text(d, "model", ""),
+            family=_text(d, "family", ""),
+            workload=_text(d, "workload", "interactive"),
+            gpu_memory_utilization=utilization,
+            nodes=nodes,
+            env=dict(env),
+            flags=_texts(d, "flags"),
         )
-    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(
-            f"not a plan written by `launcher plan --json` ({type(exc).__name__}: {exc}); "
+            f"not a plan written by `launcher plan --json` ({exc}); "
             "write one with `launcher plan --model M --json > plan.json`"
         ) from exc
