@@ -13,6 +13,22 @@ from loadgen.errors import BadArgument
 from loadgen.schedule import ARRIVALS
 from loadgen.slo import Slo
 
+
+def _url_parses(url: str) -> bool:
+    """Whether ``url`` has a host and a valid port, as the client (httpx) and the timed
+    transport (urllib.parse) both read it."""
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    try:
+        parts = urlsplit(url)
+        httpx.URL(url)
+        return bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except (ValueError, httpx.InvalidURL):
+        return False
+
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 WORKLOADS = ("standard", "agent")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -143,6 +159,17 @@ def validate(config: Config) -> Config:
         (
             config.url.startswith(("http://", "https://")),
             f"--url must start with http:// or https://, not {config.url!r}",
+        ),
+        (
+            config.metrics_url is None or (config.metrics_url.startswith(("http://", "https://"))
+                                           and _url_parses(config.metrics_url)),
+            f"--metrics-url {config.metrics_url!r} is not an http(s) URL, e.g."
+            " http://127.0.0.1:8100/metrics",
+        ),
+        (
+            not config.url.startswith(("http://", "https://")) or _url_parses(config.url),
+            f"--url {config.url!r} is not a URL loadgen can reach (host, optional :port), e.g."
+            " http://127.0.0.1:8000",
         ),
         (config.workload in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),
         (config.sessions >= 1, "--sessions must be at least 1"),

@@ -9,7 +9,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simengine.engine import SimConfig, spawn
 from simengine.faults import parse_fault
@@ -165,3 +168,25 @@ def test_an_unwritable_json_path_is_one_line(sim_url: str) -> None:
     )
     assert result.returncode == 1
     assert "cannot write /nonexistent-dir/r.json" in _one_line_error(result.stderr)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rest=st.text(max_size=30), scheme=st.sampled_from(["http://", "https://", ""]))
+def test_any_url_is_refused_in_one_line_or_read_by_both_clients(scheme: str, rest: str) -> None:
+    # `http://[::1` raised httpx.InvalidURL from the first request: a traceback.
+    from loadgen.config import Config, validate
+    from loadgen.errors import BadArgument
+    from loadgen.transport import Endpoint
+
+    url = scheme + rest
+    for config in (Config(url=url), Config(metrics_url=url)):
+        refusal = None
+        try:
+            validate(config)
+        except BadArgument as exc:
+            refusal = str(exc)
+        if refusal is not None:
+            assert "\n" not in refusal
+            continue
+        httpx.URL(config.metrics_url or config.url)  # neither raises for an accepted URL
+        Endpoint.parse(config.url)
