@@ -179,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 def check_upstream(url: str) -> None:
     """An engine URL the proxy can reach: plain HTTP (vLLM serves HTTP; the proxy keeps
     keep-alive HTTP/1.1 connections to it), with a host and a port that parses."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL" for an unclosed [
+        raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
+                          "http://127.0.0.1:8001") from None
     if parts.scheme == "https":
         raise ConfigError(
             f"--upstream {url!r}: the proxy reaches its engines over plain http:// (vLLM's own "

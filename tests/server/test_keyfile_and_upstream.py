@@ -82,6 +82,7 @@ def test_an_empty_or_public_key_file_is_refused_alike(tmp_path: Path) -> None:
         ("ftp://127.0.0.1:8001", "must be an http:// URL"),
         ("http://", "must be an http:// URL"),
         ("http://127.0.0.1:port", "must be an http:// URL"),
+        ("http://[::1", "must be an http:// URL"),  # urlsplit raised ValueError: a traceback
     ],
 )
 def test_an_upstream_the_proxy_cannot_reach_is_a_config_error(url: str, message: str) -> None:
@@ -109,3 +110,22 @@ def test_python_m_server_with_an_https_upstream_prints_one_line() -> None:
     assert res.stderr.count("\n") == 1, res.stderr
     assert "plain http://" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(rest=st.text(max_size=30), scheme=st.sampled_from(["http://", "https://", ""]))
+def test_any_upstream_text_is_a_url_or_a_config_error(scheme: str, rest: str) -> None:
+    from urllib.parse import urlsplit
+
+    from server.config import check_upstream
+
+    url = scheme + rest
+    accepted = True
+    try:
+        check_upstream(url)
+    except ConfigError:
+        accepted = False
+    if accepted:  # what the proxy's pools then read from it
+        parts = urlsplit(url)
+        assert parts.scheme == "http"
+        assert parts.hostname
