@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from launcher import planopts
+from launcher import argtypes, planopts
 from launcher.modelspec import ModelSpec, load_model_spec
 from launcher.plan import Candidate, Plan, plan
 from launcher.render import Rendered, plan_to_json, render
@@ -32,7 +32,8 @@ def add_parser(subparsers: Any) -> None:
     )
     planopts.add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address vLLM binds in the command")
-    p.add_argument("--port", type=int, default=8000, help="vLLM's (first) port in the command")
+    p.add_argument("--port", type=argtypes.port, default=8000,
+                   help="vLLM's (first) port in the command")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from launcher import planopts, supervise, tinymodel
+from launcher import argtypes, planopts, supervise, tinymodel
 from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.launchspec import LaunchSpec, replica_specs
 from launcher.serve import Supervision, run
@@ -31,8 +31,9 @@ def add_parser(sub: Any) -> None:
     planopts.add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address the proxy binds (default "
                    "127.0.0.1; anything else exposes the API to the network)")
-    p.add_argument("--port", type=int, default=8000, help="proxy port (default 8000)")
-    p.add_argument("--engine-port", type=int, help="first internal vLLM port (default: free)")
+    p.add_argument("--port", type=argtypes.port, default=8000, help="proxy port (default 8000)")
+    p.add_argument("--engine-port", type=argtypes.port,
+                   help="first internal vLLM port (default: free)")
     p.add_argument("--engine-host", default="127.0.0.1", help="address vLLM binds (default "
                    "127.0.0.1: only the proxy reaches it; 0.0.0.0 lets a Prometheus in the "
                    "same network scrape vLLM's own metrics, and anyone there reach it without "
@@ -42,9 +43,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--api-key-file", type=Path, help="file with one key per line (mode 600)")
     p.add_argument("--plan", type=Path, help="use a plan saved by `launcher plan --json` or "
                    "`launcher tune` instead of planning")
-    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for vLLM")
-    p.add_argument("--restart-attempts", type=int, default=5)
-    p.add_argument("--grace", type=float, default=30.0, help="seconds to drain on shutdown")
+    p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0,
+                   help="seconds to wait for vLLM")
+    p.add_argument("--restart-attempts", type=argtypes.whole, default=5)
+    p.add_argument("--grace", type=argtypes.seconds, default=30.0,
+                   help="seconds to drain on shutdown")
     p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
     p.set_defaults(func=main)

@@ -27,7 +27,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from launcher import planopts, tinymodel
+from launcher import argtypes, planopts, tinymodel
 from launcher.cmd_serve import build_spec, collect_api_keys
 from launcher.errors import LauncherError
 from launcher.launchspec import LaunchSpec
@@ -69,26 +69,29 @@ def add_parser(sub: Any) -> None:
                    help="a candidate: 'tp=2', 'pp=2', 'tp=2 dp=2', or 'name=x --vllm-flag v' "
                    "(use --candidate='...' when SPEC starts with --). Default: the planner's "
                    "best three, or two engine settings on the CPU")
-    p.add_argument("--requests", type=int, help="measured requests per round (default 3 "
+    p.add_argument("--requests", type=argtypes.count, help="measured requests per round (default 3 "
                    "interactive, 4x concurrency throughput)")
     p.add_argument("--objective", choices=OBJECTIVES, help="what wins: interactive, "
                    "throughput, or slo (the highest throughput meeting --slo-ttft-ms/"
                    "--slo-tpot-ms); default: slo when a bound is given, else --workload")
-    p.add_argument("--slo-ttft-ms", type=float, help="SLO: time to first token, ms")
-    p.add_argument("--slo-tpot-ms", type=float, help="SLO: time per output token after the "
+    p.add_argument("--slo-ttft-ms", type=argtypes.positive, help="SLO: time to first token, ms")
+    p.add_argument("--slo-tpot-ms", type=argtypes.positive,
+                   help="SLO: time per output token after the "
                    "first, ms")
-    p.add_argument("--repeats", type=int, default=3, help="measured rounds per candidate, "
+    p.add_argument("--repeats", type=argtypes.count, default=3,
+                   help="measured rounds per candidate, "
                    "for a 95%% t-interval of its score (default 3)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each "
+    p.add_argument("--warmup", type=argtypes.whole, default=2,
+                   help="unmeasured requests before each "
                    "start's first round (default 2)")
-    p.add_argument("--reruns", type=int, default=1, help="times the two finalists are "
+    p.add_argument("--reruns", type=argtypes.whole, default=1, help="times the two finalists are "
                    "started and measured again while their intervals overlap (default 1)")
     p.add_argument("--out", type=Path, default=Path("tuned-plan.json"))
     p.add_argument("--results-dir", type=Path, help="keep each candidate's loadgen JSON here")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=argtypes.port, default=8000)
     p.add_argument("--api-key", action="append", default=[])
-    p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0)
     p.add_argument("--log-dir", type=Path)
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every candidate")
     p.set_defaults(func=main)

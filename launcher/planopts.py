@@ -7,7 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from launcher import hardware
+from launcher import argtypes, hardware
 from launcher.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
 
 
@@ -20,23 +20,24 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
     p.add_argument("--workload", choices=WORKLOADS, default="interactive",
                    help="interactive: one agent, latency first (default); throughput: many "
                    "streams")
-    p.add_argument("--concurrency", type=int,
+    p.add_argument("--concurrency", type=argtypes.count,
                    help="streams to expect (default 1 interactive, 32 throughput)")
-    p.add_argument("--max-model-len", type=int,
+    p.add_argument("--max-model-len", type=argtypes.count,
                    help="context length to guarantee (default: the longest that fits)")
-    p.add_argument("--prompt", type=int, default=512,
+    p.add_argument("--prompt", type=argtypes.count, default=512,
                    help="prompt tokens of a typical request (default 512)")
-    p.add_argument("--gen", type=int, default=256,
+    p.add_argument("--gen", type=argtypes.count, default=256,
                    help="generated tokens of a typical request (default 256)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--tp", type=int, help="force the tensor-parallel size")
-    p.add_argument("--pp", type=int, help="force the pipeline-parallel (layer split) size")
-    p.add_argument("--dp", type=int, help="force the number of data-parallel replicas")
-    p.add_argument("--nodes", type=int, default=1,
+    p.add_argument("--tp", type=argtypes.count, help="force the tensor-parallel size")
+    p.add_argument("--pp", type=argtypes.count,
+                   help="force the pipeline-parallel (layer split) size")
+    p.add_argument("--dp", type=argtypes.count, help="force the number of data-parallel replicas")
+    p.add_argument("--nodes", type=argtypes.count, default=1,
                    help="plan for this many identical nodes (Ray)")
-    p.add_argument("--gpus-per-node", type=int,
+    p.add_argument("--gpus-per-node", type=argtypes.count,
                    help="GPUs used on each node (default: all of the topology)")
-    p.add_argument("--network-gbps", type=float, default=100.0,
+    p.add_argument("--network-gbps", type=argtypes.positive, default=100.0,
                    help="link between nodes in Gbit/s (default 100: 100G Ethernet/RoCE)")
 
 
@@ -74,10 +75,12 @@ def cpu_kv_cache_gib(env: Mapping[str, str]) -> float:
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """What shapes the engine command beyond the plan; `plan` takes them too, so that it prints
     the command `serve` runs for the same options."""
-    p.add_argument("--served-model-name", help="name clients use (default: the model's)")
+    p.add_argument("--served-model-name", type=argtypes.name,
+                   help="name clients use (default: the model's)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let vLLM run code shipped with the model (off unless asked)")
-    p.add_argument("--ray-address", help="run vLLM on an existing Ray cluster (HEAD:PORT)")
+    p.add_argument("--ray-address", type=argtypes.host_port,
+                   help="run vLLM on an existing Ray cluster (HEAD:PORT)")
     p.add_argument("extra", nargs=argparse.REMAINDER,
                    help="after --: extra arguments passed to vLLM as they are, last")
 

@@ -1,0 +1,44 @@
+"""Option values out of range end in argparse's one line naming the option, for every value."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher import argtypes
+from launcher.cli import main
+
+KINDS = [argtypes.count, argtypes.whole, argtypes.port, argtypes.seconds, argtypes.positive,
+         argtypes.name, argtypes.host_port]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k.__name__ for k in KINDS])
+@given(text=st.text(max_size=12) | st.integers(-(1 << 70), 1 << 70).map(str)
+       | st.floats().map(str))
+def test_every_value_is_taken_or_refused_with_a_reason(kind: object, text: str) -> None:
+    assert callable(kind)
+    reason = None
+    try:
+        kind(text)
+    except argparse.ArgumentTypeError as exc:
+        reason = str(exc)
+    assert reason is None or reason.strip()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--port", "70000"], "argument --port: a port lies between 0 and 65535"),
+    (["--tp", "0"], "argument --tp: must be at least 1"),
+    (["--max-model-len", "-5"], "argument --max-model-len: must be at least 1"),
+    (["--network-gbps", "nan"], "argument --network-gbps: must be a finite number above 0"),
+    (["--served-model-name", ""], "argument --served-model-name: must be a name"),
+    (["--ray-address", "x"], "argument --ray-address: expected HOST:PORT"),
+])
+def test_serve_refuses_values_out_of_range_before_planning(
+        capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--dry-run", *args])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
