@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -197,6 +198,36 @@ def check_upstream(url: str) -> None:
                           "http://127.0.0.1:8001")
 
 
+# Seconds that must be finite and above 0, and counts that must be at least 1 (or 0).
+_SECONDS = ("connect_timeout", "first_byte_timeout", "idle_timeout", "body_timeout",
+            "header_timeout", "client_stall_timeout", "gpu_interval", "queue_timeout",
+            "health_interval")
+_AT_LEAST_ONE = ("max_body_bytes", "max_header_line_bytes", "max_header_bytes", "max_messages",
+                 "max_json_fields", "max_response_bytes", "max_in_flight")
+_AT_LEAST_ZERO = ("max_queue", "affinity_slack")
+
+
+def check_numbers(a: argparse.Namespace) -> None:
+    """Every numeric option in range, else a ConfigError naming it (one line)."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name in _SECONDS:
+        value = getattr(a, name)
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{flag(name)} must be above 0 seconds (and finite), not {value}")
+    if not math.isfinite(a.drain_timeout) or a.drain_timeout < 0:
+        raise ConfigError(f"--drain-timeout must be 0 or more seconds, not {a.drain_timeout}")
+    for name in _AT_LEAST_ONE:
+        if getattr(a, name) < 1:
+            raise ConfigError(f"{flag(name)} must be above 0, not {getattr(a, name)}")
+    for name in _AT_LEAST_ZERO:
+        if getattr(a, name) < 0:
+            raise ConfigError(f"{flag(name)} cannot be negative, not {getattr(a, name)}")
+    if not 0 <= a.port <= 65535:
+        raise ConfigError(f"--port must lie between 0 and 65535, not {a.port}")
+
+
 def config_from_args(argv: Sequence[str] | None = None,
                      env: Mapping[str, str] | None = None) -> ProxyConfig:
     a = build_parser().parse_args(argv)
@@ -204,10 +235,7 @@ def config_from_args(argv: Sequence[str] | None = None,
     upstreams = tuple(u.rstrip("/") for u in a.upstream)
     for url in upstreams:
         check_upstream(url)
-    for flag in ("max_header_line_bytes", "max_header_bytes", "max_messages", "max_json_fields",
-                 "max_response_bytes", "client_stall_timeout", "gpu_interval"):
-        if getattr(a, flag) <= 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be above 0")
+    check_numbers(a)
     return ProxyConfig(
         upstreams=upstreams, host=a.host, port=a.port,
         api_keys=load_keys(a.api_key, a.api_key_file, env),

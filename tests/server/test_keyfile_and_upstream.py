@@ -3,6 +3,7 @@ of it), and an https:// upstream given to the proxy ends in one line, not a trac
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,17 @@ def test_any_upstream_text_is_a_url_or_a_config_error(scheme: str, rest: str) ->
         parts = urlsplit(url)
         assert parts.scheme == "http"
         assert parts.hostname
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--port", "70000"], "--port must lie between 0 and 65535"),
+    (["--max-in-flight", "0"], "--max-in-flight must be above 0"),
+    (["--idle-timeout", "nan"], "--idle-timeout must be above 0 seconds"),
+    (["--first-byte-timeout", "inf"], "--first-byte-timeout must be above 0 seconds"),
+    (["--max-queue", "-1"], "--max-queue cannot be negative"),
+    (["--drain-timeout", "-1"], "--drain-timeout must be 0 or more seconds"),
+])
+def test_numbers_out_of_range_are_config_errors(args: list[str], says: str) -> None:
+    # all of these were taken at start before: the proxy ran with them and printed nothing
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        config_from_args(["--upstream", "http://127.0.0.1:8001", *args], {})
