@@ -77,3 +77,10 @@ def host_port(text: str) -> str:
     if not sep or not host.strip("[]") or not number.isdigit() or not 1 <= int(number) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 10.0.0.1:6379), not {text!r}")
     return text
+
+
+def nonempty(text: str) -> str:
+    """A path or id that says something (a folder may have spaces in its name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text

@@ -13,7 +13,7 @@ from launcher.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
 
 def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                            model_required: bool = False) -> None:
-    p.add_argument("--model", required=model_required, help=model_help)
+    p.add_argument("--model", type=argtypes.nonempty, required=model_required, help=model_help)
     p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--topology", metavar="FILE",
                    help="saved topology (probe --save, or an NVML dump) instead of NVML")

@@ -12,7 +12,7 @@ from launcher import argtypes
 from launcher.cli import main
 
 KINDS = [argtypes.count, argtypes.whole, argtypes.port, argtypes.seconds, argtypes.positive,
-         argtypes.name, argtypes.host_port]
+         argtypes.name, argtypes.host_port, argtypes.nonempty]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.__name__ for k in KINDS])
@@ -35,6 +35,7 @@ def test_every_value_is_taken_or_refused_with_a_reason(kind: object, text: str) 
     (["--network-gbps", "nan"], "argument --network-gbps: must be a finite number above 0"),
     (["--served-model-name", ""], "argument --served-model-name: must be a name"),
     (["--ray-address", "x"], "argument --ray-address: expected HOST:PORT"),
+    (["--model", ""], "argument --model: must not be empty"),
 ])
 def test_serve_refuses_values_out_of_range_before_planning(
         capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
