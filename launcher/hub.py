@@ -242,3 +242,23 @@ def checkpoint_bytes(index_path: Path | None) -> int | None:
     if isinstance(total, bool) or not isinstance(total, (int, float)):
         return None
     return int(total) if 0 < total < 1 << 50 else None
+
+
+def single_file_bytes(path: Path) -> int | None:
+    """The tensor bytes of a one-file checkpoint (``model.safetensors``, which has no index):
+    the file less its 8-byte length and its JSON header; None without one, or for a file that
+    is not safetensors."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            size = path.stat().st_size
+    except OSError:
+        return None
+    if len(head) < 8:
+        return None
+    header = int.from_bytes(head, "little")
+    # safetensors caps its header at 100 MB; a file shorter than its header is not one
+    if not 2 <= header <= 100_000_000 or 8 + header > size:
+        return None
+    total = size - 8 - header
+    return total if total > 0 else None

@@ -507,7 +507,10 @@ def load_model_spec(
         raise ModelError(f"{cfg_path} is not a JSON object")
     name = ref.rstrip("/").split("/")[-1] if Path(ref).exists() else ref
     spec = spec_from_config(cfg, name=name, path=str(cfg_path.parent))
-    return sized_by_checkpoint(spec, cfg, hub.checkpoint_bytes(cfg_path.parent / hub.INDEX))
+    total = hub.checkpoint_bytes(cfg_path.parent / hub.INDEX)
+    if total is None:  # a one-file checkpoint has no index; its header says as much
+        total = hub.single_file_bytes(cfg_path.parent / "model.safetensors")
+    return sized_by_checkpoint(spec, cfg, total)
 
 
 def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | None) -> ModelSpec:

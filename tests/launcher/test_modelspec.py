@@ -229,3 +229,34 @@ def test_nvfp4_and_fp8_modelopt_checkpoints_are_4_and_8_bit() -> None:
                                                            "quant_algo": "FP8"}}, "fp8")
     assert (fp4.weight_bits, fp8.weight_bits) == (4.0, 8.0)
     assert fp4.weight_bytes < fp8.weight_bytes
+
+
+def test_a_one_file_checkpoint_is_sized_by_its_own_bytes(tmp_path: Path) -> None:
+    # No index beside model.safetensors (most checkpoints under ~5 GB): the file less its
+    # header is the weights, here an AWQ checkpoint a little larger than the estimate.
+    import json as _json
+
+    cfg = _json.loads(Path(model("llama-3.3-70b-awq"), "config.json").read_text())
+    (tmp_path / "config.json").write_text(_json.dumps(cfg))
+    estimate = load_model_spec(str(tmp_path)).weight_bytes
+    header = b'{"__metadata__":{"format":"pt"}}'
+    tensors = estimate + 12345
+    with (tmp_path / "model.safetensors").open("wb") as fh:
+        fh.write(len(header).to_bytes(8, "little") + header)
+        fh.seek(8 + len(header) + tensors - 1)
+        fh.write(b"\0")  # sparse: the size is what counts
+    assert load_model_spec(str(tmp_path)).weight_bytes == tensors
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=64))
+def test_any_model_safetensors_file_is_read_or_ignored(content: bytes) -> None:
+    import tempfile
+
+    from launcher import hub
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.safetensors"
+        path.write_bytes(content)
+        got = hub.single_file_bytes(path)
+        assert got is None or 0 < got < len(content)
