@@ -10,7 +10,8 @@ from typing import Any
 from launcher import argtypes, planopts
 from launcher.modelspec import ModelSpec, load_model_spec
 from launcher.plan import Candidate, Plan, plan
-from launcher.render import Rendered, plan_to_json, render
+from launcher.planfile import plan_to_json
+from launcher.render import Rendered, render
 from launcher.toolcalls import tokenizer_tokens
 from launcher.topology import load_topology
 

@@ -110,7 +110,8 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     # Imported here so that `launcher serve --help` stays fast and NVML is touched only when used.
     from launcher.modelspec import load_model_spec
     from launcher.plan import plan
-    from launcher.render import plan_from_json, render
+    from launcher.planfile import plan_from_json
+    from launcher.render import render
     from launcher.toolcalls import tokenizer_tokens
     from launcher.topology import load_topology
 

@@ -188,7 +188,8 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     from launcher.cmd_serve import resolve_model
     from launcher.modelspec import load_model_spec
     from launcher.plan import plan
-    from launcher.render import plan_to_json, render
+    from launcher.planfile import plan_to_json
+    from launcher.render import render
     from launcher.toolcalls import tokenizer_tokens
     from launcher.topology import load_topology
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main
-from launcher.render import plan_from_json
+from launcher.planfile import plan_from_json
 from tests.launcher.paths import H200, TOPOLOGIES, model, topo
 
 CONTRACT = {"mode", "tp", "pp", "dp", "gpus", "predicted", "reasons", "argv", "env", "candidates"}

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from launcher.errors import PlanError
 from launcher.modelspec import load_model_spec
 from launcher.plan import Plan, Policy, plan
-from launcher.render import plan_from_json, plan_to_json, render
+from launcher.planfile import plan_from_json, plan_to_json
+from launcher.render import render
 from launcher.topology import (
     P2P_STATUS_NAMES,
     Gpu,
