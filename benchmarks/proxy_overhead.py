@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simengine.client import StreamResult, percentile, stream
-from simengine.engine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn, stop_process
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,7 @@ def _running(argv: list[str], url: str, ready_path: str, what: str,
         _wait_ready(url + ready_path, proc, what)
         yield url, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 10)
         if out is not None:
             out.close()
 

@@ -757,14 +757,20 @@ def spawn_process(cfg: SimConfig,
     try:
         yield _await_ready(proc, timeout), proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 5)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is reaped (the test
+    and benchmark helpers that start a server all end it this way)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _await_ready(proc: subprocess.Popen[str], timeout: float) -> str:

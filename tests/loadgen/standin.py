@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simengine.engine import stop_process
+
 READY = "standin listening on "
 BLOCK = 16
 
@@ -330,12 +332,7 @@ def spawn(*args: str, timeout: float = 60.0) -> Iterator[str]:
             raise RuntimeError(f"stand-in did not start (exit {proc.poll()}): {line!r}")
         yield line[len(READY) :].strip()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 10)
 
 
 def parse(argv: list[str]) -> Options:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from simengine.engine import SimConfig, spawn
+from simengine.engine import SimConfig, spawn, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,12 +93,7 @@ def run_proxy(upstreams: Sequence[str], *args: str, env: dict[str, str] | None =
             raise RuntimeError(f"proxy did not start:\n{log_path.read_text()[-3000:]}")
         yield ProxyProc(url, proc.pid, log_path)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15)
 
 
 def _up(url: str) -> bool:
