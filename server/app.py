@@ -268,14 +268,10 @@ class Proxy:
         """One replica's /metrics text, or None when it does not answer in time."""
         try:
             async with asyncio.timeout(ENGINE_METRICS_TIMEOUT_S):
-                resp = await self.relay.pools[url].request("GET", "/metrics", (), b"")
-                try:
-                    body = await resp.read(ENGINE_METRICS_MAX_BYTES)
-                finally:
-                    resp.finish()
+                status, body = await self.relay.pools[url].get("/metrics", ENGINE_METRICS_MAX_BYTES)
         except (TimeoutError, UpstreamError, OSError):
             return None
-        return body.decode("utf-8", "replace") if resp.status == 200 else None
+        return body.decode("utf-8", "replace") if status == 200 else None
 
 
 class ClientGone(Exception):

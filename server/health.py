@@ -70,14 +70,6 @@ class HealthChecker:
                 self.metrics.serve_models(names)
                 self._models_due = MODELS_EVERY
 
-    async def _get_status(self, up: Upstream, path: str) -> int:
-        resp = await self.pools[up.url].request("GET", path, (), b"")
-        try:
-            await resp.read()
-        finally:
-            resp.finish()
-        return resp.status
-
     async def _served_models(self, timeout_s: float) -> set[str] | None:
         """The ids in every healthy replica's /v1/models; None if none could be read."""
         found: set[str] | None = None
@@ -86,12 +78,8 @@ class HealthChecker:
                 continue
             try:
                 async with asyncio.timeout(timeout_s):
-                    resp = await self.pools[up.url].request("GET", "/v1/models", (), b"")
-                    try:
-                        body = await resp.read()
-                    finally:
-                        resp.finish()
-                data = json.loads(body)["data"] if resp.status == 200 else None
+                    status, body = await self.pools[up.url].get("/v1/models")
+                data = json.loads(body)["data"] if status == 200 else None
                 ids = {m["id"] for m in data if isinstance(m, dict) and isinstance(
                     m.get("id"), str)} if isinstance(data, list) else None
             except (TimeoutError, UpstreamError, OSError, ValueError, KeyError, TypeError):
@@ -104,13 +92,13 @@ class HealthChecker:
         slow = False
         try:
             async with asyncio.timeout(timeout_s):
-                status = await self._get_status(up, up.health_path)
+                status, _ = await self.pools[up.url].get(up.health_path)
                 if status == 404 and up.health_path == "/health":
                     # An OpenAI-compatible server without vLLM's /health (Ollama, some
                     # hosted gateways): its model list answering is its health from now on.
                     log.info("engine %s has no /health: checking it with GET /v1/models", up.url)
                     up.health_path = "/v1/models"
-                    status = await self._get_status(up, up.health_path)
+                    status, _ = await self.pools[up.url].get(up.health_path)
             ok = status == 200
         except TimeoutError:
             ok, slow = False, True

@@ -271,6 +271,16 @@ class Pool:
                     raise ConnectionBroken(_STALE) from None
         return await self._exchange(await self._connect(), payload)
 
+    async def get(self, target: str, limit: int | None = None) -> tuple[int, bytes]:
+        """A control-plane GET (health, model list, metrics): the status and the whole body, at
+        most ``limit`` bytes of it (default ``max_response_bytes``)."""
+        resp = await self.request("GET", target, (), b"")
+        try:
+            body = await resp.read(limit)
+        finally:
+            resp.finish()
+        return resp.status, body
+
     def _reusable(self) -> _Conn | None:
         """The most recently pooled idle connection that is still open and young enough; the
         others are closed (a closed one was never written to: nothing was sent on it)."""
