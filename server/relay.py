@@ -456,7 +456,7 @@ class _Stream:
         # A Responses stream must carry a terminal event (its data holds the whole response, so
         # it is looked for as the chunks pass, not in the tail); an OpenAI SDK takes a stream
         # cut short without one for a finished (truncated) response.
-        self.responses = call.responses and not self.anthropic
+        self.responses = call.responses
         self.terminal_seen = False
         self.tail = b"\n" if self.responses else b""  # the first event starts a line too
         self.timing = _Timing(relay.metrics.route(call.model, call.route), call)
