@@ -295,10 +295,8 @@ def predict(
     ctx_mid = prompt + gen // 2
     tpot = decode_step_s(m, lay, 1, ctx_mid)
     per_replica = max(1, -(-concurrency // lay.dp))
-    request_kv = m.kv_bytes(prompt + gen)
-    # A model that caches nothing per token (no attention layer this reader knows) is not
-    # limited by its KV cache here; the fit check has already sized its fixed memory.
-    fits = max(1, int(lay.kv_budget_bytes // request_kv)) if request_kv > 0 else per_replica
+    # (spec_from_config refuses a model that caches nothing per token: this never divides by 0)
+    fits = max(1, int(lay.kv_budget_bytes // m.kv_bytes(prompt + gen)))
     batch = min(per_replica, fits, max_num_seqs)
     # While ``batch`` requests run to completion the replica does their prefills and gen steps.
     # The prompts of streams started together are prefilled together, ``batched_tokens`` per
