@@ -265,11 +265,24 @@ def _cache_file(key: str) -> Path | None:
 
     try:
         version = metadata.version("transformers")
-        source = Path(__file__).read_bytes()
-    except (metadata.PackageNotFoundError, OSError):
+    except metadata.PackageNotFoundError:
+        return None
+    source = _source_digest()
+    if source is None:
         return None
     digest = hashlib.sha256(b"\0".join([key.encode(), version.encode(), source])).hexdigest()
     return default_cache_dir(os.environ) / "shapes" / f"{digest[:32]}.json"
+
+
+@lru_cache(maxsize=1)
+def _source_digest() -> bytes | None:
+    """This module's source, hashed once per process (it keys the cache, see _cache_file)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).digest()
+    except OSError:
+        return None
 
 
 def _to_json(found: HfShape) -> dict[str, Any]:
