@@ -151,10 +151,10 @@ def generation_body(model: str, tokens: int, exact_length: bool = True) -> dict[
     return body
 
 
-def takes_exact_length(client: TargetClient, model: str, chat: bool) -> tuple[bool, str | None]:
+def takes_exact_length(client: TargetClient, model: str, chat: bool) -> bool:
     """Whether the server accepts the exact-length fields: one 1-token request with them.
-    (True, None) when it does; (False, its refusal) when it answers 400/422 naming one of
-    them. Any other failure is left to the run, which reports it per request."""
+    False only when it answers 400/422 naming one of them; any other failure is left to the
+    run, which reports it per request."""
     body = generation_body(model, 1)
     body.update(stream=False)
     del body["stream_options"]
@@ -168,8 +168,8 @@ def takes_exact_length(client: TargetClient, model: str, chat: bool) -> tuple[bo
         text = str(exc)
         if any(f"HTTP {code}" in text for code in (400, 422)) and any(
                 name in text for name in EXACT_LENGTH_FIELDS):
-            return False, text
-    return True, None
+            return False
+    return True
 
 
 def shuffle_words(
@@ -193,18 +193,17 @@ class Source:
     sample: dict[str, Any] | None  # /tokenize of seeded text, when the target has it
     output: OutputCounter | None
     exact_length: bool = True  # the server takes min_tokens/ignore_eos (takes_exact_length)
-    refusal: str | None = None  # what it answered when it did not
 
 
 def open_source(config: Config, client: TargetClient) -> Source:
     """Pick the model and the best token counter: --tokenizer, /tokenize, else usage."""
     model = pick_model(client.models(), config.model, config.url)
     name = str(model.get("id"))
-    exact, refusal = takes_exact_length(client, name, config.chat or config.workload == "agent")
+    exact = takes_exact_length(client, name, config.chat or config.workload == "agent")
     sample: dict[str, Any] | None = None
     if config.tokenizer:
         local: LocalCounter = load_tokenizer(config.tokenizer)
-        return Source(client, model, name, local, None, local.output, exact, refusal)
+        return Source(client, model, name, local, None, local.output, exact)
     try:
         sample = client.tokenize(
             name, prompt=seeded_text(f"{config.seed}:pool", _POOL_WORDS), add_special_tokens=False
@@ -214,7 +213,7 @@ def open_source(config: Config, client: TargetClient) -> Source:
         counter: Counter = RemoteCounter(client.tokenize, name)
     except NoTokenize:
         sample, counter = None, UsageCounter(client.post, name)
-    return Source(client, model, name, counter, sample, None, exact, refusal)
+    return Source(client, model, name, counter, sample, None, exact)
 
 
 def prepare(config: Config) -> Workload:
