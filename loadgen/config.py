@@ -15,16 +15,18 @@ from loadgen.slo import Slo
 
 
 def _url_parses(url: str) -> bool:
-    """Whether ``url`` has a host and a valid port, as the client (httpx) and the timed
-    transport (urllib.parse) both read it."""
+    """Whether both clients read ``url``: the timed transport (Endpoint.parse) and the
+    control-plane one (httpx). Port 0 is refused too (Endpoint would take it for the default)."""
     from urllib.parse import urlsplit
 
     import httpx
 
+    from loadgen.transport import Endpoint
+
     try:
-        parts = urlsplit(url)
+        Endpoint.parse(url)
         httpx.URL(url)
-        return bool(parts.hostname) and (parts.port is None or parts.port > 0)
+        return urlsplit(url).port != 0
     except (ValueError, httpx.InvalidURL):
         return False
 
