@@ -181,13 +181,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(404, "RevisionNotFound", f"Invalid rev id: {rev}", body)
         return commit
 
-    def _info(self, repo_id: str, rev: str, token: str | None, body: bool) -> None:
+    def _revision(self, repo_id: str, rev: str, token: str | None,
+                  body: bool) -> tuple[Repo, str] | None:
+        """The repository and the commit ``rev`` names, or None once the refusal is sent."""
         repo = self._repo(repo_id, token, body)
         if repo is None:
-            return
+            return None
         commit = self._commit(repo, rev, body)
-        if commit is None:
+        return None if commit is None else (repo, commit)
+
+    def _info(self, repo_id: str, rev: str, token: str | None, body: bool) -> None:
+        found = self._revision(repo_id, rev, token, body)
+        if found is None:
             return
+        repo, commit = found
         info = {
             "_id": commit[:24],
             "id": repo_id,
@@ -207,12 +214,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _tree(
         self, repo_id: str, rev: str, folder: str, recursive: bool, token: str | None, body: bool
     ) -> None:
-        repo = self._repo(repo_id, token, body)
-        if repo is None:
+        found = self._revision(repo_id, rev, token, body)
+        if found is None:
             return
-        commit = self._commit(repo, rev, body)
-        if commit is None:
-            return
+        repo, commit = found
         entries = tree_entries(repo.commits[commit], folder, recursive)
         if folder and not entries:
             self._refuse(404, "EntryNotFound", f"{folder} does not exist on {rev}", body, commit)

@@ -34,6 +34,8 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from simengine.engine import stop_process
+
 # Tests want a new sample every second; production configs use 15 s.
 TEST_SCRAPE_INTERVAL = "1s"
 _READY_TIMEOUT_S = 30.0
@@ -166,14 +168,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if proc.poll() is None:
+        stop_process(proc, _STOP_TIMEOUT_S)
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
