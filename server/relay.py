@@ -428,6 +428,13 @@ RESPONSES_TERMINAL = (b"\nevent: response.completed", b"\nevent: response.incomp
 RESPONSES_MARKER_SPAN = max(map(len, RESPONSES_TERMINAL))
 
 
+def responses_terminal(tail: bytes, data: bytes) -> tuple[bool, bytes]:
+    """Whether a terminal event starts in ``tail + data`` (the stream so far ends in ``tail``),
+    and the tail to keep for the next read: a marker may be split between two reads."""
+    window = tail + data
+    return any(m in window for m in RESPONSES_TERMINAL), window[-RESPONSES_MARKER_SPAN:]
+
+
 class _Stream:
     """One relayed event stream: what every chunk goes through, on either of two paths.
 
@@ -475,9 +482,7 @@ class _Stream:
             if self.anthropic:
                 self.tail = (self.tail + data)[-64:]
             elif self.responses and not self.terminal_seen:
-                window = self.tail + data  # a marker may be split between two reads
-                self.terminal_seen = any(m in window for m in RESPONSES_TERMINAL)
-                self.tail = window[-RESPONSES_MARKER_SPAN:]
+                self.terminal_seen, self.tail = responses_terminal(self.tail, data)
             return data, _MORE
         scan = inspector.feed(data)
         if scan.tokens:
