@@ -57,8 +57,9 @@ def test_a_conversation_stays_on_one_replica(spawn_proxy: SpawnProxy,
 def test_concurrent_load_spreads_to_the_least_busy(spawn_proxy: SpawnProxy,
                                                    sims: tuple[str, str]) -> None:
     p = spawn_proxy(list(sims), "--affinity-slack", "0")
+    # long enough that all eight are in flight at once, even on a loaded machine
     for url in sims:
-        sim_control(url, ttft=0.3)
+        sim_control(url, ttft=2.0)
     threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
                                 kwargs={"json": {"prompt": f"distinct {i}", "max_tokens": 1},
                                         "timeout": 10}) for i in range(8)]
@@ -72,21 +73,24 @@ def test_concurrent_load_spreads_to_the_least_busy(spawn_proxy: SpawnProxy,
 def test_failed_replica_is_taken_out_and_put_back(spawn_proxy: SpawnProxy,
                                                   sims: tuple[str, str]) -> None:
     a, b = sims
-    p = spawn_proxy([a, b])
+    p = spawn_proxy([a, b], "--affinity-slack", "0")
     sim_control(a, healthy=False)
     down = f'toposerve_upstream_up{{upstream="{a}"}} 0.0'
     up = f'toposerve_upstream_up{{upstream="{a}"}} 1.0'
     assert wait_for(lambda: down in httpx.get(p.url + "/metrics").text)
-    for i in range(6):
+    for prompt in prompts_preferring(a, [a, b], "p", 6):
         assert httpx.post(p.url + "/v1/completions",
-                          json={"prompt": f"p{i}", "max_tokens": 1}).status_code == 200
+                          json={"prompt": prompt, "max_tokens": 1}).status_code == 200
     assert generations(a) == 0
     assert httpx.get(p.url + "/ready").json()["ready"] is True
     sim_control(a, healthy=True)
     assert wait_for(lambda: up in httpx.get(p.url + "/metrics").text)
-    for i in range(6):
-        httpx.post(p.url + "/v1/completions", json={"prompt": f"q{i}", "max_tokens": 1})
-    assert generations(a) > 0
+    # prompts whose affinity points at `a`: fixed prompts would reach it only by luck of the
+    # ports (all six hashed to `b` once in CI), and once `a` is back every one must go there
+    for prompt in prompts_preferring(a, [a, b], "q", 6):
+        assert httpx.post(p.url + "/v1/completions",
+                          json={"prompt": prompt, "max_tokens": 1}).status_code == 200
+    assert generations(a) == 6
 
 
 def prompts_preferring(url: str, urls: list[str], prefix: str, n: int) -> list[str]:
