@@ -48,14 +48,15 @@ def _start_proxy(sim_url: str, log_path: Path, key: str | None) -> Iterator[str]
         proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while True:
             try:
                 if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, f"the proxy never got ready: {log_path.read_text()}"
             time.sleep(0.2)
         yield url
     finally:

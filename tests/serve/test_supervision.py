@@ -55,6 +55,19 @@ class Launch:
             time.sleep(0.3)
         raise AssertionError(f"not ready: {self.output()}")
 
+    def in_flight(self) -> float:
+        """Requests the proxy is answering now, from its own gauge."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("toposerve_requests_in_flight{"))
+
+    def wait_in_flight(self, n: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while self.in_flight() < n:
+            assert time.monotonic() < deadline, f"never {n} in flight: {self.output()}"
+            time.sleep(0.05)
+
     def output(self) -> str:
         return self.out.read_text() + self.err.read_text()
 
@@ -210,7 +223,7 @@ def test_sigterm_under_load_finishes_accepted_requests_within_the_grace_period(
     run.wait_ready()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(_post_completion, run.port) for _ in range(4)]
-        time.sleep(0.7)  # all four accepted and in flight at the engine
+        run.wait_in_flight(4)  # all four accepted and in flight at the engine
         run.proc.send_signal(signal.SIGTERM)
         results = [f.result(timeout=30) for f in futures]
     assert [status for status, _, _ in results] == [200] * 4
@@ -224,7 +237,7 @@ def test_a_second_signal_forces_exit_at_once(tmp_path: Path, launch: list[Launch
     run.wait_ready()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pool.submit(_post_completion, run.port, 5)
-        time.sleep(0.5)
+        run.wait_in_flight(1)
         run.proc.send_signal(signal.SIGTERM)  # drains: would wait for the 30 s request
         time.sleep(1.0)
         started = time.monotonic()

@@ -54,7 +54,7 @@ def sim_control(url: str, **settings: Any) -> None:
     post_json(url + "/sim/control", settings)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.02) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, interval: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -143,7 +143,7 @@ def test_client_leaving_aborts_the_engine_request(proxy: ProxyProc, sim_url: str
         assert b"data:" in sock.recv(65536) or b"data:" in sock.recv(65536)
     assert wait_for(lambda: sim_stats(sim_url)["running"] == 1)
     sock.close()
-    assert wait_for(lambda: sim_stats(sim_url)["aborted"] == 1, timeout=2)
+    assert wait_for(lambda: sim_stats(sim_url)["aborted"] == 1, timeout=15)
     assert sim_stats(sim_url)["running"] == 0
     assert sim_stats(sim_url)["completed"] == 0
 

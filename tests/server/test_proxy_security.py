@@ -16,7 +16,7 @@ import pytest
 
 from server.config import ConfigError, ProxyConfig, config_from_args, load_keys, read_key_file
 from server.serve import security_warnings
-from tests.server.conftest import REPO, ProxyProc, SpawnProxy, sim_control
+from tests.server.conftest import REPO, ProxyProc, SpawnProxy, sim_control, sim_stats, wait_for
 
 KEY = "sk-toposerve-SECRET-7f3a9c"
 WRONG = "sk-wrong-MARKER-55e1"
@@ -167,11 +167,12 @@ def post_in_background(url: str, n: int) -> list[threading.Thread]:
 
 
 def test_too_many_in_flight_is_429_with_retry_after(spawn_proxy: SpawnProxy, sim_url: str) -> None:
+    # a queue timeout longer than the test: the queue stays full until the 429 is asked for
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "1",
-                    "--queue-timeout", "0.3")
+                    "--queue-timeout", "30")
     sim_control(sim_url, ttft=1.0)
     threads = post_in_background(p.url, 2)
-    time.sleep(0.1)
+    assert wait_for(lambda: "toposerve_requests_queued 1.0" in httpx.get(p.url + "/metrics").text)
     r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     error = assert_openai_error(r, 429)
     assert error["type"] == "rate_limit_error"
@@ -187,7 +188,7 @@ def test_queue_wait_is_bounded(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     holder = threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
                               kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 20})
     holder.start()
-    time.sleep(0.2)
+    assert wait_for(lambda: sim_stats(sim_url)["running"] == 1)
     assert_openai_error(httpx.post(p.url + "/v1/completions", json={"prompt": "x"}), 429)
     # The queue timeout answered, not the slot freeing: the holder's 4 s request still runs.
     assert holder.is_alive()
@@ -276,10 +277,10 @@ def test_environment_keys_are_read() -> None:
 
 def test_queued_requests_are_counted(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5")
-    sim_control(sim_url, ttft=1.0)
+    sim_control(sim_url, ttft=3.0)  # the first holds its slot while the other two are counted
     threads = post_in_background(p.url, 3)
-    time.sleep(0.4)
-    assert "toposerve_requests_queued 2.0" in httpx.get(p.url + "/metrics").text
+    assert wait_for(lambda: "toposerve_requests_queued 2.0" in httpx.get(p.url + "/metrics").text)
+    sim_control(sim_url, ttft=0.01)  # the queued two, once admitted, answer at once
     for t in threads:
         t.join()
     assert "toposerve_requests_queued 0.0" in httpx.get(p.url + "/metrics").text

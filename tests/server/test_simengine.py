@@ -243,7 +243,7 @@ def test_refuse_closes_new_connections(sim_url: str) -> None:
         except ConnectionResetError:
             data = b""
     assert data == b""
-    assert wait_for(lambda: _healthy(sim_url), timeout=3)
+    assert wait_for(lambda: _healthy(sim_url), timeout=15)
 
 
 def _healthy(url: str) -> bool:
