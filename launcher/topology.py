@@ -94,9 +94,24 @@ def _read_file(path: str) -> Topology:
     except OSError as exc:
         raise TopologyError(f"cannot read topology file {path}: {exc.strerror or exc}") from exc
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        if _looks_like_topo_matrix(path):
+            raise TopologyError(
+                f"{path} is `nvidia-smi topo -m` output, which names neither the GPU models nor "
+                "their memory; on that machine run `launcher probe --save FILE` and pass FILE"
+            ) from exc
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TopologyError(f"cannot read topology file {path}: not JSON ({first})") from exc
     return topology_from_json(data, source=str(path))
+
+
+def _looks_like_topo_matrix(path: str) -> bool:
+    """The matrix `nvidia-smi topo -m` prints: a header row of GPU columns, then GPU rows."""
+    try:
+        head = Path(path).read_bytes()[:4096].decode("utf-8", "replace").split("\n")[:3]
+    except OSError:
+        return False
+    cells = [line.split() for line in head]
+    return len(cells) >= 2 and cells[0][:1] == ["GPU0"] and cells[1][:2] == ["GPU0", "X"]
 
 
 def assumption_notes(topo: Topology) -> tuple[str, ...]:

@@ -330,6 +330,9 @@ def test_unreadable_values_in_our_own_format_are_named(tmp_path: Path) -> None:
         (b"[" * 100_000, "not JSON"),
         (b'{"gpus": {"0": {}}}', "'gpus' is unreadable value"),
         (b'{"gpus": [1, 2]}', "none of the 2 entries of 'gpus' is a usable GPU"),
+        ((TOPOLOGIES / "h200x2-nvlink.topo-m.txt").read_bytes(),
+         "is `nvidia-smi topo -m` output, which names neither the GPU models nor their memory; "
+         "on that machine run `launcher probe --save FILE`"),
     ],
 )
 def test_files_with_nothing_usable_end_in_one_line(
