@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
+
+from launcher import hub
 
 T = TypeVar("T", int, float)
 
@@ -74,6 +79,41 @@ def nonempty(text: str) -> str:
     if not text.strip():
         raise _refuse("must not be empty")
     return text
+
+
+def fraction(text: str) -> float:
+    """A share above 0 and at most 1 (of a GPU's memory)."""
+    value = _parsed(text, float, "a number")
+    if not 0 < value <= 1:  # also refuses nan
+        raise _refuse(f"must be above 0 and at most 1, not {text}")
+    return value
+
+
+_HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
+
+
+def model_ref(text: str) -> str:
+    """A local folder or config.json, a hub id, or a hub model page's URL (read as its id: what
+    a user copies from the browser). A hub id typed with a trailing '/' is the id."""
+    nonempty(text)
+    if "://" not in text:
+        stripped = text.rstrip("/")
+        if stripped != text and not Path(text).expanduser().exists() and hub.is_repo_id(stripped):
+            return stripped
+        return text
+    parts = urlsplit(text)
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", "")).hostname
+    segs = [s for s in parts.path.split("/") if s]
+    if parts.scheme in ("http", "https") and parts.hostname in (*_HUB_HOSTS, endpoint) and \
+            len(segs) >= 2 and hub.is_repo_id("/".join(segs[:2])) and \
+            segs[0] not in ("datasets", "spaces"):
+        repo = "/".join(segs[:2])
+        if len(segs) >= 4 and segs[2] in ("tree", "blob", "resolve") and segs[3] != "main":
+            raise _refuse(f"a page of revision {segs[3]!r}: pass --model {repo} "
+                          f"--revision {segs[3]}")
+        return repo
+    raise _refuse(f"{text!r} is not a model: pass a local folder, a hub id (ORG/NAME), or a "
+                  "hub model page (https://huggingface.co/ORG/NAME)")
 
 
 def host_port(text: str) -> str:

@@ -7,16 +7,20 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from launcher import argtypes
 from launcher.modelspec import GIB, ModelSpec, load_model_spec
 
 CONTEXTS = (4096, 8192, 32768, 131072)
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("model", help="size a model from its config.json (offline)")
+    p = subparsers.add_parser("model", help="size a model from its config.json")
     p.add_argument(
-        "--model", required=True, help="local model folder or Hugging Face id in the cache"
+        "--model", required=True, type=argtypes.model_ref,
+        help="local model folder, or Hugging Face id (org/name: config fetched, or read from "
+        "the cache offline)",
     )
+    p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -50,6 +54,6 @@ def format_model(m: ModelSpec) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    m = load_model_spec(args.model)
+    m = load_model_spec(args.model, revision=args.revision)
     print(json.dumps(asdict(m), indent=1) if args.json else format_model(m))
     return 0

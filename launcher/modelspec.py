@@ -456,7 +456,8 @@ def load_model_spec(
         raise ModelError(f"cannot read {cfg_path}: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} is not a JSON object")
-    name = ref.rstrip("/").split("/")[-1] if Path(ref).exists() else ref
+    local = Path(ref).expanduser()
+    name = (local.parent if local.is_file() else local).resolve().name if local.exists() else ref
     spec = spec_from_config(cfg, name=name, path=str(cfg_path.parent))
     total = hub.checkpoint_bytes(cfg_path.parent / hub.INDEX)
     if total is None:  # a one-file checkpoint has no index; its header says as much

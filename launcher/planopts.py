@@ -13,7 +13,7 @@ from launcher.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
 
 def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                            model_required: bool = False) -> None:
-    p.add_argument("--model", type=argtypes.nonempty, required=model_required, help=model_help)
+    p.add_argument("--model", type=argtypes.model_ref, required=model_required, help=model_help)
     p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--topology", metavar="FILE",
                    help="saved topology (probe --save, or an NVML dump) instead of NVML")
@@ -28,7 +28,8 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                    help="prompt tokens of a typical request (default 512)")
     p.add_argument("--gen", type=argtypes.count, default=256,
                    help="generated tokens of a typical request (default 256)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=argtypes.fraction, default=0.9,
+                   help="share of each GPU's memory vLLM may take (default 0.9)")
     p.add_argument("--tp", type=argtypes.count, help="force the tensor-parallel size")
     p.add_argument("--pp", type=argtypes.count,
                    help="force the pipeline-parallel (layer split) size")
