@@ -31,6 +31,9 @@ OPTIONAL = (INDEX, "generation_config.json", "tokenizer_config.json")
 # huggingface_hub's repo id rule: one '/' between two names of letters, digits, '-', '_', '.'.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TRUE = ("1", "ON", "YES", "TRUE")
+GGUF_ADVICE = ("toposerve plans Hugging Face checkpoints, and vLLM reads GGUF only "
+               "experimentally; pass the original model (ORG/NAME or its folder) or its AWQ/GPTQ "
+               "4-bit variant")
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ def _fetch(repo: str, rev: str, hub: HubEnv) -> HubModel:
             # The hub out of reach: what the cache holds may still do (as hf_hub_download does).
             return _from_cache(repo, rev, hub, exc)
     if present is not None and CONFIG not in present:
+        if any(name.endswith(".gguf") for name in present):
+            raise ModelError(
+                f"{repo} holds GGUF files (llama.cpp's format) and no config.json: {GGUF_ADVICE}"
+            )
         raise ModelError(
             f"{repo} (revision {rev}) has no config.json: not a transformers model that vLLM "
             "can serve; pass a model repository or a local folder with config.json"

@@ -430,6 +430,9 @@ def find_config(ref: str, env: Mapping[str, str], revision: str | None = None) -
     if p.is_dir():
         if (p / "config.json").is_file():
             return p / "config.json"
+        if any(p.glob("*.gguf")):
+            raise ModelError(f"{ref} holds GGUF files (llama.cpp's format) and no config.json: "
+                             f"{hub.GGUF_ADVICE}")
         raise ModelError(
             f"{ref} is a directory without config.json; point --model at the model's folder"
         )
@@ -453,7 +456,7 @@ def load_model_spec(
     try:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read {cfg_path}: {exc}") from exc
+        raise ModelError(_not_a_config(cfg_path, exc)) from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} is not a JSON object")
     local = Path(ref).expanduser()
@@ -463,6 +466,22 @@ def load_model_spec(
     if total is None:  # a one-file checkpoint has no index; its header says as much
         total = hub.single_file_bytes(cfg_path.parent / "model.safetensors")
     return sized_by_checkpoint(spec, cfg, total)
+
+
+def _not_a_config(path: Path, exc: Exception) -> str:
+    """Why ``path`` is no config.json, with what to pass instead where the file says what it is
+    (a checkpoint passed by its weights file: a GGUF of llama.cpp, or a safetensors shard)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        head = b""
+    if head.startswith(b"GGUF"):
+        return f"{path} is a GGUF file (llama.cpp's format): {hub.GGUF_ADVICE}"
+    if path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+        return f"{path} is a weights file; pass the model's folder (the one with config.json)"
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"cannot read {path} as a model's config.json: {why}"
 
 
 def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | None) -> ModelSpec:

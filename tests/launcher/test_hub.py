@@ -63,6 +63,11 @@ def hub() -> Iterator[StandinHub]:
             refs={"main": MAIN},
             lists_files=False,
         ),
+        "quant-org/Llama-3.3-70B-Instruct-GGUF": Repo(
+            commits={MAIN: {"Llama-3.3-70B-Instruct-Q4_K_M.gguf": b"GGUF\x03\x00\x00\x00",
+                            "README.md": b"# GGUF"}},
+            refs={"main": MAIN},
+        ),
         "gated-org/licensed-70b": Repo(
             commits={MAIN: files(LLAMA)},
             refs={"main": MAIN},
@@ -343,3 +348,39 @@ def test_a_hub_that_lists_no_files_is_asked_for_each_and_missing_ones_are_skippe
     asked = {p.rsplit("/", 1)[1] for p in hub.paths() if "/resolve/" in p}
     # each asked for, the three it lacks answered 404 EntryNotFound and skipped
     assert asked == PLANNING_FILES
+
+
+def test_a_gguf_only_repository_says_what_to_pass_instead(
+    hub: StandinHub, env: dict[str, str]
+) -> None:
+    code, _, err = run_cli(
+        "plan", "--topology", str(H200), "--model", "quant-org/Llama-3.3-70B-Instruct-GGUF"
+    )
+    assert_one_line_error(code, err, "holds GGUF files", "pass the original model")
+
+
+def test_a_hub_page_url_plans_the_model_it_shows(hub: StandinHub, env: dict[str, str]) -> None:
+    code, out, err = run_cli(
+        "plan", "--topology", str(H200), "--model", f"{hub.url}/meta-llama/Llama-3.3-70B-Instruct"
+    )
+    assert code == 0, err
+    assert "vllm serve meta-llama/Llama-3.3-70B-Instruct" in out
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("model-Q4_K_M.gguf", b"GGUF\x03\x00\x00\x00\x00", "is a GGUF file"),
+    ("model.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ", "is a weights file"),
+    ("notes.txt", b"hello", "cannot read"),
+])
+def test_a_weights_file_given_as_the_model_says_what_to_pass(
+    tmp_path: Path, name: str, content: bytes, says: str
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    code, _, err = run_cli("plan", "--topology", str(H200), "--model", str(tmp_path / name))
+    assert_one_line_error(code, err, says)
+
+
+def test_a_folder_of_gguf_files_says_what_to_pass(tmp_path: Path) -> None:
+    (tmp_path / "model-Q4_K_M.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    code, _, err = run_cli("plan", "--topology", str(H200), "--model", str(tmp_path))
+    assert_one_line_error(code, err, "holds GGUF files", "pass the original model")
