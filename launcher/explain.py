@@ -70,7 +70,8 @@ def settings(topo: Topology, cand: Candidate) -> tuple[dict[str, str], tuple[str
 # ------------------------------------------------------------------------------------ reasons
 
 
-def describe_topology(topo: Topology, links: Links) -> list[str]:
+def describe_topology(topo: Topology, links: Links, used: Sequence[int]) -> list[str]:
+    """The machine's GPUs and links; ``used``: the GPUs of the chosen plan."""
     names: dict[str, int] = {}
     for g in topo.gpus:
         names[g.name] = names.get(g.name, 0) + 1
@@ -88,10 +89,16 @@ def describe_topology(topo: Topology, links: Links) -> list[str]:
             f"GPU{a.index}-GPU{b.index}: {link.transport} ({what}), ~{link.gbs:.1f} GB/s "
             f"{'measured' if pair.measured and pair.measured.bandwidth_gbs else 'assumed'}"
         )
-    if len(names) > 1:
+    if len({g.name for g in topo.gpus if g.index in used}) > 1:
         out.append(
             "mixed GPU models: every worker is sized to the smallest card's memory and runs "
             "at the slowest card's speed"
+        )
+    unused = [g for g in topo.gpus if g.index not in used]
+    if unused:
+        out.append(
+            "not used by this plan: " + ", ".join(f"GPU{g.index} ({g.name})" for g in unused)
+            + " (the rejected layouts below say why)"
         )
     return out
 

@@ -183,8 +183,8 @@ def evaluate(
     s: Shape,
     internode: Link | None,
 ) -> tuple[Candidate, Layout | None]:
-    replica = groups[0]
-    f = memfit.fit(m, [g for grp in groups for g in grp], s.tp, s.pp, policy.gpu_memory_utilization)
+    used = [g for grp in groups for g in grp]
+    f = memfit.fit(m, used, s.tp, s.pp, policy.gpu_memory_utilization)
     lay = _layout(links, groups, s, m, f, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
@@ -203,7 +203,7 @@ def evaluate(
         budget_gib=gib(f.budget),
     )
     if need > f.budget:
-        smallest = min(replica, key=lambda g: g.memory_bytes)
+        smallest = min(used, key=lambda g: g.memory_bytes)
         return replace(
             cand,
             rejected=(

@@ -188,7 +188,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     assert chosen.predicted is not None
     assert chosen.max_model_len is not None
     reasons = (
-        *describe_topology(topology, links),
+        *describe_topology(topology, links, chosen.gpus),
         *topology.notes,
         describe_model(model),
         *describe_choice(chosen, cands, policy.workload, policy.streams),

@@ -220,6 +220,20 @@ def test_mixed_cards_are_sized_to_the_smallest_and_say_so() -> None:
     assert c.budget_gib == round(smallest * 0.9 / 2**30, 1)
 
 
+def test_a_small_display_card_beside_two_3090s_is_left_out_and_named() -> None:
+    p = plan(T("2x3090-gt1030-display"), M(AWQ), Policy())
+    assert p.gpus == (0, 1)
+    reasons = "\n".join(p.reasons)
+    assert "not used by this plan: GPU2 (NVIDIA GeForce GT 1030)" in reasons
+    # the two cards in use are one model: no claim that the display card slows them down
+    assert "mixed GPU models" not in reasons
+    # a layout rejected for the small card names the small card and its memory
+    dp3 = next(r for r in p.reasons if r.startswith("rejected DP=3"))
+    assert dp3.endswith("(0.9 × 2.0 GiB of NVIDIA GeForce GT 1030)"), dp3
+    r = render(p, "m", served_name=None, host="127.0.0.1", port=8000)
+    assert [e.env["CUDA_VISIBLE_DEVICES"] for e in r.engines] == ["0,1"]
+
+
 @pytest.mark.parametrize(
     ("topo_name", "model_name", "env", "flag"),
     [
