@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from launcher import memfit
 from launcher.hardware import gpu_model
 from launcher.topology import Topology, pair_link
 
@@ -178,6 +179,26 @@ def _persistence(topo: Topology) -> list[Check]:
     return [Check("persistence mode", PASS, "unknown (NVML refused)" if unknown else "on")]
 
 
+def _memory_in_use(topo: Topology) -> list[Check]:
+    """Memory other processes hold: vLLM starts only where utilization × memory is free."""
+    util = memfit.startable_utilization(topo.gpus, 0.9)
+    if util >= 0.9:
+        read = any(g.memory_used_bytes is not None for g in topo.gpus)
+        return [Check("gpu memory in use", PASS, "little" if read else "unknown (not read)")]
+    held = memfit.memory_in_use(topo.gpus, 0.9)
+    return [
+        Check(
+            "gpu memory in use",
+            WARN,
+            f"other processes hold {held}: vLLM at its default --gpu-memory-utilization 0.9 "
+            "would refuse to start there; the planner lowers it to "
+            f"{util:g}" + (" (nothing left)" if util <= 0 else ""),
+            "find them with nvidia-smi; a desktop belongs on another card (or none), another "
+            "engine should be stopped",
+        )
+    ]
+
+
 def _acs_iommu(topo: Topology, host: HostFacts) -> list[Check]:
     if len(topo.gpus) < 2:
         return []
@@ -282,6 +303,7 @@ def run_checks(topo: Topology, env: Mapping[str, str], host: HostFacts | None) -
         *_nccl_env(topo, env),
         *_pcie(topo),
         *_persistence(topo),
+        *_memory_in_use(topo),
         *(_acs_iommu(topo, host) + _host(host) if host else []),
     ]
 

@@ -165,12 +165,20 @@ def no_fit(
         f"has {biggest.budget_gib} GiB per GPU "
         f"({n} × {biggest.budget_gib} = {n * biggest.budget_gib:.1f} GiB)"
     )
-    util = policy.gpu_memory_utilization
+    util = biggest.gpu_memory_utilization
+    if util < policy.gpu_memory_utilization:
+        gpus = [g for g in topo.gpus if g.index in biggest.gpus]
+        msg += (
+            f", at --gpu-memory-utilization {util:g}: other processes hold "
+            f"{memfit.memory_in_use(gpus, policy.gpu_memory_utilization)}; with that freed, "
+            f"{policy.gpu_memory_utilization:g} would give "
+            f"{gib(min(g.memory_bytes for g in gpus) * policy.gpu_memory_utilization)} GiB per GPU"
+        )
     fixes = whatif.say(whatif.options(m, topo.gpus, biggest, util, wanted), wanted)
     rooms = []
     for c in sized:
         gpus = [g for g in topo.gpus if g.index in c.gpus]
-        f = memfit.fit(m, gpus, c.tp, c.pp, util)
+        f = memfit.fit(m, gpus, c.tp, c.pp, c.gpu_memory_utilization)
         rooms.append((f.context if f.kv_budget > 0 else 0, c))
     shorter, c = max(rooms, key=lambda rc: rc[0])
     if shorter >= 256:

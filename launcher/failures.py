@@ -7,6 +7,7 @@ the user which setting it changed) instead of leaving them with a long traceback
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -121,8 +122,40 @@ SIGNATURES: tuple[Signature, ...] = (
 )
 
 
+# vLLM's start-up check (vllm/v1/worker/utils.py request_memory, 0.8 through 0.32; older
+# releases leave out the device name): utilization × the GPU's memory must be free.
+_FREE_MEMORY = re.compile(
+    r"Free memory on device ?(?P<dev>\S*) \((?P<free>[0-9.]+)/(?P<total>[0-9.]+) GiB\) on "
+    r"startup is less than desired GPU memory utilization \((?P<util>[0-9.]+), "
+    r"(?P<req>[0-9.]+) GiB\)"
+)
+
+
+def _memory_in_use(log_text: str) -> Diagnosis | None:
+    """vLLM found less free memory than --gpu-memory-utilization asks: the numbers it saw, and
+    the utilization that would start (no retry: what holds the memory may hold more later)."""
+    found = list(_FREE_MEMORY.finditer(log_text))
+    if not found:
+        return None
+    m = found[-1]
+    free, total = float(m["free"]), float(m["total"])
+    fits = math.floor(free / total * 100) / 100 - 0.01 if total > 0 else 0.0
+    on = f" on {m['dev']}" if m["dev"] else ""
+    advice = (f"pass --gpu-memory-utilization {fits:.2f} or free that GPU" if fits >= 0.05
+              else "free that GPU or leave it out (CUDA_VISIBLE_DEVICES)")
+    return Diagnosis(
+        "gpu-memory-in-use",
+        f"vLLM found {free:g} of {total:g} GiB free{on} at start, less than "
+        f"--gpu-memory-utilization {m['util']} asks ({m['req']} GiB): other processes hold the "
+        f"rest (a desktop, another engine; see nvidia-smi); {advice}",
+    )
+
+
 def diagnose(log_text: str) -> Diagnosis | None:
     """The first known failure whose every pattern occurs in the log, or None."""
+    in_use = _memory_in_use(log_text)
+    if in_use is not None:
+        return in_use
     for sig in SIGNATURES:
         if all(p.search(log_text) for p in sig.all_of):
             return sig.diagnosis

@@ -150,7 +150,7 @@ def best_candidate(
     why = structural_reject(m, s)
     if why:
         return replace(blank, rejected=why), None
-    best: tuple[tuple[float, float], Candidate, Layout] | None = None
+    best: tuple[tuple[tuple[float, float], float], Candidate, Layout] | None = None
     first_reject: Candidate | None = None
     for subset in _subsets(pool, k):
         groups = [
@@ -161,7 +161,8 @@ def best_candidate(
             first_reject = first_reject or cand
             continue
         assert cand.predicted is not None
-        key = rank_key(cand.predicted, policy.workload)
+        # equal speed: the GPUs with more room for KV (a desktop holding memory on one of them)
+        key = (rank_key(cand.predicted, policy.workload), lay.kv_budget_bytes)
         if best is None or key > best[0]:
             best = (key, cand, lay)
     if best is None:
@@ -184,7 +185,8 @@ def evaluate(
     internode: Link | None,
 ) -> tuple[Candidate, Layout | None]:
     used = [g for grp in groups for g in grp]
-    f = memfit.fit(m, used, s.tp, s.pp, policy.gpu_memory_utilization)
+    util = memfit.startable_utilization(used, policy.gpu_memory_utilization)
+    f = memfit.fit(m, used, s.tp, s.pp, util)
     lay = _layout(links, groups, s, m, f, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
@@ -201,17 +203,30 @@ def evaluate(
         transport,
         need_gib=gib(need),
         budget_gib=gib(f.budget),
+        gpu_memory_utilization=util,
     )
+    if util <= 0:
+        return replace(
+            cand,
+            rejected="no room left by other processes: "
+            f"{memfit.memory_in_use(used, policy.gpu_memory_utilization)} in use",
+        ), None
     if need > f.budget:
         smallest = min(used, key=lambda g: g.memory_bytes)
+        held = memfit.memory_in_use(used, policy.gpu_memory_utilization)
         return replace(
             cand,
             rejected=(
                 f"needs {gib(need)} GiB per GPU ({gib(f.weights)} weights + "
                 f"{gib(need - f.need_fixed)} KV for {wanted} tokens + "
                 f"{gib(f.overhead)} overhead), has {gib(f.budget)} GiB "
-                f"({policy.gpu_memory_utilization} × {gib(smallest.memory_bytes)} GiB of "
-                f"{smallest.name})"
+                f"({util:g} × {gib(smallest.memory_bytes)} GiB of {smallest.name}"
+                + (
+                    f"; other processes hold {held}"
+                    if util < policy.gpu_memory_utilization
+                    else ""
+                )
+                + ")"
             ),
         ), None
     pred = costmodel.predict(

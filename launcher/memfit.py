@@ -19,6 +19,7 @@ Everything here is an estimate of those figures, so the context the planner sets
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -281,6 +282,34 @@ def kv_pool_tokens(
 
 
 # ------------------------------------------------------------------------------------ the fit
+
+
+# vLLM starts a worker only if utilization × the GPU's memory is free once the worker's CUDA
+# context (and NCCL's buffers, under TP) exist: about this much of each GPU goes to them first.
+CONTEXT_RESERVE = 512 * 2**20
+
+
+def startable_utilization(gpus: Sequence[Gpu], asked: float) -> float:
+    """The highest ``--gpu-memory-utilization`` up to ``asked`` that vLLM will start with on
+    every one of ``gpus``, given the memory other processes held when they were read (a
+    desktop, another engine), rounded down to 0.01; 0 when one of them has no room at all."""
+    util = asked
+    for g in gpus:
+        if g.memory_used_bytes and g.memory_bytes > 0:
+            free = (g.memory_bytes - g.memory_used_bytes - CONTEXT_RESERVE) / g.memory_bytes
+            util = min(util, math.floor(free * 100) / 100)
+    return max(util, 0.0)
+
+
+def memory_in_use(gpus: Sequence[Gpu], util: float) -> str:
+    """Which of ``gpus`` lack ``util`` × their memory free, and what other processes hold."""
+    held = [
+        f"GPU{g.index} {g.memory_used_bytes / 2**30:.1f} of {g.memory_bytes / 2**30:.1f} GiB"
+        for g in gpus
+        if g.memory_used_bytes and g.memory_bytes > 0
+        and g.memory_bytes - g.memory_used_bytes - CONTEXT_RESERVE < util * g.memory_bytes
+    ]
+    return ", ".join(held)
 
 
 @dataclass(frozen=True)

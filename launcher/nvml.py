@@ -129,12 +129,14 @@ def _dump_gpu(nv: Any, i: int, h: Any) -> dict[str, Any]:
     def ask(fn: str) -> Any:
         return _call(nv, fn, h)
 
+    memory = ask("nvmlDeviceGetMemoryInfo")
     return {
         "index": i,
         "name": ask("nvmlDeviceGetName"),
         "uuid": ask("nvmlDeviceGetUUID"),
         "bus_id": _bus(ask("nvmlDeviceGetPciInfo")),
-        "memory_total": _attr(ask("nvmlDeviceGetMemoryInfo"), "total"),
+        "memory_total": _attr(memory, "total"),
+        "memory_used": _attr(memory, "used"),
         "cc": _pair_of_ints(ask("nvmlDeviceGetCudaComputeCapability")),
         "pcie_gen_cur": ask("nvmlDeviceGetCurrPcieLinkGeneration"),
         "pcie_gen_max": ask("nvmlDeviceGetMaxPcieLinkGeneration"),

@@ -172,6 +172,15 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         raise no_fit(topology, model, policy, cands, plan)
     chosen = _choose(cands, policy.workload)
     env, flags, why = settings(topology, chosen)
+    if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
+        chosen_gpus = [g for g in topology.gpus if g.index in chosen.gpus]
+        why.append(
+            f"--gpu-memory-utilization {chosen.gpu_memory_utilization:g} instead of "
+            f"{policy.gpu_memory_utilization:g}: other processes hold "
+            f"{memfit.memory_in_use(chosen_gpus, policy.gpu_memory_utilization)} (a desktop, "
+            "another engine?), and vLLM starts only if that share of each GPU is free; "
+            "free them to get the rest"
+        )
     if policy.nodes > 1:
         flags = (*flags, "--distributed-executor-backend", "ray")
         why.append(
@@ -219,7 +228,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         model=model.name,
         family=model.family,
         workload=policy.workload,
-        gpu_memory_utilization=policy.gpu_memory_utilization,
+        gpu_memory_utilization=chosen.gpu_memory_utilization,
         nodes=policy.nodes,
         env=env,
         flags=flags,

@@ -65,6 +65,9 @@ class Candidate:
     max_model_len: int | None = None
     need_gib: float = 0.0  # per GPU, with the context asked for (or the minimum)
     budget_gib: float = 0.0  # per GPU, smallest card × gpu_memory_utilization
+    # what vLLM is started with on these GPUs: the asked one, or lower where other processes
+    # hold memory (memfit.startable_utilization)
+    gpu_memory_utilization: float = 0.9
 
 
 @dataclass(frozen=True)

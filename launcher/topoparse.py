@@ -237,8 +237,10 @@ def _gpu(
     persistence_mode: bool | None,
 ) -> Gpu:
     """A GPU from the fields both formats read alike; the memory size is under ``memory_key``
-    (the dump's memory_total, the saved format's memory_bytes)."""
+    (the dump's memory_total, the saved format's memory_bytes), what was in use under the same
+    name with ``total``/``bytes`` read as ``used``."""
     subject = f"GPU{index}"
+    used_key = "memory_used" if memory_key == "memory_total" else "memory_used_bytes"
     return Gpu(
         index=index,
         name=_str(_get(d, "name")) or UNKNOWN_NAME,
@@ -254,6 +256,7 @@ def _gpu(
         nvlinks_active=nvlinks_active,
         persistence_mode=persistence_mode,
         cpu_affinity=_str(_get(d, "cpu_affinity")),
+        memory_used_bytes=r.checked_int(subject, d, used_key, _MAX_MEMORY),
     )
 
 

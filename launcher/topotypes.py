@@ -54,6 +54,9 @@ class Gpu:
     # GEMM rates `probe --measure` timed on this card (launcher/gpuperf.py); saved as the GPU
     # entry's "measured" object. The planner uses them over the datasheet table.
     perf: GpuPerf | None = None
+    # memory other processes held when the reading was taken (a desktop, another engine);
+    # None when not read. vLLM refuses to start unless utilization × total is free.
+    memory_used_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class FakeGpu:
     gen: tuple[int, int] = (1, 4)
     nvlink_remote: list[str] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)  # pynvml function names that raise NotSupported
+    used: int = 300 << 20  # what an idle card reports in use (the driver's own reservation)
 
 
 class FakeNvml:
@@ -97,7 +98,7 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(total=g.memory, used=g.memory // 4, free=g.memory - g.memory // 4)
+        return SimpleNamespace(total=g.memory, used=g.used, free=g.memory - g.used)
 
     def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
         return self._gpu(h, "nvmlDeviceGetCudaComputeCapability").cc

@@ -142,3 +142,15 @@ def test_reads_this_hosts_facts() -> None:
     facts = read_host_facts()
     assert facts.memlock_bytes is None or facts.memlock_bytes >= 0
     assert isinstance(facts.governors, tuple)
+
+
+def test_memory_other_processes_hold_is_a_warning_with_the_utilization_that_starts() -> None:
+    checks = run_checks(load_topology(topo("2x3090-desktop-on-gpu0"), {}), {}, None)
+    [c] = by_name(checks, "gpu memory in use")
+    assert c.status == WARN
+    assert "GPU0 3.0 of 24.0 GiB" in c.message
+    assert "lowers it to 0.85" in c.message
+    assert "GPU1" not in c.message  # its 0.3 GiB leave 0.9 free
+    [idle] = by_name(run_checks(load_topology(topo("2x3090-p2p-x16"), {}), {}, None),
+                     "gpu memory in use")
+    assert idle.status == PASS

@@ -220,6 +220,33 @@ def test_mixed_cards_are_sized_to_the_smallest_and_say_so() -> None:
     assert c.budget_gib == round(smallest * 0.9 / 2**30, 1)
 
 
+def test_memory_a_desktop_holds_lowers_the_utilization_vllm_is_started_with() -> None:
+    desk = T("2x3090-desktop-on-gpu0")  # 3 GiB in use on GPU0, an idle 0.3 GiB on GPU1
+    p = plan(desk, M("llama-3.1-8b"), Policy())
+    # (24 - 3 - 0.5 for the worker's own CUDA context) / 24 = 0.854: vLLM starts at 0.85
+    assert p.gpus == (0, 1)
+    assert p.gpu_memory_utilization == 0.85
+    r = render(p, "m", served_name=None, host="127.0.0.1", port=8000)
+    assert r.argv[r.argv.index("--gpu-memory-utilization") + 1] == "0.85"
+    assert any(s.startswith("--gpu-memory-utilization 0.85 instead of 0.9: other processes "
+                            "hold GPU0 3.0 of 24.0 GiB") for s in p.reasons), p.reasons
+    # the same machine idle plans at what was asked, with more context room
+    idle = plan(T("2x3090-pcie-x8x8-nop2p"), M("llama-3.1-8b"), Policy())
+    assert idle.gpu_memory_utilization == 0.9
+    # one GPU alone is sized by its own room: GPU1 keeps 0.9
+    one = plan(desk, M("llama-3.1-8b"), Policy(force_tp=1, force_pp=1, force_dp=1))
+    assert one.gpus == (1,)
+    assert one.gpu_memory_utilization == 0.9
+
+
+def test_a_model_that_fits_only_without_the_desktop_says_so() -> None:
+    with pytest.raises(PlanError) as refused:
+        plan(T("2x3090-desktop-on-gpu0"), M(AWQ), Policy())
+    assert "at --gpu-memory-utilization 0.85: other processes hold GPU0 3.0 of 24.0 GiB; with "\
+        "that freed, 0.9 would give 21.6 GiB per GPU" in str(refused.value)
+    plan(T("2x3090-pcie-x8x8-nop2p"), M(AWQ), Policy())  # which it does
+
+
 def test_a_small_display_card_beside_two_3090s_is_left_out_and_named() -> None:
     p = plan(T("2x3090-gt1030-display"), M(AWQ), Policy())
     assert p.gpus == (0, 1)

@@ -60,6 +60,16 @@ def test_nvswitch_links_count_for_every_pair() -> None:
     assert {t.pair(a, b).nvlinks for a in range(8) for b in range(a + 1, 8)} == {18}
 
 
+def test_memory_in_use_is_read_from_a_dump_and_kept_in_our_own_format(tmp_path: Path) -> None:
+    t = load_topology(topo("2x3090-desktop-on-gpu0"), {})
+    assert [g.memory_used_bytes for g in t.gpus] == [3 << 30, 300 << 20]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(topology_to_json(t)))
+    assert load_topology(str(f), {}).gpus == t.gpus
+    # a dump without it (every older one) reads as not known
+    assert {g.memory_used_bytes for g in load_topology(topo("2x3090-p2p-x16"), {}).gpus} == {None}
+
+
 def test_own_json_round_trips_with_measurements(tmp_path: Path) -> None:
     t = load_topology(topo("2x3090-p2p-x16"), {})
     measured = replace(

