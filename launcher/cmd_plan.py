@@ -12,7 +12,7 @@ from launcher.modelspec import ModelSpec, load_model_spec
 from launcher.plan import Candidate, Plan, plan
 from launcher.planfile import plan_to_json
 from launcher.render import Rendered, render
-from launcher.toolcalls import tokenizer_tokens
+from launcher.toolcalls import chat_template, tokenizer_tokens
 from launcher.topology import load_topology
 
 
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_ids=planopts.cpu_ids(),
         revision=args.revision,
         tokenizer_tokens=tokenizer_tokens(model.path),
+        chat_template=chat_template(model.path),
         custom_code=model.custom_code,
     )
     if args.json:

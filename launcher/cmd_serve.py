@@ -112,7 +112,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     from launcher.plan import plan
     from launcher.planfile import plan_from_json
     from launcher.render import render
-    from launcher.toolcalls import tokenizer_tokens
+    from launcher.toolcalls import chat_template, tokenizer_tokens
     from launcher.topology import load_topology
 
     model_ref, default_name = resolve_model(args.model)
@@ -141,6 +141,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                       user_env=os.environ, cpu_ids=planopts.cpu_ids(),
                       revision=getattr(args, "revision", None),
                       tokenizer_tokens=tokenizer_tokens(model.path),
+                      chat_template=chat_template(model.path),
                       custom_code=model.custom_code)
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
     return LaunchSpec(

@@ -190,7 +190,7 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     from launcher.plan import plan
     from launcher.planfile import plan_to_json
     from launcher.render import render
-    from launcher.toolcalls import tokenizer_tokens
+    from launcher.toolcalls import chat_template, tokenizer_tokens
     from launcher.topology import load_topology
 
     model_ref, served = resolve_model(ns.model)
@@ -200,6 +200,7 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
                       extra_args=ns.extra, user_env=os.environ,
                       revision=getattr(ns, "revision", None),
                       tokenizer_tokens=tokenizer_tokens(model.path),
+                      chat_template=chat_template(model.path),
                       custom_code=model.custom_code)
     data = plan_to_json(chosen, rendered)
     data["vllm_extra_args"] = list(ns.extra)

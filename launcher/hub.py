@@ -26,7 +26,7 @@ from launcher.errors import ModelError
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
-OPTIONAL = (INDEX, "generation_config.json", "tokenizer_config.json")
+OPTIONAL = (INDEX, "generation_config.json", "tokenizer_config.json", "chat_template.jinja")
 
 # huggingface_hub's repo id rule: one '/' between two names of letters, digits, '-', '_', '.'.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")

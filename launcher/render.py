@@ -25,6 +25,7 @@ class EngineOptions:
     cpu_ids: tuple[int, ...] = ()  # the CPUs this process may use (CPU engine only)
     # What the model's tokenizer holds (None: unread): a tool parser needs its marker tokens.
     tokenizer_tokens: frozenset[str] | None = None
+    chat_template: str | None = None  # its tool-call markers pick the parser
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
         # A coding agent resends its growing conversation: prefix caching reuses the shared
         # prefix, chunked prefill keeps long prompts from stalling other streams' tokens.
         prefix_caching=True, chunked_prefill=True,
-        tool_parser=choose_tool_parser(plan.family, opts.tokenizer_tokens)[0],
+        tool_parser=choose_tool_parser(plan.family, opts.tokenizer_tokens, opts.chat_template)[0],
         trust_remote_code=opts.trust_remote_code,
         distributed_backend=backend, disable_custom_all_reduce=no_custom_ar,
         layout_flags=tuple(flags), env=env, extra_args=opts.extra_args,
@@ -90,19 +91,21 @@ def render(
     revision: str | None = None,
     tokenizer_tokens: frozenset[str] | None = None,
     custom_code: bool = False,
+    chat_template: str | None = None,
 ) -> Rendered:
     """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
     opts = EngineOptions(served_name=served_name, host=host, port=port,
                          trust_remote_code=trust_remote_code, ray_address=ray_address,
                          extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids),
-                         revision=revision, tokenizer_tokens=tokenizer_tokens)
+                         revision=revision, tokenizer_tokens=tokenizer_tokens,
+                         chat_template=chat_template)
     cmd = engine_command(plan, model_ref, opts, user_env)
     notes: list[str] = []
     if custom_code and not trust_remote_code:
         notes.append("config.json names its own modelling code (auto_map) for a model type this "
                      "transformers does not know: vLLM will refuse it without "
                      "--trust-remote-code; pass --trust-remote-code if you trust the repository")
-    parser_note = choose_tool_parser(plan.family, tokenizer_tokens)[1]
+    parser_note = choose_tool_parser(plan.family, tokenizer_tokens, chat_template)[1]
     if parser_note and cmd.tool_parser is None:
         notes.append(parser_note)
     if plan.dp > 1:

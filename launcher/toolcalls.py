@@ -42,13 +42,45 @@ PARSER_TOKENS: dict[str, tuple[str, ...]] = {
 }
 
 
-def choose_tool_parser(family: str, tokens: frozenset[str] | None) -> tuple[str | None, str | None]:
+# What a chat template writes around a tool call names the format better than the model type
+# does: Qwen3-Coder is a qwen3_moe that writes XML, not Qwen3's JSON; Hermes 3 is a Llama that
+# writes Hermes' <tool_call>. Most specific first: Qwen3-Coder and GLM also write <tool_call>.
+TEMPLATE_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<function=", "<parameter="), "qwen3_coder"),
+    (("<arg_key>",), "glm45"),
+    (("<minimax:tool_call>",), "minimax_m2"),
+    (("<|tool_calls_section_begin|>",), "kimi_k2"),
+    (("<seed:tool_call>",), "seed_oss"),
+    (("<|python_start|>",), "llama4_pythonic"),
+    (("<|channel|>", "<|start|>"), "openai"),
+    (("<|tool_call|>",), "granite"),
+    (("<tool_call>",), "hermes"),
+    (("[TOOL_CALLS]",), "mistral"),
+    (("<|python_tag|>",), "llama3_json"),
+)
+
+
+def template_parser(template: str | None) -> str | None:
+    """The parser for the tool-call format a chat template writes, or None when it names none
+    this knows (then the family decides)."""
+    if not template:
+        return None
+    for markers, parser in TEMPLATE_MARKERS:
+        if all(m in template for m in markers):
+            return parser
+    return None
+
+
+def choose_tool_parser(
+    family: str, tokens: frozenset[str] | None, template: str | None = None
+) -> tuple[str | None, str | None]:
     """(parser or None, a note for the user or None).
 
+    The chat ``template``'s tool-call markers decide where it has any, else the family.
     ``tokens`` is what the tokenizer holds, or None when its files could not be read: then the
-    family's parser is trusted (the family's published tokenizers carry its markers).
+    parser is trusted (the family's published tokenizers carry its markers).
     """
-    parser = FAMILY_PARSERS.get(family)
+    parser = template_parser(template) or FAMILY_PARSERS.get(family)
     if parser is None:
         return None, f"no vLLM tool-call parser known for the {family} family: tool calls off"
     if tokens is None:
@@ -81,6 +113,24 @@ def tokenizer_tokens(model_dir: str | Path | None) -> frozenset[str] | None:
         read_any = True
         found.update(extract(data))
     return frozenset(found) if read_any else None
+
+
+def chat_template(model_dir: str | Path | None) -> str | None:
+    """The model's chat template (chat_template.jinja, else tokenizer_config.json's, the
+    default one where it lists several), or None when there is none to read."""
+    if model_dir is None:
+        return None
+    root = Path(model_dir)
+    try:
+        return (root / "chat_template.jinja").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    data = _read_json(root / "tokenizer_config.json")
+    raw = data.get("chat_template") if isinstance(data, dict) else None
+    if isinstance(raw, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+        raw = named.get("tool_use") or named.get("default")
+    return raw if isinstance(raw, str) else None
 
 
 def _read_json(path: Path) -> Any:

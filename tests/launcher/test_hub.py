@@ -27,13 +27,14 @@ LLAMA = json.loads((MODELS / "llama-3.3-70b" / "config.json").read_text())
 # What Llama-3.3-70B-Instruct's model.safetensors.index.json says: 141,107,412,992 bytes of bf16.
 TOTAL_SIZE = 141_107_412_992
 MAIN, V2 = commit_of("main"), commit_of("v2")
-# What planning fetches of a repository, and all it asks for: config, index and the two small
-# configs, never a weight file.
+# What planning fetches of a repository, and all it asks for: config, index, the two small
+# configs and the chat template (its tool-call markers pick the parser), never a weight file.
 PLANNING_FILES = {
     "config.json",
     "model.safetensors.index.json",
     "generation_config.json",
     "tokenizer_config.json",
+    "chat_template.jinja",
 }
 
 
@@ -43,6 +44,7 @@ def files(config: dict[str, object], index: bool = True) -> dict[str, bytes]:
         "generation_config.json": b'{"bos_token_id": 128000, "temperature": 0.6}',
         "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}',
         "model-00001-of-00030.safetensors": b"not fetched",
+        "chat_template.jinja": b"{{ messages }}",
     }
     if index:
         out["model.safetensors.index.json"] = json.dumps(
@@ -346,7 +348,7 @@ def test_a_hub_that_lists_no_files_is_asked_for_each_and_missing_ones_are_skippe
     m = load_model_spec("mirror/config-only", env)
     assert m.num_layers == 80
     asked = {p.rsplit("/", 1)[1] for p in hub.paths() if "/resolve/" in p}
-    # each asked for, the three it lacks answered 404 EntryNotFound and skipped
+    # each asked for, the four it lacks answered 404 EntryNotFound and skipped
     assert asked == PLANNING_FILES
 
 

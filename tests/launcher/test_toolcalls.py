@@ -6,10 +6,11 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.toolcalls import FAMILY_PARSERS, choose_tool_parser, tokenizer_tokens
+from launcher.toolcalls import FAMILY_PARSERS, chat_template, choose_tool_parser, tokenizer_tokens
 
 
 def _write(root: Path, name: str, data: object) -> None:
@@ -128,3 +129,63 @@ def test_plan_keeps_the_parser_when_the_marker_is_there(tmp_path: Path, capsys: 
            {"added_tokens_decoder": {"9": {"content": "<|python_tag|>"}}})
     argv = _plan_argv(tmp_path, capsys)
     assert argv[argv.index("--tool-call-parser") + 1] == "llama3_json"
+
+
+# What each family's published chat template writes around a tool call (abridged to the lines
+# that carry the markers).
+QWEN3_CODER = ("{%- for tool_call in message.tool_calls %}{{- '<tool_call>\\n<function=' + "
+               "tool_call.name + '>\\n' }}{%- for k, v in args.items() %}{{- '<parameter=' + k "
+               "+ '>\\n' }}{{- '</parameter>\\n' }}{%- endfor %}"
+               "{{- '</function>\\n</tool_call>' }}")
+HERMES_3 = ("{{- '<tool_call>\\n' }}{{- '{\"name\": \"' + tool_call.name + '\"' }}"
+            "<|start_header_id|>assistant<|end_header_id|>")
+GLM_45 = "<tool_call>{{ tc.name }}\\n{% for k, v in _args.items() %}<arg_key>{{ k }}</arg_key>"
+GPT_OSS = "{{- '<|start|>assistant<|channel|>commentary to=functions.' + tool_call.name }}"
+
+
+@pytest.mark.parametrize(("template", "family", "parser"), [
+    (QWEN3_CODER, "qwen3", "qwen3_coder"),  # a qwen3_moe that writes XML, not Qwen3's JSON
+    (HERMES_3, "llama", "hermes"),  # a Llama fine-tune that writes Hermes' <tool_call>
+    (GLM_45, "glm4_moe", "glm45"),
+    (GPT_OSS, "gpt_oss", "openai"),
+    ("{{ '<|tool_calls_section_begin|>' }}", "kimi_k2", "kimi_k2"),
+    ("{{ '[TOOL_CALLS]' + tool_calls|tojson }}", "mistral", "mistral"),
+    ("{{ message.content }}", "qwen3", "hermes"),  # no markers: the family decides
+    ("{{ message.content }}", "someformer", None),
+])
+def test_the_chat_template_names_the_tool_call_format(
+        template: str, family: str, parser: str | None) -> None:
+    assert choose_tool_parser(family, None, template)[0] == parser
+
+
+def test_the_template_is_read_from_its_file_or_the_tokenizer_config(tmp_path: Path) -> None:
+    assert chat_template(tmp_path) is None
+    _write(tmp_path, "tokenizer_config.json", {"chat_template": GLM_45})
+    assert chat_template(tmp_path) == GLM_45
+    _write(tmp_path, "tokenizer_config.json", {"chat_template": [
+        {"name": "default", "template": "plain"}, {"name": "tool_use", "template": HERMES_3}]})
+    assert chat_template(tmp_path) == HERMES_3  # the one written for tool use
+    (tmp_path / "chat_template.jinja").write_text(QWEN3_CODER)  # transformers' newer layout
+    assert chat_template(tmp_path) == QWEN3_CODER
+
+
+@settings(max_examples=100)
+@given(cfg=_json, raw=st.binary(max_size=40))
+def test_any_tokenizer_config_gives_a_template_or_none(cfg: object, raw: bytes) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for data in ({"chat_template": cfg}, cfg):
+            _write(root, "tokenizer_config.json", data)
+            t = chat_template(root)
+            assert t is None or isinstance(t, str)
+        (root / "tokenizer_config.json").write_bytes(raw)
+        assert chat_template(root) is None or isinstance(chat_template(root), str)
+
+
+def test_plan_serves_qwen3_coder_with_its_own_parser(tmp_path: Path, capsys: object) -> None:
+    from tests.launcher.paths import model
+
+    (tmp_path / "config.json").write_text(Path(model("qwen3-30b-a3b"), "config.json").read_text())
+    _write(tmp_path, "tokenizer_config.json", {"chat_template": QWEN3_CODER})
+    argv = _plan_argv(tmp_path, capsys)
+    assert argv[argv.index("--tool-call-parser") + 1] == "qwen3_coder"
