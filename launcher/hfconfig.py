@@ -94,9 +94,18 @@ def _build(conf: Any) -> Any:
 
     auto: Any = transformers  # its Auto classes carry no type hints
     try:
-        return auto.AutoModelForCausalLM.from_config(conf)
-    except ValueError:  # a multimodal config without a causal-LM mapping
-        return auto.AutoModelForImageTextToText.from_config(conf)
+        try:
+            return auto.AutoModelForCausalLM.from_config(conf)
+        except ValueError:  # a multimodal config without a causal-LM mapping
+            return auto.AutoModelForImageTextToText.from_config(conf)
+    except ImportError:
+        # A tower needs a library this environment lacks (Gemma 3n's vision tower is timm's):
+        # count the language model alone. The towers' weights are then missing from the count,
+        # but a checkpoint's own size (its safetensors index) still replaces it.
+        text = conf.get_text_config()
+        if text is conf:
+            raise
+        return auto.AutoModelForCausalLM.from_config(text)
 
 
 def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> HfShape:

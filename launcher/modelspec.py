@@ -32,12 +32,19 @@ _FAMILIES = {
     "qwen2_moe": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3",
+    "qwen3_next": "qwen3",
+    "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3",
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma3n": "gemma3n",
+    "gemma3n_text": "gemma3n",
     "gemma4": "gemma4",
     "gemma4_text": "gemma4",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
     "phi3": "phi",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
@@ -204,6 +211,14 @@ def _sliding_layers(t: Mapping[str, Any], model_type: str, layers: int) -> tuple
     return window, layers
 
 
+def _width(value: Any) -> int:
+    """An MLP width: one number, or one per layer (Gemma 3n) read as their mean."""
+    if isinstance(value, list):
+        widths = [int(v) for v in value]
+        return sum(widths) // len(widths)
+    return int(value)
+
+
 def _count_params(
     t: Mapping[str, Any], layers: int, heads: int, kv: int, head_dim: int
 ) -> tuple[int, int, int, int]:
@@ -216,13 +231,13 @@ def _count_params(
         t.get("num_experts") or t.get("num_local_experts") or t.get("n_routed_experts") or 0
     )
     if experts:
-        inter = int(t.get("moe_intermediate_size") or t["intermediate_size"])
+        inter = _width(t.get("moe_intermediate_size") or t["intermediate_size"])
         per_tok = int(t.get("num_experts_per_tok") or 2)
         shared = int(t.get("shared_expert_intermediate_size") or 0)
         mlp = 3 * h * inter * experts + 3 * h * shared + h * experts
         active = 3 * h * inter * per_tok + 3 * h * shared + h * experts
     else:
-        mlp = active = 3 * h * int(t["intermediate_size"])  # gate, up, down
+        mlp = active = 3 * h * _width(t["intermediate_size"])  # gate, up, down
     embed = vocab * h * (1 if t.get("tie_word_embeddings", True) else 2)
     return embed, attn + 2 * h, mlp, active
 
@@ -233,7 +248,7 @@ def _experts(t: Mapping[str, Any]) -> tuple[int, int, int]:
     if not e or t.get("enable_moe_block") is False:
         return 0, 0, 0
     k = int(t.get("num_experts_per_tok") or t.get("top_k_experts") or 2)
-    return e, k, int(t.get("moe_intermediate_size") or t.get("intermediate_size") or 0)
+    return e, k, _width(t.get("moe_intermediate_size") or t.get("intermediate_size") or 0)
 
 
 def _latent_groups(t: Mapping[str, Any], layers: int) -> tuple[KvGroup, ...]:
@@ -332,11 +347,18 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
             _GEMMA3_VOCAB if model_type == "gemma3_text" else None
         )
         head_dim = int(t.get("head_dim") or hidden // heads)
-        embed, attn, mlp, active_mlp = _count_params(t, layers, heads, kv, head_dim)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        # transformers counted the model where it could build it; else the fields are counted
+        embed, attn, mlp, active_mlp = (0, 0, 0, 0) if hf else _count_params(
+            t, layers, heads, kv, head_dim)
+    except KeyError as exc:
         raise ModelError(
-            f"{name}: config.json lacks {exc} needed to size the model, or has it out of "
-            "range; is it a decoder-only language model?"
+            f"{name}: config.json lacks {exc}, needed to size the model; is it a decoder-only "
+            "language model?"
+        ) from exc
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ModelError(
+            f"{name}: config.json has a value this planner cannot read or out of range "
+            f"({_one_line(exc)}); is it a decoder-only language model?"
         ) from exc
     dtype = str(
         cfg.get("torch_dtype")
@@ -384,7 +406,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         num_kv_heads=kv,
         head_dim=head_dim,
         vocab_size=int(t["vocab_size"]),
-        intermediate_size=int(t.get("intermediate_size") or 0),
+        intermediate_size=_width(t.get("intermediate_size") or 0),
         max_position_embeddings=int(
             t.get("max_position_embeddings")
             or cfg.get("max_position_embeddings")

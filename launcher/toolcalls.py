@@ -26,6 +26,7 @@ FAMILY_PARSERS = {
     "deepseek": "deepseek_v3",
     "phi": "phi4_mini_json",
     "gpt_oss": "openai",  # gpt-oss's harmony format (gptoss_tool_parser)
+    "llama4": "llama4_pythonic",
 }
 
 # The tokens a parser needs in the vocabulary before it will parse anything (the parsers that

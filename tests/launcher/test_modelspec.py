@@ -260,3 +260,19 @@ def test_any_model_safetensors_file_is_read_or_ignored(content: bytes) -> None:
         path.write_bytes(content)
         got = hub.single_file_bytes(path)
         assert got is None or 0 < got < len(content)
+
+
+def test_gemma_3n_sizes_from_its_language_model_when_a_tower_cannot_be_built(
+        tmp_path: Path) -> None:
+    # Gemma 3n's vision tower is timm's, which this environment does not install; its text
+    # config also gives one MLP width per layer (a list), which the field reader must take.
+    import transformers
+
+    transformers.Gemma3nConfig().save_pretrained(tmp_path)
+    m = load_model_spec(str(tmp_path), {})
+    assert m.family == "gemma3n"
+    assert 6e9 < m.params < 9e9  # E4B at its class defaults: 6.8B with per-layer embeddings
+    assert m.intermediate_size == 16384
+    # 20 of its 35 layers hold KV; the last 15 reuse it (shared KV), 4 of 20 are full attention
+    assert sum(g.layers for g in m.kv_groups) == 20
+    assert sum(g.layers for g in m.kv_groups if g.window is None) == 4
