@@ -24,11 +24,12 @@ class Diagnosis:
     # merged into the command's --compilation-config (and into the user's own, if given)
     fallback_compilation: Mapping[str, Any] = field(default_factory=dict)
     fallback_disable_custom_all_reduce: bool = False
+    fallback_no_tool_parser: bool = False  # start without --enable-auto-tool-choice
 
     @property
     def retryable(self) -> bool:
         return bool(self.fallback_env or self.fallback_compilation
-                    or self.fallback_disable_custom_all_reduce)
+                    or self.fallback_disable_custom_all_reduce or self.fallback_no_tool_parser)
 
     def apply(self, cmd: EngineCommand) -> EngineCommand:
         """A copy of ``cmd`` with this fallback's settings."""
@@ -37,6 +38,7 @@ class Diagnosis:
             compilation_config=deep_merge(cmd.compilation_config, self.fallback_compilation),
             disable_custom_all_reduce=(cmd.disable_custom_all_reduce
                                        or self.fallback_disable_custom_all_reduce),
+            tool_parser=None if self.fallback_no_tool_parser else cmd.tool_parser,
         )
 
     def changes(self) -> tuple[str, ...]:
@@ -47,6 +49,8 @@ class Diagnosis:
                        + json.dumps(dict(self.fallback_compilation), separators=(",", ":")))
         if self.fallback_disable_custom_all_reduce:
             out.append("--disable-custom-all-reduce")
+        if self.fallback_no_tool_parser:
+            out.append("no --enable-auto-tool-choice/--tool-call-parser")
         return tuple(out)
 
 
@@ -151,11 +155,34 @@ def _memory_in_use(log_text: str) -> Diagnosis | None:
     )
 
 
+# vLLM's check of --tool-call-parser (vllm/entrypoints/.../launcher.py validate_api_server_args):
+# an older vLLM lacks a parser this planner picks (qwen3_coder, gemma4, ...).
+_NO_PARSER = re.compile(
+    r"invalid tool call parser: (?P<name>\S+) \(chose from \{ ?(?P<known>[^}]*)\}"
+)
+
+
+def _missing_parser(log_text: str) -> Diagnosis | None:
+    found = list(_NO_PARSER.finditer(log_text))
+    if not found:
+        return None
+    m = found[-1]
+    known = ", ".join(k.strip() for k in m["known"].split(",") if k.strip())[:300]
+    return Diagnosis(
+        "tool-parser-unknown",
+        f"this vLLM has no {m['name']!r} tool-call parser (its own: {known}); tool calls stay "
+        "off until vLLM is upgraded or a parser is named with `-- --enable-auto-tool-choice "
+        "--tool-call-parser NAME`",
+        fallback_no_tool_parser=True,
+    )
+
+
 def diagnose(log_text: str) -> Diagnosis | None:
     """The first known failure whose every pattern occurs in the log, or None."""
-    in_use = _memory_in_use(log_text)
-    if in_use is not None:
-        return in_use
+    for special in (_memory_in_use, _missing_parser):
+        found = special(log_text)
+        if found is not None:
+            return found
     for sig in SIGNATURES:
         if all(p.search(log_text) for p in sig.all_of):
             return sig.diagnosis

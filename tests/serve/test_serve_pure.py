@@ -215,3 +215,18 @@ def test_a_gpu_other_processes_hold_is_named_with_the_utilization_that_starts(
     assert not d.retryable
     if "cuda:0" in log:
         assert "pass --gpu-memory-utilization 0.84" in d.sentence  # 20.12/23.57 = 0.854
+
+
+def test_a_tool_parser_this_vllm_lacks_is_retried_without_tool_calls() -> None:
+    log = ("(APIServer pid=9) KeyError: 'invalid tool call parser: qwen3_coder (chose from "
+           "{ hermes,llama3_json,mistral })'")
+    d = failures.diagnose(log)
+    assert d is not None
+    assert d.name == "tool-parser-unknown"
+    assert d.retryable
+    assert "no 'qwen3_coder' tool-call parser (its own: hermes, llama3_json, mistral)" in d.sentence
+    cmd = EngineCommand(model="m", host="127.0.0.1", port=8000, tool_parser="qwen3_coder")
+    assert "--tool-call-parser" in cmd.argv()
+    retried = d.apply(cmd).argv()
+    assert "--tool-call-parser" not in retried
+    assert "--enable-auto-tool-choice" not in retried
