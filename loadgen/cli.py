@@ -33,6 +33,7 @@ from loadgen.config import (
     parse_context,
     parse_label,
     parse_sweep,
+    unwritable_output,
     validate,
 )
 from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
@@ -425,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             return compare_command(argv[1:], out)
         args = build_parser().parse_args(argv)
         config = config_from(args)
+        unwritable = unwritable_output(config)
+        if unwritable:
+            raise BadArgument(unwritable)
         return run_command(config, out, err)
     except LoadgenError as exc:
         err.print(f"loadgen: error: {exc}", highlight=False, markup=False, soft_wrap=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import secrets
 import uuid
@@ -132,10 +134,16 @@ def validate(config: Config) -> Config:
             f"--shared-prefix {config.shared_prefix} must be below --prompt {config.prompt}",
         ),
         (config.concurrency is None or config.concurrency >= 1, "--concurrency must be at least 1"),
-        (config.rate is None or config.rate > 0, "--rate must be above 0 requests/s"),
+        (
+            config.rate is None or 0 < config.rate < math.inf,
+            "--rate must be a finite number above 0 requests/s",
+        ),
         (config.arrivals in ARRIVALS, f"--arrivals must be one of {', '.join(ARRIVALS)}"),
         (config.requests is None or config.requests >= 1, "--requests must be at least 1"),
-        (config.duration is None or config.duration > 0, "--duration must be above 0 seconds"),
+        (
+            config.duration is None or 0 < config.duration < math.inf,
+            "--duration must be a finite number of seconds above 0",
+        ),
         (config.warmup >= 0, "--warmup cannot be negative"),
         (
             all(c >= 1 for c in config.sweep),
@@ -155,8 +163,15 @@ def validate(config: Config) -> Config:
             " raise --concurrency or lower --processes",
         ),
         (not (config.pptg and config.processes > 1), "--pptg is single-stream: drop --processes"),
-        (config.metrics_linger >= 0, "--metrics-linger cannot be negative"),
-        (config.timeout_s > 0, "--timeout must be above 0 seconds"),
+        (
+            0 <= config.metrics_linger < math.inf,
+            "--metrics-linger must be a finite number of seconds, 0 or more",
+        ),
+        (0 < config.timeout_s < math.inf, "--timeout must be a finite number above 0 seconds"),
+        (
+            config.metrics_port is None or 0 <= config.metrics_port <= 65535,
+            f"--metrics-port must lie between 0 and 65535, not {config.metrics_port}",
+        ),
         (not config.plot_path or bool(config.sweep), "--plot draws a sweep: add --sweep 1,2,4,..."),
         (
             config.url.startswith(("http://", "https://")),
@@ -176,7 +191,7 @@ def validate(config: Config) -> Config:
         (config.workload in WORKLOADS, f"--workload must be one of {', '.join(WORKLOADS)}"),
         (config.sessions >= 1, "--sessions must be at least 1"),
         (config.turns >= 1, "--turns must be at least 1"),
-        (config.think_s >= 0, "--think cannot be negative"),
+        (0 <= config.think_s < math.inf, "--think must be a finite number of seconds, 0 or more"),
         (
             config.context is None or 1 <= config.context[0] <= config.context[1],
             "--context takes FIRST:LAST prompt tokens with 1 <= FIRST <= LAST, e.g. 2000:30000",
@@ -187,10 +202,19 @@ def validate(config: Config) -> Config:
             "--workload agent sets its own load (--sessions, --turns, --think): drop --sweep,"
             " --rate, --pptg and --processes",
         ),
-        (config.slo_ttft_ms is None or config.slo_ttft_ms > 0, "--slo-ttft-ms must be above 0"),
-        (config.slo_tpot_ms is None or config.slo_tpot_ms > 0, "--slo-tpot-ms must be above 0"),
+        (
+            config.slo_ttft_ms is None or 0 < config.slo_ttft_ms < math.inf,
+            "--slo-ttft-ms must be a finite number above 0",
+        ),
+        (
+            config.slo_tpot_ms is None or 0 < config.slo_tpot_ms < math.inf,
+            "--slo-tpot-ms must be a finite number above 0",
+        ),
         (0 < config.slo_share <= 1, "--slo-share must be above 0 and at most 1"),
-        (config.gpu_sample_s >= 0, "--gpu-sample cannot be negative (0 turns it off)"),
+        (
+            0 <= config.gpu_sample_s < math.inf,
+            "--gpu-sample must be a finite number of seconds, 0 or more (0 turns it off)",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -201,6 +225,23 @@ def validate(config: Config) -> Config:
                 f"--label {key}=...: not a label name loadgen can set; pick another name"
             )
     return config
+
+
+def unwritable_output(config: Config) -> str | None:
+    """Why a --json/--csv/--plot path cannot be written, asked before the run rather than
+    found after a sweep of many minutes; None when all can be."""
+    for option, path in (("--json", config.json_path), ("--csv", config.csv_path),
+                         ("--plot", config.plot_path)):
+        if path is None:
+            continue
+        folder = path.parent if str(path.parent) else Path(".")
+        if path.is_dir():
+            return f"{option} {path} is a folder; name a file in it"
+        if not folder.is_dir():
+            return f"{option} {path}: folder {folder} does not exist; create it or pick another"
+        if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            return f"{option} {path} cannot be written here; pick a writable path"
+    return None
 
 
 def parse_label(text: str) -> tuple[str, str]:

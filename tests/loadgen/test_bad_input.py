@@ -44,6 +44,13 @@ def _closed_port() -> int:
         (["--label", "model=x"], 2, "--label model=..."),
         (["--model", "nope"], 1, "does not serve model 'nope'; it serves sim-model"),
         (["--plot", "x.png"], 2, "--plot draws a sweep"),
+        (["--metrics-port", "70000"], 2, "--metrics-port must lie between 0 and 65535"),
+        (["--duration", "inf"], 2, "--duration must be a finite number of seconds"),
+        (["--rate", "inf"], 2, "--rate must be a finite number above 0"),
+        (["--timeout", "nan"], 2, "--timeout must be a finite number above 0"),
+        # output paths are checked before the run, not after a sweep of many minutes
+        (["--json", "/nonexistent/dir/r.json"], 2, "folder /nonexistent/dir does not exist"),
+        (["--csv", "/"], 2, "--csv / is a folder"),
     ],
 )
 def test_bad_arguments_exit_with_one_clear_line(

@@ -20,7 +20,7 @@ from loadgen.target import plan_label
         ({"prompt": 0}, "--prompt must be at least 1"),
         ({"gen": 0}, "--gen must be at least 1"),
         ({"concurrency": 0}, "--concurrency must be at least 1"),
-        ({"rate": -1.0}, "--rate must be above 0"),
+        ({"rate": -1.0}, "--rate must be a finite number above 0"),
         ({"arrivals": "burst"}, "--arrivals must be one of"),
         ({"shared_prefix": 512}, "--shared-prefix 512 must be below --prompt 512"),
         ({"sweep": (1, 2), "rate": 3.0}, "cannot be combined with --rate"),

@@ -94,8 +94,8 @@ def test_a_single_run_reports_its_slo_share_and_goodput(sim_url: str, tmp_path: 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--slo-ttft-ms", "0"), "--slo-ttft-ms must be above 0"),
-        (("--slo-tpot-ms", "-1"), "--slo-tpot-ms must be above 0"),
+        (("--slo-ttft-ms", "0"), "--slo-ttft-ms must be a finite number above 0"),
+        (("--slo-tpot-ms", "-1"), "--slo-tpot-ms must be a finite number above 0"),
         (("--slo-share", "1.5"), "--slo-share must be above 0 and at most 1"),
     ],
 )
