@@ -134,7 +134,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                 raise PlanError(f"{exc}; on a Ray cluster say how many nodes the stages go to "
                                 f"with --nodes (e.g. --nodes {args.pp})") from exc
             raise
-    engine_port = args.engine_port or supervise.free_port(args.engine_host)
+    engine_port = args.engine_port or supervise.free_port(args.engine_host, "--engine-host")
     rendered = render(chosen, model_ref, served_name=served, host=args.engine_host,
                       port=engine_port, extra_args=extra,
                       trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import socket
@@ -20,8 +21,9 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from launcher.errors import PortInUseError
+from launcher.errors import LauncherError, PortInUseError
 
 PR_SET_PDEATHSIG = 1
 
@@ -142,24 +144,51 @@ def _is_zombie(pid: int) -> bool:
     return fields is None or fields[0] in ("Z", "X")
 
 
+def _bind_address(host: str, port: int, option: str = "--host") -> tuple[int, tuple[Any, ...]]:
+    """(address family, address) to bind ``host`` with: IPv4 or IPv6 (``::``), or a name."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise LauncherError(
+            f"{option} {host}: not an address or a name this machine can resolve "
+            f"({getattr(exc, 'strerror', None) or exc}); pass an address of this machine, e.g. "
+            "127.0.0.1 or 0.0.0.0"
+        ) from exc
+    return family, addr
+
+
 def check_port_free(host: str, port: int) -> None:
-    """Fail early, with the fix, when the port the user asked for is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Fail early, with the fix, when the port the user asked for is taken (or the host or
+    port cannot be bound at all: a name that does not resolve, another machine's address)."""
+    family, addr = _bind_address(host, port)
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         # As the proxy's own server does: connections it closed linger in TIME_WAIT for a minute
         # after a restart, and must not make a free port look taken.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind(addr)
         except OSError as exc:
-            raise PortInUseError(
-                f"port {port} on {host} is already in use ({exc.strerror}): stop the program "
-                f"using it (`ss -ltnp 'sport = :{port}'` shows which) or pass --port with another"
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"port {port} on {host} is already in use: stop the program using it "
+                    f"(`ss -ltnp 'sport = :{port}'` shows which) or pass --port with another"
+                ) from exc
+            if exc.errno == errno.EACCES:
+                raise LauncherError(
+                    f"port {port} needs root (ports below 1024 are privileged): pass --port "
+                    "8000 or another above 1023"
+                ) from exc
+            raise LauncherError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass --host with an "
+                "address of this machine (127.0.0.1, 0.0.0.0)"
             ) from exc
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+def free_port(host: str = "127.0.0.1", option: str = "--host") -> int:
+    family, addr = _bind_address(host, 0, option)
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind(addr)
         port: int = sock.getsockname()[1]
         return port
 

@@ -230,3 +230,32 @@ def test_a_tool_parser_this_vllm_lacks_is_retried_without_tool_calls() -> None:
     retried = d.apply(cmd).argv()
     assert "--tool-call-parser" not in retried
     assert "--enable-auto-tool-choice" not in retried
+
+
+@pytest.mark.parametrize(("host", "says"), [
+    ("999.1.1.1", "--host 999.1.1.1: not an address or a name this machine can resolve"),
+    ("no-such-host.invalid", "not an address or a name this machine can resolve"),
+    ("192.0.2.1", "cannot listen on 192.0.2.1:"),  # TEST-NET-1: no machine's own address
+])
+def test_a_host_this_machine_cannot_listen_on_is_named_as_such(host: str, says: str) -> None:
+    from launcher.errors import PortInUseError
+    from launcher.supervise import check_port_free
+
+    with pytest.raises(LauncherError) as refused:
+        check_port_free(host, 18_555)
+    assert says in str(refused.value)
+    assert not isinstance(refused.value, PortInUseError)  # not "already in use"
+
+
+def test_an_ipv6_host_is_checked_as_ipv6() -> None:
+    import socket
+
+    from launcher.supervise import check_port_free, free_port
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        port = free_port("::1")
+    except (LauncherError, OSError):
+        pytest.skip("::1 is not configured here")
+    check_port_free("::1", port)  # no "already in use" from an IPv4 socket given "::1"
