@@ -66,6 +66,13 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     log_dir = args.log_dir or tinymodel.default_cache_dir(os.environ) / "logs"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(log_dir, os.W_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        raise LauncherError(f"cannot write logs to {log_dir} ({exc.strerror or exc}): pass "
+                            "--log-dir with a folder you can write") from exc
     sup = Supervision(ready_timeout_s=args.ready_timeout, restart_attempts=args.restart_attempts,
                       grace_s=args.grace, log_dir=log_dir)
     return run(spec, sup, console)

@@ -178,6 +178,20 @@ def test_a_missing_model_is_a_one_line_error(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+def test_a_log_folder_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--port", str(free_port()),
+         "--log-dir", str(blocker / "logs")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TOPOSERVE_ENGINE_CMD": f"{sys.executable} {STANDIN}"})
+    assert res.returncode == 1
+    assert res.stderr.strip().count("\n") == 0, res.stderr
+    assert f"cannot write logs to {blocker / 'logs'}" in res.stderr
+    assert "--log-dir" in res.stderr
+
+
 def _post_completion(port: int, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", method="POST",
