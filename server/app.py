@@ -226,6 +226,7 @@ class Proxy:
                     headers=upstream_headers(headers.items(), rid), body=body, inspect=True,
                     strip_usage=strip,
                     affinity=affinity_key(obj) if len(self.router.upstreams) > 1 else None,
+                    wanted_model=_model_of(obj),
                     disconnect_hook=disconnect_hook(scope))
         await self.relay.handle(call, receive, send)
 
@@ -239,11 +240,37 @@ class Proxy:
             body = await self.read_body(request.receive, request.headers)
         except ClientGone:
             return Response(status_code=499)
+        wanted = None
+        if request.method == "POST" and body and self.router.serves_several_models:
+            # /v1/messages, /v1/responses, /v1/embeddings... name a model too
+            wanted = _model_of(await asyncio.to_thread(_json_or_none, body)
+                               if len(body) >= THREAD_BODY_BYTES else _json_or_none(body))
         call = Call(request_id=rid, method=request.method, target=_target(request),
                     route=route_label(request.url.path), model="unknown",
                     headers=upstream_headers(request.headers.items(), rid), body=body,
-                    disconnect_hook=disconnect_hook(request.scope))
+                    wanted_model=wanted, disconnect_hook=disconnect_hook(request.scope))
         return RelayResponse(lambda _s, receive, send: self.relay.handle(call, receive, send))
+
+    async def all_models(self, request: Request) -> Response | None:
+        """Every model of the replicas that are up, when they serve different ones (one
+        replica's /v1/models would name only its own); None when no list could be read."""
+        self.authorize(request.headers)
+        seen: dict[str, Any] = {}
+        for up in self.router.upstreams:
+            if not up.up:
+                continue
+            try:
+                async with asyncio.timeout(self.cfg.connect_timeout_s):
+                    status, body = await self.relay.pools[up.url].get("/v1/models")
+                data = json.loads(body).get("data") if status == 200 else None
+            except (TimeoutError, UpstreamError, OSError, ValueError, AttributeError):
+                continue
+            for entry in data if isinstance(data, list) else ():
+                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                    seen.setdefault(entry["id"], entry)
+        if not seen:
+            return None
+        return JSONResponse({"object": "list", "data": list(seen.values())})
 
     async def ready(self, request: Request) -> Response:
         if self.cfg.protect_metrics:
@@ -331,6 +358,18 @@ def request_id(request: Request) -> str:
     rid = pick_request_id(request.headers.get("x-request-id", ""))
     request.state.request_id = rid
     return rid
+
+
+def _json_or_none(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # the engine answers a broken body in its own words
+        return None
+
+
+def _model_of(obj: Any) -> str | None:
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def _target(request: Request) -> str:
@@ -525,6 +564,10 @@ def _add_routes(app: FastAPI, proxy: Proxy) -> None:
 
     @app.get("/v1/models", responses=errors)  # type: ignore[arg-type]
     async def models(request: Request) -> Response:
+        if proxy.router.serves_several_models:
+            merged = await proxy.all_models(request)
+            if merged is not None:
+                return merged
         return await proxy.passthrough(request)
 
     @app.get("/health")

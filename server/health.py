@@ -64,7 +64,8 @@ class HealthChecker:
     async def _probe_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self._check(up, timeout_s) for up in self.router.upstreams))
         self._models_due -= 1
-        if self._models_due <= 0 and self.router.any_up:
+        unread = any(u.up and u.models is None for u in self.router.upstreams)
+        if (self._models_due <= 0 or unread) and self.router.any_up:
             names = await self._served_models(timeout_s)
             if names is not None:
                 self.metrics.serve_models(names)
@@ -85,6 +86,7 @@ class HealthChecker:
             except (TimeoutError, UpstreamError, OSError, ValueError, KeyError, TypeError):
                 ids = None
             if ids is not None:
+                up.models = frozenset(ids)
                 found = ids | (found or set())
         return found
 

@@ -73,6 +73,7 @@ class Call:
     inspect: bool = False
     strip_usage: bool = False
     affinity: bytes | None = None
+    wanted_model: str | None = None  # the body's "model", for replicas serving different ones
     t_start: float = field(default_factory=time.perf_counter)
     status: int = 0
     upstream: str = "-"
@@ -217,7 +218,7 @@ class Relay:
     async def _exchange(self, call: Call, guard: _Guard, down: Downstream) -> None:
         tried: list[Upstream] = []
         while True:
-            up = self.router.pick(call.affinity, tried)
+            up = self.router.pick(call.affinity, tried, call.wanted_model)
             if up is None:
                 raise UpstreamUnavailable(
                     "no engine is answering (it is starting, restarting or down); retry after "

@@ -5,6 +5,9 @@ chosen by rendezvous hashing over the replicas that are up, so vLLM's prefix cac
 warm; the preference yields to the least-loaded replica when the preferred one has more than
 ``slack`` requests above it. A replica is taken out when a connection to it fails or its
 health check does, and put back when a health check passes.
+
+Replicas may serve different models (two ``--upstream`` of two models): a request naming a
+model that a replica lists in its /v1/models goes only to the replicas that list it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Upstream:
     checked: bool = False
     slow_checks: int = 0  # health checks in a row that timed out
     health_path: str = "/health"  # /v1/models for a server without /health (Ollama, gateways)
+    models: frozenset[str] | None = None  # the ids its /v1/models lists; None: not read yet
 
 
 class Router:
@@ -34,8 +38,13 @@ class Router:
         self.slack = slack
         self._turn = 0
 
-    def pick(self, key: bytes | None, exclude: Sequence[Upstream] = ()) -> Upstream | None:
+    def pick(self, key: bytes | None, exclude: Sequence[Upstream] = (),
+             model: str | None = None) -> Upstream | None:
         live = [u for u in self.upstreams if u.up and u not in exclude]
+        if model is not None and any(u.models and model in u.models for u in self.upstreams):
+            # only the replicas known to serve it (none up: the caller answers 503); a model
+            # no replica lists goes anywhere, and the engine answers in its own words
+            live = [u for u in live if u.models and model in u.models]
         if not live:
             return None
         least = min(u.outstanding for u in live)
@@ -51,6 +60,11 @@ class Router:
     @property
     def any_up(self) -> bool:
         return any(u.up for u in self.upstreams)
+
+    @property
+    def serves_several_models(self) -> bool:
+        """Replicas known to list different models: requests are then routed by model."""
+        return len({u.models for u in self.upstreams if u.models is not None}) > 1
 
 
 def _score(key: bytes, url: str) -> bytes:

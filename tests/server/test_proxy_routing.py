@@ -179,3 +179,62 @@ def test_a_slow_health_answer_takes_the_engine_out_only_when_it_repeats(
     r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     assert r.status_code == 200
     assert wait_for(lambda: down in httpx.get(p.url + "/metrics").text, timeout=6.0)
+
+
+# -- replicas of different models -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_models() -> Iterator[tuple[str, str]]:
+    with spawn(SimConfig(ttft=0.01, itl=0.002, model="coder-a")) as a, \
+            spawn(SimConfig(ttft=0.01, itl=0.002, model="chat-b")) as b:
+        yield a, b
+
+
+def test_each_model_reaches_the_replica_that_serves_it(spawn_proxy: SpawnProxy,
+                                                       two_models: tuple[str, str]) -> None:
+    a, b = two_models
+    for url in two_models:
+        sim_control(url, healthy=True)
+        post_json(url + "/sim/reset", {})
+    p = spawn_proxy([a, b], "--affinity-slack", "0")
+    listed = httpx.get(p.url + "/v1/models").json()
+    assert sorted(m["id"] for m in listed["data"]) == ["chat-b", "coder-a"]  # both, not one's
+    for i in range(6):
+        for model in ("coder-a", "chat-b"):
+            r = httpx.post(p.url + "/v1/completions",
+                           json={"model": model, "prompt": f"p{i}", "max_tokens": 1})
+            assert r.status_code == 200, r.text
+        r = httpx.post(p.url + "/v1/chat/completions", json={
+            "model": "chat-b", "max_tokens": 1, "messages": [{"role": "user", "content": f"{i}"}]})
+        assert r.status_code == 200, r.text
+        # a relayed route too: Anthropic's /v1/messages names its model in the body
+        r = httpx.post(p.url + "/v1/messages", headers={"anthropic-version": "2023-06-01"},
+                       json={"model": "coder-a", "max_tokens": 1,
+                             "messages": [{"role": "user", "content": f"m{i}"}]})
+        assert r.status_code == 200, r.text
+    assert (generations(a), generations(b)) == (12, 12)
+    # the replica of chat-b down: its requests wait for it (503), never the other model's
+    sim_control(b, healthy=False)
+    down = f'toposerve_upstream_up{{upstream="{b}"}} 0.0'
+    assert wait_for(lambda: down in httpx.get(p.url + "/metrics").text)
+    r = httpx.post(p.url + "/v1/completions", json={"model": "chat-b", "prompt": "x",
+                                                     "max_tokens": 1})
+    assert r.status_code == 503
+    assert r.json()["error"]["type"]
+    assert httpx.post(p.url + "/v1/completions", json={"model": "coder-a", "prompt": "x",
+                                                       "max_tokens": 1}).status_code == 200
+    assert generations(b) == 12
+    sim_control(b, healthy=True)
+
+
+def test_the_pure_router_narrows_to_the_replicas_listing_a_model() -> None:
+    r = Router(["http://a", "http://b", "http://c"], slack=0)
+    a, b, c = r.upstreams
+    a.models, b.models = frozenset({"m1"}), frozenset({"m2"})  # c not read yet
+    assert r.serves_several_models
+    assert all(r.pick(None, model="m2") is b for _ in range(4))
+    assert r.pick(None, model="unlisted") is not None  # any: the engine answers 404 itself
+    b.up = False
+    assert r.pick(None, model="m2") is None  # its only replica is down: 503, not m1's engine
+    assert r.pick(None) in (a, c)
