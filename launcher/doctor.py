@@ -179,6 +179,22 @@ def _persistence(topo: Topology) -> list[Check]:
     return [Check("persistence mode", PASS, "unknown (NVML refused)" if unknown else "on")]
 
 
+def _mig(topo: Topology) -> list[Check]:
+    on = [g.index for g in topo.gpus if g.mig_enabled]
+    if not on:
+        return []
+    return [
+        Check(
+            "mig mode",
+            WARN if len(on) < len(topo.gpus) else FAIL,
+            f"on for GPU {', '.join(map(str, on))}: CUDA sees such a card as its MIG slices, and "
+            "vLLM cannot split a model over slices; the planner leaves these cards out",
+            "; ".join(f"sudo nvidia-smi -i {i} -mig 0" for i in on)
+            + " (then reset the GPU or reboot)",
+        )
+    ]
+
+
 def _memory_in_use(topo: Topology) -> list[Check]:
     """Memory other processes hold: vLLM starts only where utilization × memory is free."""
     util = memfit.startable_utilization(topo.gpus, 0.9)
@@ -304,6 +320,7 @@ def run_checks(topo: Topology, env: Mapping[str, str], host: HostFacts | None) -
         *_pcie(topo),
         *_persistence(topo),
         *_memory_in_use(topo),
+        *_mig(topo),
         *(_acs_iommu(topo, host) + _host(host) if host else []),
     ]
 

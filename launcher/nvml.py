@@ -144,6 +144,8 @@ def _dump_gpu(nv: Any, i: int, h: Any) -> dict[str, Any]:
         "pcie_width_max": ask("nvmlDeviceGetMaxPcieLinkWidth"),
         "numa_node": ask("nvmlDeviceGetNumaNodeId"),
         "persistence_mode": ask("nvmlDeviceGetPersistenceMode"),
+        # [current, pending]; cards without MIG (GeForce) refuse the call: ERR:NotSupported
+        "mig_mode": _pair_of_ints(ask("nvmlDeviceGetMigMode")),
         "cpu_affinity": _cpu_affinity(nv, h),
         "nvlinks": _dump_links(nv, h),
     }

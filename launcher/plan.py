@@ -159,13 +159,21 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
                 "with `launcher probe --save FILE` on a node"
             )
         return _cpu_plan(model, policy, topology)
+    # A card in MIG mode is its slices to CUDA, and NCCL joins none: vLLM cannot use it whole.
+    usable = [g for g in topology.gpus if not g.mig_enabled]
+    if not usable:
+        raise PlanError(
+            "every GPU is in MIG mode, which vLLM cannot split a model over: turn MIG off "
+            "(`sudo nvidia-smi -i 0 -mig 0`, for each GPU, then reset it) or serve one MIG slice "
+            "by hand (CUDA_VISIBLE_DEVICES=MIG-<uuid>)"
+        )
     links = Links(topology)
     if policy.nodes > 1:
         cands = multinode_candidates(topology, model, policy, links)
     else:
         cands = [
-            best_candidate(model, policy, links, topology.gpus, s)[0]
-            for s in shapes(len(topology.gpus), policy)
+            best_candidate(model, policy, links, usable, s)[0]
+            for s in shapes(len(usable), policy)
         ]
     cands = _with_scores(cands)
     if not any(c.predicted for c in cands):

@@ -257,7 +257,19 @@ def _gpu(
         persistence_mode=persistence_mode,
         cpu_affinity=_str(_get(d, "cpu_affinity")),
         memory_used_bytes=r.checked_int(subject, d, used_key, _MAX_MEMORY),
+        mig_enabled=_mig(_get(d, "mig_mode" if memory_key == "memory_total" else "mig_enabled")),
     )
+
+
+def _mig(raw: Any) -> bool | None:
+    """MIG on or off from the dump's [current, pending] (or a bare current mode) or our own
+    format's boolean; None for anything else (refused, absent, unreadable)."""
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, list) and raw:
+        raw = raw[0]
+    mode = _int(raw, 0, 1)
+    return None if mode is None else mode == 1
 
 
 def _dump_gpu(r: _Reader, index: int, d: Mapping[str, Any], links: list[str] | None) -> Gpu:

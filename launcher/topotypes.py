@@ -57,6 +57,9 @@ class Gpu:
     # memory other processes held when the reading was taken (a desktop, another engine);
     # None when not read. vLLM refuses to start unless utilization × total is free.
     memory_used_bytes: int | None = None
+    # MIG on: CUDA sees the card's MIG slices, not the card, and NCCL joins no slices, so the
+    # planner leaves it out. None: not read (or a card without MIG, which refuses the call).
+    mig_enabled: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class FakeGpu:
     nvlink_remote: list[str] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)  # pynvml function names that raise NotSupported
     used: int = 300 << 20  # what an idle card reports in use (the driver's own reservation)
+    mig: tuple[int, int] | None = None  # (current, pending) MIG mode; None: no MIG (GeForce)
 
 
 class FakeNvml:
@@ -118,6 +119,12 @@ class FakeNvml:
     def nvmlDeviceGetNumaNodeId(self, h: int) -> int:
         self._gpu(h, "nvmlDeviceGetNumaNodeId")
         return 0
+
+    def nvmlDeviceGetMigMode(self, h: int) -> tuple[int, int]:
+        g = self._gpu(h, "nvmlDeviceGetMigMode")
+        if g.mig is None:
+            raise NVMLError_NotSupported()
+        return g.mig
 
     def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
         self._gpu(h, "nvmlDeviceGetPersistenceMode")

@@ -154,3 +154,12 @@ def test_memory_other_processes_hold_is_a_warning_with_the_utilization_that_star
     [idle] = by_name(run_checks(load_topology(topo("2x3090-p2p-x16"), {}), {}, None),
                      "gpu memory in use")
     assert idle.status == PASS
+
+
+def test_mig_mode_is_named_with_the_command_that_turns_it_off() -> None:
+    [c] = by_name(run_checks(load_topology(topo("h200x2-gpu1-mig"), {}), {}, None), "mig mode")
+    assert c.status == WARN
+    assert "GPU 1" in c.message
+    assert c.fix is not None
+    assert "nvidia-smi -i 1 -mig 0" in c.fix
+    assert not by_name(run_checks(load_topology(topo("h200x2-nvlink"), {}), {}, None), "mig")

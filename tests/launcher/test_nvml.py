@@ -249,3 +249,12 @@ def test_nvml_init_that_fails_in_any_way_means_no_gpu() -> None:
         topo = nvml.read_topology({}, BrokenNvml({"nvmlInit": how}))
         assert topo.gpus == ()
         assert any("no GPU" in n for n in topo.notes)
+
+
+def test_mig_mode_and_memory_in_use_are_read_live() -> None:
+    nv = two_3090s()
+    nv.gpus[1].mig, nv.gpus[1].used = (1, 1), 5 << 30
+    topo = nvml.read_topology({}, nv)
+    # a card without MIG refuses the call (GeForce): not known, not "on"
+    assert [g.mig_enabled for g in topo.gpus] == [None, True]
+    assert [g.memory_used_bytes for g in topo.gpus] == [300 << 20, 5 << 30]

@@ -394,3 +394,15 @@ def test_gemma4_is_served_with_vllms_gemma4_tool_parser() -> None:
     assert spec.origin is not None
     registry = Path(spec.origin).parent / "tool_parsers" / "__init__.py"
     assert '"gemma4": (' in registry.read_text()
+
+
+def test_a_card_in_mig_mode_is_left_out_and_the_reason_named() -> None:
+    p = plan(T("h200x2-gpu1-mig"), M("qwen3-32b"), Policy())
+    assert p.gpus == (0,)
+    assert any("GPU1 (NVIDIA H200, in MIG mode)" in r and "turn MIG off" in r
+               for r in p.reasons), p.reasons
+    assert plan(T("h200x2-nvlink"), M("qwen3-32b"), Policy(force_tp=2)).gpus == (0, 1)
+    t = T("h200x2-gpu1-mig")
+    all_mig = replace(t, gpus=tuple(replace(g, mig_enabled=True) for g in t.gpus))
+    with pytest.raises(PlanError, match="every GPU is in MIG mode"):
+        plan(all_mig, M("qwen3-32b"), Policy())

@@ -70,6 +70,14 @@ def test_memory_in_use_is_read_from_a_dump_and_kept_in_our_own_format(tmp_path: 
     assert {g.memory_used_bytes for g in load_topology(topo("2x3090-p2p-x16"), {}).gpus} == {None}
 
 
+def test_mig_mode_is_read_from_a_dump_and_kept_in_our_own_format(tmp_path: Path) -> None:
+    t = load_topology(topo("h200x2-gpu1-mig"), {})
+    assert [g.mig_enabled for g in t.gpus] == [False, True]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(topology_to_json(t)))
+    assert [g.mig_enabled for g in load_topology(str(f), {}).gpus] == [False, True]
+
+
 def test_own_json_round_trips_with_measurements(tmp_path: Path) -> None:
     t = load_topology(topo("2x3090-p2p-x16"), {})
     measured = replace(
