@@ -58,6 +58,10 @@ class SseInspector:
         # each with whether it is such a last chunk (the fields go there).
         self.held: list[tuple[bytes, bool]] = []
         self.held_bytes = 0
+        # Usage seen only on chunks that also carry choices (some servers' last chunk, or each
+        # chunk under continuous_usage_stats): counted at [DONE] unless a usage chunk came.
+        self.choice_usage: tuple[int, int] | None = None
+        self.usage_chunk_seen = False
 
     def feed(self, data: bytes) -> Scan:
         # The usual case: exactly one whole event per read (and not a 1-byte read, whose
@@ -150,6 +154,8 @@ class SseInspector:
             return self._release_before_end(scan)
         if payload == b"[DONE]":
             scan.done = True
+            if not self.usage_chunk_seen and self.choice_usage is not None:
+                scan.usage = self.choice_usage
             return self._release_before_end(scan, event)
         if payload[:1] != b"{" or payload[-1:] != b"}":
             scan.malformed = True
@@ -157,8 +163,12 @@ class SseInspector:
         obj: dict[str, Any] | None = None
         if b"usage" in payload:
             obj = _object(payload)
-            if obj is not None and isinstance(obj.get("usage"), dict) and not obj.get("choices"):
+            if obj is not None and isinstance(obj.get("usage"), dict) and obj.get("choices"):
+                # forwarded as it is; the latest (cumulative) counts are kept for [DONE]
+                self.choice_usage = usage_counts(obj["usage"]) or self.choice_usage
+            elif obj is not None and isinstance(obj.get("usage"), dict):
                 scan.usage = usage_counts(obj["usage"])
+                self.usage_chunk_seen = True
                 if not self.strip_usage:
                     return None
                 held, self.held, self.held_bytes = self.held, [], 0

@@ -160,3 +160,28 @@ def test_holding_back_after_a_last_chunk_is_bounded() -> None:
         forwarded += inspector.feed(token1).forward
     assert forwarded == last0 + token1 * n
     assert not inspector.held
+
+
+def _chunk(text: str, finish: str | None, usage: dict[str, int] | None) -> bytes:
+    obj: dict[str, object] = {"id": "c", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    if usage is not None:
+        obj["usage"] = usage
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_usage_on_the_last_choice_chunk_is_counted_once_at_the_end(strip: bool) -> None:
+    # Servers that put usage on the chunk with finish_reason and send no usage-only chunk
+    # (TGI-style); and vLLM's continuous_usage_stats, where every chunk carries the running
+    # counts: both counted once, with the last counts, when the stream ends.
+    running = [_chunk("a", None, {"prompt_tokens": 4, "completion_tokens": 1}),
+               _chunk("b", None, {"prompt_tokens": 4, "completion_tokens": 2}),
+               _chunk("c", "stop", {"prompt_tokens": 4, "completion_tokens": 3})]
+    for tail in ([b"data: [DONE]\n\n"],
+                 [b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}\n\n',
+                  b"data: [DONE]\n\n"]):
+        inspector = SseInspector(strip_usage=strip)
+        counted = [s.usage for s in (inspector.feed(r) for r in [*running, *tail]) if s.usage]
+        assert counted == [(4, 3)]
+        assert inspector.done
