@@ -160,7 +160,8 @@ def test_an_unreachable_pushgateway_fails_after_the_results_are_written(
     assert "TTFT ms" in result.stdout
 
 
-def test_an_unwritable_json_path_is_one_line(sim_url: str) -> None:
+def test_an_unwritable_json_path_is_one_line_before_any_request(sim_url: str) -> None:
+    before = httpx.get(sim_url + "/sim/stats").json()["generations"]
     result = run_cli(
         "--url",
         sim_url,
@@ -173,8 +174,11 @@ def test_an_unwritable_json_path_is_one_line(sim_url: str) -> None:
         "--json",
         "/nonexistent-dir/r.json",
     )
-    assert result.returncode == 1
-    assert "cannot write /nonexistent-dir/r.json" in _one_line_error(result.stderr)
+    assert result.returncode == 2
+    assert "--json /nonexistent-dir/r.json: folder /nonexistent-dir does not exist" in \
+        _one_line_error(result.stderr)
+    # refused before the run, not after it: the server was never asked to generate
+    assert httpx.get(sim_url + "/sim/stats").json()["generations"] == before
 
 
 @settings(max_examples=300, deadline=None)
