@@ -196,6 +196,16 @@ def check_upstream(url: str) -> None:
     if parts.scheme != "http" or not parts.hostname or port == -1:
         raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
                           "http://127.0.0.1:8001")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(
+            f"--upstream {url!r}: the proxy sends each request's own path (/v1/...) to the "
+            f"engine's root, so a path here would be ignored; give http://{parts.netloc}")
+
+
+def engine_root(url: str) -> str:
+    """An engine URL as users write it for OpenAI clients, ``.../v1``, is the engine itself."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 # Seconds that must be finite and above 0, and counts that must be at least 1 (or 0).
@@ -232,7 +242,7 @@ def config_from_args(argv: Sequence[str] | None = None,
                      env: Mapping[str, str] | None = None) -> ProxyConfig:
     a = build_parser().parse_args(argv)
     env = os.environ if env is None else env
-    upstreams = tuple(u.rstrip("/") for u in a.upstream)
+    upstreams = tuple(engine_root(u) for u in a.upstream)
     for url in upstreams:
         check_upstream(url)
     check_numbers(a)

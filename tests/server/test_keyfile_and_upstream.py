@@ -144,3 +144,18 @@ def test_numbers_out_of_range_are_config_errors(args: list[str], says: str) -> N
     # all of these were taken at start before: the proxy ran with them and printed nothing
     with pytest.raises(ConfigError, match=re.escape(says)):
         config_from_args(["--upstream", "http://127.0.0.1:8001", *args], {})
+
+
+@pytest.mark.parametrize(("given", "read"), [
+    ("http://127.0.0.1:8001/v1", "http://127.0.0.1:8001"),  # an OpenAI client's base URL
+    ("http://127.0.0.1:8001/v1/", "http://127.0.0.1:8001"),
+    ("http://127.0.0.1:8001/", "http://127.0.0.1:8001"),
+])
+def test_an_engine_written_as_an_openai_base_url_is_the_engine(given: str, read: str) -> None:
+    assert config_from_args(["--upstream", given], {}).upstreams == (read,)
+
+
+@pytest.mark.parametrize("given", ["http://127.0.0.1:8001/gateway", "http://h:1/?x=1"])
+def test_an_engine_url_with_another_path_is_refused_not_ignored(given: str) -> None:
+    with pytest.raises(ConfigError, match="a path here would be ignored; give http://"):
+        config_from_args(["--upstream", given], {})
