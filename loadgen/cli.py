@@ -33,6 +33,7 @@ from loadgen.config import (
     parse_context,
     parse_label,
     parse_sweep,
+    server_root,
     unwritable_output,
     validate,
 )
@@ -232,7 +233,7 @@ def config_from(args: argparse.Namespace) -> Config:
     gen = args.gen if args.gen is not None else (64 if agent else 256)
     return validate(
         Config(
-            url=args.url,
+            url=server_root(args.url),
             model=args.model,
             api_key=args.api_key or api_key_from_env(os.environ),
             prompt=args.prompt,

@@ -227,6 +227,13 @@ def validate(config: Config) -> Config:
     return config
 
 
+def server_root(url: str) -> str:
+    """The server a --url names: an OpenAI client's base URL (``.../v1``) is the server whose
+    ``/v1/...`` loadgen asks for, so the ``/v1`` is not doubled."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
 def unwritable_output(config: Config) -> str | None:
     """Why a --json/--csv/--plot path cannot be written, asked before the run rather than
     found after a sweep of many minutes; None when all can be."""

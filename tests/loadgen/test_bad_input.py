@@ -201,3 +201,10 @@ def test_any_url_is_refused_in_one_line_or_read_by_both_clients(scheme: str, res
             continue
         httpx.URL(config.metrics_url or config.url)  # neither raises for an accepted URL
         Endpoint.parse(config.url)
+
+
+def test_a_url_written_as_an_openai_base_url_measures_the_same_server(sim_url: str) -> None:
+    # OPENAI_BASE_URL-style .../v1: once meant /v1/v1/models and a 404
+    result = run_cli("--url", sim_url + "/v1/", "--prompt", "8", "--gen", "4", "--requests", "2",
+                     "--no-progress")
+    assert result.returncode == 0, result.stderr
