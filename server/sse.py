@@ -62,8 +62,15 @@ class SseInspector:
         # chunk under continuous_usage_stats): counted at [DONE] unless a usage chunk came.
         self.choice_usage: tuple[int, int] | None = None
         self.usage_chunk_seen = False
+        self.carry_cr = False  # a read ended inside a CRLF: its CR waits for the next read
 
     def feed(self, data: bytes) -> Scan:
+        if self.carry_cr or b"\r" in data:
+            # Engines whose SSE library ends lines with CRLF (sse-starlette: llama-cpp-python,
+            # text-generation-webui) are read, and forwarded, with LF endings: valid SSE both.
+            data = self._lf(data)
+            if not data:
+                return Scan(b"")
         # The usual case: exactly one whole event per read (and not a 1-byte read, whose
         # find() of -1 equals len - 2).
         if not self.pending and data.find(b"\n\n") == len(data) - 2 and len(data) > 1:
@@ -99,6 +106,13 @@ class SseInspector:
         self.done = self.done or scan.done
         return scan
 
+    def _lf(self, data: bytes) -> bytes:
+        if self.carry_cr:
+            data, self.carry_cr = b"\r" + data, False
+        if data.endswith(b"\r"):
+            data, self.carry_cr = data[:-1], True
+        return data.replace(b"\r\n", b"\n")
+
     def plain_token(self, data: bytes) -> bool:
         """True when ``data`` is exactly one whole token event, forwarded unchanged: what
         ``feed`` would find (one token, nothing else) without its ``Scan``, and no state to
@@ -109,7 +123,8 @@ class SseInspector:
         Slices and ``in`` rather than ``find``/``startswith``: those bytes methods parse their
         arguments as a format string on every call, which shows per token.
         """
-        return (not self.pending and not self.held and data[-3:] == b"}\n\n"
+        return (not self.pending and not self.held and not self.carry_cr
+                and data[-3:] == b"}\n\n"
                 and data[:7] == b"data: {" and b"\n\n" not in data[:-2]
                 and b"usage" not in data and b'"role"' not in data
                 and data[7:14] != b'"error"'

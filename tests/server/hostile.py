@@ -178,6 +178,8 @@ class StandIn:
     url: str = ""
     models_delay: float = 0.0
     close_models: bool = False  # GET /v1/models too is closed without an answer
+    # a POST is answered with these SSE events, one chunk each (else closed unanswered)
+    stream: list[bytes] | None = None
     seen: list[str] = field(default_factory=list)
     connections: int = 0  # accepted so far
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -224,6 +226,13 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
                 elif method == "GET" and path == "/v1/models" and not engine.close_models:
                     time.sleep(engine.models_delay)
                     body = b'{"object": "list", "data": [{"id": "stand-in"}]}'
+                elif method == "POST" and engine.stream is not None:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                                 b"transfer-encoding: chunked\r\n\r\n")
+                    for event in engine.stream:
+                        conn.sendall(b"%x\r\n%b\r\n" % (len(event), event))
+                    conn.sendall(b"0\r\n\r\n")
+                    continue
                 else:
                     return  # closed without answering
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"

@@ -359,3 +359,32 @@ def test_deep_nesting_is_a_400_saying_what_to_do(proxy: ProxyProc, depth: int) -
                      {"content-type": "application/json"}, body)
     assert reply.status == 400
     assert "flatter" in reply.json()["error"]["message"]
+
+
+# -- engines whose SSE ends lines with CRLF ------------------------------------------------------
+
+def test_an_engine_writing_crlf_sse_streams_through_whole_and_counted(
+        spawn_proxy: SpawnProxy) -> None:
+    # sse-starlette's separator (llama-cpp-python's server, text-generation-webui); before,
+    # no event boundary was ever found and every stream ended as malformed
+    chunk = ('data: {"id":"c","object":"chat.completion.chunk","model":"stand-in","choices":'
+             '[{"index":0,"delta":{"content":"%s"},"finish_reason":%s}]}\r\n\r\n')
+    events = [(chunk % (t, "null")).encode() for t in ("a", "b")]
+    events.append((chunk % ("c", '"stop"')).encode())
+    events.append(b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
+                  b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}\r\n\r\n')
+    events.append(b"data: [DONE]\r\n\r\n")
+    with stand_in_engine(stream=events) as engine:
+        p = spawn_proxy([engine.url], "--health-interval", "60")
+        reply = post_json(p.url, "/v1/chat/completions", {
+            "model": "stand-in", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+        assert reply.status == 200
+        body = reply.body.decode()
+        got = [e for e in body.split("\n\n") if e.strip()]
+        assert got[-1] == "data: [DONE]"
+        contents = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in got[:-1]]
+        assert contents == ["a", "b", "c"]  # the usage chunk the proxy asked for is not passed on
+        text = metrics_text(p.url)
+        assert 'toposerve_generation_tokens_total{model="stand-in"} 3.0' in text
+        assert 'kind="malformed"' not in text  # the stream was whole
+        assert 'kind="stream_broken"' not in text

@@ -185,3 +185,20 @@ def test_usage_on_the_last_choice_chunk_is_counted_once_at_the_end(strip: bool) 
         counted = [s.usage for s in (inspector.feed(r) for r in [*running, *tail]) if s.usage]
         assert counted == [(4, 3)]
         assert inspector.done
+
+
+@settings(max_examples=300)
+@given(answer=answers, cuts=st.lists(st.integers(0, 10_000), max_size=8),
+       strip=st.booleans())
+def test_an_engine_ending_lines_with_crlf_is_read_and_forwarded_with_lf(
+        answer: Answer, cuts: list[int], strip: bool) -> None:
+    # sse-starlette (llama-cpp-python's server, text-generation-webui) writes CRLF; split
+    # anywhere, a CR and its LF in different reads included
+    answer = Answer(**{**answer.__dict__, "continuous_usage": False})
+    data = stream_bytes(answer)
+    crlf = data.replace(b"\n", b"\r\n")
+    forwarded, tokens, usage = feed_all(SseInspector(strip_usage=strip), split(crlf, cuts))
+    direct, _, _ = feed_all(SseInspector(strip_usage=strip), [data])
+    assert forwarded == direct  # the LF stream's own bytes
+    assert tokens == answer.n_tokens
+    assert usage == (answer.prompt_tokens, answer.n_tokens)
