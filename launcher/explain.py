@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from launcher import hardware, memfit, whatif
 from launcher.errors import PlanError
 from launcher.layouts import Links
-from launcher.modelspec import ModelSpec
+from launcher.modelspec import GIB, ModelSpec
 from launcher.plantypes import MIN_CONTEXT, Candidate, Plan, Policy, gib, label
 from launcher.topology import ANCESTOR_RANK, Topology
 
@@ -185,11 +185,13 @@ def no_fit(
             f"{policy.gpu_memory_utilization:g} would give "
             f"{gib(min(g.memory_bytes for g in gpus) * policy.gpu_memory_utilization)} GiB per GPU"
         )
-    fixes = whatif.say(whatif.options(m, topo.gpus, biggest, util, wanted), wanted)
+    fixes = whatif.say(
+        whatif.options(m, topo.gpus, biggest, util, wanted, policy.kv_cache_bytes), wanted)
     rooms = []
     for c in sized:
         gpus = [g for g in topo.gpus if g.index in c.gpus]
-        f = memfit.fit(m, gpus, c.tp, c.pp, c.gpu_memory_utilization)
+        f = memfit.fit(m, gpus, c.tp, c.pp, c.gpu_memory_utilization, policy.kv_cache_bytes,
+                       policy.cpu_offload_gib * GIB)
         rooms.append((f.context if f.kv_budget > 0 else 0, c))
     shorter, c = max(rooms, key=lambda rc: rc[0])
     if shorter >= 256:

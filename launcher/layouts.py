@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from launcher import costmodel, hardware, memfit
 from launcher.costmodel import Layout, Link, Prediction
 from launcher.memfit import Fit
-from launcher.modelspec import ModelSpec
+from launcher.modelspec import GIB, ModelSpec
 from launcher.plantypes import MIN_CONTEXT, Candidate, Policy, gib, mode_name
 from launcher.topology import Gpu, Topology
 
@@ -186,7 +186,8 @@ def evaluate(
 ) -> tuple[Candidate, Layout | None]:
     used = [g for grp in groups for g in grp]
     util = memfit.startable_utilization(used, policy.gpu_memory_utilization)
-    f = memfit.fit(m, used, s.tp, s.pp, util)
+    f = memfit.fit(m, used, s.tp, s.pp, util, policy.kv_cache_bytes,
+                   policy.cpu_offload_gib * GIB)
     lay = _layout(links, groups, s, m, f, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")

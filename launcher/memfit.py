@@ -320,6 +320,7 @@ class Fit:
     kv_budget: float  # KV bytes of one replica, all its GPUs together
     context: int  # the context to plan: below the longest the estimate admits by the margin
     limits: EngineLimits
+    kv_dtype_bytes: int = 2  # 1 under --kv-cache-dtype fp8
 
     @property
     def need_fixed(self) -> float:
@@ -327,16 +328,19 @@ class Fit:
 
 
 def fit(
-    m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float, kv_dtype_bytes: int = 2
+    m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float, kv_dtype_bytes: int = 2,
+    offload: float = 0.0,
 ) -> Fit:
+    """The memory of ``m`` as TP × PP on ``gpus``; ``offload``: bytes of each GPU's weights
+    kept in CPU memory (vLLM's --cpu-offload-gb)."""
     smallest = min(gpus, key=lambda g: g.memory_bytes)
     budget = smallest.memory_bytes * util  # vLLM sizes every worker like the smallest
     lim = vllm_defaults(smallest.memory_bytes, smallest.name)
-    weights = weights_per_gpu(m, tp, pp)
+    weights = max(0.0, weights_per_gpu(m, tp, pp) - offload)
     over = overhead_per_gpu(m, tp, pp, lim)
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     context = planned_context(m, kv_budget, lim.batched_tokens, kv_dtype_bytes)
-    return Fit(budget, weights, over, kv_budget, context, lim)
+    return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes)
 
 
 def replica_kv_budget(
@@ -353,10 +357,8 @@ def replica_kv_budget(
     return max(0.0, budget - weights + offload - overhead) * kv_shards(m, tp, pp)
 
 
-def need_per_gpu(
-    f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int, kv_dtype_bytes: int = 2
-) -> float:
+def need_per_gpu(f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:
     """Bytes per GPU to hold the weights, the overhead and one request of ``tokens``, with the
     margin kept on the KV part."""
-    kv = request_kv_bytes(m, tokens, f.limits.batched_tokens, kv_dtype_bytes)
+    kv = request_kv_bytes(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
     return f.need_fixed + kv / (1 - CONTEXT_MARGIN) / kv_shards(m, tp, pp)

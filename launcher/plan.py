@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from launcher import costmodel, memfit
+from launcher import costmodel, memfit, whatif
 from launcher.errors import PlanError
 from launcher.explain import describe_choice, describe_model, describe_topology, no_fit, settings
 from launcher.layouts import Links, Shape, best_candidate, shapes, structural_reject
@@ -145,6 +145,22 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
     )
 
 
+def _user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
+    """What the user's own vLLM flags changed in the sizing, said as such."""
+    out = []
+    if policy.fp8_weights and m.quantization == "fp8":
+        out.append(f"--quantization fp8 (your vLLM flag): weights quantized to FP8 at load, "
+                   f"{m.weight_bytes / GIB:.1f} GiB")
+    if policy.kv_cache_bytes == 1:
+        out.append("--kv-cache-dtype fp8 (your vLLM flag): one byte per KV element, twice the "
+                   "context in the same memory")
+    if policy.cpu_offload_gib:
+        out.append(f"--cpu-offload-gb {policy.cpu_offload_gib:g} (your vLLM flag): that much "
+                   "of each GPU's weights stays in CPU memory and crosses PCIe at every step; "
+                   "the speeds above do not include that")
+    return out
+
+
 def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> Plan:
     """The best layout of ``model`` on ``topology`` for ``policy``, with every candidate and reason.
 
@@ -152,6 +168,9 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     """
     policy = policy or Policy()
     _check_policy(model, policy)
+    if policy.fp8_weights and model.weight_bits > 8 and topology.gpus:
+        # vLLM's --quantization fp8 quantizes a 16-bit checkpoint's linear layers at load
+        model = replace(whatif.variant(model, 8.0), quantization="fp8")
     if not topology.gpus:
         if policy.nodes > 1:
             raise PlanError(
@@ -180,6 +199,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         raise no_fit(topology, model, policy, cands, plan)
     chosen = _choose(cands, policy.workload)
     env, flags, why = settings(topology, chosen)
+    why += _user_memory_flags(policy, model)
     if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
         chosen_gpus = [g for g in topology.gpus if g.index in chosen.gpus]
         why.append(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from launcher import argtypes, hardware
+from launcher.errors import PlanError
 from launcher.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
 
 
@@ -43,6 +44,7 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
+    kv_bytes, fp8_weights, offload = engine_memory_flags(extra_args(args))
     return Policy(
         workload=args.workload,
         concurrency=args.concurrency,
@@ -58,7 +60,37 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         internode_gbs=args.network_gbps / 8 * hardware.NETWORK_EFFICIENCY,
         cpu_cores=os.cpu_count() or 1,
         cpu_kv_cache_gib=cpu_kv_cache_gib(os.environ),
+        kv_cache_bytes=kv_bytes,
+        fp8_weights=fp8_weights,
+        cpu_offload_gib=offload,
     )
+
+
+def _last_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag V`` or ``flag=V`` in ``args`` (vLLM takes the last)."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a[len(flag) + 1:]
+    return found
+
+
+def engine_memory_flags(extra: Sequence[str]) -> tuple[int, bool, float]:
+    """(KV bytes per element, FP8 weights, GiB offloaded per GPU) from the user's own vLLM
+    flags: what the planner must size with, or it would refuse what they make fit."""
+    kv = (_last_value(extra, "--kv-cache-dtype") or "auto").lower()
+    quant = (_last_value(extra, "--quantization") or _last_value(extra, "-q") or "").lower()
+    raw = _last_value(extra, "--cpu-offload-gb")
+    try:
+        offload = float(raw) if raw is not None else 0.0
+    except ValueError:
+        offload = -1.0
+    if not 0 <= offload < float("inf"):
+        raise PlanError(f"--cpu-offload-gb {raw!r} (after --): vLLM takes GiB per GPU, a number "
+                        "0 or more")
+    return (1 if kv.startswith("fp8") else 2), quant == "fp8", offload
 
 
 def cpu_kv_cache_gib(env: Mapping[str, str]) -> float:

@@ -37,6 +37,11 @@ class Policy:
     cpu_cores: int = 4  # CPU engine only
     # CPU engine only: the KV cache it is given (render sets VLLM_CPU_KVCACHE_SPACE to it)
     cpu_kv_cache_gib: float = CPU_KV_CACHE_GIB
+    # vLLM flags among the user's own (after --) that change what fits: the planner sizes with
+    # them instead of refusing what they make fit
+    kv_cache_bytes: int = 2  # --kv-cache-dtype fp8*: 1
+    fp8_weights: bool = False  # --quantization fp8 on a 16-bit checkpoint: quantized at load
+    cpu_offload_gib: float = 0.0  # --cpu-offload-gb: weights per GPU kept in CPU memory
 
     @property
     def streams(self) -> int:

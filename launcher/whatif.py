@@ -55,45 +55,52 @@ def _context(
 
 
 def options(
-    m: ModelSpec, gpus: Sequence[Gpu], best: Candidate, util: float, wanted: int
+    m: ModelSpec, gpus: Sequence[Gpu], best: Candidate, util: float, wanted: int,
+    kv_bytes: int = 2,
 ) -> list[Option]:
-    """Alternatives to the closest candidate ``best`` (on ``gpus``), each with its context."""
+    """Alternatives to the closest candidate ``best`` (on ``gpus``), each with its context;
+    ``kv_bytes`` 1 when the KV cache is FP8 already (then it is not offered again)."""
     tp, pp = best.tp, best.pp
     used = [g for g in gpus if g.index in best.gpus] or list(gpus)
     out: list[Option] = []
     where = label(best)
     if m.weight_bits > 8:
-        ctx = _context(variant(m, 8.0), used, tp, pp, util)
+        ctx = _context(variant(m, 8.0), used, tp, pp, util, kv_bytes=kv_bytes)
         out.append(
-            Option(f"FP8 weights (~{gib(variant(m, 8.0).weight_bytes)} GiB) on {where}", ctx)
+            Option(
+                f"FP8 weights (~{gib(variant(m, 8.0).weight_bytes)} GiB: `-- --quantization "
+                f"fp8`) on {where}",
+                ctx,
+            )
         )
-    ctx = _context(m, used, tp, pp, util, kv_bytes=1)
-    out.append(Option(f"an FP8 KV cache (--kv-cache-dtype fp8) on {where}", ctx))
+    if kv_bytes == 2:
+        ctx = _context(m, used, tp, pp, util, kv_bytes=1)
+        out.append(Option(f"an FP8 KV cache (`-- --kv-cache-dtype fp8`) on {where}", ctx))
     if m.weight_bits > 4:
         v = variant(m, 4.0)
         out.append(
             Option(
                 f"a 4-bit AWQ/GPTQ variant (~{gib(v.weight_bytes)} GiB) on {where}",
-                _context(v, used, tp, pp, util),
+                _context(v, used, tp, pp, util, kv_bytes=kv_bytes),
             )
         )
     card = min(gpus, key=lambda g: g.memory_bytes)
     for k in TP_SIZES:
         if k <= len(gpus) or m.num_heads % k:
             continue
-        ctx = _context(m, [card] * k, k, 1, util)
+        ctx = _context(m, [card] * k, k, 1, util, kv_bytes=kv_bytes)
         if ctx >= min(wanted, m.max_position_embeddings):
             out.append(Option(f"{k} GPUs like these as TP={k}", ctx))
             break
-    f = memfit.fit(m, used, tp, pp, util)
+    f = memfit.fit(m, used, tp, pp, util, kv_bytes)
     short = memfit.need_per_gpu(f, m, tp, pp, min(wanted, m.max_position_embeddings)) - f.budget
     if short > 0:
         gb = -(-short // GIB)
-        ctx = _context(m, used, tp, pp, util, offload=gb * GIB)
+        ctx = _context(m, used, tp, pp, util, kv_bytes=kv_bytes, offload=gb * GIB)
         out.append(
             Option(
                 f"CPU offload of {gb:.0f} GiB of weights per GPU "
-                f"(--cpu-offload-gb {gb:.0f}; each step then streams them over PCIe)",
+                f"(`-- --cpu-offload-gb {gb:.0f}`; each step then streams them over PCIe)",
                 ctx,
             )
         )

@@ -225,3 +225,19 @@ def test_a_model_with_its_own_code_is_told_about_trust_remote_code(
     assert code == 0
     assert "auto_map" not in out
     assert "--trust-remote-code" in out  # in the engine command
+
+
+@pytest.mark.parametrize("command", ["plan", "serve"])
+def test_fp8_weights_asked_for_after_the_double_dash_are_planned_with(
+        capsys: pytest.CaptureFixture[str], command: str) -> None:
+    argv = ["--model", model("qwen2.5-32b"), "--topology", topo("2x3090-nvlink-x8x8")]
+    code, _, err = run(capsys, "plan", *argv)
+    assert code == 3, err  # 61 GiB of bf16 on two 24 GB cards: refused, FP8 suggested
+    assert "`-- --quantization fp8`" in err
+    extra = ["--", "--quantization", "fp8"]
+    code, out, err = run(capsys, command, *argv,
+                         *(["--dry-run", "--port", "0"] if command == "serve" else []),
+                         *extra)
+    assert code == 0, err
+    assert "--quantization fp8 (your vLLM flag)" in out or command == "serve"
+    assert out.count("--quantization fp8") >= 1  # the user's flag is in the command, last

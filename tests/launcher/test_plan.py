@@ -406,3 +406,42 @@ def test_a_card_in_mig_mode_is_left_out_and_the_reason_named() -> None:
     all_mig = replace(t, gpus=tuple(replace(g, mig_enabled=True) for g in t.gpus))
     with pytest.raises(PlanError, match="every GPU is in MIG mode"):
         plan(all_mig, M("qwen3-32b"), Policy())
+
+
+@pytest.mark.parametrize(("extra", "flags"), [
+    ([], (2, False, 0.0)),
+    (["--kv-cache-dtype", "fp8"], (1, False, 0.0)),
+    (["--kv-cache-dtype=fp8_e5m2", "--enforce-eager"], (1, False, 0.0)),
+    (["--kv-cache-dtype", "fp8", "--kv-cache-dtype", "auto"], (2, False, 0.0)),  # the last wins
+    (["-q", "fp8"], (2, True, 0.0)),
+    (["--quantization=fp8", "--cpu-offload-gb", "4"], (2, True, 4.0)),
+])
+def test_the_users_vllm_flags_that_change_memory_are_read(
+        extra: list[str], flags: tuple[int, bool, float]) -> None:
+    from launcher.planopts import engine_memory_flags
+
+    assert engine_memory_flags(extra) == flags
+
+
+def test_an_unreadable_offload_is_one_line() -> None:
+    from launcher.planopts import engine_memory_flags
+
+    with pytest.raises(PlanError, match="--cpu-offload-gb 'lots'"):
+        engine_memory_flags(["--cpu-offload-gb", "lots"])
+
+
+def test_what_the_refusal_suggests_plans_once_the_user_passes_it() -> None:
+    # The planner says "Would fit: FP8 weights (`-- --quantization fp8`)"; with that flag the
+    # same model on the same GPUs must then plan, not be refused again.
+    t, m = T("2x3090-nvlink-x8x8"), M("qwen2.5-32b")
+    with pytest.raises(PlanError, match="--quantization fp8"):
+        plan(t, m, Policy())
+    p = plan(t, m, Policy(fp8_weights=True))
+    assert any("--quantization fp8 (your vLLM flag)" in r for r in p.reasons)
+    # an FP8 KV cache holds twice the tokens: the context a KV-bound 70B gets grows
+    awq = M(AWQ)
+    base = plan(t, awq, Policy()).max_model_len
+    fp8kv = plan(t, awq, Policy(kv_cache_bytes=1)).max_model_len
+    assert 1.8 * base < fp8kv < 2.2 * base
+    # weights kept in CPU memory leave their room to the KV cache
+    assert plan(t, awq, Policy(cpu_offload_gib=4)).max_model_len > base
