@@ -364,7 +364,8 @@ def test_what_would_fit_names_each_option_with_the_context_it_gives() -> None:
     with pytest.raises(PlanError) as exc:
         plan(T("2x3090-nvlink-x8x8"), M(AWQ), Policy(max_model_len=131072))
     msg = str(exc.value)
-    fp8_kv = re.search(r"FP8 KV cache \(--kv-cache-dtype fp8\)[^:]*: --max-model-len (\d+)", msg)
+    fp8_kv = re.search(r"FP8 KV cache \(`-- --kv-cache-dtype fp8`\)[^:]*: --max-model-len (\d+)",
+                       msg)
     shorter = re.search(r"a shorter context, --max-model-len (\d+)", msg)
     assert fp8_kv
     assert shorter
@@ -374,7 +375,8 @@ def test_what_would_fit_names_each_option_with_the_context_it_gives() -> None:
 
 
 def test_fp8_weights_are_offered_with_their_context_when_bf16_does_not_fit() -> None:
-    with pytest.raises(PlanError, match=r"FP8 weights \(~30.0 GiB\)[^:]*: --max-model-len \d+"):
+    with pytest.raises(PlanError, match=r"FP8 weights \(~30.0 GiB: `-- --quantization fp8`\)"
+                       r"[^:]*: --max-model-len \d+"):
         plan(T("2x3090-nvlink-x8x8"), M("gemma-4-31b"), Policy(max_model_len=262144))
 
 
