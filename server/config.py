@@ -22,6 +22,7 @@ from server.errors import ConfigError
 
 KEYS_ENV = "TOPOSERVE_API_KEYS"
 ADMIN_KEYS_ENV = "TOPOSERVE_ADMIN_API_KEYS"
+UPSTREAM_KEY_ENV = "TOPOSERVE_UPSTREAM_API_KEY"
 PLAN_LABELS = ("mode", "tp", "pp", "dp", "engine", "transport", "model", "gpus")
 
 
@@ -35,6 +36,9 @@ class ProxyConfig:
     # are refused to everyone; user keys never open them.
     admin_api_keys: tuple[str, ...] = ()
     protect_metrics: bool = False
+    # Sent to the engines as a bearer token (a vLLM started with its own --api-key, a gateway);
+    # the clients' own credentials never are.
+    upstream_api_key: str | None = None
     plan_info: Mapping[str, str] = field(default_factory=dict)
     connect_timeout_s: float = 5.0
     first_byte_timeout_s: float = 600.0
@@ -136,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "without one they are refused")
     p.add_argument("--admin-api-key-file", metavar="FILE",
                    help="file with one admin key per line (mode 600)")
+    p.add_argument("--upstream-api-key", metavar="KEY",
+                   help=f"bearer token the engines require (vLLM's own --api-key); better "
+                        f"${UPSTREAM_KEY_ENV}, which keeps it out of `ps`")
     p.add_argument("--protect-metrics", action="store_true",
                    help="require the API key on /metrics and /ready too (default: open)")
     p.add_argument("--plan-info", metavar="JSON", help="plan labels for toposerve_plan_info")
@@ -202,6 +209,18 @@ def check_upstream(url: str) -> None:
             f"engine's root, so a path here would be ignored; give http://{parts.netloc}")
 
 
+def upstream_key(flag: str | None, env: Mapping[str, str]) -> str | None:
+    """The engines' bearer token: the flag, else the environment; it goes into a header, so
+    only visible ASCII without spaces."""
+    key = flag if flag is not None else env.get(UPSTREAM_KEY_ENV)
+    if key is None:
+        return None
+    if not key or not all(33 <= ord(c) <= 126 for c in key):
+        raise ConfigError("--upstream-api-key must be visible ASCII without spaces (it is sent "
+                          "as an HTTP header)")
+    return key
+
+
 def engine_root(url: str) -> str:
     """An engine URL as users write it for OpenAI clients, ``.../v1``, is the engine itself."""
     url = url.rstrip("/")
@@ -252,6 +271,7 @@ def config_from_args(argv: Sequence[str] | None = None,
         admin_api_keys=load_keys(a.admin_api_key, a.admin_api_key_file, env,
                                  "--admin-api-key", ADMIN_KEYS_ENV),
         protect_metrics=a.protect_metrics,
+        upstream_api_key=upstream_key(a.upstream_api_key, env),
         plan_info=parse_plan_info(a.plan_info), connect_timeout_s=a.connect_timeout,
         first_byte_timeout_s=a.first_byte_timeout, idle_timeout_s=a.idle_timeout,
         body_timeout_s=a.body_timeout, header_timeout_s=a.header_timeout,

@@ -162,7 +162,8 @@ class Relay:
         self.router = router
         self.metrics = metrics
         self.admission = admission
-        self.pools = {url: Pool(url, cfg.connect_timeout_s) for url in cfg.upstreams}
+        self.pools = {url: Pool(url, cfg.connect_timeout_s, cfg.upstream_api_key)
+                      for url in cfg.upstreams}
 
     def close(self) -> None:
         for pool in self.pools.values():

@@ -228,7 +228,8 @@ class Response:
 class Pool:
     """Keep-alive connections to one engine."""
 
-    def __init__(self, base_url: str, connect_timeout_s: float) -> None:
+    def __init__(self, base_url: str, connect_timeout_s: float,
+                 api_key: str | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
             raise ValueError(f"only http:// engines are supported, got {base_url}")
@@ -238,6 +239,8 @@ class Pool:
         self.connect_timeout_s = connect_timeout_s
         self.max_response_bytes = 64 * 1024 * 1024  # set from --max-response-bytes
         self.idle: list[_Conn] = []
+        # the engine's own key (--upstream-api-key) on every request, control-plane GETs too
+        self.auth = f"authorization: Bearer {api_key}\r\n" if api_key else ""
 
     def release(self, conn: _Conn) -> None:
         conn.idle_since = time.monotonic()
@@ -255,7 +258,7 @@ class Pool:
     async def request(self, method: str, target: str, headers: Sequence[tuple[str, str]],
                       body: bytes) -> Response:
         """Send a request; returns once the response headers arrived."""
-        head = [f"{method} {target} HTTP/1.1\r\nhost: {self.netloc}\r\n"]
+        head = [f"{method} {target} HTTP/1.1\r\nhost: {self.netloc}\r\n{self.auth}"]
         head += [f"{k}: {v}\r\n" for k, v in headers]
         if body or method in ("POST", "PUT", "PATCH"):
             head.append(f"content-length: {len(body)}\r\n")

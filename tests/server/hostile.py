@@ -180,6 +180,8 @@ class StandIn:
     close_models: bool = False  # GET /v1/models too is closed without an answer
     # a POST is answered with these SSE events, one chunk each (else closed unanswered)
     stream: list[bytes] | None = None
+    require_key: str | None = None  # anything without "authorization: Bearer <it>" gets 401
+    authorizations: list[str] = field(default_factory=list)  # each request's, "" for none
     seen: list[str] = field(default_factory=list)
     connections: int = 0  # accepted so far
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -209,10 +211,13 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
                 length = 0
+                auth = ""
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     if name.strip().lower() == "content-length":
                         length = int(value)
+                    if name.strip().lower() == "authorization":
+                        auth = value.strip()
                 while len(data) < length:
                     chunk = conn.recv(65536)
                     if not chunk:
@@ -221,6 +226,12 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
                 data = data[length:]
                 with engine.lock:
                     engine.seen.append(f"{method} {path}")
+                    engine.authorizations.append(auth)
+                if engine.require_key and auth != f"Bearer {engine.require_key}":
+                    body = b'{"error": "Unauthorized"}'
+                    conn.sendall(b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json"
+                                 b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+                    continue
                 if method == "GET" and path == "/health":
                     body = b""
                 elif method == "GET" and path == "/v1/models" and not engine.close_models:

@@ -159,3 +159,14 @@ def test_an_engine_written_as_an_openai_base_url_is_the_engine(given: str, read:
 def test_an_engine_url_with_another_path_is_refused_not_ignored(given: str) -> None:
     with pytest.raises(ConfigError, match="a path here would be ignored; give http://"):
         config_from_args(["--upstream", given], {})
+
+
+def test_the_engines_key_comes_from_the_flag_or_the_environment_and_must_fit_a_header() -> None:
+    base = ["--upstream", "http://127.0.0.1:8001"]
+    assert config_from_args(base, {}).upstream_api_key is None
+    assert config_from_args(base, {"TOPOSERVE_UPSTREAM_API_KEY": "k1"}).upstream_api_key == "k1"
+    assert config_from_args([*base, "--upstream-api-key", "k2"],
+                            {"TOPOSERVE_UPSTREAM_API_KEY": "k1"}).upstream_api_key == "k2"
+    for bad in ("", "has space", "line\r\nx-evil: 1", "kéy"):
+        with pytest.raises(ConfigError, match="visible ASCII"):
+            config_from_args([*base, "--upstream-api-key", bad], {})

@@ -388,3 +388,20 @@ def test_an_engine_writing_crlf_sse_streams_through_whole_and_counted(
         assert 'toposerve_generation_tokens_total{model="stand-in"} 3.0' in text
         assert 'kind="malformed"' not in text  # the stream was whole
         assert 'kind="stream_broken"' not in text
+
+
+def test_an_engine_that_requires_its_own_key_gets_it_and_never_the_clients(
+        spawn_proxy: SpawnProxy) -> None:
+    events = [b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}'
+              b"\n\n", b"data: [DONE]\n\n"]
+    with stand_in_engine(stream=events, require_key="engine-secret") as engine:
+        p = spawn_proxy([engine.url], "--health-interval", "60", "--api-key", "client-key",
+                        env={"TOPOSERVE_UPSTREAM_API_KEY": "engine-secret"})
+        reply = post_json(p.url, "/v1/chat/completions", {
+            "model": "stand-in", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+            {"authorization": "Bearer client-key"})
+        assert reply.status == 200, reply.body
+        assert b'"content":"a"' in reply.body
+        # every request it saw (health, model list, the chat) carried the engine's key
+        assert set(engine.authorizations) == {"Bearer engine-secret"}
+        assert engine.count("GET /v1/models") >= 1
