@@ -126,11 +126,17 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     served = args.served_model_name or default_name
     model = load_model_spec(model_ref, revision=getattr(args, "revision", None))
     extra = planopts.extra_args(args)
+    plan_notes: tuple[str, ...] = ()
     if args.plan is not None:
         saved = read_plan_file(args.plan)
         chosen = plan_from_json(saved)
         # A tuned plan carries the engine flags that won; flags given now come after and win.
         extra = (*saved.get("vllm_extra_args", []), *extra)
+        elsewhere = plan_not_for_here(chosen, load_topology(args.topology, os.environ),
+                                      args.plan)
+        if elsewhere and not args.dry_run:
+            raise LauncherError(elsewhere)
+        plan_notes = (elsewhere,) if elsewhere else ()
     else:
         try:
             chosen = plan(load_topology(args.topology, os.environ), model,
@@ -154,8 +160,23 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
-        summary=summary_lines(chosen, replicas, model_ref, rendered.notes),
+        summary=summary_lines(chosen, replicas, model_ref, (*plan_notes, *rendered.notes)),
     )
+
+
+def plan_not_for_here(chosen: Any, topo: Any, path: Path) -> str | None:
+    """Why a saved plan cannot run on this machine (GPUs it names that NVML does not show),
+    or None. A plan for several nodes names one node's GPUs and is not checked here."""
+    if chosen.engine != "gpu" or getattr(chosen, "nodes", 1) > 1:
+        return None
+    here = sorted(g.index for g in topo.gpus)
+    missing = [g for g in chosen.gpus if g not in here]
+    if not missing:
+        return None
+    have = f"GPU {', '.join(map(str, here))}" if here else "no GPU NVML can read"
+    return (f"the plan {path} runs on GPU {', '.join(map(str, chosen.gpus))}, and this machine "
+            f"has {have}: plan here (`launcher plan --json > FILE`, or `launcher tune`) or "
+            "serve without --plan")
 
 
 def read_plan_file(path: Path) -> dict[str, Any]:

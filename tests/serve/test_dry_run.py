@@ -119,3 +119,27 @@ def test_layer_stages_for_other_ray_nodes_without_nodes_say_to_pass_nodes() -> N
     ok = dry_run("--topology", str(four), "--model", str(LLAMA70B), "--ray-address",
                  "10.0.0.5:6379", "--tp", "4", "--pp", "2", "--nodes", "2")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_plan_for_gpus_this_machine_lacks_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    made = subprocess.run(
+        [sys.executable, "-m", "launcher", "plan", "--topology",
+         str(TOPOLOGIES / "8xh100-nvswitch.nvml.json"), "--model", str(LLAMA70B), "--tp", "4",
+         "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    path = tmp_path / "plan.json"
+    path.write_text(made.stdout)
+    assert len(json.loads(made.stdout)["gpus"]) == 4
+    # served on the H200 pair: GPUs 2 and 3 do not exist there
+    res = subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--plan", str(path), "--topology", str(H200),
+         "--model", str(LLAMA70B), "--port", str(free_port())],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert "and this machine has GPU 0, 1: plan here" in res.stderr
+    # a dry run shows the plan and says the same as a note
+    res = dry_run("--plan", str(path), "--topology", str(H200), "--model", str(LLAMA70B))
+    assert res.returncode == 0, res.stderr
+    assert "and this machine has GPU 0, 1" in res.stdout
