@@ -96,21 +96,14 @@ def describe_topology(topo: Topology, links: Links, used: Sequence[int]) -> list
         )
     unused = [g for g in topo.gpus if g.index not in used]
     if unused:
-        out.append(
-            "not used by this plan: "
-            + ", ".join(f"GPU{g.index} ({g.name}{', in MIG mode' if g.mig_enabled else ''})"
-                        for g in unused)
-            + " ("
-            + "; ".join(
-                ([
-                    "a card in MIG mode is its slices to CUDA: turn MIG off to use it"
-                ] if any(g.mig_enabled for g in unused) else [])
-                + ([
-                    "the rejected layouts below say why"
-                ] if any(not g.mig_enabled for g in unused) else [])
-            )
-            + ")"
-        )
+        why = []
+        if any(g.mig_enabled for g in unused):
+            why.append("a card in MIG mode is its slices to CUDA: turn MIG off to use it")
+        if any(not g.mig_enabled for g in unused):
+            why.append("the rejected layouts below say why")
+        left = ", ".join(f"GPU{g.index} ({g.name}{', in MIG mode' if g.mig_enabled else ''})"
+                         for g in unused)
+        out.append(f"not used by this plan: {left} ({'; '.join(why)})")
     return out
 
 
