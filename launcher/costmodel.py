@@ -199,6 +199,8 @@ def streamed_weight_bytes(m: ModelSpec, tokens: float = 1.0) -> float:
     dense = m.weight_bytes - untied_embed
     if not m.num_experts:
         return dense
+    if m.experts_per_token >= m.num_experts or m.params <= 0:
+        return dense  # every expert runs for every token: every weight is read
     expert_share = (
         (m.params - m.active_params) / m.params / (1 - m.experts_per_token / m.num_experts)
     )

@@ -309,6 +309,9 @@ def _implausible(m: ModelSpec) -> str | None:
         value = getattr(m, field)
         if not _is_count(value, low):
             return f"{field} = {value!r}"
+    if m.num_experts and m.experts_per_token > m.num_experts:
+        return (f"{m.experts_per_token} experts per token of {m.num_experts} "
+                "(num_experts_per_tok above the experts there are)")
     if m.sliding_window is not None and not _is_count(m.sliding_window, 1):
         return f"sliding_window = {m.sliding_window!r}"
     for g in m.kv_groups:

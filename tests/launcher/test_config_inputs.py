@@ -70,3 +70,17 @@ def test_a_config_far_beyond_any_model_is_refused_before_it_is_built() -> None:
     cfg = {**CONFIGS["llama-3.1-8b"], "num_hidden_layers": 1 << 40}
     with pytest.raises(ModelError, match="num_hidden_layers"):
         spec_from_config(cfg, "huge")
+
+
+def test_a_mixture_that_routes_every_token_to_every_expert_plans() -> None:
+    # found by the generated configs above: top-8 of 8 experts divided by zero in the cost model
+    cfg = {**CONFIGS["mixtral-8x7b"], "num_experts_per_tok": 8}
+    h200 = load_topology(topo("h200x2-nvlink"), {})
+    p = plan(h200, spec_from_config(cfg, "all-experts"), Policy())
+    assert p.predicted.decode_tok_s > 0
+
+
+def test_more_experts_per_token_than_experts_is_one_line() -> None:
+    cfg = {**CONFIGS["mixtral-8x7b"], "num_experts_per_tok": 9}
+    with pytest.raises(ModelError, match="9 experts per token of 8"):
+        spec_from_config(cfg, "too-many")
