@@ -214,20 +214,18 @@ def evaluate(
         ), None
     if need > f.budget:
         smallest = min(used, key=lambda g: g.memory_bytes)
-        held = memfit.memory_in_use(used, policy.gpu_memory_utilization)
+        held = (
+            f"; other processes hold {memfit.memory_in_use(used, policy.gpu_memory_utilization)}"
+            if util < policy.gpu_memory_utilization
+            else ""
+        )
         return replace(
             cand,
             rejected=(
                 f"needs {gib(need)} GiB per GPU ({gib(f.weights)} weights + "
                 f"{gib(need - f.need_fixed)} KV for {wanted} tokens + "
                 f"{gib(f.overhead)} overhead), has {gib(f.budget)} GiB "
-                f"({util:g} × {gib(smallest.memory_bytes)} GiB of {smallest.name}"
-                + (
-                    f"; other processes hold {held}"
-                    if util < policy.gpu_memory_utilization
-                    else ""
-                )
-                + ")"
+                f"({util:g} × {gib(smallest.memory_bytes)} GiB of {smallest.name}{held})"
             ),
         ), None
     pred = costmodel.predict(

@@ -289,26 +289,34 @@ def kv_pool_tokens(
 CONTEXT_RESERVE = 512 * 2**20
 
 
+def _free_share(g: Gpu) -> float | None:
+    """The share of ``g``'s memory a vLLM worker finds free at its start-up check, or None when
+    what other processes hold was not read."""
+    if not g.memory_used_bytes or g.memory_bytes <= 0:
+        return None
+    return (g.memory_bytes - g.memory_used_bytes - CONTEXT_RESERVE) / g.memory_bytes
+
+
 def startable_utilization(gpus: Sequence[Gpu], asked: float) -> float:
     """The highest ``--gpu-memory-utilization`` up to ``asked`` that vLLM will start with on
     every one of ``gpus``, given the memory other processes held when they were read (a
     desktop, another engine), rounded down to 0.01; 0 when one of them has no room at all."""
     util = asked
     for g in gpus:
-        if g.memory_used_bytes and g.memory_bytes > 0:
-            free = (g.memory_bytes - g.memory_used_bytes - CONTEXT_RESERVE) / g.memory_bytes
+        free = _free_share(g)
+        if free is not None:
             util = min(util, math.floor(free * 100) / 100)
     return max(util, 0.0)
 
 
 def memory_in_use(gpus: Sequence[Gpu], util: float) -> str:
     """Which of ``gpus`` lack ``util`` × their memory free, and what other processes hold."""
-    held = [
-        f"GPU{g.index} {g.memory_used_bytes / 2**30:.1f} of {g.memory_bytes / 2**30:.1f} GiB"
-        for g in gpus
-        if g.memory_used_bytes and g.memory_bytes > 0
-        and g.memory_bytes - g.memory_used_bytes - CONTEXT_RESERVE < util * g.memory_bytes
-    ]
+    held = []
+    for g in gpus:
+        free = _free_share(g)
+        if free is not None and free < util:
+            held.append(f"GPU{g.index} {(g.memory_used_bytes or 0) / 2**30:.1f} of "
+                        f"{g.memory_bytes / 2**30:.1f} GiB")
     return ", ".join(held)
 
 
