@@ -135,13 +135,18 @@ _FREE_MEMORY = re.compile(
 )
 
 
+def _last(rx: re.Pattern[str], log_text: str) -> re.Match[str] | None:
+    """The last match in the log: a restarted engine's latest words count."""
+    matches = list(rx.finditer(log_text))
+    return matches[-1] if matches else None
+
+
 def _memory_in_use(log_text: str) -> Diagnosis | None:
     """vLLM found less free memory than --gpu-memory-utilization asks: the numbers it saw, and
     the utilization that would start (no retry: what holds the memory may hold more later)."""
-    found = list(_FREE_MEMORY.finditer(log_text))
-    if not found:
+    m = _last(_FREE_MEMORY, log_text)
+    if m is None:
         return None
-    m = found[-1]
     free, total = float(m["free"]), float(m["total"])
     fits = math.floor(free / total * 100) / 100 - 0.01 if total > 0 else 0.0
     on = f" on {m['dev']}" if m["dev"] else ""
@@ -163,10 +168,9 @@ _NO_PARSER = re.compile(
 
 
 def _missing_parser(log_text: str) -> Diagnosis | None:
-    found = list(_NO_PARSER.finditer(log_text))
-    if not found:
+    m = _last(_NO_PARSER, log_text)
+    if m is None:
         return None
-    m = found[-1]
     known = ", ".join(k.strip() for k in m["known"].split(",") if k.strip())[:300]
     return Diagnosis(
         "tool-parser-unknown",
