@@ -50,7 +50,7 @@ from server.errors import (
     Unauthorized,
     UpstreamUnavailable,
 )
-from server.health import HealthChecker
+from server.health import HealthChecker, model_entries
 from server.metrics import GpuCollector, GpuSampler, ProxyMetrics, route_label
 from server.relay import Call, Relay, send_error
 from server.router import Router, affinity_key
@@ -257,16 +257,9 @@ class Proxy:
         self.authorize(request.headers)
         seen: dict[str, Any] = {}
         for up in self.router.upstreams:
-            if not up.up:
-                continue
-            try:
-                async with asyncio.timeout(self.cfg.connect_timeout_s):
-                    status, body = await self.relay.pools[up.url].get("/v1/models")
-                data = json.loads(body).get("data") if status == 200 else None
-            except (TimeoutError, UpstreamError, OSError, ValueError, AttributeError):
-                continue
-            for entry in data if isinstance(data, list) else ():
-                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            if up.up:
+                entries = await model_entries(self.relay.pools[up.url], self.cfg.connect_timeout_s)
+                for entry in entries or ():
                     seen.setdefault(entry["id"], entry)
         if not seen:
             return None

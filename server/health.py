@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from server.config import ProxyConfig
 from server.metrics import ProxyMetrics
@@ -22,6 +23,20 @@ log = logging.getLogger("toposerve")
 HEALTH_TIMEOUT_S = 2.0
 SLOW_CHECKS_TO_FAIL = 3
 MODELS_EVERY = 30
+
+
+async def model_entries(pool: Pool, timeout_s: float) -> list[dict[str, Any]] | None:
+    """The entries (objects with a string ``id``) of an engine's /v1/models, or None when it
+    does not answer one in time."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            status, body = await pool.get("/v1/models")
+        data = json.loads(body).get("data") if status == 200 else None
+    except (TimeoutError, UpstreamError, OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if not isinstance(data, list):
+        return None
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
 class HealthChecker:
@@ -77,14 +92,8 @@ class HealthChecker:
         for up in self.router.upstreams:
             if not up.up:
                 continue
-            try:
-                async with asyncio.timeout(timeout_s):
-                    status, body = await self.pools[up.url].get("/v1/models")
-                data = json.loads(body)["data"] if status == 200 else None
-                ids = {m["id"] for m in data if isinstance(m, dict) and isinstance(
-                    m.get("id"), str)} if isinstance(data, list) else None
-            except (TimeoutError, UpstreamError, OSError, ValueError, KeyError, TypeError):
-                ids = None
+            entries = await model_entries(self.pools[up.url], timeout_s)
+            ids = None if entries is None else {m["id"] for m in entries}
             if ids is not None:
                 up.models = frozenset(ids)
                 found = ids | (found or set())
