@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.errors import TopologyError
@@ -228,25 +228,35 @@ def _dump_links(r: _Reader, index: int, g: Mapping[str, Any], several: bool) -> 
     return out[:_MAX_LINKS]
 
 
+@dataclass(frozen=True)
+class _Names:
+    """The fields the two formats name apart (the rest they name alike)."""
+
+    memory: str
+    memory_used: str
+    mig: str
+
+
+_DUMP_NAMES = _Names("memory_total", "memory_used", "mig_mode")
+_OWN_NAMES = _Names("memory_bytes", "memory_used_bytes", "mig_enabled")
+
+
 def _gpu(
     r: _Reader,
     index: int,
     d: Mapping[str, Any],
-    memory_key: str,
+    names: _Names,
     nvlinks_active: int,
     persistence_mode: bool | None,
 ) -> Gpu:
-    """A GPU from the fields both formats read alike; the memory size is under ``memory_key``
-    (the dump's memory_total, the saved format's memory_bytes), what was in use under the same
-    name with ``total``/``bytes`` read as ``used``."""
+    """A GPU from the fields both formats read alike, and those ``names`` names for its own."""
     subject = f"GPU{index}"
-    used_key = "memory_used" if memory_key == "memory_total" else "memory_used_bytes"
     return Gpu(
         index=index,
         name=_str(_get(d, "name")) or UNKNOWN_NAME,
         uuid=_str(_get(d, "uuid")) or f"unknown-{index}",
         bus_id=normalize_bus_id(_str(_get(d, "bus_id")) or ""),
-        memory_bytes=r.checked_int(subject, d, memory_key, _MAX_MEMORY) or 0,
+        memory_bytes=r.checked_int(subject, d, names.memory, _MAX_MEMORY) or 0,
         cc=_cc(_get(d, "cc")),
         pcie_gen_cur=r.checked_int(subject, d, "pcie_gen_cur", _MAX_PCIE_GEN, 1),
         pcie_gen_max=r.checked_int(subject, d, "pcie_gen_max", _MAX_PCIE_GEN, 1),
@@ -256,8 +266,8 @@ def _gpu(
         nvlinks_active=nvlinks_active,
         persistence_mode=persistence_mode,
         cpu_affinity=_str(_get(d, "cpu_affinity")),
-        memory_used_bytes=r.checked_int(subject, d, used_key, _MAX_MEMORY),
-        mig_enabled=_mig(_get(d, "mig_mode" if memory_key == "memory_total" else "mig_enabled")),
+        memory_used_bytes=r.checked_int(subject, d, names.memory_used, _MAX_MEMORY),
+        mig_enabled=_mig(_get(d, names.mig)),
     )
 
 
@@ -275,7 +285,7 @@ def _mig(raw: Any) -> bool | None:
 def _dump_gpu(r: _Reader, index: int, d: Mapping[str, Any], links: list[str] | None) -> Gpu:
     persistence = _int(_get(d, "persistence_mode"), 0, 1)
     on = None if persistence is None else persistence == 1
-    return _gpu(r, index, d, "memory_total", len(links or []), on)
+    return _gpu(r, index, d, _DUMP_NAMES, len(links or []), on)
 
 
 def _status(raw: Any) -> str | None:
@@ -392,7 +402,7 @@ def _project_gpu(r: _Reader, index: int, d: Mapping[str, Any]) -> Gpu:
     persistence = _get(d, "persistence_mode")
     nvlinks = r.checked_int(subject, d, "nvlinks_active", _MAX_LINKS)
     on = persistence if isinstance(persistence, bool) else None
-    gpu = _gpu(r, index, d, "memory_bytes", nvlinks or 0, on)
+    gpu = _gpu(r, index, d, _OWN_NAMES, nvlinks or 0, on)
     # read after the other fields, so that its notes follow theirs as they always have
     return replace(gpu, perf=_perf(r, subject, d))
 
