@@ -128,10 +128,11 @@ SIGNATURES: tuple[Signature, ...] = (
 
 # vLLM's start-up check (vllm/v1/worker/utils.py request_memory, 0.8 through 0.32; older
 # releases leave out the device name): utilization × the GPU's memory must be free.
+_NUMBER = r"\d+(?:\.\d+)?"
 _FREE_MEMORY = re.compile(
-    r"Free memory on device ?(?P<dev>\S*) \((?P<free>[0-9.]+)/(?P<total>[0-9.]+) GiB\) on "
-    r"startup is less than desired GPU memory utilization \((?P<util>[0-9.]+), "
-    r"(?P<req>[0-9.]+) GiB\)"
+    rf"Free memory on device ?(?P<dev>\S*) \((?P<free>{_NUMBER})/(?P<total>{_NUMBER}) GiB\) "
+    rf"on startup is less than desired GPU memory utilization \((?P<util>{_NUMBER}), "
+    rf"(?P<req>{_NUMBER}) GiB\)"
 )
 
 

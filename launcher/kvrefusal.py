@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 _V1 = re.compile(
     r"To serve at least one request with the models?'s? max seq len \((?P<asked>\d+)\), "
-    r"\((?P<need>[0-9.]+) GiB KV cache is needed, which is larger than the available KV cache "
-    r"memory \((?P<have>-?[0-9.]+) GiB\)\.(?: Based on the available memory, the estimated "
-    r"maximum model length is (?P<est>\d+)\.)?"
+    r"\((?P<need>\d+(?:\.\d+)?) GiB KV cache is needed, which is larger than the available KV "
+    r"cache memory \((?P<have>-?\d+(?:\.\d+)?) GiB\)\.(?: Based on the available memory, the "
+    r"estimated maximum model length is (?P<est>\d+)\.)?"
 )
 _V0 = re.compile(
     r"The model's max seq len \((?P<asked>\d+)\) is larger than the maximum number of tokens "

@@ -88,3 +88,13 @@ def test_the_failure_line_names_the_length_that_fits() -> None:
         "available); pass --max-model-len 111456 or less, raise --gpu-memory-utilization or "
         "use more GPUs"
     )
+
+
+@given(need=st.from_regex(r"-?[0-9.]{1,6}", fullmatch=True),
+       have=st.from_regex(r"-?[0-9.]{1,6}", fullmatch=True))
+def test_the_refusal_with_numbers_of_any_shape_never_raises(need: str, have: str) -> None:
+    # "[0-9.]+" once took "." and "1.2.3" for numbers, and float() raised
+    text = (f"To serve at least one request with the model's max seq len (4096), ({need} GiB KV "
+            f"cache is needed, which is larger than the available KV cache memory ({have} GiB).")
+    r = refusal(text)
+    assert r is None or (r.need_gib is not None and r.have_gib is not None)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher import failures, progress
 from launcher.cmd_serve import collect_api_keys, read_key_file, resolve_model
@@ -259,3 +261,16 @@ def test_an_ipv6_host_is_checked_as_ipv6() -> None:
     except (LauncherError, OSError):
         pytest.skip("::1 is not configured here")
     check_port_free("::1", port)  # no "already in use" from an IPv4 socket given "::1"
+
+
+@settings(max_examples=300)
+@given(log=st.text(max_size=300)
+       | st.builds(lambda a, b, c: f"Free memory on device {a} ({b}/{c} GiB) on startup is less "
+                   f"than desired GPU memory utilization (0.9, 1 GiB)",
+                   st.text(max_size=8), st.from_regex(r"[0-9.]{1,6}", fullmatch=True),
+                   st.from_regex(r"[0-9.]{1,6}", fullmatch=True))
+       | st.builds(lambda n, k: f"invalid tool call parser: {n} (chose from {{ {k} }})",
+                   st.text(max_size=10), st.text(max_size=30)))
+def test_any_engine_log_gives_a_diagnosis_or_none_never_an_error(log: str) -> None:
+    d = failures.diagnose(log)
+    assert d is None or d.sentence
