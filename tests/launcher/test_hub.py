@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from launcher.cli import main
 from launcher.errors import ModelError
@@ -386,3 +388,15 @@ def test_a_folder_of_gguf_files_says_what_to_pass(tmp_path: Path) -> None:
     (tmp_path / "model-Q4_K_M.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
     code, _, err = run_cli("plan", "--topology", str(H200), "--model", str(tmp_path))
     assert_one_line_error(code, err, "holds GGUF files", "pass the original model")
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(head=st.sampled_from([b"", b"GGUF", b"{", b"\x08\x00\x00\x00"]),
+       rest=st.binary(max_size=60),
+       suffix=st.sampled_from([".gguf", ".safetensors", ".bin", ".json", ".txt", ""]))
+def test_any_file_given_as_the_model_plans_or_is_one_line(
+        tmp_path: Path, head: bytes, rest: bytes, suffix: str) -> None:
+    f = tmp_path / f"model{suffix}"
+    f.write_bytes(head + rest)
+    code, _, err = run_cli("plan", "--topology", str(H200), "--model", str(f))
+    assert code == 0 or (err.startswith("launcher: error: ") and err.count("\n") == 1), err

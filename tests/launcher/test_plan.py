@@ -8,6 +8,8 @@ import re
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.errors import PlanError
 from launcher.modelspec import ModelSpec, load_model_spec
@@ -447,3 +449,24 @@ def test_what_the_refusal_suggests_plans_once_the_user_passes_it() -> None:
     assert 1.8 * base < fp8kv < 2.2 * base
     # weights kept in CPU memory leave their room to the KV cache
     assert plan(t, awq, Policy(cpu_offload_gib=4)).max_model_len > base
+
+
+@settings(max_examples=200)
+@given(extra=st.lists(st.sampled_from(["--kv-cache-dtype", "--quantization", "-q",
+                                       "--cpu-offload-gb", "--enforce-eager", "fp8", "auto",
+                                       "4", "-1", "nan", "inf", "x"])
+                      | st.text(max_size=12), max_size=6))
+def test_any_extra_vllm_flags_give_memory_settings_or_one_line(extra: list[str]) -> None:
+    from launcher.planopts import engine_memory_flags
+
+    refusal = None
+    try:
+        kv, fp8, offload = engine_memory_flags(extra)
+    except PlanError as exc:
+        refusal = str(exc)
+    if refusal is not None:
+        assert "\n" not in refusal
+        return
+    assert kv in (1, 2)
+    assert isinstance(fp8, bool)
+    assert 0 <= offload < float("inf")

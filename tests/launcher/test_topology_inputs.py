@@ -368,3 +368,19 @@ def test_a_topology_path_that_is_no_readable_file_ends_in_one_line(tmp_path: Pat
         assert code == 1
         assert err.startswith("launcher: error: "), err
         assert err.count("\n") == 1, err
+
+
+_TOPO_M = (TOPOLOGIES / "h200x2-nvlink.topo-m.txt").read_bytes()
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.binary(max_size=300)
+       | st.builds(lambda cut, tail: _TOPO_M[:cut] + tail,
+                   st.integers(0, len(_TOPO_M)), st.binary(max_size=40)))
+def test_any_bytes_as_a_topology_file_plan_or_end_in_one_line(
+        tmp_path: Path, content: bytes) -> None:
+    # raw bytes, and `nvidia-smi topo -m` output cut anywhere and followed by anything
+    f = tmp_path / "t.txt"
+    f.write_bytes(content)
+    code, _, err = run_cli("plan", "--topology", str(f), "--model", MODEL)
+    assert code == 0 or (err.startswith("launcher: error: ") and err.count("\n") == 1), err
