@@ -170,3 +170,18 @@ def test_the_engines_key_comes_from_the_flag_or_the_environment_and_must_fit_a_h
     for bad in ("", "has space", "line\r\nx-evil: 1", "kéy"):
         with pytest.raises(ConfigError, match="visible ASCII"):
             config_from_args([*base, "--upstream-api-key", bad], {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.text(max_size=20))
+def test_any_engine_key_is_taken_as_a_header_value_or_refused(key: str) -> None:
+    from server.config import upstream_key
+
+    try:
+        got = upstream_key(key, {})
+    except ConfigError:
+        return
+    assert got is not None
+    assert got.isascii()
+    assert got.isprintable()
+    assert " " not in got

@@ -4,11 +4,14 @@ taken out of routing and put back."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.router import Router, affinity_key
 from simengine.engine import SimConfig, spawn, spawn_process
@@ -238,3 +241,28 @@ def test_the_pure_router_narrows_to_the_replicas_listing_a_model() -> None:
     b.up = False
     assert r.pick(None, model="m2") is None  # its only replica is down: 503, not m1's engine
     assert r.pick(None) in (a, c)
+
+
+class _ListingPool:
+    def __init__(self, status: int, body: bytes) -> None:
+        self.answer = (status, body)
+
+    async def get(self, target: str, limit: int | None = None) -> tuple[int, bytes]:
+        return self.answer
+
+
+@settings(max_examples=200, deadline=None)
+@given(status=st.sampled_from([200, 404, 500]),
+       body=st.binary(max_size=60) | st.recursive(
+           st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+           lambda inner: st.lists(inner, max_size=3)
+           | st.dictionaries(st.sampled_from(["data", "id", "object"]), inner, max_size=3),
+           max_leaves=12).map(lambda v: json.dumps(v).encode())
+       | st.just(b"[" * 100_000))
+def test_any_model_list_an_engine_answers_is_read_or_unreadable(status: int, body: bytes) -> None:
+    import asyncio
+
+    from server.health import model_entries
+
+    entries = asyncio.run(model_entries(_ListingPool(status, body), 1.0))  # type: ignore[arg-type]
+    assert entries is None or all(isinstance(e["id"], str) for e in entries)
