@@ -4,6 +4,7 @@
         [--levels 1,64,256] [--rounds 3] [--sequential 20] [--json FILE]
         [--proxy-cmd 'python other/proxy.py --upstream {upstream} --port {port}']
         [--peers nginx,vllm-router] [--route /v1/completions|/v1/chat/completions|/v1/messages]
+        [--prompt-ids 512] [--proxy NAME='CMD' ...]
 
 Starts a simulated engine (TTFT 50 ms, then a token every 20 ms: a 70B model's pace) and the
 proxy in front of it, each in its own process, then for every concurrency level runs the
@@ -16,7 +17,14 @@ The rounds are paired: each round runs both paths back to back, in alternating o
 neither always runs second, on a warmer or busier machine), and the verdict is the median of
 the per-round differences, with their interquartile range: on these shared machines a burst's
 TTFT p50 moves by several ms from one second to the next, and a pair shares most of that.
-``--proxy-cmd`` measures another proxy build (e.g. an older checkout) against the same engine.
+``--proxy-cmd`` measures another proxy build (e.g. an older checkout) against the same engine;
+``--proxy NAME=CMD`` (repeatable) puts further builds beside it in the same run, each in
+every position over the rounds, so that two builds compare on the same rounds (the issue-25
+measurements: today's HTTP layers against well-kept libraries, and the starting commit).
+
+``--prompt-ids N`` sends a prompt of N token ids (``"prompt": [ids]``, /v1/completions only)
+instead of the two-word prompt: a request body of a few KiB, as a client with its own tokenizer
+sends, whose parsing and checking the short prompt does not show.
 
 ``--peers`` puts other proxies beside toposerve in the same run, in front of the same engine,
 each round running every path in a rotated order: ``nginx`` (Debian's, one worker process,
@@ -74,11 +82,13 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 
 
 async def burst(url: str, concurrency: int, tokens: int, sequential: int,
-                route: str = "/v1/completions") -> Round:
+                route: str = "/v1/completions", prompt_ids: int = 0) -> Round:
     body: dict[str, object] = {"model": "sim-model", "max_tokens": tokens, "ignore_eos": True,
                                "stream": True}
     if route == "/v1/completions":
-        body["prompt"] = "benchmark prompt"
+        # ids spread over a vocabulary, so their JSON is as long as a real tokenizer's
+        body["prompt"] = ([(i * 7919) % 50000 + 100 for i in range(prompt_ids)] if prompt_ids
+                          else "benchmark prompt")
     else:
         body["messages"] = [{"role": "user", "content": "benchmark prompt"}]
     target = url + route
@@ -248,8 +258,17 @@ def main() -> None:
     p.add_argument("--vllm-router", help="the vllm-router program (default: on PATH)")
     p.add_argument("--route", choices=ROUTES, default="/v1/completions",
                    help="what the streams ask for (default: the lean /v1/completions)")
+    p.add_argument("--prompt-ids", type=int, default=0,
+                   help="send a prompt of this many token ids (/v1/completions)")
+    p.add_argument("--proxy", action="append", default=[], metavar="NAME=CMD",
+                   help="a further proxy in the same run ({upstream}, {port}); repeatable")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    if a.prompt_ids and a.route != "/v1/completions":
+        p.error("--prompt-ids goes with --route /v1/completions")
+    extra = [x.partition("=")[::2] for x in a.proxy]
+    if any(not name or not cmd or name in ("direct", "proxied", *PEERS) for name, cmd in extra):
+        p.error("--proxy takes NAME=CMD, NAME not direct, proxied or a peer's")
     import uvloop
 
     levels = [int(x) for x in a.levels.split(",")]
@@ -263,6 +282,8 @@ def main() -> None:
         proxy = a.proxy_url or stack.enter_context(
             proxy_process(sim, free_port(), a.proxy_cmd))[0]
         paths = [("direct", sim), ("proxied", proxy)]
+        for name, cmd in extra:
+            paths.append((name, stack.enter_context(proxy_process(sim, free_port(), cmd))[0]))
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peers-")))
         for name in peers:
             program = find_program(name, getattr(a, name.replace("-", "_")))
@@ -276,10 +297,11 @@ def main() -> None:
                                                                  tmp / name))[0]))
         # Warm each proxy's keep-alive pool to the largest level: a running proxy has its pool.
         for _, url in paths[1:]:
-            uvloop.run(burst(url, max(levels), 2, 1, a.route))
+            uvloop.run(burst(url, max(levels), 2, 1, a.route, a.prompt_ids))
         print(f"sim TTFT {a.ttft * 1000:g} ms, ITL {a.itl * 1000:g} ms, {a.tokens} tokens/request, "
               f"{a.rounds} paired rounds (medians; [q1, q3] of the per-round differences); "
-              f"{a.route}; proxied = toposerve")
+              f"{a.route}" + (f" with {a.prompt_ids} prompt ids" if a.prompt_ids else "")
+              + f"; proxied = toposerve; load average {os.getloadavg()[0]:.2f}")
         width = max(11, *(len(n) for n, _ in paths))
         print(f"{'streams':>7} {'path':>{width}} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL':>7} "
               f"{'tok/s':>8} {'err':>4}")
@@ -290,7 +312,7 @@ def main() -> None:
                 k = i % len(paths)
                 for name, url in paths[k:] + paths[:k]:
                     runs[name].append(uvloop.run(burst(url, level, a.tokens, a.sequential,
-                                                       a.route)))
+                                                       a.route, a.prompt_ids)))
             medians = {name: median_round(rs) for name, rs in runs.items()}
             for name, r in medians.items():
                 print(f"{level:>7} {name:>{width}} {r.ttft_p50_ms:>8.2f}m {r.ttft_p99_ms:>8.2f}m "
@@ -306,6 +328,7 @@ def main() -> None:
                 entry |= {f"{key}ttft_p50_added_ms": added, f"{key}throughput_ratio": ratio,
                           f"{key}paired": asdict(pairs)}
             report[str(level)] = entry
+            print(f"{level:>7} load average {os.getloadavg()[0]:.2f}")
     if a.json:
         a.json.write_text(json.dumps(report, indent=2))
 

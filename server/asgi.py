@@ -77,6 +77,10 @@ class AsgiDownstream:
     def paused(self) -> bool:
         return False  # ASGI does not say: a silent stream is the engine's, as before
 
+    def abort(self) -> None:
+        pass  # ASGI has no abort: the app returns without ending the response, and the server
+        # closes the connection
+
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()

@@ -45,5 +45,10 @@ class Downstream(Protocol):
         """Whether the server has stopped writing to the client's socket because it took
         nothing (its write buffer is full); False where the server does not say."""
 
+    def abort(self) -> None:
+        """Cut the client's connection: a started response cannot be completed (HTTP's only
+        way to say it is incomplete). Where the server offers none, returning without ending
+        the response makes the ASGI server close the connection."""
+
     def close(self) -> None:
         """The request is over: stop watching for the client's leaving."""

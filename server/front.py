@@ -39,6 +39,7 @@ import httptools
 
 from server.asgi import (
     DISCONNECT_HOOK,
+    AsgiDownstream,
     Message,
     Receive,
     Scope,
@@ -195,19 +196,26 @@ class StallTimer:
     """Cuts off a client whose socket accepts nothing for ``timeout_s``: armed when the
     transport pauses writing, disarmed when it resumes. Aborting drops what is buffered for
     it (closing would wait for that to drain, which it never does), and the protocol's
-    connection_lost then tells the relay the client left, which aborts the engine request."""
+    connection_lost then tells the relay the client left, which aborts the engine request.
 
-    __slots__ = ("guards", "loop", "timer", "transport")
+    Honest about progress: a client reading steadily through one large write keeps the
+    transport paused until most of it drained, so at expiry the timer looks at the write
+    buffer, and a buffer that shrank since the timer was set is a client still reading: the
+    timer is set again (as nginx's send_timeout, between two successful writes)."""
+
+    __slots__ = ("buffered", "guards", "loop", "timer", "transport")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, guards: Guards) -> None:
         self.loop = loop
         self.guards = guards
         self.timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.BaseTransport | None = None
+        self.buffered = 0
 
     def paused(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         if self.timer is None:
+            self.buffered = _write_buffered(transport)
             self.timer = self.loop.call_later(self.guards.stall_timeout_s, self._expire)
 
     def resumed(self) -> None:
@@ -220,10 +228,22 @@ class StallTimer:
         transport = self.transport
         if transport is None:
             return
+        buffered = _write_buffered(transport)
+        if buffered < self.buffered:  # it took some: still reading
+            self.buffered = buffered
+            self.timer = self.loop.call_later(self.guards.stall_timeout_s, self._expire)
+            return
         log.info("a client took nothing for %g s: disconnected", self.guards.stall_timeout_s)
         if self.guards.on_stall is not None:
             self.guards.on_stall()
         transport.abort()  # type: ignore[attr-defined]
+
+
+def _write_buffered(transport: asyncio.BaseTransport) -> int:
+    try:
+        return int(transport.get_write_buffer_size())  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # pragma: no cover - a transport that cannot say
+        return 0
 
 
 class Exchange:
@@ -289,6 +309,11 @@ class Exchange:
         """One body chunk of a started chunked response, written at once."""
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
+    def abort(self) -> None:
+        """The response cannot be completed: the connection is cut."""
+        self.keep_alive = False
+        self.transport.abort()
+
     async def send(self, message: Message) -> None:
         if self.proto.write_paused and not self.disconnected:
             await self.proto.drain()
@@ -350,6 +375,27 @@ class Exchange:
             parts.append(b"transfer-encoding: chunked\r\n")
         parts.append(b"\r\n")
         self.transport.write(b"".join(parts))
+
+
+class LeanDownstream(AsgiDownstream):
+    """The relay's downstream (server.downstream) for an ``Exchange``, put in the request's
+    disconnect hook by the protocol: it writes body chunks itself."""
+
+    __slots__ = ("ex",)
+
+    def __init__(self, ex: Exchange, hook: dict[str, Any]) -> None:
+        super().__init__(ex.receive, ex.send, hook)
+        self.ex = ex
+
+    def direct(self) -> Exchange | None:
+        ex = self.ex
+        return ex if ex.response_started and ex.chunked else None
+
+    def paused(self) -> bool:
+        return self.ex.proto.write_paused and not self.ex.disconnected
+
+    def abort(self) -> None:
+        self.ex.abort()
 
 
 Handler = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
@@ -557,15 +603,17 @@ class FrontProtocol(asyncio.Protocol):
         parser = self.parser
         assert parser is not None
         path, _, query = self.url.partition(b"?")
-        length = -1
+        length, other = -1, False
         for name, value in self.headers:
             if name == b"content-length":
                 length = int(value)  # llhttp accepted it: digits only, at most one
             elif name in (b"transfer-encoding", b"expect"):
-                length = -2
+                other = True  # uvicorn's: chunked bodies, and 100 Continue when it reads one
             elif name == b"upgrade" or (name == b"connection" and b"upgrade" in value.lower()):
                 self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
                 return
+        if other:  # whatever order the headers came in
+            length = -2
         if parser.should_upgrade():  # CONNECT
             self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
             return
@@ -579,6 +627,7 @@ class FrontProtocol(asyncio.Protocol):
         if length == 0:
             ex.more_body = False
         hook = self.hook = new_disconnect_hook()
+        hook["downstream"] = LeanDownstream(ex, hook)
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.1", "scheme": "http", "method": "POST",

@@ -1,7 +1,8 @@
 """The hot path: one request forwarded to an engine replica and its answer relayed back.
 
-The client's side is a ``server.downstream.Downstream`` (made by server.uvicorn_adapter for
-the request's ASGI ``receive``/``send``): the relay knows nothing of the HTTP server. Where
+The client's side is a ``server.downstream.Downstream``, injected by the protocol that serves
+the request (server.front's lean one, server.uvicorn_adapter's for uvicorn's cycle) through the
+scope's disconnect hook, else plain ASGI: the relay knows nothing of the HTTP server. Where
 the downstream offers a direct writer (server.front's lean path, uvicorn's httptools cycle) a
 token event costs one upstream read, a few byte tests (server.sse) and one write to the
 client's socket, all in the engine connection's read callback (``_Stream.sink``): no task
@@ -14,8 +15,13 @@ downstream as a callback, and a single lazily re-armed timer enforces the first-
 timeouts. Either cancels the request task with a recorded reason, and closing the upstream
 response (not returning the connection to the pool) is what makes vLLM abort the request.
 
-On the Anthropic routes (``/v1/messages``) the proxy's own errors, and the end of a broken
-stream, are Anthropic-shaped (server.anthropic); elsewhere OpenAI-shaped (server.errors).
+What differs between the API dialects (OpenAI chat/completions, Responses, Anthropic
+messages: a stream's framing and terminal event, usage, error shapes) is the request's
+``server.dialects.Dialect``'s.
+
+A non-streamed answer is buffered and checked (JSON, usage: one parse, in a thread when large)
+up to ``BUFFER_MAX_BYTES``; a longer one is relayed as it arrives, with back-pressure, its usage
+read from its end: memory per request stays bounded whatever the engine sends.
 """
 
 from __future__ import annotations
@@ -29,10 +35,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server import anthropic
 from server.admission import Admission
-from server.asgi import Receive, Send
+from server.asgi import AsgiDownstream, Receive, Send
 from server.config import ProxyConfig
+from server.dialects import Dialect, StreamRules, dialect_for
 from server.downstream import ChunkWriter, Downstream
 from server.errors import (
     ProxyError,
@@ -41,13 +47,17 @@ from server.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
     error_body,
-    stream_error_event,
 )
 from server.metrics import ProxyMetrics, RouteMetrics
 from server.router import Router, Upstream
-from server.sse import SseInspector, usage_of_body
-from server.upstream import ConnectFailed, ConnectionBroken, Pool, Response, ResponseTooLarge
-from server.uvicorn_adapter import downstream_for
+from server.sse import usage_of_object, usage_of_tail
+from server.upstream import (
+    BadResponse,
+    ConnectFailed,
+    ConnectionBroken,
+    Pool,
+    Response,
+)
 
 log = logging.getLogger("toposerve.access")
 HOP_BY_HOP = frozenset({
@@ -57,6 +67,14 @@ HOP_BY_HOP = frozenset({
 })
 CLIENT_GONE = 499
 FINAL_SEND_TIMEOUT_S = 5.0
+# Non-streamed answers up to this are buffered, checked and sent with one write; longer ones
+# are relayed as they arrive (their JSON is not checked, their usage is read from their end).
+BUFFER_MAX_BYTES = 1 << 20
+THREAD_PARSE_BYTES = 64 * 1024  # a buffered answer from this size on is parsed in a thread
+USAGE_TAIL_BYTES = 16 * 1024
+# The server cancelled the request task (its drain timeout ran out at shutdown): the stream
+# ends with an error event in its dialect, and the access log says 503.
+SHUTDOWN_MESSAGE = "the proxy is shutting down; retry the request"
 
 
 @dataclass
@@ -80,17 +98,10 @@ class Call:
     started: bool = False
     finished: bool = False  # the client's response is complete: nothing more may be sent
     disconnect_hook: dict[str, Any] | None = None  # see DISCONNECT_HOOK
+    dialect: Dialect = field(init=False)
 
-    @property
-    def anthropic(self) -> bool:
-        """An Anthropic route: the proxy's own errors in Anthropic's shape."""
-        return anthropic.is_anthropic(self.target)
-
-    @property
-    def responses(self) -> bool:
-        """OpenAI's Responses API, whose streams end in a terminal event, not [DONE]."""
-        path = self.target.split("?", 1)[0]
-        return path == "/v1/responses" or path.startswith("/v1/responses/")
+    def __post_init__(self) -> None:
+        self.dialect = dialect_for(self.target)
 
 
 class _Guard:
@@ -172,7 +183,11 @@ class Relay:
     # -- one request -----------------------------------------------------------------------
 
     async def handle(self, call: Call, receive: Receive, send: Send) -> None:
-        await self.relay(call, downstream_for(receive, send, call.disconnect_hook))
+        # The protocol that serves the request put its downstream in the hook (server.front,
+        # server.uvicorn_adapter); under any other ASGI server, plain ASGI.
+        hook = call.disconnect_hook
+        down = hook.get("downstream") if hook is not None else None
+        await self.relay(call, down if down is not None else AsgiDownstream(receive, send, hook))
 
     async def relay(self, call: Call, down: Downstream) -> None:
         task = asyncio.current_task()
@@ -189,7 +204,8 @@ class Relay:
             await self._fail(call, exc, down)
         except asyncio.CancelledError:
             guard.stop()
-            if guard.reason is None:
+            if guard.reason is None:  # the server's: shutdown past its drain timeout
+                await self._shutdown(call, task, down)
                 raise
             task.uncancel()
             await self._cancelled(call, guard.reason, down)
@@ -249,6 +265,9 @@ class Relay:
             up.up = False
             self.metrics.upstream_up.labels(up.url).set(0)
             return None
+        except BadResponse as exc:
+            self.metrics.upstream_errors.labels(up.url, "malformed").inc()
+            raise UpstreamBadResponse(f"{exc}; the request was not relayed") from None
         except (ConnectionBroken, OSError):
             self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
             raise UpstreamUnavailable(
@@ -264,34 +283,98 @@ class Relay:
         if resp.content_type == b"text/event-stream":
             await self._relay_stream(call, up, resp, headers, guard, down)
         else:
-            await self._relay_body(call, up, resp, headers, down)
+            await self._relay_body(call, up, resp, headers, guard, down)
+
+    def _too_large(self, up: Upstream) -> UpstreamBadResponse:
+        self.metrics.upstream_errors.labels(up.url, "too_large").inc()
+        return UpstreamBadResponse(
+            "the engine's answer exceeded --max-response-bytes "
+            f"({self.pools[up.url].max_response_bytes} bytes); start the proxy with a larger "
+            "--max-response-bytes to accept it, or ask for a shorter answer")
 
     async def _relay_body(self, call: Call, up: Upstream, resp: Response,
-                          headers: list[tuple[bytes, bytes]], down: Downstream) -> None:
+                          headers: list[tuple[bytes, bytes]], guard: _Guard,
+                          down: Downstream) -> None:
+        limit = self.pools[up.url].max_response_bytes
+        declared = resp.content_length
+        if declared is not None and declared > limit:
+            raise self._too_large(up)
+        chunks: list[bytes] = []
+        size = 0
+        reading = resp.iter_chunks()
         try:
-            body = await resp.read()
-        except ResponseTooLarge:  # not broken off: the proxy's own limit refused it
-            self.metrics.upstream_errors.labels(up.url, "too_large").inc()
-            raise UpstreamBadResponse(
-                "the engine's answer exceeded --max-response-bytes "
-                f"({self.pools[up.url].max_response_bytes} bytes); start the proxy with a larger "
-                "--max-response-bytes to accept it, or ask for a shorter answer") from None
+            async for chunk in reading:
+                guard.touch()
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > BUFFER_MAX_BYTES:
+                    break
+            else:  # whole, and short: checked, then sent in one write
+                if size > limit:
+                    raise self._too_large(up)
+                body = b"".join(chunks)
+                if call.inspect and resp.status == 200:
+                    await self._check_body(call, up, body)
+                headers.append((b"content-length", str(len(body)).encode()))
+                call.status = resp.status
+                call.started = True
+                await down.start(resp.status, headers)
+                await down.end(body)
+                return
         except ConnectionBroken:
             self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
             raise UpstreamBadResponse("the engine broke off its answer; retry the request"
                                       ) from None
-        if call.inspect and resp.status == 200:
-            try:
-                json.loads(body)
-            except (ValueError, RecursionError):
-                self.metrics.upstream_errors.labels(up.url, "malformed").inc()
-                raise UpstreamBadResponse("the engine answered with malformed JSON") from None
-            self._count_usage(call, usage_of_body(body))
-        headers.append((b"content-length", str(len(body)).encode()))
+        if size > limit:
+            raise self._too_large(up)
+        await self._relay_long_body(call, up, resp, headers, guard, down,
+                                    (b"".join(chunks), reading, size, limit))
+
+    async def _relay_long_body(self, call: Call, up: Upstream, resp: Response,
+                               headers: list[tuple[bytes, bytes]], guard: _Guard,
+                               down: Downstream, read: tuple[bytes, Any, int, int]) -> None:
+        """Relayed as it arrives; broken off (or over the limit) after the start, the client's
+        connection is cut: a body with a length, or chunked without its last chunk, that ends
+        early is what HTTP has to say a response is incomplete."""
+        first, reading, size, limit = read
+        if resp.content_length is not None:
+            headers.append((b"content-length", str(resp.content_length).encode()))
         call.status = resp.status
         call.started = True
         await down.start(resp.status, headers)
-        await down.end(body)
+        tail = first[-USAGE_TAIL_BYTES:]
+        await down.write(first)
+        try:
+            async for chunk in reading:
+                guard.touch()
+                size += len(chunk)
+                if size > limit:
+                    self._too_large(up)
+                    call.status = 502
+                    down.abort()
+                    return
+                tail = (tail + chunk)[-USAGE_TAIL_BYTES:]
+                await down.write(chunk)
+        except ConnectionBroken:
+            self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
+            call.status = 502
+            down.abort()
+            return
+        call.finished = True
+        await down.end()
+        if call.inspect and resp.status == 200:
+            self._count_usage(call, usage_of_tail(tail))
+
+    async def _check_body(self, call: Call, up: Upstream, body: bytes) -> None:
+        """One parse of a buffered answer (in a thread when large, as request bodies are):
+        malformed JSON is a 502, the usage is counted."""
+        try:
+            obj = (await asyncio.to_thread(json.loads, body) if len(body) >= THREAD_PARSE_BYTES
+                   else json.loads(body))
+        except (ValueError, RecursionError):
+            self.metrics.upstream_errors.labels(up.url, "malformed").inc()
+            raise UpstreamBadResponse("the engine answered with malformed JSON") from None
+        self._count_usage(call, usage_of_object(obj))
 
     async def _relay_stream(self, call: Call, up: Upstream, resp: Response,
                             headers: list[tuple[bytes, bytes]], guard: _Guard,
@@ -309,18 +392,11 @@ class Relay:
                 elif resp.chunks:
                     forward, outcome = stream.process(resp.take())
                 elif resp.complete:
-                    if stream.inspector is not None:
+                    missing = stream.rules.missing_end()
+                    if missing is not None:
                         await self._broken(call, up, "stream_broken", "the engine ended the "
-                                           "stream without [DONE]; retry the request", down,
+                                           f"stream without {missing}; retry the request", down,
                                            stream)
-                    elif stream.anthropic and b"message_stop" not in stream.tail:
-                        await self._broken(call, up, "stream_broken", "the engine ended the "
-                                           "stream without message_stop; retry the request",
-                                           down, stream)
-                    elif stream.responses and not stream.terminal_seen:
-                        await self._broken(call, up, "stream_broken", "the engine ended the "
-                                           "stream without response.completed; retry the "
-                                           "request", down, stream)
                     else:
                         await down.end()
                     return
@@ -358,7 +434,7 @@ class Relay:
                         async for _ in resp.iter_chunks():
                             pass
         except ConnectionBroken:
-            if stream.inspector is None or not stream.inspector.done:
+            if not stream.rules.done:
                 await self._broken(call, up, "stream_broken",
                                    "the engine broke off the stream; retry the request", down,
                                    stream)
@@ -370,7 +446,7 @@ class Relay:
         self.metrics.upstream_errors.labels(up.url, kind).inc()
         call.status = 502 if kind == "malformed" else 503
         # Events held back for the usage chunk that never came go to the client first.
-        held = stream.inspector.release() if stream.inspector is not None else b""
+        held = stream.rules.release()
         await _bounded(down.end(held + _stream_error(call, message, kind)))
 
     def _count_usage(self, call: Call, usage: tuple[int, int] | None) -> None:
@@ -402,16 +478,26 @@ class Relay:
             return
         await self._fail(call, UpstreamTimeout(f"{what}; retry the request"), down)
 
-    async def _fail(self, call: Call, exc: ProxyError, down: Downstream) -> None:
+    async def _shutdown(self, call: Call, task: asyncio.Task[Any], down: Downstream) -> None:
+        """Cut by the server at shutdown: the client is told (an error event, or a 503), and
+        the access log says so, before the cancellation goes on."""
+        if call.finished:
+            return
+        task.uncancel()  # for the bounded send below; the cancellation is re-raised after
+        await self._fail(call, UpstreamUnavailable(SHUTDOWN_MESSAGE), down, bound_s=1.0)
+
+    async def _fail(self, call: Call, exc: ProxyError, down: Downstream,
+                    bound_s: float = FINAL_SEND_TIMEOUT_S) -> None:
         if call.finished:
             return
         call.status = exc.status
         if call.started:
-            await _bounded(down.end(_stream_error(call, exc.message, exc.code or "error")))
+            await _bounded(down.end(_stream_error(call, exc.message, exc.code or "error")),
+                           bound_s)
             return
-        body = (anthropic.error_body(exc.status, exc.message, call.request_id) if call.anthropic
-                else exc.body())
-        await _bounded(_send_error(down, exc, json.dumps(body).encode(), call.request_id))
+        body = call.dialect.error_body(exc, call.request_id)
+        await _bounded(_send_error(down, exc, json.dumps(body).encode(), call.request_id),
+                       bound_s)
 
     def _record(self, call: Call, route_metrics: RouteMetrics) -> None:
         elapsed = time.perf_counter() - call.t_start
@@ -423,18 +509,6 @@ class Relay:
 
 
 _MORE, _DONE, _MALFORMED = 0, 1, 2
-# The events that end a Responses stream (an "event:" line starts a line, so a model's text,
-# JSON-escaped inside data, cannot look like one).
-RESPONSES_TERMINAL = (b"\nevent: response.completed", b"\nevent: response.incomplete",
-                      b"\nevent: response.failed", b"\nevent: error")
-RESPONSES_MARKER_SPAN = max(map(len, RESPONSES_TERMINAL))
-
-
-def responses_terminal(tail: bytes, data: bytes) -> tuple[bool, bytes]:
-    """Whether a terminal event starts in ``tail + data`` (the stream so far ends in ``tail``),
-    and the tail to keep for the next read: a marker may be split between two reads."""
-    window = tail + data
-    return any(m in window for m in RESPONSES_TERMINAL), window[-RESPONSES_MARKER_SPAN:]
 
 
 class _Stream:
@@ -449,8 +523,8 @@ class _Stream:
     to the task, which may need to await.
     """
 
-    __slots__ = ("anthropic", "busy", "call", "ending", "failure", "guard", "inspector",
-                 "relay", "resp", "responses", "tail", "terminal_seen", "timing", "writer")
+    __slots__ = ("busy", "call", "ending", "failure", "guard", "relay", "resp", "rules",
+                 "timing", "writer")
 
     def __init__(self, relay: Relay, call: Call, guard: _Guard, resp: Response,
                  down: Downstream) -> None:
@@ -458,16 +532,8 @@ class _Stream:
         self.call = call
         self.guard = guard
         self.resp = resp
-        self.inspector = SseInspector(call.strip_usage) if call.inspect else None
-        # An Anthropic stream is relayed as it is, but must end in message_stop: an SDK takes
-        # a stream cut short without an error event for a whole (truncated) message.
-        self.anthropic = call.anthropic
-        # A Responses stream must carry a terminal event (its data holds the whole response, so
-        # it is looked for as the chunks pass, not in the tail); an OpenAI SDK takes a stream
-        # cut short without one for a finished (truncated) response.
-        self.responses = call.responses
-        self.terminal_seen = False
-        self.tail = b"\n" if self.responses else b""  # the first event starts a line too
+        # framing, terminal event and usage: the dialect's (server.dialects)
+        self.rules: StreamRules = call.dialect.stream_rules(call.inspect, call.strip_usage)
         self.timing = _Timing(relay.metrics.route(call.model, call.route), call)
         self.busy = False
         self.ending: tuple[bytes, int] | None = None
@@ -479,29 +545,22 @@ class _Stream:
     def process(self, data: bytes) -> tuple[bytes, int]:
         """What to forward of ``data`` and whether the stream goes on; records the metrics."""
         self.guard.touch()
-        inspector = self.inspector
-        if inspector is None:
-            if self.anthropic:
-                self.tail = (self.tail + data)[-64:]
-            elif self.responses and not self.terminal_seen:
-                self.terminal_seen, self.tail = responses_terminal(self.tail, data)
-            return data, _MORE
-        scan = inspector.feed(data)
+        rules = self.rules
+        scan = rules.feed(data)
         if scan.tokens:
             self.timing.tokens(scan.tokens)
         if scan.usage is not None:
             self.relay._count_usage(self.call, scan.usage)
         if scan.malformed:
             return scan.forward, _MALFORMED
-        return scan.forward, (_DONE if inspector.done else _MORE)
+        return scan.forward, (_DONE if rules.done else _MORE)
 
     def sink(self, data: bytes) -> bool:
         writer = self.writer
         if self.busy or writer is None or not writer.ready():
             return False
-        inspector = self.inspector
         guard = self.guard
-        if inspector is not None and guard.streaming and inspector.plain_token(data):
+        if guard.streaming and self.rules.plain_token(data):
             # The per-token case, inlined: what process() does for it, minus the Scan.
             guard.last = guard.loop.time()
             self.timing.tokens(1)
@@ -544,19 +603,17 @@ class _Timing:
         self.last = now
 
 
-async def _bounded(sending: Awaitable[None]) -> None:
+async def _bounded(sending: Awaitable[None], bound_s: float = FINAL_SEND_TIMEOUT_S) -> None:
     """Send the last words of a failed request, but not forever: a client that stopped
     reading would hold the request's task; returning lets uvicorn close the connection."""
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(FINAL_SEND_TIMEOUT_S):
+        async with asyncio.timeout(bound_s):
             await sending
 
 
 def _stream_error(call: Call, message: str, code: str) -> bytes:
     """The events that end a broken stream, in the route's dialect."""
-    if call.anthropic:
-        return anthropic.stream_error_event(message, timeout=code == "timeout")
-    return stream_error_event(message, code)
+    return call.dialect.stream_error(message, code)
 
 
 async def _send_error(down: Downstream, exc: ProxyError, body: bytes, request_id: str) -> None:

@@ -62,12 +62,12 @@ class SseInspector:
         # chunk under continuous_usage_stats): counted at [DONE] unless a usage chunk came.
         self.choice_usage: tuple[int, int] | None = None
         self.usage_chunk_seen = False
-        self.carry_cr = False  # a read ended inside a CRLF: its CR waits for the next read
+        self.carry_cr = False  # the last read ended in CR: an LF next is its CRLF's second half
 
     def feed(self, data: bytes) -> Scan:
         if self.carry_cr or b"\r" in data:
             # Engines whose SSE library ends lines with CRLF (sse-starlette: llama-cpp-python,
-            # text-generation-webui) are read, and forwarded, with LF endings: valid SSE both.
+            # text-generation-webui), or bare CR, are read, and forwarded, with LF endings.
             data = self._lf(data)
             if not data:
                 return Scan(b"")
@@ -107,11 +107,12 @@ class SseInspector:
         return scan
 
     def _lf(self, data: bytes) -> bytes:
-        if self.carry_cr:
-            data, self.carry_cr = b"\r" + data, False
-        if data.endswith(b"\r"):
-            data, self.carry_cr = data[:-1], True
-        return data.replace(b"\r\n", b"\n")
+        # A CR ends a line whether or not an LF follows (SSE allows CR, LF and CRLF): it is
+        # an LF at once, and an LF starting the next read, its CRLF's second half, is dropped.
+        if self.carry_cr and data[:1] == b"\n":
+            data = data[1:]
+        self.carry_cr = data[-1:] == b"\r"
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def plain_token(self, data: bytes) -> bool:
         """True when ``data`` is exactly one whole token event, forwarded unchanged: what
@@ -264,11 +265,38 @@ def _with_fields(event: bytes, usage_chunk: dict[str, Any]) -> bytes:
 
 
 def usage_counts(usage: Any) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) of a ``usage`` object, None if it is not one."""
+    """(prompt_tokens, completion_tokens) of a ``usage`` object, None if it is not one: a
+    negative count is an engine's bug, not tokens, and is not counted (a counter only grows)."""
     try:
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        counts = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     except (ValueError, AttributeError, TypeError, OverflowError):
         return None
+    return counts if min(counts) >= 0 else None
+
+
+def usage_of_object(obj: Any) -> tuple[int, int] | None:
+    """Token counts of a parsed non-streamed answer's ``usage``, None when absent."""
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return usage_counts(usage) if isinstance(usage, dict) else None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def usage_of_tail(tail: bytes) -> tuple[int, int] | None:
+    """Token counts from the last ``"usage": {...}`` in the end of a JSON answer too large to
+    parse whole (vLLM puts usage last); None when the tail holds no readable one."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    text = tail[at + len(b'"usage"'):].decode("utf-8", "replace").lstrip()
+    if not text.startswith(":"):
+        return None
+    try:
+        usage, _ = _DECODER.raw_decode(text[1:].lstrip())
+    except (ValueError, RecursionError):
+        return None
+    return usage_counts(usage) if isinstance(usage, dict) else None
 
 
 def parse_usage(payload: bytes) -> tuple[int, int] | None:

@@ -8,7 +8,22 @@ Errors:
     UpstreamError                 base
     ├── ConnectFailed             nothing was sent: safe to try another replica
     └── ConnectionBroken          the connection ended before the response did
-        └── ResponseTooLarge      a non-streamed answer over ``Pool.max_response_bytes``
+        ├── ResponseTooLarge      a non-streamed answer over ``Pool.max_response_bytes``
+        └── BadResponse           not an HTTP answer the proxy can relay (see below)
+
+What mature clients do with a response head, done here as well (issue 25): the head (status
+line and headers, interim 1xx heads included) is bounded at ``MAX_HEAD_BYTES`` as it arrives,
+so an engine sending header lines forever, or one endless line, costs at most that much memory
+and parser time, and is a BadResponse at once instead of at the first-byte timeout; interim
+responses (100 Continue, 103 Early Hints) are skipped and the final one read; a 101, a status
+outside 100-599 or an unparsable head is a BadResponse; trailers after a chunked body are
+dropped (never headers of the relayed answer); a body delimited by the connection's close (no
+Content-Length, not chunked, e.g. an HTTP/1.0 answer) is complete at that close.
+
+Why hand-written rather than httpx/httpcore or aiohttp: measured side by side (issue 25,
+docs/benchmarks-proxy.md), both cost the 256-stream case far more TTFT than this client (bare
+proxies differing only in the engine client); and the relay writes token events from this
+client's read callback (``Response.sink``), which a stream-reader API cannot offer.
 
 A request goes out on a pooled idle connection when one is alive, and is sent again (once, on
 a fresh connection) only when it provably never reached the engine — the idle connection was
@@ -31,6 +46,10 @@ HIGH_WATER = 256 * 1024  # buffered bytes at which reading from the engine pause
 # keep-alive connections after 5 s, and a request written as that close crosses it is lost.
 IDLE_REUSE_S = 4.0
 REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
+# An engine's response head, interim ones included. vLLM's are a few hundred bytes; nginx's
+# default limit (proxy_buffer_size) is 4-8 KiB. Checked per read: the parser sees at most one
+# read (256 KiB under uvloop) past it.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class UpstreamError(Exception):
@@ -49,6 +68,11 @@ class ResponseTooLarge(ConnectionBroken):
     pass
 
 
+class BadResponse(ConnectionBroken):
+    """The engine's answer is not HTTP the proxy can relay (a head over MAX_HEAD_BYTES, a 101,
+    a status outside 100-599, bytes the parser refuses before the head ended)."""
+
+
 class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -56,6 +80,9 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.response: Response | None = None
+        self.in_head = False  # reading a response head (interim ones included)
+        self.head_bytes = 0
+        self.interim = False  # the message being parsed is a 1xx: its end is not the answer's
         # Made by create_connection inside the loop; kept so that waiting for a response does
         # not look the running loop up each time (that costs a getpid() system call in 3.11).
         self.loop = asyncio.get_running_loop()
@@ -65,33 +92,70 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.response is not None:
-            self.response._lost()
+        response = self.response
+        if response is not None:
+            if response.status and response.close_delimited and not self.in_head:
+                response._complete()  # its body ends where the connection does
+            response._lost()
+
+    def start(self, response: Response) -> None:
+        self.response = response
+        self.in_head, self.head_bytes, self.interim = True, 0, False
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self.response is not None:
-                self.response._lost()
-            self.abort()
+        except httptools.HttpParserUpgrade:
+            self._bad("the engine switched protocols (101) on a request that asked for none")
+            return
+        except httptools.HttpParserError as exc:
+            if self.in_head:
+                self._bad(f"the engine's response head is not valid HTTP/1.1 ({exc})")
+            else:
+                if self.response is not None:
+                    self.response._lost()
+                self.abort()
+            return
+        if self.in_head and self.response is not None:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._bad(f"the engine's response head is over {MAX_HEAD_BYTES} bytes")
+
+    def _bad(self, message: str) -> None:
+        if self.response is not None:
+            self.response._fail(BadResponse(message))
+        self.abort()
 
     # httptools callbacks, forwarded to the response being read
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None:
+        if self.response is not None and self.in_head:  # not trailers: they are dropped
             self.response.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        if self.response is not None:
-            self.response.status = self.parser.get_status_code()
-            self.response.keep_alive = self.parser.should_keep_alive()
-            self.response._wake()
+        response = self.response
+        if response is None:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # interim (101 raised HttpParserUpgrade): the final one follows
+            self.interim = True
+            response.headers.clear()
+            return
+        if not 200 <= status <= 599:
+            self._bad(f"the engine answered with status {status:03d}, not an HTTP status")
+            return
+        self.in_head = False
+        response.status = status
+        response.keep_alive = self.parser.should_keep_alive()
+        response._wake()
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None:
             self.response._feed(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         if self.response is not None:
             self.response._complete()
 
@@ -114,11 +178,32 @@ class Response:
         self.buffered = 0
         self.complete = False
         self.broken = False
+        self.error: UpstreamError | None = None  # what broke it, when it is known
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
         # Set by the relay: takes a body chunk right in the read callback (True: consumed), so
         # a token event costs no task wake-up; False, or chunks already queued, means queue it.
         self.sink: Callable[[bytes], bool] | None = None
+
+    @property
+    def content_length(self) -> int | None:
+        """The engine's Content-Length (llhttp accepted at most one, digits only), else None."""
+        for name, value in self.headers:
+            if name == b"content-length":
+                return int(value)
+        return None
+
+    @property
+    def close_delimited(self) -> bool:
+        """The body ends when the connection closes (RFC 9112 6.3): no Content-Length, and no
+        chunked coding (an HTTP/1.0 answer, typically)."""
+        if self.status in (204, 304):
+            return False
+        for name, value in self.headers:
+            if name == b"content-length" or (
+                    name == b"transfer-encoding" and value.lower().rstrip().endswith(b"chunked")):
+                return False
+        return True
 
     @property
     def content_type(self) -> bytes:
@@ -153,6 +238,10 @@ class Response:
             self.broken = True
         self._wake()
 
+    def _fail(self, error: UpstreamError) -> None:
+        self.error = self.error or error
+        self._lost()
+
     async def wait(self) -> None:
         """Until something changes: a chunk queued, the end, a break, or a ``_wake``."""
         await self._wait()
@@ -181,7 +270,8 @@ class Response:
     async def wait_headers(self) -> None:
         while not self.status:
             if self.broken:
-                raise ConnectionBroken("the engine closed the connection before answering")
+                raise self.error or ConnectionBroken(
+                    "the engine closed the connection before answering")
             await self._wait()
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
@@ -300,12 +390,16 @@ class Pool:
 
     async def _exchange(self, conn: _Conn, payload: bytes) -> Response:
         response = Response(conn, self)
-        conn.response = response
+        conn.start(response)
         assert conn.transport is not None
         reused = conn.idle_since > 0
         conn.transport.write(payload)
         try:
             await response.wait_headers()
+        except BadResponse:
+            conn.response = None
+            conn.abort()
+            raise
         except ConnectionBroken:
             conn.response = None
             conn.abort()

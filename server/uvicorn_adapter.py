@@ -1,15 +1,15 @@
 """Every use of uvicorn's internals, in one place (uvicorn's public ``Config``/``Server`` are
 used by server.serve; pyproject pins uvicorn to the releases the contract tests passed with).
 
-- The relay's downstream (server.downstream) under the two servers this proxy runs:
-  server.front's lean path, whose ``Exchange`` is the ASGI ``receive``/``send`` and writes
-  token events itself once a chunked response started; and uvicorn's httptools protocol, whose
+- The relay's downstream (server.downstream) for uvicorn's httptools protocol, whose
   ``RequestResponseCycle`` is, a body chunk then being written straight to its transport as its
-  ``send`` frames it. That reads private attributes (``response_started``, ``chunked_encoding``,
-  ``disconnected``, ``response_complete``, ``flow.write_paused``, ``transport``), all checked
-  when the writer is made: a uvicorn that renamed one gets no direct writer, and every chunk
-  goes through ``send`` (tested with a bare cycle). Under any other server (or ``send``
-  wrapped by middleware) the relay gets plain ``server.asgi.AsgiDownstream``.
+  ``send`` frames it; ``guarded_protocol`` puts it in each request's disconnect hook, where the
+  relay takes it (server.front's lean protocol puts its own, ``LeanDownstream``). That reads
+  private attributes (``response_started``, ``chunked_encoding``, ``disconnected``,
+  ``response_complete``, ``flow.write_paused``, ``transport``), all checked when the writer is
+  made: a uvicorn that renamed one gets no direct writer, and every chunk goes through ``send``
+  (tested with a bare cycle). Under any other server the relay gets plain
+  ``server.asgi.AsgiDownstream``.
 - ``body_buffered``: whether a request's whole body is already held (the app then reads it
   without a timer).
 - ``UvicornHost``: what server.front's protocol needs of the uvicorn server running it.
@@ -33,7 +33,7 @@ from server.asgi import (
     disconnect_hook,
     new_disconnect_hook,
 )
-from server.downstream import ChunkWriter, Downstream
+from server.downstream import ChunkWriter
 from server.front import (
     UPGRADE_REFUSED,
     Exchange,
@@ -47,39 +47,20 @@ from server.front import (
 )
 
 
-def downstream_for(receive: Receive, send: Send, hook: dict[str, Any] | None) -> Downstream:
-    """The relay's downstream for this request's ``receive``/``send``."""
-    owner = getattr(send, "__self__", None)
-    if type(owner) is Exchange:
-        return LeanDownstream(receive, send, hook)
-    if type(owner) is RequestResponseCycle:
-        return CycleDownstream(receive, send, hook)
-    # A relayed route reaches the relay through FastAPI, whose send wraps the cycle's (only to
-    # note that a response started); the guarded protocol leaves the cycle's own in the hook.
-    raw = hook.get("send") if hook is not None else None
-    if raw is not None and type(getattr(raw, "__self__", None)) is RequestResponseCycle:
-        return CycleDownstream(receive, raw, hook)
-    return AsgiDownstream(receive, send, hook)
-
-
-class LeanDownstream(AsgiDownstream):
-    """server.front's ``Exchange``: it writes body chunks itself."""
-
-    __slots__ = ()
-
-    def direct(self) -> ChunkWriter | None:
-        ex: Exchange = self.send.__self__  # type: ignore[attr-defined]
-        return ex if ex.response_started and ex.chunked else None
-
-    def paused(self) -> bool:
-        ex: Exchange = self.send.__self__  # type: ignore[attr-defined]
-        return ex.proto.write_paused and not ex.disconnected
-
-
 class CycleDownstream(AsgiDownstream):
-    """uvicorn's httptools ``RequestResponseCycle``."""
+    """uvicorn's httptools ``RequestResponseCycle``, put in the request's disconnect hook by
+    ``guarded_protocol`` (so a route reached through FastAPI, whose ``send`` wraps the
+    cycle's, still gets it)."""
 
     __slots__ = ()
+
+    def abort(self) -> None:
+        cycle = self.send.__self__  # type: ignore[attr-defined]
+        try:
+            cycle.keep_alive = False
+            cycle.transport.abort()
+        except AttributeError:  # a uvicorn that renamed them: returning unended closes it
+            pass
 
     def direct(self) -> ChunkWriter | None:
         return CycleWriter.of(self.send)
@@ -231,6 +212,14 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                 self._refuse(431, head_too_large(self._head, over), "header_too_large")
                 return
             super().data_received(data)
+            # uvicorn stops its keep-alive timer on any byte, and arms nothing until a request
+            # begins: bytes that begin none (a lone CRLF, which llhttp skips) would leave an
+            # idle connection without a timer for ever. Between requests, the header timer runs.
+            cycle = self.cycle
+            if (self._header_timer is None and self._refused is None
+                    and (cycle is None or cycle.response_complete)
+                    and getattr(self, "timeout_keep_alive_task", None) is None):
+                self._arm()
 
         def _refuse(self, status: int, message: str, code: str) -> None:
             self._disarm()
@@ -260,11 +249,12 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             hook = extensions[DISCONNECT_HOOK] = new_disconnect_hook()
             super().on_headers_complete()
-            # The cycle's own send, for the relay's direct writes on routes that reach it
-            # through FastAPI (whose send wraps this one): see downstream_for.
+            # The relay's downstream over the cycle's own send (server.relay.Relay.handle):
+            # direct writes on routes that reach it through FastAPI, whose send wraps it.
             cycle = self.cycle
             if cycle is not None and cycle.scope is self.scope:
-                hook["send"] = cycle.send
+                hook["downstream"] = CycleDownstream(
+                    cycle.receive, cycle.send, hook)  # type: ignore[arg-type]
 
         def on_body(self, body: bytes) -> None:
             if self._refused is None:

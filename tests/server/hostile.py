@@ -25,7 +25,7 @@ def connect(url: str, timeout: float = 10.0) -> socket.socket:
 
 def request_bytes(method: str, path: str, headers: dict[str, str] | None = None,
                   body: bytes = b"", close: bool = True) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "host: proxy"]
+    lines = [f"{method} {path} HTTP/1.1", "host: 127.0.0.1"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     if body or method == "POST":
         lines.append(f"content-length: {len(body)}")
@@ -266,3 +266,83 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
     finally:
         stop.set()
         server.close()
+
+
+# -- a scripted engine: any bytes on the wire for the generation requests ----------------------
+
+Script = Callable[[socket.socket, str, str, bytes], None]
+
+
+@contextmanager
+def scripted_engine(script: Script) -> Iterator[str]:
+    """An engine on a raw loopback socket that answers GET /health and GET /v1/models as vLLM
+    does (so the proxy takes it as up), and hands every other request to ``script(conn,
+    method, path, body)``, which writes whatever bytes it likes (and returns to keep the
+    connection, or closes it). Yields its URL."""
+    server = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while not stop.is_set():
+                while b"\r\n\r\n" not in data:
+                    try:
+                        chunk = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                while len(data) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                body, data = data[:length], data[length:]
+                if method == "GET" and path in ("/health", "/v1/models"):
+                    answer = (b"" if path == "/health" else
+                              b'{"object": "list", "data": [{"id": "scripted"}]}')
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%b" % (len(answer), answer))
+                    continue
+                try:
+                    script(conn, method, path, body)
+                except OSError:
+                    return
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield url
+    finally:
+        stop.set()
+        server.close()
+
+
+def sse_chunks(events: list[bytes]) -> bytes:
+    """A chunked text/event-stream response carrying ``events`` (one chunk each)."""
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+
+
+def json_answer(body: bytes, status: bytes = b"200 OK", extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 %b\r\ncontent-type: application/json\r\n%bcontent-length: %d\r\n\r\n%b"
+            % (status, extra, len(body), body))

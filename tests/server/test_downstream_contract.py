@@ -100,15 +100,15 @@ def blank(raw: bytes) -> bytes:
     return b"\n".join(out)
 
 
-# What serves a stream: the lean path writes token events itself (Exchange); uvicorn's
-# httptools cycle gets its transport written directly (CycleWriter); h11 only through send.
-# A relayed route goes through FastAPI, whose send wraps the server's: the guarded protocol
-# leaves the cycle's own send in the disconnect hook, so it is written directly too; under
-# uvicorn's bare protocol (no hook) it goes through send.
+# What serves a stream: the downstream the serving protocol injected in the disconnect hook.
+# The lean path writes token events itself (Exchange); the guarded uvicorn protocol (a relayed
+# route goes through it and FastAPI, whose send wraps the cycle's) injects the cycle's, whose
+# transport is written directly (CycleWriter). Protocols that inject nothing (uvicorn's bare
+# httptools and h11 ones) get plain ASGI, through send: the relay asks no type what it is.
 EXPECTED = {
     ("front", "/v1/chat/completions"): ("LeanDownstream", "Exchange"),
     ("front", "/v1/messages"): ("CycleDownstream", "CycleWriter"),
-    ("httptools", "/v1/chat/completions"): ("CycleDownstream", "CycleWriter"),
+    ("httptools", "/v1/chat/completions"): ("AsgiDownstream", "NoneType"),
     ("httptools", "/v1/messages"): ("AsgiDownstream", "NoneType"),
     ("h11", "/v1/chat/completions"): ("AsgiDownstream", "NoneType"),
     ("h11", "/v1/messages"): ("AsgiDownstream", "NoneType"),

@@ -42,15 +42,32 @@ STREAM = (b"event: response.created\ndata: {\"type\": \"response.created\"}\n\n"
 END = b"event: response.completed\ndata: {\"type\": \"response.completed\"}\n\n"
 
 
-@given(cuts=st.lists(st.integers(0, len(STREAM + END)), max_size=8), ended=st.booleans())
+@given(cuts=st.lists(st.integers(0, len(STREAM + END)), max_size=8), ended=st.booleans(),
+       line_end=st.sampled_from([b"\n", b"\r\n", b"\r"]))
 def test_the_terminal_event_is_found_however_the_stream_is_split(
-        cuts: list[int], ended: bool) -> None:
-    from server.relay import responses_terminal
+        cuts: list[int], ended: bool, line_end: bytes) -> None:
+    from server.dialects import RESPONSES, TerminalEvents
 
     body = STREAM + END if ended else STREAM  # a model's text naming the event does not count
-    seen, tail = False, b"\n"  # the relay's starting tail: the first event starts a line
+    body = body.replace(b"\n", line_end)  # SSE allows CR, LF and CRLF line ends
+    watch = TerminalEvents(RESPONSES.TERMINAL)
     points = sorted({c for c in cuts if c <= len(body)})
     for start, stop in zip([0, *points], [*points, len(body)], strict=True):
-        found, tail = responses_terminal(tail, body[start:stop])
-        seen = seen or found
-    assert seen is ended
+        watch.feed(body[start:stop])
+    assert watch.seen is ended
+
+
+@given(data=st.binary(max_size=300), cuts=st.lists(st.integers(0, 300), max_size=6))
+def test_terminal_events_are_only_event_lines_with_the_name_whole(
+        data: bytes, cuts: list[int]) -> None:
+    from server.dialects import TerminalEvents
+
+    # The reference: split the whole stream into lines (CR, LF, CRLF) and look at each.
+    lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")[:-1]
+    expected = any(ln.startswith(b"event:") and ln[6:].removeprefix(b" ") == b"message_stop"
+                   for ln in lines)
+    watch = TerminalEvents((b"message_stop",))
+    points = sorted({c for c in cuts if c <= len(data)})
+    for start, stop in zip([0, *points], [*points, len(data)], strict=True):
+        watch.feed(data[start:stop])
+    assert watch.seen is expected
