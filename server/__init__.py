@@ -1,27 +1,8 @@
 """toposerve's OpenAI-compatible proxy in front of vLLM.
 
-The proxy's public API is ``create_app(config)``, ``run(config)`` and ``ProxyConfig``; they are
-loaded on first use so that importing a leaf module (``server.config``) stays light.
+The proxy's API is ``server.app.create_app(config)``, ``server.serve.run(config)`` and
+``server.config.ProxyConfig``, each imported from its module: this package imports nothing, so
+that no module of it depends on another through ``__init__`` (no import cycle: leaf modules
+such as ``server.config`` stay light, and ``from server import anthropic`` loads that module
+alone).
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-__all__ = ["ProxyConfig", "create_app", "run"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from server.app import create_app
-
-        return create_app
-    if name == "run":
-        from server.serve import run
-
-        return run
-    if name == "ProxyConfig":
-        from server.config import ProxyConfig
-
-        return ProxyConfig
-    raise AttributeError(name)
