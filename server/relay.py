@@ -55,8 +55,10 @@ from server.upstream import (
     BadResponse,
     ConnectFailed,
     ConnectionBroken,
+    Connector,
     Pool,
     Response,
+    tcp_connect,
 )
 
 log = logging.getLogger("toposerve.access")
@@ -168,12 +170,12 @@ class _Guard:
 
 class Relay:
     def __init__(self, cfg: ProxyConfig, router: Router, metrics: ProxyMetrics,
-                 admission: Admission) -> None:
+                 admission: Admission, connect: Connector = tcp_connect) -> None:
         self.cfg = cfg
         self.router = router
         self.metrics = metrics
         self.admission = admission
-        self.pools = {url: Pool(url, cfg.connect_timeout_s, cfg.upstream_api_key)
+        self.pools = {url: Pool(url, cfg.connect_timeout_s, cfg.upstream_api_key, connect)
                       for url in cfg.upstreams}
 
     def close(self) -> None:

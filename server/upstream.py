@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
 import httptools
@@ -315,11 +315,23 @@ class Response:
             self.conn.abort()
 
 
+# How a Pool opens a connection: ``loop.create_connection``'s shape (protocol factory, host,
+# port). The default is TCP; tests pass an in-process engine (as httpx's MockTransport), which
+# feeds the connection's protocol the bytes an engine would send, with no process or socket.
+Connector = Callable[[Callable[[], asyncio.Protocol], str, int],
+                     Awaitable[tuple[asyncio.BaseTransport, asyncio.Protocol]]]
+
+
+async def tcp_connect(factory: Callable[[], asyncio.Protocol], host: str,
+                      port: int) -> tuple[asyncio.BaseTransport, asyncio.Protocol]:
+    return await asyncio.get_running_loop().create_connection(factory, host, port)
+
+
 class Pool:
     """Keep-alive connections to one engine."""
 
     def __init__(self, base_url: str, connect_timeout_s: float,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, connect: Connector = tcp_connect) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
             raise ValueError(f"only http:// engines are supported, got {base_url}")
@@ -329,6 +341,7 @@ class Pool:
         self.connect_timeout_s = connect_timeout_s
         self.max_response_bytes = 64 * 1024 * 1024  # set from --max-response-bytes
         self.idle: list[_Conn] = []
+        self.connect = connect
         # the engine's own key (--upstream-api-key) on every request, control-plane GETs too
         self.auth = f"authorization: Bearer {api_key}\r\n" if api_key else ""
 
@@ -337,12 +350,12 @@ class Pool:
         self.idle.append(conn)
 
     async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(_Conn, self.host, self.port)
+                _, conn = await self.connect(_Conn, self.host, self.port)
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {self.netloc}: {exc}") from None
+        assert isinstance(conn, _Conn)
         return conn
 
     async def request(self, method: str, target: str, headers: Sequence[tuple[str, str]],
