@@ -292,3 +292,36 @@ def test_sigterm_past_the_drain_timeout_ends_streams_with_an_error_event(
     assert b'data: {"error"' in got
     assert got.endswith(b"0\r\n\r\n")  # the chunked answer is ended, not cut
     assert wait_for(lambda: " 503 " in p.log(), timeout=10), p.log()[-2000:]
+
+
+def test_large_answers_to_clients_that_do_not_read_hold_little_memory_and_no_loop(
+        spawn_proxy: SpawnProxy) -> None:
+    # 16 MB of small objects: buffered and parsed whole (twice) before, that held the event
+    # loop for seconds per answer and memory per client; now relayed with back-pressure.
+    big = json.dumps({**ANSWER, "filler": [{}] * (4 << 20)}).encode()
+    with scripted_engine(answering(json_answer(big))) as engine:
+        p = spawn_proxy([engine], "--client-stall-timeout", "120")
+        before = rss_bytes(p.pid)
+        socks = []
+        try:
+            for _ in range(10):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+                host, port = p.url.removeprefix("http://").split(":")
+                sock.connect((host, int(port)))
+                sock.sendall(request_bytes("POST", "/v1/chat/completions",
+                                           {"content-type": "application/json"},
+                                           json.dumps(CHAT).encode()))
+                socks.append(sock)
+            slowest, t_end = 0.0, time.monotonic() + 6
+            while time.monotonic() < t_end:  # the answers are under way, no client reads
+                t0 = time.monotonic()
+                assert exchange(p.url, "GET", "/health", timeout=30).status == 200
+                slowest = max(slowest, time.monotonic() - t0)
+                time.sleep(0.1)
+            grown = rss_bytes(p.pid) - before
+        finally:
+            for sock in socks:
+                sock.close()
+        assert grown < 100 << 20, f"RSS grew {grown >> 20} MiB"
+        assert slowest < 1.0, f"/health took {slowest:.2f} s"
