@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from topocommon.sse import SseReader
+
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
 _TOKEN_EVENTS = frozenset({b"content_block_delta", b"response.output_text.delta"})
 _LAST_EVENTS = frozenset({b"message_stop", b"response.completed", b"response.incomplete"})
@@ -110,7 +112,8 @@ async def _exchange(host: str, port: int, request: bytes, t_sent: float) -> Stre
         chunked = b"transfer-encoding: chunked" in raw_head.lower()
         decoder = _ChunkDecoder() if chunked else None
         times: list[float] = []
-        pending = b""
+        sse = SseReader()  # the SSE reader loadgen shares (topocommon.sse)
+        first = b""  # the body's start, for an error answer's message
         events, done, error = 0, False, None
         while True:
             data = await reader.read(65536)
@@ -118,22 +121,18 @@ async def _exchange(host: str, port: int, request: bytes, t_sent: float) -> Stre
             if not data:
                 break
             data = decoder.feed(data) if decoder else data
-            pending += data
-            *complete, pending = pending.split(b"\n\n")
-            for event in complete:
-                if event.startswith(b"event: "):
-                    name, _, payload = event[7:].partition(b"\ndata: ")
-                    events += 1
+            if len(first) < 200:
+                first += data[:200]
+            for event in sse.feed(data):
+                name, payload = event.name, event.data
+                events += 1
+                if name != b"message":  # named: /v1/messages, /v1/responses
                     done = done or name in _LAST_EVENTS
                     if name == b"error":
                         error = payload.decode(errors="replace")
                     if name in _TOKEN_EVENTS:
                         times.append(now)
                     continue
-                if not event.startswith(b"data: "):
-                    continue
-                payload = event[6:]
-                events += 1
                 done = done or payload == b"[DONE]"
                 if payload.startswith(b'{"error"'):
                     error = payload.decode(errors="replace")
@@ -141,7 +140,7 @@ async def _exchange(host: str, port: int, request: bytes, t_sent: float) -> Stre
             if decoder is not None and decoder.finished:
                 break
         if status != 200 and error is None:
-            error = f"HTTP {status}: {pending[:200].decode(errors='replace')}"
+            error = f"HTTP {status}: {first[:200].decode(errors='replace')}"
         elif decoder is not None and not decoder.finished and error is None:
             error = "stream ended before the last chunk"
         return StreamResult(status, t_sent, tuple(times), time.perf_counter(), done, error,
