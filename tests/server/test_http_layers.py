@@ -324,4 +324,5 @@ def test_large_answers_to_clients_that_do_not_read_hold_little_memory_and_no_loo
             for sock in socks:
                 sock.close()
         assert grown < 100 << 20, f"RSS grew {grown >> 20} MiB"
-        assert slowest < 1.0, f"/health took {slowest:.2f} s"
+        # generous for a loaded machine; parsing one such answer on the loop took seconds
+        assert slowest < 3.0, f"/health took {slowest:.2f} s"
