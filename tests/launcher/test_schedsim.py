@@ -1,0 +1,169 @@
+"""The scheduler simulation against cases whose timeline is known exactly, and its invariants
+over generated limits and workloads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.planner.schedsim import (
+    SchedulerLimits,
+    SimError,
+    StepBatch,
+    TableStepCost,
+    Workload,
+    percentiles,
+    simulate,
+)
+
+BIG = SchedulerLimits(max_num_batched_tokens=8192, max_num_seqs=256, kv_blocks=100_000)
+
+
+@dataclass
+class Recorder:
+    """A step timer that costs ``fixed`` plus ``per_token`` a token and keeps every batch."""
+
+    fixed: float = 0.01
+    per_token: float = 0.0
+    batches: list[StepBatch] = field(default_factory=list)
+
+    def step_s(self, batch: StepBatch) -> float:
+        self.batches.append(batch)
+        return self.fixed + self.per_token * batch.tokens
+
+
+def test_one_short_request_is_one_prefill_step_then_one_step_per_token() -> None:
+    res = simulate(BIG, Recorder(0.01), Workload(prompt=512, gen=10), request_overhead_s=0.003)
+    (r,) = res.requests
+    assert r.ttft_s == pytest.approx(0.013)
+    assert r.tpot_s == pytest.approx(0.01)
+    assert r.finished_s - r.sent_s == pytest.approx(0.003 + 10 * 0.01)
+    assert res.steps == 10
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks() -> None:
+    rec = Recorder(0.01)
+    res = simulate(BIG, rec, Workload(prompt=20_000, gen=2))
+    assert res.requests[0].ttft_s == pytest.approx(0.03)  # 8192 + 8192 + 3616
+    assert [b.prefill_tokens for b in rec.batches[:3]] == [8192, 8192, 3616]
+    assert rec.batches[3].decode_seqs == 1
+    assert rec.batches[3].decode_context == 20_001
+
+
+def test_four_long_prompts_at_once_are_prefilled_one_after_another_through_the_budget() -> None:
+    # every step full of prompt tokens: the last request's first token waits for all four
+    # prompts and the three decode tokens scheduled before it, at 1 us a token
+    rec = Recorder(0.0, 1e-6)
+    res = simulate(BIG, rec, Workload(prompt=16_384, gen=2, concurrency=4))
+    ttfts = sorted(r.ttft_s for r in res.requests)
+    assert ttfts[0] == pytest.approx(16_384e-6)
+    assert ttfts[-1] == pytest.approx((4 * 16_384 + 3) * 1e-6)
+    assert all(b.tokens <= 8192 for b in rec.batches)
+
+
+def test_max_num_seqs_caps_the_running_requests() -> None:
+    lim = SchedulerLimits(8192, max_num_seqs=2, kv_blocks=10_000)
+    res = simulate(lim, Recorder(0.01), Workload(prompt=100, gen=5, concurrency=8))
+    assert res.max_running == 2
+    assert len(res.requests) == 8
+    # two at a time, five steps each: four rounds
+    assert res.duration_s == pytest.approx(4 * 5 * 0.01)
+
+
+def test_a_full_kv_cache_preempts_the_last_admitted_and_still_finishes_everything() -> None:
+    # 3 requests of 32 + 64 tokens need 6 blocks each at their end; 14 blocks hold two
+    lim = SchedulerLimits(8192, 256, kv_blocks=14)
+    res = simulate(lim, Recorder(0.01), Workload(prompt=32, gen=64, concurrency=3))
+    assert res.preemptions > 0
+    assert len(res.requests) == 3
+    assert all(r.gen == 64 for r in res.requests)
+
+
+def test_a_shared_prefix_is_taken_from_the_cache_in_whole_blocks() -> None:
+    rec = Recorder(0.0, 1e-6)
+    work = Workload(prompt=1000, gen=2, concurrency=1, requests=2, shared_prefix=500)
+    res = simulate(BIG, rec, work)
+    assert [r.cached_tokens for r in res.requests] == [0, 496]
+    assert rec.batches[2].prefill_tokens == 1000 - 496
+    off = simulate(SchedulerLimits(8192, 256, 100_000, prefix_caching=False), Recorder(), work)
+    assert [r.cached_tokens for r in off.requests] == [0, 0]
+
+
+def test_closed_loop_sends_the_next_request_when_the_last_ends() -> None:
+    res = simulate(BIG, Recorder(0.01), Workload(prompt=64, gen=4, concurrency=1, requests=3),
+                   request_overhead_s=0.005)
+    assert [r.sent_s for r in res.requests] == pytest.approx([0.0, 0.045, 0.09])
+    assert res.output_tok_s == pytest.approx(12 / 0.135)
+
+
+def test_open_loop_sends_at_the_rate_whatever_the_engine_does() -> None:
+    res = simulate(BIG, Recorder(0.01), Workload(prompt=64, gen=4, requests=3, rate=10.0))
+    assert [r.sent_s for r in res.requests] == pytest.approx([0.0, 0.1, 0.2])
+    assert all(r.ttft_s == pytest.approx(0.01) for r in res.requests)
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room_for_all_of_it() -> None:
+    lim = SchedulerLimits(1000, 256, 10_000, chunked_prefill=False)
+    rec = Recorder(0.01)
+    res = simulate(lim, rec, Workload(prompt=600, gen=3, concurrency=2))
+    assert [b.prefill_tokens for b in rec.batches[:2]] == [600, 600]
+    assert sorted(r.ttft_s for r in res.requests) == pytest.approx([0.01, 0.02])
+
+
+def test_one_request_larger_than_the_cache_is_one_error() -> None:
+    with pytest.raises(SimError, match="more than the KV cache"):
+        simulate(SchedulerLimits(8192, 256, kv_blocks=10), Recorder(), Workload(512, 10))
+
+
+def test_table_step_cost_interpolates_and_extrapolates_in_proportion() -> None:
+    cost = TableStepCost((1, 100), (0.001, 0.011), attn_prefill_s_per_pair=1e-9,
+                         sampler_s_per_seq=1e-4, step_overhead_s=0.002)
+    assert cost.forward(1) == pytest.approx(0.001)
+    assert cost.forward(50) == pytest.approx(0.001 + 0.01 * 49 / 99)
+    assert cost.forward(200) == pytest.approx(0.022)
+    batch = StepBatch(prefill_tokens=100, prefill_pairs=5000.0, sampled=1)
+    assert cost.step_s(batch) == pytest.approx(0.002 + 0.011 + 5e-6 + 1e-4)
+
+
+@pytest.mark.parametrize("bad", [((), ()), ((2, 1), (0.1, 0.2)), ((1,), (math.nan,)),
+                                 ((0, 4), (0.1, 0.2)), ((1, 2), (0.1,))])
+def test_a_malformed_step_table_is_refused(bad: tuple[tuple[int, ...], tuple[float, ...]]) -> None:
+    with pytest.raises(SimError):
+        TableStepCost(*bad)
+
+
+def test_percentiles_interpolate_as_loadgen_does() -> None:
+    p = percentiles([4.0, 1.0, 3.0, 2.0])
+    assert (p.mean, p.p50, p.p90) == pytest.approx((2.5, 2.5, 3.7))
+
+
+limits = st.builds(SchedulerLimits, st.integers(1, 4096), st.integers(1, 64),
+                   st.integers(1, 4000), st.sampled_from([1, 16, 128]), st.booleans(),
+                   st.booleans(), st.sampled_from([0, 64, 512]))
+workloads = st.builds(Workload, st.integers(1, 3000), st.integers(1, 40), st.integers(1, 12),
+                      st.integers(0, 24), st.one_of(st.none(), st.floats(0.5, 500)),
+                      st.integers(0, 3000))
+
+
+@given(limits, workloads)
+def test_every_request_finishes_within_the_limits(lim: SchedulerLimits, work: Workload) -> None:
+    rec = Recorder(0.001, 1e-6)
+    too_big = -(-(work.prompt + work.gen) // lim.block_size) > lim.kv_blocks
+    unchunkable = not lim.chunked_prefill and work.prompt > lim.max_num_batched_tokens
+    if too_big or unchunkable:  # what vLLM itself would refuse to start with
+        with pytest.raises(SimError, match=r"KV cache|without chunked prefill"):
+            simulate(lim, rec, work)
+        return
+    res = simulate(lim, rec, work, request_overhead_s=0.002)
+    assert len(res.requests) == work.total
+    assert res.max_running <= lim.max_num_seqs
+    assert all(b.tokens <= lim.max_num_batched_tokens for b in rec.batches)
+    for r in res.requests:
+        assert r.sent_s + 0.002 < r.first_token_s <= r.finished_s
+        assert r.cached_tokens < work.prompt
+    produced = sum(b.sampled for b in rec.batches)
+    assert produced >= work.total * work.gen  # recomputed requests sample again
