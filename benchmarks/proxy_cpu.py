@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/proxy_cpu.py [--bursts 20] [--streams 64] [--tokens 64]
         [--other 'python other/checkout/-m server --upstream {upstream} --port {port}']
-        [--route /v1/completions|/v1/chat/completions|/v1/messages]
+        [--route /v1/completions|/v1/chat/completions|/v1/messages] [--prompt-ids 512]
 
 TTFT differences between the direct and the proxied path are a few ms on these shared two-core
 machines and move by as much from one second to the next; the CPU the proxy process spends
@@ -12,7 +12,8 @@ simulated engine, this tree's proxy (and ``--other`` in front of the same engine
 request (the per-request cost: connection, parsing, checks, upstream exchange, metrics) and
 once with ``--tokens`` (the rest, divided by the extra tokens, is the per-token cost).
 ``--route`` picks what the streams ask for: the lean generation routes or a relayed one
-(``/v1/messages``: FastAPI's surface and the relay without SSE inspection).
+(``/v1/messages``: FastAPI's surface and the relay without SSE inspection). ``--prompt-ids N``
+sends prompts of N token ids (as benchmarks/proxy_overhead.py does): a request body of a few KiB.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Tally:
 
 
 def measure(proxies: dict[str, tuple[str, int]], bursts: int, streams: int,
-            tokens: int, route: str = "/v1/completions") -> dict[str, Tally]:
+            tokens: int, route: str = "/v1/completions", prompt_ids: int = 0) -> dict[str, Tally]:
     """CPU per proxy over ``bursts`` bursts each, alternating so both see the same machine."""
     import uvloop
 
@@ -57,7 +58,7 @@ def measure(proxies: dict[str, tuple[str, int]], bursts: int, streams: int,
     for _ in range(bursts):
         for name, (url, pid) in proxies.items():
             before = cpu_seconds(pid)
-            r = uvloop.run(burst(url, streams, tokens, 1, route))
+            r = uvloop.run(burst(url, streams, tokens, 1, route, prompt_ids))
             if r.errors:
                 raise SystemExit(f"{name}: {r.errors} of {streams} streams failed")
             tallies[name].cpu_s += cpu_seconds(pid) - before
@@ -87,6 +88,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--other", help="a second proxy command ({upstream}, {port}) to compare")
     p.add_argument("--route", choices=ROUTES, default="/v1/completions")
+    p.add_argument("--prompt-ids", type=int, default=0)
     a = p.parse_args()
     import uvloop
 
@@ -96,8 +98,8 @@ def main() -> None:
         proxies = dict(proxies_of(stack, sim, a.other))
         for url, _ in proxies.values():  # warm the keep-alive pools and imports
             uvloop.run(burst(url, a.streams, 2, 1, a.route))
-        one = measure(proxies, a.bursts, a.streams, 1, a.route)
-        many = measure(proxies, a.bursts, a.streams, a.tokens, a.route)
+        one = measure(proxies, a.bursts, a.streams, 1, a.route, a.prompt_ids)
+        many = measure(proxies, a.bursts, a.streams, a.tokens, a.route, a.prompt_ids)
     print(f"{a.bursts} bursts of {a.streams} streams each on {a.route}, 1 and {a.tokens} tokens "
           "per request, alternating")
     print(f"{'proxy':>10} {'µs/request':>11} {'µs/token':>9}")
