@@ -38,7 +38,13 @@ from loadgen.target import Target, TargetClient, max_model_len, plan_label
 from loadgen.timing import Expected, OutputCounter, RequestResult
 from loadgen.tokens import Counter, Messages
 from loadgen.transport import Endpoint, request_bytes
-from loadgen.workload import PromptInfo, generation_body, open_source, shuffle_words
+from loadgen.workload import (
+    PromptInfo,
+    generation_body,
+    open_source,
+    shuffle_words,
+    strict_prompt,
+)
 
 DEFAULT_CONTEXT = (2000, 30000)
 PATH = "/v1/chat/completions"
@@ -49,9 +55,10 @@ def context_for(config: Config, max_len: int | None, model: str) -> tuple[int, i
     if config.context is not None:
         first, last = config.context
         if max_len is not None and last + config.gen > max_len:
+            lower = "--soak-tokens" if config.soak_tokens is not None else "--context"
             raise ContextTooShort(
                 f"model {model!r} has a context of {max_len} tokens, shorter than the last turn's"
-                f" {last} + --gen {config.gen}: lower --context or --gen"
+                f" {last} + --gen {config.gen}: lower {lower} or --gen"
             )
         return first, last
     first, last = DEFAULT_CONTEXT
@@ -90,6 +97,9 @@ class AgentWorkload:
     info: PromptInfo
     context: tuple[int, int]
     output: OutputCounter | None = field(default=None, compare=False)
+    # Unmeasured one-message chats sent before the sessions start (half the first turn's
+    # length, each its own text, so nothing of them is in any session's prefix).
+    warmup: tuple[Messages, ...] = ()
 
     def index(self, session: int, turn: int) -> int:
         return session * self.config.turns + turn
@@ -99,23 +109,22 @@ class AgentWorkload:
 
     def expected_for(self, index: int) -> Expected:
         s, t = self.where(index)
-        strict = self.info.source != "usage"
+        strict = strict_prompt(self.info.source, self.config.strict_counts)
         return Expected(self.prompt_tokens[s][t], self.config.gen, strict_prompt=strict,
                         strict_completion=self.target.exact_length)
 
     def payloads(self) -> list[list[bytes]]:
         """Every request of every session, built before the clock starts."""
-        endpoint = Endpoint.parse(self.config.url)
-        out = []
-        for messages_by_turn in self.conversations:
-            row = []
-            for messages in messages_by_turn:
-                body = generation_body(self.target.model, self.config.gen, self.target.exact_length)
-                body["messages"] = list(messages)
-                data = json.dumps(body, separators=(",", ":")).encode()
-                row.append(request_bytes(endpoint, PATH, data, self.config.api_key))
-            out.append(row)
-        return out
+        return [[self._request(m) for m in turns] for turns in self.conversations]
+
+    def warmup_payloads(self) -> list[bytes]:
+        return [self._request(m) for m in self.warmup]
+
+    def _request(self, messages: Messages) -> bytes:
+        body = generation_body(self.target.model, self.config.gen, self.target.exact_length)
+        body["messages"] = list(messages)
+        data = json.dumps(body, separators=(",", ":")).encode()
+        return request_bytes(Endpoint.parse(self.config.url), PATH, data, self.config.api_key)
 
 
 class _Builder:
@@ -203,13 +212,20 @@ def prepare_agent(config: Config) -> AgentWorkload:
                 f"the longest conversation counts {longest} tokens, too long for the model's"
                 f" {max_len} with --gen {config.gen}: lower --context"
             )
+        builder = _Builder(src.counter, config.seed)
+        warmup = tuple(
+            ({"role": "user", "content": builder.content(context[0] // 2, f"warmup:{i}")},)
+            for i in range(config.warmup_for(config.sessions))
+        )
         info = PromptInfo(
             source=src.counter.source,
             format="chat",
             calibration_requests=getattr(src.counter, "requests", 0),
             tokenizer=config.tokenizer,
         )
-        return AgentWorkload(target, config, conversations, counts, info, context, src.output)
+        return AgentWorkload(
+            target, config, conversations, counts, info, context, src.output, warmup
+        )
     finally:
         client.close()
 

@@ -6,16 +6,17 @@ concurrency level: warm up, drive, and only afterwards turn raw timestamps into 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
-from loadgen.config import Config
+from loadgen.config import Config, soaked
+from loadgen.depth import DepthRun, depth_config
+from loadgen.errors import ContextTooShort
 from loadgen.gpus import GpuBalance, GpuSampler, has_gpu_metrics
-from loadgen.runner import Driven, Shape, drive, drive_sessions, window
+from loadgen.runner import Driven, Shape, drive, drive_sessions, run_async, window
 from loadgen.stats import Summary, summarize
 from loadgen.target import Target, TargetClient
 from loadgen.timing import Expected, OutputCounter, RawRequest, RequestResult, measure
@@ -24,9 +25,6 @@ from loadgen.workload import PromptInfo, Workload, prepare
 
 if TYPE_CHECKING:
     from loadgen.agent import AgentResult
-
-T = TypeVar("T")
-
 
 class Measurable(Protocol):
     """What measuring a level needs of a workload (the standard one or the agent's)."""
@@ -41,11 +39,28 @@ class Measurable(Protocol):
 
 
 @dataclass(frozen=True)
+class Warmup:
+    """The unmeasured requests sent before a level: how many, how many succeeded, how long."""
+
+    requests: int
+    ok: int
+    seconds: float
+
+    @staticmethod
+    def of(driven: Driven) -> Warmup:
+        span = window(driven.raws)
+        ok = sum(1 for r in driven.raws if r.error is None and r.status == 200)
+        return Warmup(len(driven.raws), ok, span[1] - span[0] if span else 0.0)
+
+
+@dataclass(frozen=True)
 class LevelResult:
     concurrency: int | None
     rate: float | None
     summary: Summary
     requests: tuple[RequestResult, ...]
+    warmup: Warmup | None = None  # None: none was sent (--no-warmup)
+    depth: DepthRun | None = None  # --depth: the depth this level measured at
 
 
 @dataclass(frozen=True)
@@ -78,15 +93,6 @@ class Hooks:
         """A level ended and was measured."""
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop when it is installed (less loop overhead per token), else asyncio."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)  # type: ignore[no-any-return]
-
-
 def run(config: Config, hooks: Hooks | None = None) -> Report:
     hooks = hooks or Hooks()
     sampler = _gpu_sampler(config)
@@ -115,16 +121,58 @@ def _gpu_sampler(config: Config) -> GpuSampler | None:
 def _run(config: Config, hooks: Hooks) -> Report:
     if config.workload == "agent":
         return _run_agent(config, hooks)
+    if config.depth:
+        return _run_depths(config, hooks)
     workload = prepare(config)
     hooks.prepared(workload.target)
-    if config.processes > 1:
-        levels = _levels_in_processes(workload, hooks)
-    else:
-        levels = run_async(_levels(workload, hooks))
+    levels = _run_levels(workload, hooks, None)
     return Report(config, workload.target, tuple(levels), time.time(), workload.prompts.info)
 
 
-async def _levels(workload: Workload, hooks: Hooks) -> list[LevelResult]:
+def _run_levels(workload: Workload, hooks: Hooks, depth: DepthRun | None) -> list[LevelResult]:
+    if workload.config.processes > 1:
+        return _levels_in_processes(workload, hooks, depth)
+    return run_async(_levels(workload, hooks, depth))
+
+
+def _run_depths(config: Config, hooks: Hooks) -> Report:
+    """One run per depth (each over every concurrency level). Every depth is prepared, and
+    checked against the model's context, before anything is measured."""
+    workloads = [(d, _prepare_depth(config, d)) for d in config.depth]
+    target = workloads[0][1].target
+    hooks.prepared(target)
+    levels: list[LevelResult] = []
+    for tokens, workload in workloads:
+        depth = DepthRun(tokens, config.prompt, config.depth_cold)
+        if tokens and not config.depth_cold:
+            depth = replace(depth, prime=run_async(_prime(workload)))
+        levels += _run_levels(workload, hooks, depth)
+    return Report(config, target, tuple(levels), time.time(), workloads[0][1].prompts.info)
+
+
+def _prepare_depth(config: Config, depth: int) -> Workload:
+    try:
+        return prepare(depth_config(config, depth))
+    except ContextTooShort as exc:
+        raise ContextTooShort(f"--depth {depth} (context + --prompt): {exc}") from None
+
+
+async def _prime(workload: Workload) -> RequestResult:
+    """Send the shared context once, unmeasured, so that the level finds it cached: request
+    number -1 (never a measured one) with the level's prompt and one output token."""
+    config = workload.config
+    client = Client(Endpoint.parse(config.url), config.timeout_s)
+    try:
+        raw = await client.send(-1, workload.payload_fn(gen=1)(-1))
+    finally:
+        client.close()
+    expected = replace(workload.expected, completion_tokens=1)
+    return measure(raw, expected, workload.output)
+
+
+async def _levels(
+    workload: Workload, hooks: Hooks, depth: DepthRun | None = None
+) -> list[LevelResult]:
     config = workload.config
     client = Client(Endpoint.parse(config.url), config.timeout_s)
     payload = workload.payload_fn()
@@ -132,10 +180,12 @@ async def _levels(workload: Workload, hooks: Hooks) -> list[LevelResult]:
     results = []
     try:
         for concurrency in config.levels():
-            if config.warmup:
-                warm = Shape(concurrency or 1, requests=config.warmup)
-                await drive(client, payload, _take(counter, config.warmup), warm)
+            warmup = None
+            if n := config.warmup_for(concurrency):
+                warm = Shape(concurrency or 1, requests=n)
+                warmup = Warmup.of(await drive(client, payload, _take(counter, n), warm))
             level = await _level(client, payload, counter, workload, concurrency, hooks)
+            level = replace(level, warmup=warmup, depth=depth)
             hooks.level_done(level)
             results.append(level)
     finally:
@@ -167,21 +217,31 @@ async def _level(
 
 
 def _run_agent(config: Config, hooks: Hooks) -> Report:
-    from loadgen.agent import AgentResult, cache_counters, cache_delta, prepare_agent, turn_results
+    from loadgen.agent import (
+        DEFAULT_CONTEXT,
+        AgentResult,
+        cache_counters,
+        cache_delta,
+        prepare_agent,
+        turn_results,
+    )
 
+    config = soaked(config, DEFAULT_CONTEXT[0])
     workload = prepare_agent(config)
     hooks.prepared(workload.target)
     control = TargetClient(config.url, config.api_key)
     try:
-        before = cache_counters(control.metrics_text(config.metrics_url))
         payloads = workload.payloads()
+        warmup = run_async(_warm_agent(config, workload.warmup_payloads()))
+        # After the warm-up: its requests are counted by the engine's cache counters too.
+        before = cache_counters(control.metrics_text(config.metrics_url))
         total = config.sessions * config.turns
         hooks.level_started(config.sessions, total, None)
         driven = run_async(_drive_agent(config, payloads, workload.index, hooks))
         after = cache_counters(control.metrics_text(config.metrics_url))
     finally:
         control.close()
-    level = measure_level(driven, workload, config.sessions, None)
+    level = replace(measure_level(driven, workload, config.sessions, None), warmup=warmup)
     hooks.level_done(level)
     per_turn = tuple(turn_results(level.requests, workload))
     counters = cache_delta(before, after)
@@ -200,6 +260,21 @@ def _run_agent(config: Config, hooks: Hooks) -> Report:
         config.metrics_url,
     )
     return Report(config, workload.target, (level,), time.time(), workload.info, agent)
+
+
+async def _warm_agent(config: Config, payloads: list[bytes]) -> Warmup | None:
+    """The warm-up chats, as many at once as there are sessions (request numbers below 0, so
+    never a session's)."""
+    if not payloads:
+        return None
+    client = Client(Endpoint.parse(config.url), config.timeout_s)
+    numbered = {-1 - i: p for i, p in enumerate(payloads)}
+    try:
+        shape = Shape(config.sessions, requests=len(numbered))
+        driven = await drive(client, numbered.__getitem__, iter(numbered), shape)
+    finally:
+        client.close()
+    return Warmup.of(driven)
 
 
 async def _drive_agent(
@@ -221,7 +296,9 @@ async def _drive_agent(
         client.close()
 
 
-def _levels_in_processes(workload: Workload, hooks: Hooks) -> list[LevelResult]:
+def _levels_in_processes(
+    workload: Workload, hooks: Hooks, depth: DepthRun | None = None
+) -> list[LevelResult]:
     from loadgen.procs import drive_processes, plan_parts
 
     config = workload.config
@@ -232,14 +309,18 @@ def _levels_in_processes(workload: Workload, hooks: Hooks) -> list[LevelResult]:
         shape = Shape(
             concurrency, config.rate, config.arrivals, requests, config.duration, config.seed
         )
-        warmup = range(next_number, next_number + config.warmup)
-        next_number += config.warmup
+        warm_n = config.warmup_for(concurrency)
+        warmup = range(next_number, next_number + warm_n)
+        next_number += warm_n
         numbers = range(next_number, next_number + requests) if requests is not None else None
         parts = plan_parts(workload, shape, config.processes, numbers, next_number, warmup)
         hooks.level_started(concurrency, requests, config.duration)
-        driven = drive_processes(parts, lambda count, elapsed: hooks.tick(count, elapsed, ()))
+        driven, warmed = drive_processes(
+            parts, lambda count, elapsed: hooks.tick(count, elapsed, ())
+        )
         next_number = max((r.index for r in driven.raws), default=next_number) + 1
         level = measure_level(driven, workload, concurrency, config.rate)
+        level = replace(level, warmup=Warmup.of(warmed) if warm_n else None, depth=depth)
         hooks.level_done(level)
         results.append(level)
     return results

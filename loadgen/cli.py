@@ -37,6 +37,7 @@ from loadgen.config import (
     unwritable_output,
     validate,
 )
+from loadgen.depth import parse_depths, parse_tokens
 from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
 from loadgen.export import Metrics, serving
 from loadgen.report import (
@@ -113,7 +114,31 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--duration", type=float, help="seconds to keep sending, instead of --requests"
     )
-    p.add_argument("--warmup", type=int, default=0, help="unmeasured requests before each run")
+    warm = p.add_mutually_exclusive_group()
+    warm.add_argument(
+        "--warmup",
+        type=int,
+        metavar="N",
+        help="unmeasured requests before each level (default: one per stream, at least 2)",
+    )
+    warm.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="measure from the first request (an engine's first requests are slow)",
+    )
+    p.add_argument(
+        "--depth",
+        type=parse_depths_arg,
+        default=(),
+        metavar="D[,D...]",
+        help="measure after D tokens of context (cached unless --depth-cold); a sweep like"
+        " 0,8k,32k (k = 1000, K = 1024)",
+    )
+    p.add_argument(
+        "--depth-cold",
+        action="store_true",
+        help="--depth with a fresh context per request (nothing of it cached)",
+    )
     p.add_argument(
         "--processes",
         type=int,
@@ -154,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="count prompts with this Hugging Face tokenizer instead of the target's /tokenize"
         " (any OpenAI-compatible server; honours HF_HOME, HF_HUB_OFFLINE, HF_ENDPOINT)",
     )
+    p.add_argument(
+        "--strict-counts",
+        action="store_true",
+        help="fail a request whose prompt the server counted differently from --tokenizer"
+        " (default: reported, figures kept)",
+    )
     agent = p.add_argument_group("agent workload (--workload agent)")
     p.add_argument(
         "--workload",
@@ -161,7 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="standard (default) or agent: sessions resending a growing conversation",
     )
     agent.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
-    agent.add_argument("--turns", type=int, default=10, help="turns per session (default 10)")
+    agent.add_argument("--turns", type=int, help="turns per session (default 10)")
+    agent.add_argument(
+        "--soak-tokens",
+        type=parse_tokens_arg,
+        metavar="N",
+        help="keep taking turns until each conversation has crossed N tokens (e.g. 64k);"
+        " sets --turns",
+    )
+    agent.add_argument(
+        "--turn-tokens",
+        type=parse_tokens_arg,
+        default=2000,
+        metavar="G",
+        help="with --soak-tokens: tokens each turn adds (default 2000)",
+    )
     agent.add_argument(
         "--context",
         type=parse_context_arg,
@@ -201,6 +246,20 @@ def parse_context_arg(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_depths_arg(text: str) -> tuple[int, ...]:
+    try:
+        return parse_depths(text)
+    except BadArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_tokens_arg(text: str) -> int:
+    try:
+        return parse_tokens(text)
+    except BadArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_sweep_arg(text: str) -> tuple[int, ...]:
     try:
         return parse_sweep(text)
@@ -231,6 +290,8 @@ def config_from(args: argparse.Namespace) -> Config:
     agent = args.workload == "agent"
     # An agent's answer is short: 64 tokens unless --gen says otherwise.
     gen = args.gen if args.gen is not None else (64 if agent else 256)
+    if args.soak_tokens is not None and args.turns is not None:
+        raise BadArgument("--soak-tokens sets the number of turns: drop --turns")
     return validate(
         Config(
             url=server_root(args.url),
@@ -245,7 +306,7 @@ def config_from(args: argparse.Namespace) -> Config:
             arrivals=args.arrivals,
             requests=args.requests,
             duration=args.duration,
-            warmup=args.warmup,
+            warmup=0 if args.no_warmup else args.warmup,
             sweep=args.sweep,
             processes=args.processes,
             pptg=args.pptg,
@@ -262,7 +323,12 @@ def config_from(args: argparse.Namespace) -> Config:
             tokenizer=args.tokenizer,
             workload=args.workload,
             sessions=args.sessions,
-            turns=args.turns,
+            turns=args.turns if args.turns is not None else 10,
+            soak_tokens=args.soak_tokens,
+            turn_tokens=args.turn_tokens,
+            strict_counts=args.strict_counts,
+            depth=args.depth,
+            depth_cold=args.depth_cold,
             context=args.context,
             think_s=args.think,
             slo_ttft_ms=args.slo_ttft_ms,

@@ -7,7 +7,7 @@ import os
 import re
 import secrets
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,10 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 WORKLOADS = ("standard", "agent")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Labels loadgen sets itself; `plan` may be overridden (e.g. for a server without plan_info).
-FIXED_LABELS = ("run_id", "model", "prompt", "gen", "concurrency", "stat", "outcome", "job")
+FIXED_LABELS = (
+    "run_id", "model", "prompt", "gen", "concurrency", "stat", "outcome", "job", "depth",
+    "depth_mode", "turn",
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,9 @@ class Config:
     arrivals: str = "poisson"
     requests: int | None = None  # None with no duration: a default per concurrency
     duration: float | None = None
-    warmup: int = 0
+    # Unmeasured requests before each level; None: one per stream, at least 2 (the engine's
+    # first requests after start-up are slow: compilation, allocation, cold caches).
+    warmup: int | None = None
     sweep: tuple[int, ...] = ()
     processes: int = 1  # event loops (one per process) that share the load
     pptg: bool = False
@@ -76,12 +81,23 @@ class Config:
     # A Hugging Face tokenizer (directory or hub id) to count prompts with, instead of the
     # target's /tokenize; it also counts output when the server sends no usage.
     tokenizer: str | None = None
+    # A prompt count of --tokenizer that differs from the server's usage is reported and the
+    # request kept (a BOS token, a template, another tokenizer); True: such a request fails.
+    strict_counts: bool = False
+    # --depth: one level per depth, each request D context tokens + --prompt new ones; the
+    # context cached (shared, sent once first) unless depth_cold (loadgen/depth.py).
+    depth: tuple[int, ...] = ()
+    depth_cold: bool = False
     # "agent": sessions that resend a growing conversation (loadgen/agent.py).
     workload: str = "standard"
     sessions: int = 4
     turns: int = 10
     context: tuple[int, int] | None = None  # (turn 1, last turn) prompt tokens; None: fitted
     think_s: float = 1.0  # pause between a session's turns
+    # --soak-tokens N: the sessions keep taking turns, each adding turn_tokens, until their
+    # conversation has crossed N tokens (turns and context derived: soaked()).
+    soak_tokens: int | None = None
+    turn_tokens: int = 2000
     # Service-level objectives per request (None: not judged) and the share of requests that
     # must meet them for a level to count as meeting the SLO (sweep: highest such level).
     slo_ttft_ms: float | None = None
@@ -96,6 +112,11 @@ class Config:
         if self.sweep:
             return self.sweep
         return (self.concurrency if self.rate else self.concurrency or 1,)
+
+    def warmup_for(self, concurrency: int | None) -> int:
+        """Unmeasured requests before a level at `concurrency` (--warmup, else one per stream,
+        at least 2)."""
+        return self.warmup if self.warmup is not None else max(2, concurrency or 1)
 
     def requests_for(self, concurrency: int | None) -> int | None:
         if self.duration is not None:
@@ -121,6 +142,7 @@ class Config:
         data["labels"] = dict(self.labels)
         data["sweep"] = list(self.sweep)
         data["context"] = list(self.context) if self.context else None
+        data["depth"] = list(self.depth)
         return data
 
 
@@ -144,7 +166,7 @@ def validate(config: Config) -> Config:
             config.duration is None or 0 < config.duration < math.inf,
             "--duration must be a finite number of seconds above 0",
         ),
-        (config.warmup >= 0, "--warmup cannot be negative"),
+        (config.warmup is None or config.warmup >= 0, "--warmup cannot be negative"),
         (
             all(c >= 1 for c in config.sweep),
             "--sweep takes concurrencies of at least 1, e.g. 1,2,4,8",
@@ -201,6 +223,24 @@ def validate(config: Config) -> Config:
             or not (config.sweep or config.rate or config.pptg or config.processes > 1),
             "--workload agent sets its own load (--sessions, --turns, --think): drop --sweep,"
             " --rate, --pptg and --processes",
+        ),
+        (all(d >= 0 for d in config.depth), "--depth takes token counts of 0 or more"),
+        (
+            not config.depth or not (config.pptg or config.workload == "agent" or config.rate),
+            "--depth measures closed-loop levels at a context depth: drop --pptg, --rate and"
+            " --workload agent",
+        ),
+        (not config.depth or config.shared_prefix == 0,
+         "--depth sets the shared context itself: drop --shared-prefix"),
+        (not config.depth_cold or bool(config.depth), "--depth-cold needs --depth D"),
+        (
+            config.soak_tokens is None or config.soak_tokens >= 1,
+            "--soak-tokens must be at least 1 token",
+        ),
+        (config.turn_tokens >= 1, "--turn-tokens must be at least 1 token"),
+        (
+            config.soak_tokens is None or config.workload == "agent",
+            "--soak-tokens grows agent sessions: add --workload agent",
         ),
         (
             config.slo_ttft_ms is None or 0 < config.slo_ttft_ms < math.inf,
@@ -280,3 +320,15 @@ def parse_context(text: str) -> tuple[int, int]:
             f"--context takes FIRST:LAST prompt tokens like 2000:30000, not {text!r}"
         ) from None
     return pair
+
+
+def soaked(config: Config, first_default: int) -> Config:
+    """--soak-tokens N: the agent run whose sessions grow by --turn-tokens a turn from their
+    first turn (--context FIRST, else `first_default`) until they have crossed N tokens."""
+    if config.soak_tokens is None:
+        return config
+    first = config.context[0] if config.context else first_default
+    first = min(first, config.soak_tokens)
+    steps = -(-(config.soak_tokens - first) // config.turn_tokens)  # ceiling
+    last = first + steps * config.turn_tokens
+    return replace(config, turns=steps + 1, context=(first, last))

@@ -3,7 +3,8 @@
     LoadgenError              base; `exit_code` is what the CLI exits with
      ├── BadArgument          a command-line value that cannot work (--prompt 0, --label x)
      ├── TargetError          the server: unreachable, answering errors, lacking what we need
-     │    └── ContextTooShort prompt + gen do not fit the model's context
+     │    ├── ContextTooShort prompt + gen do not fit the model's context
+     │    └── NoTokenize      no usable vLLM-style /tokenize (loadgen counts another way)
      ├── PromptError          chat text could not be brought to the exact token count
      ├── TokenizerError       --tokenizer cannot be loaded or has no chat template
      ├── RunFailed            requests were sent and some or all of them failed
@@ -33,6 +34,10 @@ class TargetError(LoadgenError):
 
 class ContextTooShort(TargetError):
     """--prompt + --gen exceed the model's max_model_len."""
+
+
+class NoTokenize(TargetError):
+    """The server has no usable vLLM-style /tokenize (loadgen then counts another way)."""
 
 
 class PromptError(LoadgenError):

@@ -17,11 +17,14 @@ from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, start_h
 from loadgen.agent import AgentResult
 from loadgen.api import LevelResult, Report
 from loadgen.config import Config
+from loadgen.depth import DepthRun, summarize_depth
 from loadgen.errors import ExportError
 from loadgen.stats import STATS, Dist
 from loadgen.target import Target
 
-BASE_LABELS = ("run_id", "model", "prompt", "gen", "concurrency", "plan")
+# depth / depth_mode: --depth's context tokens and "cached"/"cold"; empty (no label in
+# Prometheus) for a run without --depth.
+BASE_LABELS = ("run_id", "model", "prompt", "gen", "concurrency", "plan", "depth", "depth_mode")
 _DISTS = {
     "ttft_s": ("loadgen_ttft_seconds", "Time to first token per request (client side)"),
     "itl_s": ("loadgen_itl_seconds", "Gaps between streamed tokens"),
@@ -41,7 +44,20 @@ _TURN_DISTS = {
         "New prompt tokens of the turn (this prompt less the previous) / TTFT",
     ),
     "new_tokens": ("loadgen_agent_new_tokens", "Prompt tokens one agent turn added"),
+    "prompt_tokens": ("loadgen_agent_prompt_tokens", "Prompt tokens of one agent turn (its depth)"),
     "decode_tok_s": ("loadgen_agent_decode_tokens_per_second", "Decode rate of one agent turn"),
+}
+
+
+_DEPTH_DISTS = {
+    "cached_tokens": (
+        "loadgen_depth_cached_tokens",
+        "Prompt tokens the server served from its cache, per request (usage.cached_tokens)",
+    ),
+    "prefill_new_tok_s": (
+        "loadgen_depth_prefill_new_tokens_per_second",
+        "The new tokens after the depth's context / TTFT, per request",
+    ),
 }
 
 
@@ -84,6 +100,17 @@ class Metrics:
         self._ended = Gauge(
             "loadgen_run_timestamp_seconds", "Unix time the run ended", names, registry=reg
         )
+        # --depth: the level read at its depth (the standard series carry the depth labels too)
+        self._depth_dists = {
+            key: Gauge(name, doc, [*names, "stat"], registry=reg)
+            for key, (name, doc) in _DEPTH_DISTS.items()
+        }
+        self._depth_hit = Gauge(
+            "loadgen_depth_cache_hit_ratio",
+            "Cached / prompt tokens of the level's requests (usage.cached_tokens)",
+            names,
+            registry=reg,
+        )
         # --workload agent, one series per turn (the level's own series above cover the run)
         self._turn_dists = {
             key: Gauge(name, doc, [*names, "turn", "stat"], registry=reg)
@@ -102,12 +129,19 @@ class Metrics:
             registry=reg,
         )
 
-    def labels(self, concurrency: int | None) -> dict[str, str]:
-        return {**self._const, "concurrency": str(concurrency) if concurrency else "unbounded"}
+    def labels(self, concurrency: int | None, depth: DepthRun | None = None) -> dict[str, str]:
+        return {
+            **self._const,
+            "concurrency": str(concurrency) if concurrency else "unbounded",
+            "depth": str(depth.tokens) if depth is not None else "",
+            "depth_mode": depth.mode if depth is not None else "",
+        }
 
     def record(self, level: LevelResult, ended_unix: float | None = None) -> None:
-        labels = self.labels(level.concurrency)
+        labels = self.labels(level.concurrency, level.depth)
         s = level.summary
+        if level.depth is not None:
+            self._record_depth(level, labels)
         for key, gauge in self._dists.items():
             d: Dist = getattr(s, key)
             for stat in STATS:
@@ -121,6 +155,18 @@ class Metrics:
         self._requests.labels(**labels, outcome="ok").set(s.requests_ok)
         self._requests.labels(**labels, outcome="failed").set(s.requests_failed)
         self._ended.labels(**labels).set(ended_unix if ended_unix is not None else time.time())
+
+    def _record_depth(self, level: LevelResult, labels: dict[str, str]) -> None:
+        assert level.depth is not None
+        d = summarize_depth(level.depth, level.requests)
+        for key, gauge in self._depth_dists.items():
+            values: Dist = getattr(d, key)
+            for stat in STATS:
+                value = values.get(stat)
+                if value is not None:
+                    gauge.labels(**labels, stat=stat).set(value)
+        if d.hit_rate is not None:
+            self._depth_hit.labels(**labels).set(d.hit_rate)
 
     def record_report(self, report: Report) -> None:
         for level in report.levels:

@@ -13,11 +13,10 @@ from typing import Any
 
 from rich.table import Table
 
-from loadgen.api import run_async
 from loadgen.config import Config
 from loadgen.errors import TargetError
 from loadgen.report import request_measures
-from loadgen.runner import Shape, drive
+from loadgen.runner import Shape, drive, run_async
 from loadgen.stats import Dist, dist
 from loadgen.target import Target
 from loadgen.timing import Expected, RequestResult, measure
@@ -74,7 +73,7 @@ async def _repeat(
 ) -> tuple[RequestResult, ...]:
     payload = workload.payload_fn(gen=gen, prompt=prompt)
     reps = workload.config.repetitions
-    warm = max(1, workload.config.warmup)
+    warm = max(1, workload.config.warmup or 1)
     await drive(client, payload, itertools.islice(counter, warm), Shape(1, requests=warm))
     driven = await drive(client, payload, itertools.islice(counter, reps), Shape(1, requests=reps))
     return tuple(measure(raw, Expected(prompt, gen)) for raw in driven.raws)

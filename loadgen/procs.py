@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loadgen.errors import LoadgenError
-from loadgen.runner import Driven, Shape, drive
+from loadgen.runner import Driven, Shape, drive, run_async
 from loadgen.stats import LoopHealth, dist
 from loadgen.timing import RawRequest
 from loadgen.transport import Client, Endpoint
@@ -81,8 +81,6 @@ def plan_parts(
 def _worker(
     part: Part, slot: int, ready: Any, go: Any, start_at: Any, finished: Any, results: Any
 ) -> None:
-    from loadgen.api import run_async
-
     try:
         driven = run_async(_drive_part(part, slot, ready, go, start_at, finished))
         results.put((slot, driven, None))
@@ -92,16 +90,18 @@ def _worker(
 
 async def _drive_part(
     part: Part, slot: int, ready: Any, go: Any, start_at: Any, finished: Any
-) -> Driven:
+) -> tuple[Driven, Driven]:
+    """(the measured requests, the warm-up) of one part."""
     import asyncio
 
     cfg = part.workload.config
     client = Client(Endpoint.parse(cfg.url), cfg.timeout_s)
     payload = part.workload.payload_fn()
+    warmed = Driven((), LoopHealth(lag_s=dist([]), cpu_fraction=0.0))
     try:
         if part.warmup:
             warm = Shape(max(1, part.shape.concurrency or 1), requests=len(part.warmup))
-            await drive(client, payload, iter(part.warmup), warm)
+            warmed = await drive(client, payload, iter(part.warmup), warm)
         indices: Iterator[int] = itertools.count(part.first, part.step)
         send: Callable[[int], bytes] = payload
         if part.numbers is not None:
@@ -113,13 +113,17 @@ async def _drive_part(
         def tick(done: list[RawRequest], elapsed: float) -> None:
             finished[slot] = len(done)
 
-        return await drive(client, send, indices, part.shape, tick, start_at=start_at.value)
+        driven = await drive(client, send, indices, part.shape, tick, start_at=start_at.value)
+        return driven, warmed
     finally:
         client.close()
 
 
-def drive_processes(parts: list[Part], on_tick: Callable[[int, float], None]) -> Driven:
-    """Start one process per part, start them together, merge what they recorded."""
+def drive_processes(
+    parts: list[Part], on_tick: Callable[[int, float], None]
+) -> tuple[Driven, Driven]:
+    """Start one process per part, start them together, merge what they recorded: (the
+    measured requests, the warm-up requests)."""
     ctx = mp.get_context("spawn")  # no forked copy of the parent's loop or threads
     ready, results = ctx.Queue(), ctx.Queue()
     go, start_at, finished = ctx.Event(), ctx.Value("d", 0.0), ctx.Array("i", len(parts))
@@ -131,7 +135,7 @@ def drive_processes(parts: list[Part], on_tick: Callable[[int, float], None]) ->
     ]
     for proc in procs:
         proc.start()
-    got: dict[int, Driven] = {}
+    got: dict[int, tuple[Driven, Driven]] = {}
     try:
         _await_ready(ready, results, procs)
         start_at.value = time.perf_counter() + _START_MARGIN_S
@@ -144,7 +148,8 @@ def drive_processes(parts: list[Part], on_tick: Callable[[int, float], None]) ->
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
-    return merge([got[i] for i in range(len(parts))])
+    return (merge([got[i][0] for i in range(len(parts))]),
+            merge([got[i][1] for i in range(len(parts))]))
 
 
 def _await_ready(ready: Any, results: Any, procs: list[Any]) -> None:
@@ -160,7 +165,7 @@ def _await_ready(ready: Any, results: Any, procs: list[Any]) -> None:
                 raise LoadgenError("loadgen worker processes did not get ready in time") from None
 
 
-def _collect(results: Any, got: dict[int, Driven], procs: list[Any]) -> None:
+def _collect(results: Any, got: dict[int, tuple[Driven, Driven]], procs: list[Any]) -> None:
     try:
         slot, driven, error = results.get(timeout=0.5)
     except queue.Empty:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from loadgen.agent import AgentResult
 from loadgen.api import LevelResult, Report
+from loadgen.depth import summarize_depth
 from loadgen.errors import ExportError
 from loadgen.gpus import GpuBalance
 from loadgen.slo import SloResult, best_level, met
@@ -111,7 +113,64 @@ def level_dict(report: Report, level: LevelResult) -> dict[str, Any]:
         }
         for r in level.requests
     ]
-    return {"config": config, "summary": summary_dict(level.summary), "requests": requests}
+    summary = summary_dict(level.summary)
+    summary["prompt_mismatch"] = prompt_mismatch(level.requests)
+    out: dict[str, Any] = {"config": config, "summary": summary, "requests": requests}
+    out["warmup"] = asdict(level.warmup) if level.warmup is not None else None
+    if level.depth is not None:
+        out["depth"] = depth_dict(level)
+    return out
+
+
+def depth_dict(level: LevelResult) -> dict[str, Any]:
+    """--depth: the depth asked, the prime, and the level read at its depth (docs/loadgen.md)."""
+    assert level.depth is not None
+    d = level.depth
+    s = summarize_depth(d, level.requests)
+    prime = d.prime
+    return {
+        "tokens": d.tokens,
+        "new_tokens": d.new_tokens,
+        "mode": d.mode,
+        "prime": (
+            {**request_measures(prime), "error": prime.error, "cached_tokens": prime.cached_tokens}
+            if prime is not None else None
+        ),
+        "cached_tokens": dist_dict(s.cached_tokens),
+        "cached_reported": s.cached_reported,
+        "hit_rate": s.hit_rate,
+        "new_tokens_counted": dist_dict(s.new_tokens),
+        "prefill_new_tok_s": dist_dict(s.prefill_new_tok_s),
+        "uncached_tok_s": dist_dict(s.uncached_tok_s),
+        "ttft_s": dist_dict(level.summary.ttft_s),
+        "decode_tok_s": dist_dict(level.summary.decode_tok_s),
+    }
+
+
+def format_depth_notes(level: LevelResult) -> list[str]:
+    assert level.depth is not None
+    d = level.depth
+    s = summarize_depth(d, level.requests)
+    lines = []
+    if d.prime is not None:
+        failed = "" if d.prime.ok else f", failed: {d.prime.error}"
+        lines.append(
+            f"depth {d.tokens} cached: primed by one unmeasured request"
+            f" (TTFT {_ms(d.prime.ttft_s)} ms{failed})"
+        )
+    if s.cached_reported:
+        lines.append(
+            f"depth {d.tokens} {d.mode}: cached tokens p50 {_whole(s.cached_tokens.p50)} of"
+            f" {d.tokens + d.new_tokens} (hit rate {s.hit_rate or 0:.0%}, from usage);"
+            f" prefill of the {d.new_tokens} new tokens p50 {_rate(s.prefill_new_tok_s.p50)} tok/s"
+        )
+    else:
+        lines.append(
+            f"depth {d.tokens} {d.mode}: the server reported no cached tokens"
+            " (vLLM: --enable-prompt-tokens-details); prefill of the new tokens p50"
+            f" {_rate(s.prefill_new_tok_s.p50)} tok/s"
+        )
+    return lines
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -265,7 +324,11 @@ def _title(report: Report) -> str:
 
 
 def format_table(report: Report) -> Table:
-    """One level: measures × mean/p50/p90/p99. A sweep: one row of p50s per concurrency."""
+    """One level: measures × mean/p50/p90/p99. A sweep: one row of p50s per concurrency.
+    Depths: one row per depth (and concurrency), with the cached tokens and the new tokens'
+    prefill."""
+    if report.config.depth:
+        return format_depth_table(report)
     if len(report.levels) == 1:
         return _level_table(report, report.levels[0])
     table = Table(title=_title(report), min_width=len(_title(report)) + 4)
@@ -284,6 +347,33 @@ def format_table(report: Report) -> Table:
             _rate(s.output_tok_s),
         )
     table.caption = "TTFT, prefill and decode are per-request p50"
+    return table
+
+
+def format_depth_table(report: Report) -> Table:
+    mode = "cold" if report.config.depth_cold else "cached"
+    title = f"{_title(report)}  depth {mode}"
+    table = Table(title=title, min_width=len(title) + 4)
+    heads = ("depth", "conc", "ok/fail", "cached tok", "TTFT ms", "prefill new t/s",
+             "decode t/s", "ITL p99 ms")
+    for head in heads:
+        table.add_column(head, justify="right")
+    for level in report.levels:
+        assert level.depth is not None
+        s, d = level.summary, summarize_depth(level.depth, level.requests)
+        table.add_row(
+            str(level.depth.tokens),
+            str(level.concurrency),
+            f"{s.requests_ok}/{s.requests_failed}",
+            _whole(d.cached_tokens.p50) if d.cached_reported else "-",
+            _ms(s.ttft_s.p50),
+            _rate(d.prefill_new_tok_s.p50),
+            _rate(s.decode_tok_s.p50),
+            _ms(s.itl_s.p99),
+        )
+    table.caption = (
+        f"each request: depth + {report.config.prompt} new tokens; p50s; cached tokens from usage"
+    )
     return table
 
 
@@ -345,6 +435,11 @@ def format_agent_notes(a: AgentResult) -> list[str]:
     return notes
 
 
+def _at(level: LevelResult) -> str:
+    where = f"concurrency {level.concurrency}"
+    return f"depth {level.depth.tokens}, {where}" if level.depth is not None else where
+
+
 def _load(level: LevelResult) -> str:
     if not level.rate:
         return f"concurrency {level.concurrency}"
@@ -375,6 +470,8 @@ def format_totals(level: LevelResult) -> str:
 def format_notes(report: Report) -> list[str]:
     """Lines under the table: totals (one level), failures and why, send lag, loadgen's load."""
     notes = [format_totals(report.levels[0])] if len(report.levels) == 1 else []
+    if report.levels and len({lv.warmup for lv in report.levels}) == 1:
+        notes.append(format_warmup(report.levels[0]))
     if report.prompts is not None:
         notes.append(report.prompts.line())
     if not report.target.exact_length:
@@ -391,20 +488,19 @@ def format_notes(report: Report) -> list[str]:
         notes.append(f"highest load meeting the SLO: {found}")
     for level in report.levels:
         s = level.summary
-        at = f"concurrency {level.concurrency}: " if len(report.levels) > 1 else ""
+        at = f"{_at(level)}: " if len(report.levels) > 1 else ""
         total = s.requests_ok + s.requests_failed
+        if len(report.levels) > 1 and len({lv.warmup for lv in report.levels}) > 1:
+            notes.append(f"{at}{format_warmup(level)}")
+        if level.depth is not None:
+            notes += [f"{at}{line}" for line in format_depth_notes(level)]
         if s.requests_failed:
             why = "; ".join(f"{n}× {reason}" for reason, n in s.failures.items())
             notes.append(f"{at}{s.requests_failed} of {total} requests failed: {why}")
         if s.slo is not None:
             notes.append(f"{at}{format_slo(s.slo)}")
-        lax = [r for r in level.requests if r.ok and r.prompt_tokens != r.prompt_expected]
-        if lax:
-            worst = max(abs((r.prompt_tokens or 0) - (r.prompt_expected or 0)) for r in lax)
-            notes.append(
-                f"{at}{len(lax)} of {total} prompts were not the length asked (calibrated,"
-                f" at most {worst} tokens off; per request in --json)"
-            )
+        if (mismatch := prompt_mismatch(level.requests)) is not None:
+            notes.append(f"{at}{_mismatch_line(mismatch, total, report)}")
         counted = sum(r.counted_by == "tokenizer" for r in level.requests)
         if counted:
             notes.append(f"{at}{counted} requests had no usage: output counted by the tokenizer")
@@ -430,6 +526,47 @@ def format_notes(report: Report) -> list[str]:
                     " be late: spread the load with --processes N"
                 )
     return notes
+
+
+def prompt_mismatch(requests: Sequence[RequestResult]) -> dict[str, int] | None:
+    """Successful requests whose prompt the server counted other than asked: how many and by
+    how much (server's count less the one asked); None when there are none."""
+    offs = [
+        r.prompt_tokens - r.prompt_expected
+        for r in requests
+        if r.ok and r.prompt_tokens is not None and r.prompt_expected is not None
+        and r.prompt_tokens != r.prompt_expected
+    ]
+    if not offs:
+        return None
+    return {"requests": len(offs), "min_off": min(offs), "max_off": max(offs)}
+
+
+def _mismatch_line(m: dict[str, int], total: int, report: Report) -> str:
+    lo, hi = m["min_off"], m["max_off"]
+    by = f"{lo:+d}" if lo == hi else f"{lo:+d} to {hi:+d}"
+    prompts = report.prompts
+    if prompts is not None and prompts.source == "tokenizer":
+        return (
+            f"{m['requests']} of {total} prompts: the server counted {by} tokens against the"
+            f" tokenizer {prompts.tokenizer} (a BOS token, a chat template or another"
+            " tokenizer?); figures kept, per request in --json; --strict-counts fails them"
+        )
+    return (
+        f"{m['requests']} of {total} prompts were not the length asked (calibrated, {by}"
+        " tokens; per request in --json)"
+    )
+
+
+def format_warmup(level: LevelResult) -> str:
+    w = level.warmup
+    if w is None:
+        return "warm-up: none (--no-warmup): the engine's first requests are measured"
+    failed = f", {w.requests - w.ok} failed" if w.ok < w.requests else ""
+    return (
+        f"warm-up: {w.requests} unmeasured requests before measuring ({w.ok} ok{failed},"
+        f" {w.seconds:.2f} s); --warmup N or --no-warmup to change"
+    )
 
 
 def format_gpus(g: GpuBalance) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.errors import ContextTooShort, TargetError
+from loadgen.errors import ContextTooShort, NoTokenize, TargetError
 from loadgen.sse import error_message
 
 _PLAN_KEYS = ("mode", "tp", "pp", "dp", "transport", "engine")
@@ -29,10 +29,6 @@ class Target:
     # False when the server refuses vLLM's exact-length fields (min_tokens, ignore_eos), as
     # OpenAI's API does: requests go without them and may end before --gen tokens.
     exact_length: bool = True
-
-
-class NoTokenize(TargetError):
-    """The server has no usable vLLM-style /tokenize (loadgen then counts another way)."""
 
 
 @contextmanager
@@ -50,19 +46,23 @@ def _translated(url: str, what: str) -> Iterator[None]:
         raise TargetError(f"{what} at {url} failed: {exc}") from None
 
 
+def reason(response: httpx.Response) -> str:
+    """``HTTP <status>: <the server's own words>`` in one line: the message of an OpenAI, vLLM
+    or FastAPI error body, else the start of the body as text. What a user needs to fix a
+    refusal is in the server's words (vLLM: "... chat template ..."), never only its status."""
+    try:
+        detail = error_message(response.json())
+    except ValueError:
+        detail = response.text[:200]
+    detail = " ".join(detail.split()) or "(empty body)"
+    return f"HTTP {response.status_code}: {detail}"
+
+
 def _check(response: httpx.Response, what: str) -> Any:
     if response.status_code in (401, 403):
-        raise TargetError(
-            f"{response.url} refused {what} (HTTP {response.status_code}): pass --api-key"
-        )
+        raise TargetError(f"{response.url} refused {what} ({reason(response)}): pass --api-key")
     if response.status_code != 200:
-        try:
-            detail = error_message(response.json())
-        except ValueError:
-            detail = response.text[:200]
-        raise TargetError(
-            f"{response.url} answered {what} with HTTP {response.status_code}: {detail}"
-        )
+        raise TargetError(f"{response.url} answered {what} with {reason(response)}")
     try:
         return response.json()
     except ValueError:
@@ -96,7 +96,7 @@ class TargetClient:
             response = self._http.post("/tokenize", json={"model": model, **fields})
         if response.status_code in (400, 404, 405, 422, 501):
             raise NoTokenize(
-                f"{self.url} has no vLLM-style /tokenize (HTTP {response.status_code})"
+                f"{self.url} has no vLLM-style /tokenize for this request ({reason(response)})"
             )
         body = _check(response, "/tokenize")
         if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):

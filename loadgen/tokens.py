@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.hub import HubEnv, is_repo_id
-from loadgen.errors import TargetError, TokenizerError
+from loadgen.errors import NoTokenize, TargetError, TokenizerError
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -49,7 +49,17 @@ class RemoteCounter:
         return _count(self._tokenize(self._model, prompt=prompt))
 
     def chat(self, messages: Messages) -> int:
-        body = self._tokenize(self._model, messages=list(messages), add_generation_prompt=True)
+        try:
+            body = self._tokenize(
+                self._model, messages=list(messages), add_generation_prompt=True
+            )
+        except NoTokenize as exc:
+            # Its /tokenize counted text a moment ago: a refusal of messages is the server's
+            # chat template (vLLM: none set), and its own words say so.
+            raise TargetError(
+                f"the server cannot render a chat prompt: {exc}; serve the model with a chat"
+                " template (vLLM: --chat-template FILE)"
+            ) from None
         return _count(body)
 
 

@@ -2,7 +2,7 @@
 
     python -m tests.loadgen.standin --tokenizer DIR [--port 0] [--ttft 0.05] [--itl 0.01]
         [--tokens-per-chunk K] [--no-usage] [--cached-tokens] [--ids] [--gpu-metrics F ...]
-        [--eos-after N] [--strict-fields]
+        [--eos-after N] [--strict-fields] [--tokenize] [--extra-prompt-tokens K]
 
 What llama.cpp's server, SGLang, TGI or a hosted API look like to loadgen: /v1/models,
 /v1/completions and /v1/chat/completions (streamed or not), /metrics, and nothing else (every
@@ -16,6 +16,10 @@ events of K tokens (at the due time of each event's last token). A prefix cache 
 usage.prompt_tokens_details.cached_tokens with `--cached-tokens`, and always as
 vllm:prefix_cache_queries/hits counters on /metrics. `--gpu-metrics FILE ...` appends recorded
 toposerve GPU metrics to /metrics, one file per scrape in turn (the last one repeats).
+`--tokenize` adds a vLLM-style POST /tokenize (text or chat messages through the tokenizer;
+a tokenizer without a chat template answers 400 with transformers' own message, as vLLM does).
+`--extra-prompt-tokens K` reports K more prompt tokens in usage than the tokenizer counts, as a
+server that adds a BOS token or a system prompt of its own does.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class Options:
     gpu_metrics: list[Path] = field(default_factory=list)
     eos_after: int | None = None  # without ignore_eos, stop after this many tokens
     strict_fields: bool = False  # refuse vLLM's min_tokens/ignore_eos, as OpenAI's API does
+    tokenize: bool = False  # a vLLM-style /tokenize
+    extra_prompt_tokens: int = 0  # added to usage.prompt_tokens
 
 
 class Engine:
@@ -182,11 +188,29 @@ async def route(
         _send(writer, 200, b"{}", "application/json")
     elif (method, path) == ("GET", "/metrics"):
         _send(writer, 200, engine.metrics().encode(), "text/plain; version=0.0.4")
+    elif (method, path) == ("POST", "/tokenize") and opts.tokenize:
+        tokenize(engine, writer, json.loads(raw))
     elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
         await generate(engine, writer, json.loads(raw), path.endswith("chat/completions"))
     else:
         _error(writer, 404, f"no route {method} {path}")
     await writer.drain()
+
+
+def tokenize(engine: Engine, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+    """vLLM's /tokenize: {"count", "max_model_len", "tokens"}; a refusal is a 400 whose message
+    is the tokenizer's own (vLLM passes transformers' exception text on)."""
+    try:
+        if "messages" in body:
+            ids = engine.prompt_ids(body, chat=True)
+        else:
+            special = bool(body.get("add_special_tokens", True))
+            ids = list(engine.tok(str(body["prompt"]), add_special_tokens=special)["input_ids"])
+    except (ValueError, KeyError, TypeError) as exc:
+        _error(writer, 400, str(exc))
+        return
+    answer = {"count": len(ids), "max_model_len": engine.opts.max_model_len, "tokens": ids}
+    _send(writer, 200, json.dumps(answer).encode(), "application/json")
 
 
 async def generate(
@@ -222,10 +246,11 @@ async def generate(
         }
     )
     cached = engine.cached(ids)
+    reported = len(ids) + opts.extra_prompt_tokens
     usage: dict[str, Any] = {
-        "prompt_tokens": len(ids),
+        "prompt_tokens": reported,
         "completion_tokens": n,
-        "total_tokens": len(ids) + n,
+        "total_tokens": reported + n,
     }
     if opts.cached_tokens:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -351,6 +376,8 @@ def parse(argv: list[str]) -> Options:
     p.add_argument("--gpu-metrics", type=Path, nargs="*", default=[])
     p.add_argument("--eos-after", type=int)
     p.add_argument("--strict-fields", action="store_true")
+    p.add_argument("--tokenize", action="store_true")
+    p.add_argument("--extra-prompt-tokens", type=int, default=0)
     a = p.parse_args(argv)
     return Options(
         a.tokenizer,
@@ -367,6 +394,8 @@ def parse(argv: list[str]) -> Options:
         list(a.gpu_metrics),
         a.eos_after,
         a.strict_fields,
+        a.tokenize,
+        a.extra_prompt_tokens,
     )
 
 
