@@ -1,0 +1,518 @@
+"""A forward step's operations, timed on this machine: the kernel table the cost model reads.
+
+A roofline with assumed efficiencies misses what dominates small and mid-size steps: fixed
+per-kernel and per-step costs, 4-bit dequantization, attention at long contexts, the sampler.
+So `probe --measure --model M` times the operations vLLM runs for that model, at its exact
+shapes on one tensor-parallel rank, at a ladder of token counts:
+
+- every dense linear layer of a decoder layer (QKV, O, gate+up, down; latent attention's
+  projections), through vLLM's own GEMM dispatch where vLLM is installed (oneDNN / sgl-kernel on
+  a CPU, cuBLAS on a GPU), ``torch.nn.functional.linear`` where it is not; FP8 weights through
+  ``torch._scaled_mm`` on a GPU that has it;
+- the two RMS norms and the gated activation (vLLM's ``rms_norm`` / ``silu_and_mul`` ops where
+  present), the rotary embedding as the elementwise products it is;
+- attention: prompt chunks (causal, tokens × tokens) and decode (one query per sequence against
+  its context; a sliding window caps the context; latent attention attends over one
+  ``kv_lora_rank + rope`` head, as vLLM's MLA decode does), through PyTorch's SDPA;
+- a mixture of experts' routed MLP (router, top-k, the experts the tokens route to);
+- the LM head over the rows that sample, and the sampler (softmax, an exponential race).
+
+Each operation is timed as the median of several rounds of back-to-back calls, weights cycled
+through enough copies that a decode step streams them from memory rather than a cache. What is
+not timed here (all-reduce: `probe --measure` times the link; the engine's own per-step host
+cost: :func:`engine_step_s` below) is said in the table's ``missing``.
+
+Pure parts (shapes, the table, its JSON and cache key) need nothing; torch is imported only by
+the timing functions. A table is cached under ``$TOPOSERVE_CACHE/kernels/`` keyed by device,
+driver, vLLM and torch versions and the shapes, so a second probe, or a plan, reads it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# --------------------------------------------------------------------------------- the shapes
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer of a decoder layer, on one TP rank: ``[tokens × k] @ [k × n]``."""
+
+    name: str
+    k: int
+    n: int
+    weight_bits: int = 16  # 16 (bf16/fp16), 8 (FP8), 4 (AWQ/GPTQ)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The attention of ``layers`` decoder layers of one kind, on one TP rank."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int | None = None
+    latent: bool = False  # MLA: decode attends over one latent head of ``head_dim``
+
+
+@dataclass(frozen=True)
+class Moe:
+    """A routed mixture of experts on one TP rank: ``experts`` of which ``top_k`` per token."""
+
+    layers: int
+    experts: int
+    top_k: int
+    intermediate: int  # per expert, on this rank
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one forward step of a model computes on one TP rank."""
+
+    name: str
+    layers: int
+    hidden: int
+    vocab: int  # the LM head's rows on this rank (vocab / tp)
+    linears: tuple[Linear, ...]  # of one decoder layer (dense MLP included when not MoE)
+    attention: tuple[Attention, ...]
+    moe: Moe | None = None
+    dtype: str = "bfloat16"
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One operation at one size: ``seconds`` for one call (median of ``rounds``)."""
+
+    op: str  # 'linear:qkv', 'norm', 'act', 'rope', 'attn:prefill', 'attn:decode', 'moe', 'head'
+    tokens: int  # rows (tokens; sequences for decode attention and the head)
+    seconds: float
+    context: int = 0  # attention: keys per query
+    group: int = 0  # attention: which Attention of the shape
+
+
+@dataclass(frozen=True)
+class TableKey:
+    device: str  # "NVIDIA H200", "cpu: AMD EPYC 7B13 (2 threads)"
+    driver: str  # CUDA driver / runtime, or the CPU's ISA flags that matter
+    vllm: str  # vLLM's version, or "none"
+    torch: str
+    shape: str  # StepShape.key()
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    key: TableKey
+    shape: StepShape
+    times: tuple[KernelTime, ...]
+    method: str  # which kernels: "vllm 0.32.0 ops on cpu", "torch 2.13 on cuda"
+    measured_at: str  # ISO time
+    engine_step_s: float | None = None  # the engine's own cost of a step besides its kernels
+    missing: tuple[str, ...] = ()  # what this table does not hold, said in the plan
+    notes: tuple[str, ...] = field(default=())
+
+    def lookup(self, op: str, group: int = 0, context: int | None = None) -> list[KernelTime]:
+        return sorted((t for t in self.times if t.op == op and t.group == group
+                       and (context is None or t.context == context)), key=lambda t: t.tokens)
+
+
+class KernelTableError(ValueError):
+    """A saved kernel table that cannot be read (the caller measures again or plans without)."""
+
+
+# ------------------------------------------------------------------------------------- JSON
+
+
+def table_to_json(t: KernelTable) -> dict[str, Any]:
+    return {"version": 1, **asdict(t)}
+
+
+def _positive_int(raw: Any, what: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0 or raw > 1 << 40:
+        raise KernelTableError(f"{what} is not a count: {str(raw)[:40]!r}")
+    return raw
+
+
+def _seconds(raw: Any, what: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise KernelTableError(f"{what} is not a number of seconds: {str(raw)[:40]!r}")
+    value = float(raw)
+    if not math.isfinite(value) or not 0 <= value < 3600:
+        raise KernelTableError(f"{what} is not a number of seconds: {value!r}")
+    return value
+
+
+def _text(raw: Any, what: str) -> str:
+    if not isinstance(raw, str):
+        raise KernelTableError(f"{what} is not text")
+    return raw[:200]
+
+
+def _obj(raw: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise KernelTableError(f"{what} is not an object")
+    return raw
+
+
+def _list(raw: Any, what: str) -> list[Any]:
+    if not isinstance(raw, list):
+        raise KernelTableError(f"{what} is not a list")
+    return raw
+
+
+def _attention(a: Mapping[str, Any]) -> Attention:
+    layers, heads, kv_heads, head_dim = (
+        _positive_int(a.get(f), f) for f in ("layers", "heads", "kv_heads", "head_dim"))
+    window = None if a.get("window") is None else _positive_int(a["window"], "window")
+    return Attention(layers, heads, kv_heads, head_dim, window, a.get("latent") is True)
+
+
+def _shape(raw: Any) -> StepShape:
+    s = _obj(raw, "shape")
+    lin = tuple(Linear(_text(x.get("name"), "linear name"), _positive_int(x.get("k"), "k"),
+                       _positive_int(x.get("n"), "n"),
+                       _positive_int(x.get("weight_bits", 16), "weight bits"))
+                for x in (_obj(y, "linear") for y in _list(s.get("linears"), "linears")))
+    att = tuple(_attention(_obj(y, "attention")) for y in _list(s.get("attention"), "attention"))
+    moe = None
+    if s.get("moe") is not None:
+        m = _obj(s["moe"], "moe")
+        moe = Moe(*(_positive_int(m.get(f), f) for f in
+                    ("layers", "experts", "top_k", "intermediate")))
+    layers, hidden, vocab = (_positive_int(s.get(f), f) for f in ("layers", "hidden", "vocab"))
+    return StepShape(_text(s.get("name"), "name"), layers, hidden, vocab, lin, att, moe,
+                     _text(s.get("dtype", "bfloat16"), "dtype"))
+
+
+def table_from_json(raw: Any) -> KernelTable:
+    """A saved table; :class:`KernelTableError` (one line) for anything unreadable."""
+    d = _obj(raw, "kernel table")
+    if d.get("version") != 1:
+        raise KernelTableError(f"kernel table version {str(d.get('version'))[:20]!r} is not 1")
+    k = _obj(d.get("key"), "key")
+    key = TableKey(*(_text(k.get(f), f) for f in ("device", "driver", "vllm", "torch", "shape")))
+    times = []
+    for item in _list(d.get("times"), "times"):
+        x = _obj(item, "time")
+        times.append(KernelTime(_text(x.get("op"), "op"), _positive_int(x.get("tokens"), "tokens"),
+                                _seconds(x.get("seconds"), "seconds"),
+                                _positive_int(x.get("context", 0), "context"),
+                                _positive_int(x.get("group", 0), "group")))
+    step = d.get("engine_step_s")
+    shape = _shape(d.get("shape"))
+    if shape.key() != key.shape:
+        raise KernelTableError("kernel table shape does not match its key")
+    return KernelTable(key, shape, tuple(times), _text(d.get("method"), "method"),
+                       _text(d.get("measured_at"), "measured_at"),
+                       None if step is None else _seconds(step, "engine_step_s"),
+                       tuple(_text(x, "missing") for x in _list(d.get("missing", []), "missing")),
+                       tuple(_text(x, "note") for x in _list(d.get("notes", []), "notes")))
+
+
+def cache_path(cache_dir: Path, key: TableKey) -> Path:
+    return cache_dir / "kernels" / f"{key.digest()}.json"
+
+
+def save(cache_dir: Path, table: KernelTable) -> Path | None:
+    """Write the table where a later plan finds it; None when nothing can be kept there."""
+    path = cache_path(cache_dir, table.key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table_to_json(table)))
+        tmp.replace(path)
+    except OSError:
+        return None
+    return path
+
+
+def load(cache_dir: Path, key: TableKey) -> KernelTable | None:
+    """The cached table for ``key``; None when there is none or it cannot be read."""
+    try:
+        raw = json.loads(cache_path(cache_dir, key).read_text())
+        table = table_from_json(raw)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return table if table.key == key else None
+
+
+# ------------------------------------------------------------------------------------ timing
+
+GPU_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+CPU_TOKENS = (1, 4, 16, 64, 256, 512, 2048)
+PREFILL_CONTEXTS = (512, 2048)
+DECODE_CONTEXTS = (1024, 8192)
+DECODE_BATCH = 4
+HEAD_ROWS = (1, 32)
+ROUNDS = 5
+# A decode GEMM's weights cycle through at least this many bytes, so that no cache holds them
+# between calls (a GPU's L2 is at most ~130 MB; a server CPU's L3 a few hundred).
+CYCLE_BYTES_GPU = 1 << 30
+CYCLE_BYTES_CPU = 1 << 28
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each operation may be timed: at least ``min_s`` of calls per round, at most
+    ``max_reps`` calls."""
+
+    min_s: float = 0.02
+    max_reps: int = 200
+    rounds: int = ROUNDS
+
+
+def _median_call_s(call: Callable[[], object], sync: Callable[[], None], budget: Budget) -> float:
+    """Seconds of one call: the median over rounds of back-to-back calls (the median, not the
+    minimum, so that a busy machine's steady slowdown is kept: the engine runs on it too)."""
+    call()
+    sync()
+    t0 = time.perf_counter()
+    call()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, min(budget.max_reps, int(budget.min_s / once)))
+    rounds = []
+    for _ in range(budget.rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            call()
+        sync()
+        rounds.append((time.perf_counter() - t0) / reps)
+    return statistics.median(rounds)
+
+
+class _Ops:
+    """The operations, bound to one torch device and the kernels available on it."""
+
+    def __init__(self, torch: Any, device: str, dtype: str) -> None:
+        self.torch, self.device = torch, device
+        self.dtype = getattr(torch, dtype)
+        self.vllm_ops: Any = None
+        self.vllm_dispatch: Any = None
+        try:  # vLLM's own ops (its C++/CUDA extension): the kernels it really runs
+            from vllm import _custom_ops
+
+            self.vllm_ops = _custom_ops
+            if device == "cpu":
+                from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+                self.vllm_dispatch = dispatch_cpu_unquantized_gemm
+        except Exception:  # any failure to import vLLM means plain torch
+            self.vllm_ops = None
+
+    def sync(self) -> None:
+        if self.device != "cpu":
+            self.torch.cuda.synchronize()
+
+    def randn(self, *shape: int) -> Any:
+        return self.torch.randn(*shape, device=self.device, dtype=self.dtype)
+
+    def linear(self, lin: Linear, tokens: int, cycle_bytes: int) -> Callable[[], object]:
+        torch = self.torch
+        copies = max(1, min(64, cycle_bytes // max(1, lin.k * lin.n * 2))) if tokens <= 64 else 1
+        x = self.randn(tokens, lin.k)
+        if lin.weight_bits == 8 and self.device != "cpu" and hasattr(torch, "_scaled_mm"):
+            fp8 = torch.float8_e4m3fn
+            ws = [self.randn(lin.n, lin.k).to(fp8).t() for _ in range(copies)]
+            xq, one = x.to(fp8), torch.ones((), device=self.device)
+            state = [0]
+
+            def fp8_call() -> object:
+                state[0] = (state[0] + 1) % copies
+                return torch._scaled_mm(xq, ws[state[0]], scale_a=one, scale_b=one,
+                                        out_dtype=self.dtype)
+
+            return fp8_call
+        fns = [self._dense(lin) for _ in range(copies)]
+        state = [0]
+
+        def call() -> object:
+            state[0] = (state[0] + 1) % copies
+            return fns[state[0]](x)
+
+        return call
+
+    def _dense(self, lin: Linear) -> Callable[[Any], object]:
+        torch = self.torch
+        w = self.randn(lin.n, lin.k)
+        if self.vllm_dispatch is not None:
+            layer = torch.nn.Module()
+            layer.weight = torch.nn.Parameter(w, requires_grad=False)
+            self.vllm_dispatch(layer, False)
+            fn = layer.cpu_linear
+            return lambda x: fn(x, layer.weight, None)
+        return lambda x: torch.nn.functional.linear(x, w)
+
+    def norm(self, tokens: int, hidden: int) -> Callable[[], object]:
+        torch = self.torch
+        x, w = self.randn(tokens, hidden), self.randn(hidden)
+        if self.vllm_ops is not None and hasattr(self.vllm_ops, "rms_norm"):
+            out = torch.empty_like(x)
+            return lambda: self.vllm_ops.rms_norm(out, x, w, 1e-6)
+
+        def call() -> object:
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+        return call
+
+    def act(self, tokens: int, inter: int) -> Callable[[], object]:
+        torch = self.torch
+        x = self.randn(tokens, 2 * inter)
+        if self.vllm_ops is not None and hasattr(torch.ops._C, "silu_and_mul"):
+            out = self.randn(tokens, inter)
+            return lambda: torch.ops._C.silu_and_mul(out, x)
+        return lambda: torch.nn.functional.silu(x[:, :inter]) * x[:, inter:]
+
+    def rope(self, tokens: int, width: int) -> Callable[[], object]:
+        x, cos, sin = (self.randn(tokens, width) for _ in range(3))
+        half = width // 2
+
+        def call() -> object:
+            rotated = self.torch.cat((-x[:, half:], x[:, :half]), dim=-1)
+            return x * cos + rotated * sin
+
+        return call
+
+    def attention(
+        self, a: Attention, queries: int, context: int, seqs: int
+    ) -> Callable[[], object]:
+        """``seqs`` sequences of ``queries`` new tokens each attending over ``context`` keys
+        (causal when queries == context)."""
+        torch = self.torch
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        kv_heads, head_dim = (1, a.head_dim) if a.latent else (a.kv_heads, a.head_dim)
+        keys = min(context, a.window) if a.window else context
+        q = self.randn(seqs, a.heads, queries, head_dim)
+        k = self.randn(seqs, kv_heads, keys, head_dim)
+        v = self.randn(seqs, kv_heads, keys, head_dim)
+        causal = queries == keys and queries > 1
+        gqa = a.heads != kv_heads
+        return lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    def moe(self, m: Moe, tokens: int, hidden: int) -> Callable[[], object]:
+        torch = self.torch
+        x = self.randn(tokens, hidden)
+        router = self.randn(hidden, m.experts)
+        w13 = self.randn(m.experts, 2 * m.intermediate, hidden)
+        w2 = self.randn(m.experts, hidden, m.intermediate)
+        fused = None
+        if self.device != "cpu":
+            try:
+                from vllm.model_executor.layers.fused_moe import fused_experts
+
+                fused = fused_experts
+            except Exception:  # plain torch below
+                fused = None
+
+        def call() -> object:
+            scores = torch.softmax((x @ router).float(), dim=-1)
+            weights, ids = torch.topk(scores, m.top_k, dim=-1)
+            if fused is not None:
+                return fused(x, w13, w2, weights.to(x.dtype), ids.to(torch.int32))
+            out = torch.zeros_like(x)
+            flat = ids.flatten()
+            for e in torch.unique(flat).tolist():
+                rows = (ids == e).any(-1).nonzero().flatten()
+                h = x[rows] @ w13[e].t()
+                g = torch.nn.functional.silu(h[:, : m.intermediate]) * h[:, m.intermediate :]
+                out.index_add_(0, rows, g @ w2[e].t())
+            return out
+
+        return call
+
+    def head(self, rows: int, hidden: int, vocab: int) -> Callable[[], object]:
+        """The LM head over the sampling rows, then vLLM's sampler: temperature, softmax and
+        an exponential race (its random sampling)."""
+        torch = self.torch
+        x, w = self.randn(rows, hidden), self.randn(vocab, hidden)
+
+        def call() -> object:
+            logits = torch.nn.functional.linear(x, w).float() / 0.7
+            probs = torch.softmax(logits, dim=-1)
+            return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+
+        return call
+
+
+def time_table(
+    shape: StepShape,
+    key: TableKey,
+    *,
+    torch: Any,
+    device: str,
+    tokens: Sequence[int] | None = None,
+    budget: Budget = Budget(),
+    now: str | None = None,
+) -> KernelTable:
+    """Time every operation of ``shape`` on ``device`` ("cpu" or "cuda")."""
+    ops = _Ops(torch, device, shape.dtype)
+    ladder = tuple(tokens or (CPU_TOKENS if device == "cpu" else GPU_TOKENS))
+    cycle = CYCLE_BYTES_CPU if device == "cpu" else CYCLE_BYTES_GPU
+    times: list[KernelTime] = []
+
+    def timed(
+        op: str, n: int, call: Callable[[], object], context: int = 0, group: int = 0
+    ) -> None:
+        times.append(KernelTime(op, n, _median_call_s(call, ops.sync, budget), context, group))
+
+    inter = next((lin.n // 2 for lin in shape.linears if lin.name == "gate_up"), 0)
+    width = sum(a.heads * a.head_dim for a in shape.attention[:1]) or shape.hidden
+    with torch.inference_mode():
+        for n in ladder:
+            for lin in shape.linears:
+                timed(f"linear:{lin.name}", n, ops.linear(lin, n, cycle))
+            timed("norm", n, ops.norm(n, shape.hidden))
+            timed("rope", n, ops.rope(n, width))
+            if inter:
+                timed("act", n, ops.act(n, inter))
+            if shape.moe is not None:
+                timed("moe", n, ops.moe(shape.moe, n, shape.hidden))
+        for g, a in enumerate(shape.attention):
+            for ctx in PREFILL_CONTEXTS:
+                timed("attn:prefill", ctx, ops.attention(a, ctx, ctx, 1), ctx, g)
+            for ctx in DECODE_CONTEXTS:
+                timed("attn:decode", DECODE_BATCH, ops.attention(a, 1, ctx, DECODE_BATCH), ctx, g)
+        for rows in HEAD_ROWS:
+            timed("head", rows, ops.head(rows, shape.hidden, shape.vocab))
+    method = (f"vLLM {key.vllm} ops where it has them, torch {key.torch} SDPA and elementwise, "
+              f"on {device}") if ops.vllm_ops is not None else f"torch {key.torch} on {device}"
+    missing = ["all-reduce and send/recv (timed per link by probe --measure)"]
+    if any(lin.weight_bits == 4 for lin in shape.linears):
+        missing.append("4-bit GEMMs are timed at 16 bits (no Marlin kernel timed)")
+    if any(lin.weight_bits == 8 for lin in shape.linears) and device == "cpu":
+        missing.append("FP8 GEMMs are timed at 16 bits on a CPU")
+    return KernelTable(key, shape, tuple(times), method,
+                       now or time.strftime("%Y-%m-%dT%H:%M:%S"), None, tuple(missing))
+
+
+def cpu_device_name(cpuinfo: str, threads: int) -> str:
+    """``cpu: MODEL (N threads)`` from /proc/cpuinfo's text."""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                  if line.lower().startswith("model name")), "unknown CPU")
+    return f"cpu: {model} ({threads} threads)"
+
+
+def cpu_isa(cpuinfo: str) -> str:
+    """The vector extensions that pick vLLM's CPU kernels (AVX-512 BF16, AMX)."""
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.lower().startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return " ".join(f for f in wanted if f in flags) or "no AVX2"
