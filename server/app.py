@@ -35,7 +35,7 @@ from prometheus_client import (
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import anthropic
+from server import anthropic, guard
 from server.admission import Admission
 from server.asgi import Receive, Scope, Send, disconnect_hook
 from server.config import ProxyConfig
@@ -116,6 +116,9 @@ class Proxy:
         self.registry.register(self.engine_cache)
         self._keys = [k.encode() for k in cfg.api_keys]
         self._admin_keys = [k.encode() for k in cfg.admin_api_keys]
+        self.guard = guard.policy(cfg.host, cfg.port, bool(cfg.api_keys), cfg.allowed_hosts,
+                                  cfg.allowed_origins, cfg.allow_internal_media,
+                                  loopback=cfg.loopback_only)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -139,7 +142,15 @@ class Proxy:
         obj = parse_object(body)
         check_bounds(obj, self.cfg.max_messages)
         check(schema, obj)
+        self.check_media(body, obj)
         return obj
+
+    def check_media(self, body: bytes, obj: Any) -> None:
+        """Media URLs the engine would fetch from inside are refused (server.guard)."""
+        if not self.guard.allow_internal_media and guard.may_name_media(body):
+            refusal = guard.media_refusal(obj)
+            if refusal is not None:
+                raise refusal
 
     def check_large_body(self, schema: type[BaseModel], body: bytes) -> dict[str, Any]:
         """Parsed and checked in a worker thread: the fields are counted while parsing (past
@@ -154,6 +165,7 @@ class Proxy:
                 check_messages(messages[start:start + VALIDATE_SLICE], start)
         else:
             check(schema, obj)
+        self.check_media(body, obj)
         return obj
 
     async def read_body(self, receive: Receive, headers: Mapping[str, str]) -> bytes:
@@ -193,6 +205,9 @@ class Proxy:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rid = pick_request_id(headers.get("x-request-id", ""))
         try:
+            refusal = guard.check_head(self.guard, scope["headers"])
+            if refusal is not None:
+                raise refusal
             self.authorize(headers)
             body = await self.read_body(receive, headers)
             large = len(body) >= THREAD_BODY_BYTES
@@ -240,6 +255,11 @@ class Proxy:
             body = await self.read_body(request.receive, request.headers)
         except ClientGone:
             return Response(status_code=499)
+        if (request.method == "POST" and not self.guard.allow_internal_media
+                and guard.may_name_media(body)):
+            parsed = (await asyncio.to_thread(_json_or_none, body)
+                      if len(body) >= THREAD_BODY_BYTES else _json_or_none(body))
+            self.check_media(body, parsed)
         wanted = None
         if request.method == "POST" and body and self.router.serves_several_models:
             # /v1/messages, /v1/responses, /v1/embeddings... name a model too
@@ -326,9 +346,29 @@ class ProxyApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] in GENERATION_SCHEMAS):
-            await self.proxy.generation(scope, receive, send)
+            await self.proxy.generation(scope, receive, send)  # checks the head itself
+            return
+        refusal = (guard.check_head(self.proxy.guard, scope["headers"])
+                   if scope["type"] == "http" else None)
+        if refusal is not None:
+            await self.refuse(scope, send, refusal)
         else:
             await self.fastapi(scope, receive, send)
+
+    async def refuse(self, scope: Scope, send: Send, exc: ProxyError) -> None:
+        """A request the local-serving protections refuse, answered before any route runs,
+        in the route's dialect (Anthropic's on /v1/messages)."""
+        path = scope["path"]
+        rid = pick_request_id(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1"))
+        route = route_label(path)
+        self.proxy.metrics.requests.labels("unknown", route, str(exc.status)).inc()
+        log.info("%s %s %s %d", rid, scope["method"], route, exc.status)
+        body = json.dumps(anthropic.error_body(exc.status, exc.message, rid)
+                          if anthropic.is_anthropic(path) else exc.body()).encode()
+        await send({"type": "http.response.start", "status": exc.status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+            (b"x-request-id", rid.encode()), *exc.headers()]})
+        await send({"type": "http.response.body", "body": body})
 
     def openapi(self) -> dict[str, Any]:
         return self.fastapi.openapi()

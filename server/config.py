@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from server import keyfile
+from server import guard
 from server.errors import ConfigError
+from topocommon import keyfile
 
 KEYS_ENV = "TOPOSERVE_API_KEYS"
 ADMIN_KEYS_ENV = "TOPOSERVE_ADMIN_API_KEYS"
@@ -62,6 +63,19 @@ class ProxyConfig:
     affinity_slack: int = 4
     drain_timeout_s: float = 30.0
     log_level: str = "info"
+    # Local-serving protections (server.guard): extra names the Host header may give, extra
+    # origins a keyless proxy takes requests from ("*": any), media URLs inside allowed.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    allow_internal_media: bool = False
+    # Open client connections at most (server.conncap); None: from the descriptor limit.
+    max_connections: int | None = None
+
+    def __post_init__(self) -> None:
+        # Also for configs built in Python: a password in an engine URL would show in /ready,
+        # in metric labels and in logs, which all name the engine by its URL.
+        for url in self.upstreams:
+            check_no_credentials(url)
 
     @property
     def loopback_only(self) -> bool:
@@ -179,33 +193,74 @@ def build_parser() -> argparse.ArgumentParser:
                         "requests above the least busy (0: pure least-outstanding)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long in-flight requests may finish")
+    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
+                   help="names (comma-separated, repeatable) the Host header may give besides "
+                        "localhost, 127.0.0.1, [::1] and --host; '*' turns the Host check off "
+                        "(checked when bound to loopback, or elsewhere once this is given)")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGINS",
+                   help="web origins (scheme://host[:port], comma-separated, repeatable) a "
+                        "proxy without API keys takes requests from besides its own and "
+                        "loopback ones; '*' turns the Origin check off")
+    p.add_argument("--allow-internal-media", action="store_true",
+                   help="relay media URLs that point at this machine or a private network "
+                        "(default: refused with 400, the engine would fetch them)")
+    p.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="open client connections at most: idle ones are closed first, then "
+                        "new ones get 503 (default: half the descriptor limit)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any user name and password in its authority replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url if "@" not in url else "***@" + url.rpartition("@")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority = rest[:end]
+    if "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[end:]}"
+
+
+def check_no_credentials(url: str) -> None:
+    """Credentials in an engine URL are refused: the engines get a bearer token from
+    --upstream-api-key instead, which is kept out of every URL the proxy shows."""
+    _, sep, rest = url.partition("://")
+    authority = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0] if sep else url
+    if "@" in authority:
+        raise ConfigError(
+            f"--upstream {redact_url(url)!r} holds a user name or password: give the engine as "
+            "http://HOST:PORT and its key with TOPOSERVE_UPSTREAM_API_KEY (or "
+            "--upstream-api-key), sent as a bearer token")
+
+
 def check_upstream(url: str) -> None:
     """An engine URL the proxy can reach: plain HTTP (vLLM serves HTTP; the proxy keeps
-    keep-alive HTTP/1.1 connections to it), with a host and a port that parses."""
+    keep-alive HTTP/1.1 connections to it), with a host and a port that parses, and no
+    credentials in it. Shown redacted in every error."""
+    check_no_credentials(url)
+    shown = redact_url(url)
     try:
         parts = urlsplit(url)
     except ValueError:  # "Invalid IPv6 URL" for an unclosed [
-        raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
+        raise ConfigError(f"--upstream {shown!r} must be an http:// URL, e.g. "
                           "http://127.0.0.1:8001") from None
     if parts.scheme == "https":
         raise ConfigError(
-            f"--upstream {url!r}: the proxy reaches its engines over plain http:// (vLLM's own "
+            f"--upstream {shown!r}: the proxy reaches its engines over plain http:// (vLLM's own "
             "server); give the engine's http://HOST:PORT, or terminate TLS in front of it")
     try:
         port = parts.port
     except ValueError:
         port = -1
     if parts.scheme != "http" or not parts.hostname or port == -1:
-        raise ConfigError(f"--upstream {url!r} must be an http:// URL, e.g. "
+        raise ConfigError(f"--upstream {shown!r} must be an http:// URL, e.g. "
                           "http://127.0.0.1:8001")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ConfigError(
-            f"--upstream {url!r}: the proxy sends each request's own path (/v1/...) to the "
+            f"--upstream {shown!r}: the proxy sends each request's own path (/v1/...) to the "
             f"engine's root, so a path here would be ignored; give http://{parts.netloc}")
 
 
@@ -236,6 +291,11 @@ _AT_LEAST_ONE = ("max_body_bytes", "max_header_line_bytes", "max_header_bytes", 
 _AT_LEAST_ZERO = ("max_queue", "affinity_slack")
 
 
+def _names(values: Sequence[str]) -> tuple[str, ...]:
+    """Repeated, comma-separated values as one tuple, blanks dropped."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
 def check_numbers(a: argparse.Namespace) -> None:
     """Every numeric option in range, else a ConfigError naming it (one line)."""
     def flag(name: str) -> str:
@@ -253,8 +313,23 @@ def check_numbers(a: argparse.Namespace) -> None:
     for name in _AT_LEAST_ZERO:
         if getattr(a, name) < 0:
             raise ConfigError(f"{flag(name)} cannot be negative, not {getattr(a, name)}")
+    if a.max_connections is not None and a.max_connections < 1:
+        raise ConfigError(f"--max-connections must be above 0, not {a.max_connections}")
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must lie between 0 and 65535, not {a.port}")
+
+
+def check_allow_lists(hosts: Sequence[str], origins: Sequence[str]) -> None:
+    """Every --allowed-hosts name and --allowed-origins origin readable, else one line."""
+    for host in hosts:
+        if host != "*" and guard.split_host(host) is None:
+            raise ConfigError(f"--allowed-hosts {host!r} is not a host name or address (e.g. "
+                              "myhost.lan, 192.168.1.5, [fd00::5]), nor '*'")
+    for origin in origins:
+        if origin != "*" and guard.normal_origin(origin) is None:
+            raise ConfigError(f"--allowed-origins {origin!r} is not an origin: write it as "
+                              "the browser sends it, scheme://host[:port] (e.g. "
+                              "http://myapp.lan:3000), or '*'")
 
 
 def config_from_args(argv: Sequence[str] | None = None,
@@ -265,6 +340,7 @@ def config_from_args(argv: Sequence[str] | None = None,
     for url in upstreams:
         check_upstream(url)
     check_numbers(a)
+    check_allow_lists(_names(a.allowed_hosts), _names(a.allowed_origins))
     return ProxyConfig(
         upstreams=upstreams, host=a.host, port=a.port,
         api_keys=load_keys(a.api_key, a.api_key_file, env),
@@ -282,4 +358,6 @@ def config_from_args(argv: Sequence[str] | None = None,
         max_in_flight=a.max_in_flight, max_queue=a.max_queue,
         queue_timeout_s=a.queue_timeout, health_interval_s=a.health_interval,
         affinity_slack=a.affinity_slack,
-        drain_timeout_s=a.drain_timeout, log_level=a.log_level)
+        drain_timeout_s=a.drain_timeout, log_level=a.log_level,
+        allowed_hosts=_names(a.allowed_hosts), allowed_origins=_names(a.allowed_origins),
+        allow_internal_media=a.allow_internal_media, max_connections=a.max_connections)

@@ -17,7 +17,9 @@ import uvicorn
 
 from server.app import create_app
 from server.config import ProxyConfig
+from server.conncap import ConnectionCap, capped, default_limit
 from server.front import Guards, front_protocol
+from server.guard import exposure_line
 from server.uvicorn_adapter import UvicornHost, guarded_protocol
 
 log = logging.getLogger("toposerve")
@@ -46,6 +48,9 @@ def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
         timeout_graceful_shutdown=cfg.drain_timeout_s, server_header=False,
         timeout_keep_alive=75, log_config=None,
         proxy_headers=False)  # X-Forwarded-* are not used: no middleware for them per request
+    if isinstance(settings["http"], type):  # open connections capped at accept (conncap)
+        settings["http"] = capped(settings["http"],
+                                  ConnectionCap(cfg.max_connections or default_limit()))
     settings.update(overrides)
     return uvicorn.Config(app, **settings)
 
@@ -58,4 +63,7 @@ def run(cfg: ProxyConfig) -> None:
         print(line, file=sys.stderr, flush=True)
     log.info("toposerve proxy on http://%s:%d -> %s (API keys: %d)", cfg.host, cfg.port,
              ", ".join(cfg.upstreams), len(cfg.api_keys))
+    exposed = exposure_line(cfg.host, cfg.port, bool(cfg.api_keys), cfg.loopback_only)
+    if exposed:
+        log.info("%s", exposed)
     uvicorn.Server(uvicorn_config(cfg)).run()

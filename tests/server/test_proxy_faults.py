@@ -128,7 +128,8 @@ def _raw(url: str, payload: bytes) -> socket.socket:
 
 def _request(body: dict[str, object], extra: str = "") -> bytes:
     data = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    head = (f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            f"content-type: application/json\r\n"
             f"content-length: {len(data)}\r\n{extra}\r\n")
     return head.encode() + data
 

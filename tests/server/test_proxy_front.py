@@ -59,13 +59,13 @@ def served(sim_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Front]:
 
 def post(path: str, body: dict[str, object], *extra: bytes, version: bytes = b"1.1") -> bytes:
     data = json.dumps(body).encode()
-    head = [b"POST %s HTTP/%s" % (path.encode(), version), b"host: proxy",
+    head = [b"POST %s HTTP/%s" % (path.encode(), version), b"host: 127.0.0.1",
             b"content-type: application/json", b"content-length: %d" % len(data), *extra]
     return b"\r\n".join(head) + b"\r\n\r\n" + data
 
 
 def get(path: str, *extra: bytes) -> bytes:
-    return b"\r\n".join([b"GET %s HTTP/1.1" % path.encode(), b"host: proxy", *extra]) + (
+    return b"\r\n".join([b"GET %s HTTP/1.1" % path.encode(), b"host: 127.0.0.1", *extra]) + (
         b"\r\n\r\n")
 
 
@@ -168,7 +168,7 @@ def test_pipelined_requests_are_answered_in_order(served: Front) -> None:
 
 def _chunked(body: dict[str, object]) -> bytes:
     data = json.dumps(body).encode()
-    return (b"POST /v1/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json"
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json"
             b"\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
 
 
@@ -178,7 +178,8 @@ def _chunked(body: dict[str, object]) -> bytes:
     (post("/v1/completions", PLAIN, b"expect: 100-continue"), 200),
     (get("/v1/completions"), 405),
     (post("/v1/completions/", PLAIN), 404),
-    (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+    (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+     b"content-length: 1\r\ncontent-length: 2\r\n\r\n",
      400),  # httptools refuses it: uvicorn's 400
 ])
 def test_requests_the_lean_path_does_not_take_reach_uvicorn_intact(

@@ -102,7 +102,7 @@ def test_many_upgrade_requests_hold_no_descriptors(proxy: ProxyProc) -> None:
 
 def _head_with(line_bytes: int, lines: int = 1, path: str = "/v1/chat/completions") -> bytes:
     extra = "".join(f"x-big-{i}: {'a' * line_bytes}\r\n" for i in range(lines))
-    return (f"POST {path} HTTP/1.1\r\nhost: x\r\n{extra}content-type: application/json\r\n"
+    return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{extra}content-type: application/json\r\n"
             f"content-length: {len(CHAT_BODY)}\r\n\r\n").encode() + CHAT_BODY
 
 
@@ -166,7 +166,7 @@ def test_an_endless_header_line_is_cut_off(proxy: ProxyProc, after_a_request: bo
         if after_a_request:  # the connection is uvicorn's protocol's by then
             sock.sendall(request_bytes("GET", "/health", close=False))
             assert read_reply(sock, see_close=False).status == 200
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-endless: ")
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\nx-endless: ")
         chunk = b"a" * 65536
         try:
             while sent < 64 * 1024 * 1024:

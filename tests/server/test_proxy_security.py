@@ -213,7 +213,7 @@ def _raw_exchange(url: str, payload: bytes, wait: float = 3.0) -> bytes:
     b"bad header without colon", b"x-nul: a\x00b"])
 def test_header_injection_is_refused_without_a_5xx(proxy: ProxyProc, header: bytes) -> None:
     body = json.dumps(CHAT).encode()
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + header + b"\r\n"
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n" + header + b"\r\n"
                b"content-type: application/json\r\nconnection: close\r\n"
                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     reply = _raw_exchange(proxy.url, request)
@@ -227,7 +227,7 @@ def test_slow_headers_are_cut_off(spawn_proxy: SpawnProxy, sim_url: str) -> None
     p = spawn_proxy([sim_url], "--header-timeout", "0.5")
     host, port = p.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n")
         for _ in range(100):  # a header line every 0.1 s for 10 s, unless cut off
             try:
                 sock.sendall(b"x-slow: 1\r\n")
@@ -245,7 +245,8 @@ def test_slow_headers_are_cut_off(spawn_proxy: SpawnProxy, sim_url: str) -> None
 
 def test_slow_body_is_408(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--body-timeout", "0.5")
-    payload = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    payload = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+               b"content-type: application/json\r\n"
                b"content-length: 100\r\n\r\n{\"prompt\": ")
     reply = _raw_exchange(p.url, payload)
     assert reply.startswith(b"HTTP/1.1 408")  # only the body timeout answers 408

@@ -117,7 +117,8 @@ def post_raw(stack: Any, streamed: bool, max_tokens: int) -> socket.socket:
                        "max_tokens": max_tokens, "ignore_eos": True, "stream": streamed}).encode()
     host, port = stack.proxy_url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                 b"content-type: application/json\r\n"
                  b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     return sock
 

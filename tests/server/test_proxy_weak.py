@@ -194,7 +194,7 @@ def test_percent_encoded_non_ascii_paths_get_a_clean_answer(proxy: ProxyProc, pa
 
 def test_raw_non_ascii_path_bytes_are_a_400(proxy: ProxyProc) -> None:
     with connect(proxy.url) as sock:
-        sock.sendall(b"GET /caf\xc3\xa9 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        sock.sendall(b"GET /caf\xc3\xa9 HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         assert read_reply(sock).status == 400
 
 
@@ -228,7 +228,7 @@ NON_ASCII_KEY = "clé-ключ-🔑"
 
 
 def _with_key(key: bytes, method: str, path: str, body: bytes = b"") -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+    return (f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n").encode() + (
         b"authorization: Bearer " + key + b"\r\n\r\n" + body)
 

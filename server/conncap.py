@@ -1,0 +1,176 @@
+"""A cap on open client connections, at accept time (as nginx's worker_connections).
+
+Without one, idle connections hold the process's descriptors until the header timeout: 300 of
+them with 256 descriptors locked every new client out. With ``ConnectionCap(limit)``, a new
+connection that would go past ``limit`` first makes room by closing idle ones, oldest first
+(accepted and silent, or kept alive between requests: nothing of theirs is lost; nginx reuses
+the same two kinds); only when every open connection is busy does it get a 503 with
+``Retry-After`` and ``connection: close``, written at once, instead of waiting unanswered.
+
+``capped(cls, cap)`` is the server's protocol class with the cap in front of its
+``connection_made``: the count is uvicorn's ``server_state.connections`` (every protocol
+adds itself there, a connection handed from one protocol to another included), and whether a
+connection is idle is asked of the protocol (``idle()``), or read from the two this proxy
+runs (server.front's and uvicorn's httptools one); a protocol it cannot read is busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from server.errors import error_body
+
+log = logging.getLogger("toposerve")
+LINGER_S = 1.0  # a refused client's bytes are read and dropped this long, so the 503 arrives
+LINGER_BYTES = 64 * 1024
+LOG_EVERY_S = 10.0  # refusals are logged at most this often (a flood must not flood the log)
+_MESSAGE = ("the proxy has its maximum of open connections, all busy: retry shortly, reuse a "
+            "keep-alive connection, or start the proxy with a larger --max-connections")
+
+
+def default_limit() -> int:
+    """Half the process's descriptor limit: the other half is for the engine connections (one
+    per request in flight) and the proxy's own files."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return 512
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 65536
+    return max(8, (soft - 64) // 2)
+
+
+def is_idle(proto: object) -> bool:
+    """No request in progress on ``proto``: nothing received of one, none being answered."""
+    own = getattr(proto, "idle", None)
+    if callable(own):
+        return bool(own())
+    try:
+        if hasattr(proto, "exchange"):  # server.front.FrontProtocol
+            return bool(proto.exchange is None and not proto.buf  # type: ignore[attr-defined]
+                        and proto.refused is None  # type: ignore[attr-defined]
+                        and not proto.handed_over)  # type: ignore[attr-defined]
+        cycle = proto.cycle  # type: ignore[attr-defined]  # uvicorn's httptools protocol
+        head = proto._head  # type: ignore[attr-defined]  # ... with server.front's HeadLimit
+        return bool((cycle is None or cycle.response_complete)
+                    and head.total == 0 and not head.done)
+    except AttributeError:
+        return False
+
+
+def _closing(proto: object) -> bool:
+    transport = getattr(proto, "transport", None)
+    return transport is None or bool(transport.is_closing())
+
+
+class ConnectionCap:
+    """Decides, per accepted connection, whether it is served (pure but for the closes)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.refused = 0
+        self._logged_at = -LOG_EVERY_S
+
+    def admit(self, connections: Collection[Any]) -> bool:
+        """Whether a new connection may join ``connections``; idle ones are closed first when
+        it would go past the limit (oldest first, enough for one slot more)."""
+        if len(connections) < self.limit:
+            return True
+        live = [p for p in connections if not _closing(p)]
+        if len(live) < self.limit:
+            return True
+        idle = sorted((p for p in live if is_idle(p)),
+                      key=lambda p: getattr(p, "_cap_since", 0.0))
+        for proto in idle[:len(live) - self.limit + 1]:
+            proto.transport.close()
+        return len(idle) > len(live) - self.limit
+
+    def note_refusal(self, now: float) -> None:
+        self.refused += 1
+        if now - self._logged_at >= LOG_EVERY_S:
+            self._logged_at = now
+            log.warning("%d open connections, all busy (--max-connections): new ones get 503 "
+                        "(%d refused so far)", self.limit, self.refused)
+
+
+def refusal_bytes(default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    body = json.dumps(error_body(_MESSAGE, "server_error", "too_many_connections")).encode()
+    parts = [b"HTTP/1.1 503 Service Unavailable\r\n"]
+    for name, value in default_headers:
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"content-type: application/json\r\ncontent-length: %d\r\nretry-after: 1\r\n"
+                 b"connection: close\r\n\r\n%b" % (len(body), body))
+    return b"".join(parts)
+
+
+class _Refused:
+    """A connection answered 503 and ending: what the client sends meanwhile is dropped (so
+    that closing with unread bytes does not reset the answer away), for LINGER_S at most."""
+
+    __slots__ = ("budget", "timer", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 answer: bytes) -> None:
+        self.transport = transport
+        self.budget = LINGER_BYTES
+        transport.write(answer)
+        try:
+            transport.write_eof()
+        except (NotImplementedError, RuntimeError, OSError):  # pragma: no cover - TLS
+            transport.close()
+        self.timer = loop.call_later(LINGER_S, transport.abort)
+
+    def drop(self, data: bytes) -> None:
+        self.budget -= len(data)
+        if self.budget < 0:
+            self.transport.abort()
+
+
+def capped(cls: type[asyncio.Protocol], cap: ConnectionCap) -> type[asyncio.Protocol]:
+    """``cls`` (built by uvicorn as ``cls(config=, server_state=, app_state=, _loop=)``) with
+    ``cap`` deciding at ``connection_made``."""
+
+    class Capped(cls):  # type: ignore[valid-type,misc]
+        _cap_refused: _Refused | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._cap_state = kwargs.get("server_state", args[1] if len(args) > 1 else None)
+            self._cap_loop: asyncio.AbstractEventLoop = (
+                kwargs.get("_loop") or asyncio.get_event_loop())
+            self._cap_since = self._cap_loop.time()
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            state = self._cap_state
+            if state is None or cap.admit(state.connections):
+                super().connection_made(transport)
+                return
+            cap.note_refusal(self._cap_loop.time())
+            self._cap_refused = _Refused(transport,  # type: ignore[arg-type]
+                                         self._cap_loop, refusal_bytes(state.default_headers))
+
+        def data_received(self, data: bytes) -> None:
+            if self._cap_refused is not None:
+                self._cap_refused.drop(data)
+                return
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._cap_refused is not None:
+                self._cap_refused.timer.cancel()
+                return
+            super().connection_lost(exc)
+
+        def eof_received(self) -> bool | None:
+            if self._cap_refused is not None:
+                return None
+            return super().eof_received()  # type: ignore[no-any-return]
+
+    Capped.__name__ = Capped.__qualname__ = f"Capped{cls.__name__}"
+    return Capped

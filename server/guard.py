@@ -1,0 +1,332 @@
+"""Local-serving protections (pure): which requests a proxy serving one machine refuses.
+
+A proxy bound to loopback without API keys (the default) is reachable by every web page its
+user visits: a page can POST to ``http://127.0.0.1:8000`` (CSRF: a ``text/plain`` POST needs
+no preflight) and, by DNS rebinding its own name to 127.0.0.1, read the answers. Servers for
+local models have had exactly this hole (Ollama, llama.cpp, Jupyter closed it the same way):
+
+- ``Host`` is checked while the proxy is bound to loopback (keys or not: a rebinding page
+  could still read the open /ready and /metrics): loopback names and addresses (``localhost``,
+  ``*.localhost``, ``127.0.0.0/8``, ``[::1]``), the bound address, and ``--allowed-hosts``
+  pass, with any port. An empty host (``Host: :8000``, a bypass found in Ollama) is refused;
+  a request without Host (HTTP/1.0 tools) is no browser's and passes. Bound elsewhere, the
+  proxy is reached under names it cannot know, so Host is checked only against an explicit
+  ``--allowed-hosts``.
+- ``Origin`` is checked while no API key is configured (with keys, a cross-site page cannot
+  send one: browsers attach no ``Authorization`` on their own and the proxy sets no cookies).
+  Absent (curl, SDKs, agents): passes. The proxy's own origin (as the Host names it), a
+  loopback origin on any port, a local app's scheme (Ollama's defaults: ``vscode-webview``,
+  ``vscode-file``, ``app``, ``tauri``) and ``--allowed-origins`` pass; ``null`` (sandboxed
+  frames, ``file:``) and anything unparseable are refused. The proxy sends no CORS headers.
+- More than one ``Authorization``, ``x-api-key``, ``Host`` or ``Origin`` header is refused
+  (400) on every route: which one counts would otherwise depend on the HTTP layer.
+- Media URLs in request bodies (every key ``url`` or ``*_url`` with a string value, anywhere:
+  ``image_url``, ``video_url``, ``audio_url``, Anthropic's ``source.url``, Responses'
+  ``input_image``) that point at this machine or a private network (loopback, private,
+  link-local such as 169.254.169.254, shared, reserved and multicast addresses in any
+  spelling, ``localhost``, single-label and ``.internal``/``.local`` names) or use ``file:`` or
+  an unknown scheme are refused (400) unless ``--allow-internal-media``: the engine would
+  fetch them from inside. A public name that resolves inside is for the engine's own
+  allow-list (vLLM ``--allowed-media-domains``).
+
+Everything here is a pure function of the request's bytes and the ``GuardPolicy``; the
+refusals are ``ProxyError``s, rendered OpenAI- or Anthropic-shaped by the caller.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from server.errors import ProxyError
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# Schemes of local apps' pages (Ollama's default origins): code already running here.
+LOCAL_APP_SCHEMES = frozenset({"vscode-webview", "vscode-file", "app", "tauri"})
+# Names that never leave the machine or the local network (RFC 6761, 6762, 8375; cloud
+# metadata services answer on ``metadata.google.internal`` and bare ``metadata``).
+INTERNAL_SUFFIXES = (".localhost", ".internal", ".local", ".localdomain", ".home.arpa", ".lan")
+_HOST_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+_PORT = re.compile(r"[0-9]{1,5}")
+_NUMERIC_HOST = re.compile(r"[0-9a-fx.]+")  # what inet_aton may read as an IPv4 address
+SINGLETON_HEADERS = (b"authorization", b"x-api-key", b"host", b"origin")
+
+
+class Refusal(ProxyError):
+    """A request the local-serving protections refuse."""
+
+
+class HostRefused(Refusal):
+    status, type, code = 403, "permission_error", "host_not_allowed"
+
+
+class OriginRefused(Refusal):
+    status, type, code = 403, "permission_error", "cross_site_request"
+
+
+class AmbiguousHeaders(Refusal):
+    status, type, code = 400, "invalid_request_error", "duplicate_header"
+
+
+class InternalMediaRefused(Refusal):
+    status, type, code = 400, "invalid_request_error", "internal_media_url"
+
+
+@dataclass(frozen=True)
+class GuardPolicy:
+    """What is checked, from the proxy's settings (``policy``)."""
+
+    check_host: bool
+    check_origin: bool
+    bound_host: str = "127.0.0.1"
+    port: int = 8000
+    allowed_hosts: frozenset[str] = frozenset()  # lower-case names, brackets stripped
+    allowed_origins: frozenset[str] = frozenset()  # normalised scheme://host[:port]; "*": any
+    allow_internal_media: bool = False
+
+
+def policy(host: str, port: int, has_keys: bool, allowed_hosts: Sequence[str] = (),
+           allowed_origins: Sequence[str] = (), allow_internal_media: bool = False,
+           loopback: bool = True) -> GuardPolicy:
+    hosts = frozenset(h.strip().lower().strip("[]").rstrip(".") for h in allowed_hosts)
+    origins = frozenset("*" if o.strip() == "*" else (normal_origin(o) or "")
+                        for o in allowed_origins) - {""}
+    return GuardPolicy(check_host=(loopback or bool(hosts)) and "*" not in hosts,
+                       check_origin=not has_keys and "*" not in origins,
+                       bound_host=host.lower().strip("[]"), port=port,
+                       allowed_hosts=hosts, allowed_origins=origins,
+                       allow_internal_media=allow_internal_media)
+
+
+# -- request heads --------------------------------------------------------------------------
+
+
+def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refusal | None:
+    """The refusal for a request with these raw headers (names lower-case, as both servers
+    give them), or None."""
+    host: bytes | None = None
+    origin: bytes | None = None
+    seen: set[bytes] = set()
+    for name, value in headers:
+        if name in SINGLETON_HEADERS:
+            if name in seen:
+                return AmbiguousHeaders(
+                    f"the request has more than one {name.decode()} header; send it once")
+            seen.add(name)
+            if name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+    if pol.check_host and host is not None and not host_allowed(pol, host):
+        return HostRefused(
+            "the Host header names neither this machine's loopback (localhost, 127.0.0.1, "
+            "[::1]) nor an allowed host, as a web page reaching this proxy by DNS rebinding "
+            f"would: connect to http://127.0.0.1:{pol.port}, or start the proxy with "
+            "--allowed-hosts NAME for a name of your own")
+    if pol.check_origin and origin is not None and not origin_allowed(pol, origin, host):
+        return OriginRefused(
+            "cross-site request refused: a web page from another origin may not use a proxy "
+            "that has no API key; start the proxy with --api-key-file FILE (or "
+            "TOPOSERVE_API_KEYS), or allow that page with --allowed-origins ORIGIN")
+    return None
+
+
+def split_host(value: str) -> tuple[str, str] | None:
+    """``Host`` (or an authority) as (name, port), the name lower-case without brackets or a
+    trailing dot; None when it is not one (empty name, bad port, bare IPv6)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[1:end], value[end + 1:]
+        if rest and not (rest[0] == ":" and _PORT.fullmatch(rest[1:])):
+            return None
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+        return name, rest[1:]
+    name, colon, port = value.partition(":")
+    if colon and not _PORT.fullmatch(port):
+        return None
+    name = name.rstrip(".")
+    if not name or not _HOST_NAME.fullmatch(name):
+        return None
+    return name, port
+
+
+def is_loopback_name(name: str) -> bool:
+    """A name or address that can only mean this machine (never a rebinding page's name)."""
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    ip = literal_ip(name)
+    return ip is not None and ip.is_loopback
+
+
+def host_allowed(pol: GuardPolicy, value: bytes) -> bool:
+    parts = split_host(value.decode("latin-1"))
+    if parts is None:
+        return False
+    name = parts[0]
+    return name in pol.allowed_hosts or name == pol.bound_host or is_loopback_name(name)
+
+
+def normal_origin(value: str) -> str | None:
+    """``scheme://host[:port]`` lower-case with the scheme's default port left out, or None
+    when ``value`` is not an origin (``null``, a path, no host)."""
+    scheme, sep, rest = value.strip().lower().partition("://")
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme) or "/" in rest.rstrip("/"):
+        return None
+    parts = split_host(rest.rstrip("/"))
+    if parts is None:
+        return None
+    name, port = parts
+    if port and int(port) > 65535:
+        return None
+    if port and (scheme, int(port)) in (("http", 80), ("https", 443)):
+        port = ""
+    shown = f"[{name}]" if ":" in name else name
+    return f"{scheme}://{shown}" + (f":{int(port)}" if port else "")
+
+
+def origin_allowed(pol: GuardPolicy, value: bytes, host: bytes | None) -> bool:
+    origin = normal_origin(value.decode("latin-1"))
+    if origin is None:
+        return False
+    if origin in pol.allowed_origins:
+        return True
+    scheme, _, authority = origin.partition("://")
+    if scheme in LOCAL_APP_SCHEMES:
+        return True
+    if scheme not in ("http", "https"):
+        return False
+    parts = split_host(authority)
+    if parts is not None and is_loopback_name(parts[0]):
+        return True
+    if host is None:
+        return False
+    own = split_host(host.decode("latin-1"))  # same origin: the page came from this proxy
+    return own is not None and parts is not None and own[0] == parts[0] and (
+        (own[1] or "80") == (parts[1] or ("443" if scheme == "https" else "80")))
+
+
+# -- media URLs in request bodies -----------------------------------------------------------
+
+
+def may_name_media(body: bytes) -> bool:
+    """Whether ``body`` may hold a ``url`` or ``*_url`` key: its bytes end such a key, or it
+    escapes characters (a key could be spelled ``"image_\\u0075rl"``)."""
+    return b'url"' in body or b"\\u" in body
+
+
+def media_refusal(obj: Any) -> Refusal | None:
+    """The refusal for the first internal media URL in the parsed body ``obj``, or None."""
+    for url in media_urls(obj):
+        reason = internal_reason(url)
+        if reason is not None:
+            return InternalMediaRefused(
+                f"a media URL in the request {reason}: the engine would fetch it from inside "
+                "this machine's network, so the proxy refuses it; send the image as a data: "
+                "URL (base64), or start the proxy with --allow-internal-media")
+    return None
+
+
+def media_urls(obj: Any) -> Iterable[str]:
+    """Every string under a ``url`` or ``*_url`` key, at any depth (iteratively: a body
+    nested to the parser's limit does not exhaust the stack here)."""
+    stack = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, str):
+                    if key == "url" or (isinstance(key, str) and key.endswith("_url")):
+                        yield value
+                elif isinstance(value, dict | list):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+
+
+def internal_reason(url: str) -> str | None:
+    """Why the engine must not fetch ``url`` (words after 'a media URL in the request'), or
+    None when it is a data: URL or an http(s) URL naming a public host."""
+    text = url.strip()
+    scheme = text.partition(":")[0].lower() if ":" in text else ""
+    if scheme == "data":
+        return None
+    if scheme == "file":
+        return "reads a local file (file:)"
+    if scheme not in ("http", "https"):
+        return "is neither an http(s) nor a data: URL"
+    if any(ord(c) < 33 or c == "\\" for c in text):
+        return "holds spaces, control characters or backslashes, which URL parsers read apart"
+    try:
+        host = urlsplit(text).hostname
+    except ValueError:
+        return "has a host that cannot be read"
+    if not host:
+        return "has no host"
+    host = host.rstrip(".")
+    ip = literal_ip(host)
+    if ip is not None:
+        return None if is_public(ip) else "points at a loopback, private or link-local address"
+    if not _HOST_NAME.fullmatch(host):
+        return "has a host name that is not plain ASCII letters, digits, '-' and '.'"
+    if host == "localhost" or "." not in host or host.endswith(INTERNAL_SUFFIXES):
+        return "names a local or internal host"
+    return None
+
+
+def literal_ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``name`` as the address a resolver would read it as: IPv6 (mapped IPv4 unwrapped), or
+    IPv4 in any form inet_aton takes (``127.1``, ``0x7f000001``, ``2130706433``,
+    ``0177.0.0.1``), or None for a name."""
+    name = name.strip("[]")
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(name)
+    except ValueError:
+        if not _NUMERIC_HOST.fullmatch(name):
+            return None
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(name))
+        except OSError:
+            return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Globally reachable unicast, including any IPv4 an IPv6 address carries inside."""
+    if not ip.is_global or ip.is_multicast:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = [ip.sixtofour, ip.teredo[1] if ip.teredo else None,
+                 ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF) if ip in _NAT64 else None]
+        return all(a is None or is_public(a) for a in inner)
+    return True
+
+
+# -- start-up ----------------------------------------------------------------------------------
+
+
+def exposure_line(host: str, port: int, has_keys: bool, loopback: bool) -> str | None:
+    """What a keyless proxy exposes, for its start-up log (None with keys)."""
+    if has_keys:
+        return None
+    who = ("every local user and process" if loopback
+           else f"everyone who can reach {host}")
+    return (f"no API key: {who} can use http://{host}:{port} — generate with the model, "
+            "read /v1/models, /ready and /metrics, and call every relayed vLLM route but the "
+            "admin ones (web pages are refused by the Host/Origin checks); to require a key, "
+            "start with --api-key-file FILE (mode 600) or set TOPOSERVE_API_KEYS")
