@@ -198,3 +198,11 @@ def test_the_cap_closes_the_oldest_idle_connections_and_never_a_busy_one(
         idle = [p for p in protos if not p.busy]
         assert closed == idle[:len(closed)]  # oldest first
         assert admitted or len(closed) == len(idle)
+
+
+def test_a_config_built_in_python_refuses_credentials_too() -> None:
+    from server.config import ProxyConfig
+
+    with pytest.raises(ConfigError) as err:
+        ProxyConfig(upstreams=("http://admin:hunter2@127.0.0.1:8001",))
+    assert "hunter2" not in str(err.value)
