@@ -3,9 +3,12 @@
     python deploy/grafana/build_dashboard.py           # rewrite the JSON
     python deploy/grafana/build_dashboard.py --check   # exit 1 if the committed JSON is stale
 
-The committed JSON is what Grafana loads; CI checks that it equals this script's output and
-evaluates every query in it against a real Prometheus. Panels are plain dicts in Grafana's
-dashboard JSON model (schemaVersion 39, Grafana 10/11) so that no SDK is needed to read them.
+Panels are typed objects of Grafana's own Python SDK (grafana-foundation-sdk, generated from
+Grafana's schema; the release for the Grafana that deploy/compose.yaml runs, 11.3), so a
+misspelt option or a wrong enum value is a type error here rather than a panel Grafana silently
+ignores. The SDK also lays the panels out (rows of 24 columns). The committed JSON is what
+Grafana loads; CI checks that it equals this script's output and evaluates every query in it
+against a real Prometheus.
 
 Grafana variables used in queries: $model (vLLM's model_name, the proxy's model), $run_id
 (loadgen runs) and $__rate_interval.
@@ -18,30 +21,42 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from grafana_foundation_sdk.builders import barchart, stat, table, timeseries
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus as prom
+from grafana_foundation_sdk.cog import builder as cog
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prom_model
 
 OUTPUT = Path(__file__).parent / "dashboards" / "toposerve.json"
 UID = "toposerve"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
 RATE = "$__rate_interval"
-WIDTH = 24
+VLLM_SEL = 'model_name=~"$model"'
+PROXY_SEL = 'model=~"$model"'
+RUN_SEL = 'run_id=~"$run_id"'
 
-Panel = dict[str, Any]
-Target = dict[str, Any]
+Panel = cog.Builder[model.Panel]
+Query = prom.Dataquery
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> Target:
+def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> Query:
     """One query; refIds are assigned by the panel in order."""
-    out: Target = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend or "__auto"}
+    q = prom.Dataquery().expr(expr).legend_format(legend or "__auto").datasource(DATASOURCE)
     if instant:
-        out |= {"instant": True, "range": False}
+        q = q.instant()
     if table:
-        out["format"] = "table"
-    return out
+        q = q.format(prom_model.PromQueryFormat.TABLE)
+    return q
 
 
-def quantile_targets(bucket: str, selector: str, prefix: str = "") -> list[Target]:
+def quantile_targets(bucket: str, selector: str, prefix: str = "") -> list[Query]:
     return [
         target(
             f"histogram_quantile({q}, sum by (le) (rate({bucket}{{{selector}}}[{RATE}])))",
@@ -51,48 +66,55 @@ def quantile_targets(bucket: str, selector: str, prefix: str = "") -> list[Targe
     ]
 
 
-def panel(
-    kind: str,
-    title: str,
-    targets: Sequence[Target],
-    *,
-    w: int,
-    h: int = 8,
-    unit: str = "short",
-    description: str = "",
-    **extra: Any,
-) -> Panel:
-    """A panel without position: layout() gives ids and gridPos."""
-    refs = [dict(t, refId=ref_id(i)) for i, t in enumerate(targets)]
-    out: Panel = {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": refs,
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "options": {},
-        "gridPos": {"w": w, "h": h},
-    }
-    out.update(extra)
-    return out
-
-
 def ref_id(i: int) -> str:
     """The refId of a panel's i-th query; an instant table query's value column is
     ``Value #<refId>``."""
     return chr(ord("A") + i)
 
 
-def merged_columns(rename: dict[str, str]) -> list[dict[str, Any]]:
+P = TypeVar("P", timeseries.Panel, barchart.Panel, stat.Panel, table.Panel)
+
+
+def with_queries(
+    panel: P, title: str, queries: Sequence[Query], *, w: int, h: int, unit: str,
+    description: str,
+) -> P:
+    """What every panel has: title, the dashboard's datasource, its queries, size and unit."""
+    panel = panel.title(title).description(description).datasource(DATASOURCE)
+    for i, q in enumerate(queries):
+        panel = panel.with_target(q.ref_id(ref_id(i)))
+    return panel.span(w).height(h).unit(unit)
+
+
+def timeseries_panel(
+    title: str, queries: Sequence[Query], *, w: int = 12, unit: str = "short",
+    description: str = "",
+) -> timeseries.Panel:
+    legend = (
+        common_b.VizLegendOptions()
+        .display_mode(common.LegendDisplayMode.TABLE)
+        .placement(common.LegendPlacement.BOTTOM)
+        .show_legend(True)
+        .calcs(["lastNotNull", "max"])
+    )
+    tooltip = (
+        common_b.VizTooltipOptions()
+        .mode(common.TooltipDisplayMode.MULTI)
+        .sort(common.SortOrder.DESCENDING)
+    )
+    panel = timeseries.Panel().legend(legend).tooltip(tooltip)
+    return with_queries(panel, title, queries, w=w, h=8, unit=unit, description=description)
+
+
+def merged_columns(rename: dict[str, str]) -> list[model.DataTransformerConfig]:
     """Transformations that join instant table queries into one row per label set, drop the
     time column and name the value columns."""
     return [
-        {"id": "merge", "options": {}},
-        {
-            "id": "organize",
-            "options": {"excludeByName": {"Time": True}, "renameByName": rename},
-        },
+        model.DataTransformerConfig(id_val="merge", options={}),
+        model.DataTransformerConfig(
+            id_val="organize",
+            options={"excludeByName": {"Time": True}, "renameByName": rename},
+        ),
     ]
 
 
@@ -103,110 +125,104 @@ def bars_by(
     *,
     w: int,
     unit: str,
-    orientation: str,
+    orientation: common.VizOrientation,
     description: str = "",
-) -> Panel:
+) -> barchart.Panel:
     """A bar chart of instant queries, one group of bars per value of ``label``; ``series`` is
     (query, legend, column name) per bar."""
-    return panel(
-        "barchart",
-        title,
-        [target(expr, legend, instant=True, table=True) for expr, legend, _ in series],
-        w=w,
-        h=9,
-        unit=unit,
-        transformations=merged_columns(
-            {f"Value #{ref_id(i)}": column for i, (_, _, column) in enumerate(series)}
-        ),
-        options={
-            "xField": label,
-            "orientation": orientation,
-            "showValue": "auto",
-            "legend": {"displayMode": "list", "placement": "bottom"},
-        },
-        description=description,
+    legend = (
+        common_b.VizLegendOptions()
+        .display_mode(common.LegendDisplayMode.LIST)
+        .placement(common.LegendPlacement.BOTTOM)
+        .show_legend(True)
     )
+    panel = (
+        barchart.Panel()
+        .x_field(label)
+        .orientation(orientation)
+        .show_value(common.VisibilityMode.AUTO)
+        .legend(legend)
+        .transformations(
+            merged_columns({f"Value #{ref_id(i)}": col for i, (_, _, col) in enumerate(series)})
+        )
+    )
+    queries = [target(expr, legend, instant=True, table=True) for expr, legend, _ in series]
+    return with_queries(panel, title, queries, w=w, h=9, unit=unit, description=description)
 
 
-def timeseries(
+def table_of(
     title: str,
-    targets: Sequence[Target],
+    columns: Sequence[tuple[str, str]],
+    keys: str,
     *,
-    w: int = 12,
-    unit: str = "short",
+    w: int = 24,
+    h: int = 9,
     description: str = "",
-) -> Panel:
-    return panel(
-        "timeseries",
-        title,
-        targets,
-        w=w,
-        unit=unit,
-        description=description,
-        options={
-            "legend": {
-                "displayMode": "table",
-                "placement": "bottom",
-                "calcs": ["lastNotNull", "max"],
-            },
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-    )
+) -> table.Panel:
+    """One row per label set of ``keys``, one column per (query, column name)."""
+    queries = [target(f"max by ({keys}) ({expr})", instant=True, table=True) for expr, _ in columns]
+    rename = {f"Value #{ref_id(i)}": name for i, (_, name) in enumerate(columns)}
+    panel = table.Panel().transformations(merged_columns(rename))
+    return with_queries(panel, title, queries, w=w, h=h, unit="short", description=description)
 
 
-def row(title: str) -> Panel:
-    return {
-        "type": "row",
-        "title": title,
-        "collapsed": False,
-        "panels": [],
-        "gridPos": {"w": WIDTH, "h": 1},
-    }
+def stat_panel(
+    title: str, queries: Sequence[Query], *, w: int, h: int, unit: str = "short",
+    description: str = "", text_mode: common.BigValueTextMode | None = None,
+) -> stat.Panel:
+    reduce = common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False)
+    panel = stat.Panel().reduce_options(reduce)
+    if text_mode is not None:
+        panel = (
+            panel.text_mode(text_mode)
+            .color_mode(common.BigValueColorMode.NONE)
+            .graph_mode(common.BigValueGraphMode.NONE)
+        )
+    return with_queries(panel, title, queries, w=w, h=h, unit=unit, description=description)
 
 
-def tokens_row() -> list[Panel]:
-    vllm_sel = 'model_name=~"$model"'
-    proxy_sel = 'model=~"$model"'
-    run_sel = 'run_id=~"$run_id"'
-    return [
-        row("Prefill vs decode"),
-        timeseries(
+Section = tuple[str, list[Panel]]  # a row's title and its panels
+
+
+def tokens_row() -> Section:
+    return "Prefill vs decode", [
+        timeseries_panel(
             "Prefill vs decode tok/s (vLLM)",
             [
                 target(
-                    f"sum by (model_name) (rate(vllm:prompt_tokens_total{{{vllm_sel}}}[{RATE}]))",
+                    f"sum by (model_name) (rate(vllm:prompt_tokens_total{{{VLLM_SEL}}}[{RATE}]))",
                     "prefill {{model_name}}",
                 ),
                 target(
                     "sum by (model_name) "
-                    f"(rate(vllm:generation_tokens_total{{{vllm_sel}}}[{RATE}]))",
+                    f"(rate(vllm:generation_tokens_total{{{VLLM_SEL}}}[{RATE}]))",
                     "decode {{model_name}}",
                 ),
             ],
             unit="tps",
             description="Tokens vLLM prefilled (prompt) and generated per second.",
         ),
-        timeseries(
+        timeseries_panel(
             "Prefill vs decode tok/s (proxy, 1m recording rules)",
             [
-                target(f"model:toposerve_prompt_tokens:rate1m{{{proxy_sel}}}", "prompt {{model}}"),
+                target(f"model:toposerve_prompt_tokens:rate1m{{{PROXY_SEL}}}", "prompt {{model}}"),
                 target(
-                    f"model:toposerve_generation_tokens:rate1m{{{proxy_sel}}}",
+                    f"model:toposerve_generation_tokens:rate1m{{{PROXY_SEL}}}",
                     "generated {{model}}",
                 ),
             ],
             unit="tps",
             description="Usage the proxy returned to clients (finished requests).",
         ),
-        timeseries(
+        timeseries_panel(
             "Prefill vs decode tok/s per request (loadgen runs)",
             [
                 target(
-                    f'loadgen_prefill_tokens_per_second{{stat="p50",{run_sel}}}',
+                    f'loadgen_prefill_tokens_per_second{{stat="p50",{RUN_SEL}}}',
                     "prefill p50 {{run_id}}",
                 ),
                 target(
-                    f'loadgen_decode_tokens_per_second{{stat="p50",{run_sel}}}',
+                    f'loadgen_decode_tokens_per_second{{stat="p50",{RUN_SEL}}}',
                     "decode p50 {{run_id}}",
                 ),
             ],
@@ -218,46 +234,43 @@ def tokens_row() -> list[Panel]:
     ]
 
 
-def latency_row() -> list[Panel]:
-    proxy_sel = 'model=~"$model"'
-    vllm_sel = 'model_name=~"$model"'
-    return [
-        row("Latency"),
-        timeseries(
+def latency_row() -> Section:
+    return "Latency", [
+        timeseries_panel(
             "TTFT percentiles (proxy)",
-            quantile_targets("toposerve_ttft_seconds_bucket", proxy_sel),
+            quantile_targets("toposerve_ttft_seconds_bucket", PROXY_SEL),
             unit="s",
         ),
-        timeseries(
+        timeseries_panel(
             "TTFT percentiles (vLLM)",
-            quantile_targets("vllm:time_to_first_token_seconds_bucket", vllm_sel),
+            quantile_targets("vllm:time_to_first_token_seconds_bucket", VLLM_SEL),
             unit="s",
         ),
-        timeseries(
+        timeseries_panel(
             "Inter-token latency percentiles (proxy)",
-            quantile_targets("toposerve_itl_seconds_bucket", proxy_sel),
+            quantile_targets("toposerve_itl_seconds_bucket", PROXY_SEL),
             unit="s",
         ),
-        timeseries(
+        timeseries_panel(
             "Inter-token latency percentiles (vLLM)",
-            quantile_targets("vllm:inter_token_latency_seconds_bucket", vllm_sel),
+            quantile_targets("vllm:inter_token_latency_seconds_bucket", VLLM_SEL),
             unit="s",
         ),
-        timeseries(
+        timeseries_panel(
             "End-to-end latency percentiles",
             [
-                *quantile_targets("toposerve_e2e_seconds_bucket", proxy_sel, "proxy "),
-                *quantile_targets("vllm:e2e_request_latency_seconds_bucket", vllm_sel, "vLLM "),
+                *quantile_targets("toposerve_e2e_seconds_bucket", PROXY_SEL, "proxy "),
+                *quantile_targets("vllm:e2e_request_latency_seconds_bucket", VLLM_SEL, "vLLM "),
             ],
             unit="s",
         ),
-        timeseries(
+        timeseries_panel(
             "Time in vLLM's queue vs prefill",
             [
-                *quantile_targets("vllm:request_queue_time_seconds_bucket", vllm_sel, "queue ")[
+                *quantile_targets("vllm:request_queue_time_seconds_bucket", VLLM_SEL, "queue ")[
                     ::2
                 ],
-                *quantile_targets("vllm:request_prefill_time_seconds_bucket", vllm_sel, "prefill ")[
+                *quantile_targets("vllm:request_prefill_time_seconds_bucket", VLLM_SEL, "prefill ")[
                     ::2
                 ],
             ],
@@ -267,33 +280,38 @@ def latency_row() -> list[Panel]:
     ]
 
 
-def load_row() -> list[Panel]:
-    vllm_sel = 'model_name=~"$model"'
-    proxy_sel = 'model=~"$model"'
-    return [
-        row("Requests and KV cache"),
-        timeseries(
+def hit_rate(hits: str, queries: str, selector: str, by: str) -> str:
+    # clamp_min: an idle engine reads 0, not 0/0
+    return (
+        f"sum by ({by}) (rate({hits}{{{selector}}}[{RATE}])) / clamp_min("
+        f"sum by ({by}) (rate({queries}{{{selector}}}[{RATE}])), 1e-9)"
+    )
+
+
+def load_row() -> Section:
+    return "Requests and KV cache", [
+        timeseries_panel(
             "Running / waiting requests",
             [
                 target(
-                    f"sum by (model_name) (vllm:num_requests_running{{{vllm_sel}}})",
+                    f"sum by (model_name) (vllm:num_requests_running{{{VLLM_SEL}}})",
                     "vLLM running {{model_name}}",
                 ),
                 target(
-                    f"sum by (model_name) (vllm:num_requests_waiting{{{vllm_sel}}})",
+                    f"sum by (model_name) (vllm:num_requests_waiting{{{VLLM_SEL}}})",
                     "vLLM waiting {{model_name}}",
                 ),
                 target(
-                    f"sum by (model) (toposerve_requests_in_flight{{{proxy_sel}}})",
+                    f"sum by (model) (toposerve_requests_in_flight{{{PROXY_SEL}}})",
                     "proxy in flight {{model}}",
                 ),
                 target("sum(toposerve_requests_queued)", "proxy queued"),
             ],
         ),
-        timeseries(
+        timeseries_panel(
             "KV-cache use",
             [
-                target(f"vllm:kv_cache_usage_perc{{{vllm_sel}}}", "{{model_name}} {{engine}}"),
+                target(f"vllm:kv_cache_usage_perc{{{VLLM_SEL}}}", "{{model_name}} {{engine}}"),
                 target(
                     # clamp_min: an idle engine reads 0, not 0/0
                     f"rate(toposerve_engine_prefix_cache_hits_total[{RATE}]) / clamp_min("
@@ -306,18 +324,18 @@ def load_row() -> list[Panel]:
             "of prompt tokens served from the prefix cache (the engines' counters, re-exported "
             "by the proxy).",
         ),
-        timeseries(
+        timeseries_panel(
             "Requests/s by status (proxy)",
             [
                 target(
                     "sum by (route, status) "
-                    f"(rate(toposerve_requests_total{{{proxy_sel}}}[{RATE}]))",
+                    f"(rate(toposerve_requests_total{{{PROXY_SEL}}}[{RATE}]))",
                     "{{route}} {{status}}",
                 ),
             ],
             unit="reqps",
         ),
-        timeseries(
+        timeseries_panel(
             "Upstream health",
             [
                 target("toposerve_upstream_up", "up {{upstream}}"),
@@ -332,28 +350,78 @@ def load_row() -> list[Panel]:
     ]
 
 
-def gpu_row() -> list[Panel]:
-    by_gpu = "gpu {{gpu}} {{name}}"
-    return [
-        row("GPUs (NVML, read by the proxy at scrape time)"),
-        timeseries(
-            "GPU utilisation",
-            [
-                target("toposerve_gpu_utilization_ratio", by_gpu),
-            ],
-            unit="percentunit",
-        ),
-        timeseries("GPU power", [target("toposerve_gpu_power_watts", by_gpu)], unit="watt"),
-        timeseries(
-            "GPU memory used",
+def cache_row() -> Section:
+    """What keeps an agent's prefix warm: vLLM's prefix cache and its KV offloading."""
+    return "Prefix cache and KV offloading (vLLM)", [
+        timeseries_panel(
+            "Prefix-cache hit rate (vLLM)",
             [
                 target(
-                    "toposerve_gpu_memory_used_bytes / toposerve_gpu_memory_total_bytes", by_gpu
+                    hit_rate("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                             VLLM_SEL, "model_name"),
+                    "GPU prefix cache {{model_name}}",
                 ),
             ],
             unit="percentunit",
+            description="Share of prompt tokens vLLM found in its own prefix cache "
+            "(vllm:prefix_cache_hits / queries). An agent's later turns should hit most of "
+            "their prompt.",
         ),
-        timeseries(
+        timeseries_panel(
+            "KV offloading: hits from host memory",
+            [
+                target(
+                    hit_rate("vllm:external_prefix_cache_hits_total",
+                             "vllm:external_prefix_cache_queries_total", VLLM_SEL, "model_name"),
+                    "offloaded prefix hit rate {{model_name}}",
+                ),
+                target(
+                    f"max by (model_name) (vllm:kv_offload_cpu_cache_usage_perc{{{VLLM_SEL}}})",
+                    "host KV cache use {{model_name}}",
+                ),
+            ],
+            unit="percentunit",
+            description="With KV offloading (--kv-offloading-backend native or LMCache): the "
+            "share of prompt tokens served from the offloaded cache (vllm:external_prefix_cache_"
+            "*), and how full the host-memory cache is.",
+        ),
+        timeseries_panel(
+            "KV offloading: bytes moved per second",
+            [
+                target(
+                    f"sum by (model_name) (rate(vllm:kv_offload_store_bytes_total{{{VLLM_SEL}}}"
+                    f"[{RATE}]))",
+                    "GPU -> host {{model_name}}",
+                ),
+                target(
+                    f"-sum by (model_name) (rate(vllm:kv_offload_load_bytes_total{{{VLLM_SEL}}}"
+                    f"[{RATE}]))",
+                    "host -> GPU {{model_name}}",
+                ),
+            ],
+            w=24,
+            unit="Bps",
+            description="KV blocks stored to host memory (positive) and loaded back (negative): "
+            "the PCIe cost of keeping prefixes that do not fit the GPU cache.",
+        ),
+    ]
+
+
+def gpu_row() -> Section:
+    by_gpu = "gpu {{gpu}} {{name}}"
+    return "GPUs (NVML, read by the proxy at scrape time)", [
+        timeseries_panel(
+            "GPU utilisation",
+            [target("toposerve_gpu_utilization_ratio", by_gpu)],
+            unit="percentunit",
+        ),
+        timeseries_panel("GPU power", [target("toposerve_gpu_power_watts", by_gpu)], unit="watt"),
+        timeseries_panel(
+            "GPU memory used",
+            [target("toposerve_gpu_memory_used_bytes / toposerve_gpu_memory_total_bytes", by_gpu)],
+            unit="percentunit",
+        ),
+        timeseries_panel(
             "PCIe throughput (rx negative)",
             [
                 target("toposerve_gpu_pcie_tx_bytes_per_second", "tx " + by_gpu),
@@ -361,7 +429,7 @@ def gpu_row() -> list[Panel]:
             ],
             unit="Bps",
         ),
-        timeseries(
+        timeseries_panel(
             "NVLink throughput (rx negative)",
             [
                 target(f"rate(toposerve_gpu_nvlink_tx_bytes_total[{RATE}])", "tx " + by_gpu),
@@ -375,12 +443,22 @@ def gpu_row() -> list[Panel]:
     ]
 
 
-def plan_row() -> list[Panel]:
+def plan_row() -> Section:
     plan_columns = ["mode", "tp", "pp", "dp", "transport", "engine", "model", "gpus"]
-    return [
-        row("Plan in force"),
-        panel(
-            "table",
+    plan = table.Panel().transformations(
+        [
+            model.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True, "Value": True},
+                    "indexByName": {name: i for i, name in enumerate(plan_columns)},
+                },
+            )
+        ]
+    )
+    return "Plan in force", [
+        with_queries(
+            plan,
             "Plan in force",
             [
                 target(
@@ -392,73 +470,43 @@ def plan_row() -> list[Panel]:
             ],
             w=16,
             h=5,
-            transformations=[
-                {
-                    "id": "organize",
-                    "options": {
-                        "excludeByName": {"Time": True, "Value": True},
-                        "indexByName": {name: i for i, name in enumerate(plan_columns)},
-                    },
-                }
-            ],
+            unit="short",
             description="From `launcher plan`: the split chosen and why is in the launcher log.",
         ),
-        panel(
-            "stat",
+        stat_panel(
             "NCCL transport",
-            [
-                target("max by (transport) (toposerve_plan_info)", "{{transport}}", instant=True),
-            ],
+            [target("max by (transport) (toposerve_plan_info)", "{{transport}}", instant=True)],
             w=8,
             h=5,
-            options={
-                "textMode": "name",
-                "colorMode": "none",
-                "graphMode": "none",
-                "reduceOptions": {"calcs": ["lastNotNull"], "values": False},
-            },
+            text_mode=common.BigValueTextMode.NAME,
             description="How tensor/pipeline traffic moves between GPUs (NVLink, PCIe P2P, "
             "host memory, network).",
         ),
     ]
 
 
-def runs_row() -> list[Panel]:
-    sel = 'run_id=~"$run_id"'
+def runs_row() -> Section:
     keys = "run_id, plan, prompt, gen, concurrency"
 
-    def col(metric: str, stat: str | None = None) -> Target:
-        matcher = f'{{stat="{stat}",{sel}}}' if stat else f"{{{sel}}}"
-        return target(f"max by ({keys}) ({metric}{matcher})", instant=True, table=True)
+    def col(metric: str, stat_name: str | None = None) -> str:
+        matcher = f'{{stat="{stat_name}",{RUN_SEL}}}' if stat_name else f"{{{RUN_SEL}}}"
+        return f"{metric}{matcher}"
 
     columns = [
-        ("loadgen_prefill_tokens_per_second", "p50", "prefill tok/s p50"),
-        ("loadgen_decode_tokens_per_second", "p50", "decode tok/s p50"),
-        ("loadgen_output_tokens_per_second", None, "output tok/s"),
-        ("loadgen_ttft_seconds", "p50", "TTFT p50"),
-        ("loadgen_ttft_seconds", "p99", "TTFT p99"),
-        ("loadgen_itl_seconds", "p50", "ITL p50"),
-        ("loadgen_itl_seconds", "p99", "ITL p99"),
+        (col("loadgen_prefill_tokens_per_second", "p50"), "prefill tok/s p50"),
+        (col("loadgen_decode_tokens_per_second", "p50"), "decode tok/s p50"),
+        (col("loadgen_output_tokens_per_second"), "output tok/s"),
+        (col("loadgen_ttft_seconds", "p50"), "TTFT p50"),
+        (col("loadgen_ttft_seconds", "p99"), "TTFT p99"),
+        (col("loadgen_itl_seconds", "p50"), "ITL p50"),
+        (col("loadgen_itl_seconds", "p99"), "ITL p99"),
+        (f'loadgen_requests_total{{outcome="failed",{RUN_SEL}}}', "failed requests"),
     ]
-    targets = [col(metric, stat) for metric, stat, _ in columns]
-    targets.append(
-        target(
-            f'max by ({keys}) (loadgen_requests_total{{outcome="failed",{sel}}})',
-            instant=True,
-            table=True,
-        )
-    )
-    rename = {f"Value #{ref_id(i)}": label for i, (_, _, label) in enumerate(columns)}
-    rename[f"Value #{ref_id(len(columns))}"] = "failed requests"
-    return [
-        row("Loadgen runs compared"),
-        panel(
-            "table",
+    return "Loadgen runs compared", [
+        table_of(
             "Loadgen runs",
-            targets,
-            w=24,
-            h=9,
-            transformations=merged_columns(rename),
+            columns,
+            keys,
             description="One row per `loadgen --pushgateway` run (pushed under job=loadgen, "
             "grouped by run_id).",
         ),
@@ -467,56 +515,96 @@ def runs_row() -> list[Panel]:
             "Decode vs prefill tok/s by run",
             [
                 (
-                    f'max by (run_id) (loadgen_prefill_tokens_per_second{{stat="mean",{sel}}})',
+                    f'max by (run_id) (loadgen_prefill_tokens_per_second{{stat="mean",{RUN_SEL}}})',
                     "prefill",
                     "prefill tok/s (mean)",
                 ),
                 (
-                    f'max by (run_id) (loadgen_decode_tokens_per_second{{stat="mean",{sel}}})',
+                    f'max by (run_id) (loadgen_decode_tokens_per_second{{stat="mean",{RUN_SEL}}})',
                     "decode",
                     "decode tok/s (mean)",
                 ),
             ],
             w=24,
             unit="tps",
-            orientation="horizontal",
+            orientation=common.VizOrientation.HORIZONTAL,
         ),
     ]
 
 
-def agent_row() -> list[Panel]:
+def depth_row() -> Section:
+    """`loadgen --depth`: what a new prompt costs after D tokens of context."""
+    sel = f'depth!="",{RUN_SEL}'
+    keys = "run_id, depth, depth_mode, prompt, concurrency"
+    return "At depth (loadgen --depth)", [
+        bars_by(
+            "depth",
+            "TTFT by depth",
+            [
+                (
+                    f'max by (depth) (loadgen_ttft_seconds{{stat="p50",{sel}}})',
+                    "TTFT p50",
+                    "TTFT p50 (s)",
+                ),
+                (
+                    f'max by (depth) (loadgen_ttft_seconds{{stat="p90",{sel}}})',
+                    "TTFT p90",
+                    "TTFT p90 (s)",
+                ),
+            ],
+            w=12,
+            unit="s",
+            orientation=common.VizOrientation.VERTICAL,
+            description="Time to the first token of --prompt new tokens after each depth's "
+            "context (cached unless the run was --depth-cold).",
+        ),
+        table_of(
+            "Runs at depth",
+            [
+                (f'loadgen_ttft_seconds{{stat="p50",{sel}}}', "TTFT p50"),
+                (f'loadgen_depth_prefill_new_tokens_per_second{{stat="p50",{sel}}}',
+                 "prefill of new tokens p50"),
+                (f'loadgen_decode_tokens_per_second{{stat="p50",{sel}}}', "decode tok/s p50"),
+                (f'loadgen_depth_cached_tokens{{stat="p50",{sel}}}', "cached tokens p50"),
+            ],
+            keys,
+            w=12,
+            description="Per run and depth: TTFT, prefill rate of the new tokens, decode rate at "
+            "that depth and the cached tokens the server reported (usage).",
+        ),
+    ]
+
+
+def agent_row() -> Section:
     """`loadgen --workload agent`: what each turn of a growing conversation costs."""
-    sel = 'run_id=~"$run_id"'
-    return [
-        row("Agent sessions (loadgen --workload agent)"),
+    return "Agent sessions (loadgen --workload agent)", [
         bars_by(
             "turn",
             "Agent: TTFT and prefill of the new tokens, by turn",
             [
                 (
-                    f'max by (turn) (loadgen_agent_ttft_seconds{{stat="p50",{sel}}})',
+                    f'max by (turn) (loadgen_agent_ttft_seconds{{stat="p50",{RUN_SEL}}})',
                     "TTFT p50",
                     "TTFT p50 (s)",
                 ),
                 (
                     "max by (turn) (loadgen_agent_prefill_new_tokens_per_second"
-                    f'{{stat="p50",{sel}}})',
+                    f'{{stat="p50",{RUN_SEL}}})',
                     "prefill new tok/s p50",
                     "prefill of new tokens p50 (tok/s)",
                 ),
             ],
             w=18,
             unit="s",
-            orientation="vertical",
+            orientation=common.VizOrientation.VERTICAL,
             description="Each turn resends the whole conversation; with the prefix cache only "
             "the new tokens should cost prefill, so TTFT should stay flat as the context grows.",
         ),
-        panel(
-            "stat",
+        stat_panel(
             "Agent: prefix-cache hit rate",
             [
                 target(
-                    f"max by (run_id) (loadgen_prefix_cache_hit_ratio{{{sel}}})",
+                    f"max by (run_id) (loadgen_prefix_cache_hit_ratio{{{RUN_SEL}}})",
                     "{{run_id}}",
                     instant=True,
                 )
@@ -524,95 +612,94 @@ def agent_row() -> list[Panel]:
             w=6,
             h=9,
             unit="percentunit",
-            options={"reduceOptions": {"calcs": ["lastNotNull"], "values": False}},
             description="Prompt tokens the engine served from its prefix cache over the run "
             "(vllm:prefix_cache_hits / queries, read by loadgen before and after).",
+        ),
+        table_of(
+            "Agent: TTFT per turn at its context",
+            [
+                (f'loadgen_agent_prompt_tokens{{stat="mean",{RUN_SEL}}}', "prompt tokens"),
+                (f'loadgen_agent_ttft_seconds{{stat="p50",{RUN_SEL}}}', "TTFT p50 (s)"),
+                (f'loadgen_agent_ttft_seconds{{stat="p90",{RUN_SEL}}}', "TTFT p90 (s)"),
+                (f'loadgen_agent_prefix_cache_hit_ratio{{{RUN_SEL}}}', "cache hit (usage)"),
+            ],
+            "run_id, turn",
+            description="One row per run and turn: how deep the conversation was and what its "
+            "first token cost (a soak, --soak-tokens, runs past 32k tokens).",
         ),
     ]
 
 
-def layout(panels: list[Panel]) -> list[Panel]:
-    """Give ids and flow panels left to right, top to bottom, in a 24-column grid."""
-    x = y = row_h = 0
-    out = []
-    for panel_id, p in enumerate(panels, start=1):
-        w, h = p["gridPos"]["w"], p["gridPos"]["h"]
-        if x + w > WIDTH:
-            x, y, row_h = 0, y + row_h, 0
-        out.append(p | {"id": panel_id, "gridPos": {"x": x, "y": y, "w": w, "h": h}})
-        x, row_h = x + w, max(row_h, h)
-    return out
+def query_variable(name: str, label: str, query: str) -> dash.QueryVariable:
+    return (
+        dash.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": f"{name}-variable"})
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(model.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(model.VariableOption(selected=True, text=["All"], value=["$__all"]))
+    )
 
 
-def variable(name: str, label: str, query: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"{name}-variable"},
-        "definition": query,
-        "refresh": 2,
-        "sort": 1,
-        "multi": True,
-        "includeAll": True,
-        "allValue": ".*",
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-    }
+SECTIONS = (
+    tokens_row, latency_row, load_row, cache_row, gpu_row, plan_row, runs_row, depth_row,
+    agent_row,
+)
 
 
-def dashboard() -> dict[str, Any]:
-    panels = [
-        *tokens_row(),
-        *latency_row(),
-        *load_row(),
-        *gpu_row(),
-        *plan_row(),
-        *runs_row(),
-        *agent_row(),
-    ]
-    return {
-        "uid": UID,
-        "title": "toposerve: prefill vs decode",
-        "description": "vLLM behind the toposerve proxy: token rates, latency, load, GPUs, "
-        "the plan in force and loadgen runs.",
-        "tags": ["toposerve", "vllm", "llm"],
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "10s",
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "timezone": "",
-        "annotations": {"list": []},
-        "links": [],
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "label": "Prometheus",
-                    "type": "datasource",
-                    "query": "prometheus",
-                    "current": {},
-                    "hide": 0,
-                },
-                variable("model", "Model", "label_values(vllm:num_requests_running, model_name)"),
-                variable(
-                    "run_id", "loadgen run", "label_values(loadgen_run_timestamp_seconds, run_id)"
-                ),
-            ]
-        },
-        "panels": layout(panels),
-    }
+def dashboard() -> dash.Dashboard:
+    board = (
+        dash.Dashboard("toposerve: prefill vs decode")
+        .uid(UID)
+        .description(
+            "vLLM behind the toposerve proxy: token rates, latency, load, the prefix cache and "
+            "KV offloading, GPUs, the plan in force and loadgen runs (at depth, agent sessions)."
+        )
+        .tags(["toposerve", "vllm", "llm"])
+        .editable()
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .version(1)
+        .refresh("10s")
+        .time("now-1h", "now")
+        .timezone("")
+        .with_variable(
+            dash.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+        )
+        .with_variable(
+            query_variable("model", "Model", "label_values(vllm:num_requests_running, model_name)")
+        )
+        .with_variable(
+            query_variable(
+                "run_id", "loadgen run", "label_values(loadgen_run_timestamp_seconds, run_id)"
+            )
+        )
+    )
+    for section in SECTIONS:
+        title, panels = section()
+        board = board.with_row(dash.Row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+    return board
+
+
+def as_dict() -> dict[str, Any]:
+    """The dashboard JSON model, with a unique id for every panel (rows included)."""
+    data: dict[str, Any] = json.loads(json.dumps(dashboard().build(), cls=JSONEncoder))
+    for panel_id, panel in enumerate(data["panels"], start=1):
+        panel["id"] = panel_id
+    return data
 
 
 def render() -> str:
-    return json.dumps(dashboard(), indent=2, sort_keys=False) + "\n"
+    return json.dumps(as_dict(), indent=2, sort_keys=False) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--check",
         action="store_true",

@@ -18,6 +18,8 @@ from tests.deploy.feeds import (
     GPU_ONLY_PANELS,
     GPU_ONLY_RULES,
     LAUNCHER_ONLY_PANELS,
+    OFFLOAD_METRIC_PREFIXES,
+    OFFLOAD_ONLY_PANELS,
 )
 from tests.deploy.shipped import (
     DEPLOY,
@@ -57,6 +59,15 @@ REQUIRED_METRICS = [
     ("NVLink rx", "toposerve_gpu_nvlink_rx_bytes_total"),
     ("plan in force and NCCL transport", "toposerve_plan_info"),
     ("loadgen runs compared", "loadgen_ttft_seconds"),
+    # issue 24: what keeps an agent's prefix warm, and what it costs at depth
+    ("vLLM's own prefix-cache hit rate", "vllm:prefix_cache_hits_total"),
+    ("KV offloading: GPU to host", "vllm:kv_offload_store_bytes_total"),
+    ("KV offloading: host to GPU", "vllm:kv_offload_load_bytes_total"),
+    ("KV offloading: hits from host memory", "vllm:external_prefix_cache_hits_total"),
+    ("prefill of the new tokens at depth", "loadgen_depth_prefill_new_tokens_per_second"),
+    ("cached tokens at depth", "loadgen_depth_cached_tokens"),
+    ("TTFT per agent turn", "loadgen_agent_ttft_seconds"),
+    ("an agent turn's context", "loadgen_agent_prompt_tokens"),
 ]
 
 
@@ -71,6 +82,20 @@ def test_committed_dashboard_is_what_the_builder_generates() -> None:
 def test_dashboard_shows(what: str, metric: str) -> None:
     used = set().union(*(q.metrics for q in dashboard_queries(load_dashboard())))
     assert metric in used, f"no panel shows {what} ({metric})"
+
+
+def test_ttft_by_depth_reads_loadgens_depth_label() -> None:
+    exprs = [q.expr for q in dashboard_queries(load_dashboard()) if q.where == "TTFT by depth"]
+    assert exprs
+    assert all('depth!=""' in e and "by (depth)" in e for e in exprs)
+
+
+def test_offload_only_list_names_exactly_the_offload_fed_panels() -> None:
+    queries = dashboard_queries(load_dashboard())
+    fed = {
+        q.where for q in queries if any(m.startswith(OFFLOAD_METRIC_PREFIXES) for m in q.metrics)
+    }
+    assert fed == OFFLOAD_ONLY_PANELS
 
 
 def test_plan_panel_shows_the_nccl_transport() -> None:
