@@ -2,9 +2,10 @@
 
 Without one, idle connections hold the process's descriptors until the header timeout: 300 of
 them with 256 descriptors locked every new client out. With ``ConnectionCap(limit)``, a new
-connection that would go past ``limit`` first makes room by closing idle ones, oldest first
-(accepted and silent, or kept alive between requests: nothing of theirs is lost; nginx reuses
-the same two kinds); only when every open connection is busy does it get a 503 with
+connection that would go past ``limit`` first makes room by closing idle ones, the longest
+silent first (accepted and silent, or kept alive between requests: nothing of theirs is lost;
+nginx reuses the same two kinds; a client that keeps one connection and uses it is closed
+last); only when every open connection is busy does it get a 503 with
 ``Retry-After`` and ``connection: close``, written at once, instead of waiting unanswered.
 
 ``capped(cls, cap)`` is the server's protocol class with the cap in front of its
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Collection
 from typing import Any
 
@@ -76,17 +78,27 @@ class ConnectionCap:
         self.limit = limit
         self.refused = 0
         self._logged_at = -LOG_EVERY_S
+        # When each connection (by its transport's id) last received bytes or was accepted.
+        self.active: dict[int, float] = {}
+
+    def touch(self, transport: object) -> None:
+        self.active[id(transport)] = time.monotonic()
+
+    def _silent_since(self, proto: object) -> float:
+        return self.active.get(id(getattr(proto, "transport", None)), 0.0)
 
     def admit(self, connections: Collection[Any]) -> bool:
         """Whether a new connection may join ``connections``; idle ones are closed first when
-        it would go past the limit (oldest first, enough for one slot more)."""
+        it would go past the limit (the longest silent first, enough for one slot more)."""
+        if len(self.active) > 2 * self.limit + 64:  # forget connections gone meanwhile
+            ids = {id(getattr(p, "transport", None)) for p in connections}
+            self.active = {k: v for k, v in self.active.items() if k in ids}
         if len(connections) < self.limit:
             return True
         live = [p for p in connections if not _closing(p)]
         if len(live) < self.limit:
             return True
-        idle = sorted((p for p in live if is_idle(p)),
-                      key=lambda p: getattr(p, "_cap_since", 0.0))
+        idle = sorted((p for p in live if is_idle(p)), key=self._silent_since)
         for proto in idle[:len(live) - self.limit + 1]:
             proto.transport.close()
         return len(idle) > len(live) - self.limit
@@ -132,9 +144,22 @@ class _Refused:
             self.transport.abort()
 
 
+def tracked(cls: type[asyncio.Protocol], cap: ConnectionCap) -> type[asyncio.Protocol]:
+    """``cls`` noting in ``cap`` when its connection last received bytes."""
+
+    class Tracked(cls):  # type: ignore[valid-type,misc]
+        def data_received(self, data: bytes) -> None:
+            cap.touch(self.transport)
+            super().data_received(data)
+
+    Tracked.__name__ = Tracked.__qualname__ = f"Tracked{cls.__name__}"
+    return Tracked
+
+
 def capped(cls: type[asyncio.Protocol], cap: ConnectionCap) -> type[asyncio.Protocol]:
     """``cls`` (built by uvicorn as ``cls(config=, server_state=, app_state=, _loop=)``) with
-    ``cap`` deciding at ``connection_made``."""
+    ``cap`` deciding at ``connection_made``; the protocol it hands connections over to (its
+    ``fallback``, server.front's) has its activity noted too."""
 
     class Capped(cls):  # type: ignore[valid-type,misc]
         _cap_refused: _Refused | None = None
@@ -144,11 +169,11 @@ def capped(cls: type[asyncio.Protocol], cap: ConnectionCap) -> type[asyncio.Prot
             self._cap_state = kwargs.get("server_state", args[1] if len(args) > 1 else None)
             self._cap_loop: asyncio.AbstractEventLoop = (
                 kwargs.get("_loop") or asyncio.get_event_loop())
-            self._cap_since = self._cap_loop.time()
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             state = self._cap_state
             if state is None or cap.admit(state.connections):
+                cap.touch(transport)
                 super().connection_made(transport)
                 return
             cap.note_refusal(self._cap_loop.time())
@@ -159,6 +184,7 @@ def capped(cls: type[asyncio.Protocol], cap: ConnectionCap) -> type[asyncio.Prot
             if self._cap_refused is not None:
                 self._cap_refused.drop(data)
                 return
+            cap.touch(self.transport)
             super().data_received(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -172,5 +198,7 @@ def capped(cls: type[asyncio.Protocol], cap: ConnectionCap) -> type[asyncio.Prot
                 return None
             return super().eof_received()  # type: ignore[no-any-return]
 
+    if isinstance(getattr(cls, "fallback", None), type):
+        Capped.fallback = tracked(cls.fallback, cap)  # type: ignore[attr-defined]
     Capped.__name__ = Capped.__qualname__ = f"Capped{cls.__name__}"
     return Capped

@@ -331,3 +331,21 @@ def test_past_the_cap_with_every_connection_busy_a_new_client_gets_503_at_once(
             s.close()
     # the busy ones gone, the proxy serves again
     assert wait_for(lambda: raw(p.url, "GET", "/health", [("host", "127.0.0.1")])[0] == 200)
+
+
+def test_kept_alive_connections_on_uvicorns_routes_are_idle_too(
+        spawn_proxy: SpawnProxy, sim_url: str) -> None:
+    p = spawn_proxy([sim_url], "--max-connections", "4")
+    kept = idle_sockets(p.url, 4)
+    try:
+        for s in [*kept, kept[0]]:  # answered by uvicorn's protocol (not a lean route)
+            s.sendall(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            assert read_reply(s, see_close=False).status == 200
+        status, _, _ = raw(p.url, "GET", "/v1/models", [("host", "127.0.0.1")])
+        assert status == 200
+        assert wait_for(lambda: sum(closed_by_peer(s) for s in kept) >= 1, timeout=10)
+        assert closed_by_peer(kept[1])  # the longest silent first: kept[0] spoke last
+        assert not closed_by_peer(kept[0])
+    finally:
+        for s in kept:
+            s.close()

@@ -173,8 +173,7 @@ class _Transport:
 
 
 class _Proto:
-    def __init__(self, since: float, busy: bool) -> None:
-        self._cap_since = since
+    def __init__(self, busy: bool) -> None:
         self.busy = busy
         self.transport = _Transport()
 
@@ -183,10 +182,13 @@ class _Proto:
 
 
 @given(st.integers(1, 20), st.lists(st.booleans(), max_size=40))
-def test_the_cap_closes_the_oldest_idle_connections_and_never_a_busy_one(
+def test_the_cap_closes_the_longest_silent_idle_connections_and_never_a_busy_one(
         limit: int, busy: list[bool]) -> None:
-    protos = [_Proto(float(i), b) for i, b in enumerate(busy)]
-    admitted = ConnectionCap(limit).admit(set(protos))
+    protos = [_Proto(b) for b in busy]
+    cap = ConnectionCap(limit)
+    for i, proto in enumerate(protos):  # each spoke last at second i
+        cap.active[id(proto.transport)] = float(i)
+    admitted = cap.admit(set(protos))
     closed = [p for p in protos if p.transport.closing]
     assert not any(p.busy for p in closed)
     open_after = len(protos) - len(closed)
@@ -196,7 +198,7 @@ def test_the_cap_closes_the_oldest_idle_connections_and_never_a_busy_one(
     else:
         assert admitted == (open_after < limit)
         idle = [p for p in protos if not p.busy]
-        assert closed == idle[:len(closed)]  # oldest first
+        assert closed == idle[:len(closed)]  # the longest silent first
         assert admitted or len(closed) == len(idle)
 
 
