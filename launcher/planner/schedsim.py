@@ -97,19 +97,28 @@ class TableStepCost:
     attn_decode_s_per_token: float = 0.0
     sampler_s_per_seq: float = 0.0
     step_overhead_s: float = 0.0
+    # A step of more tokens than the largest captured CUDA graph runs eagerly, launched from
+    # the host: ``eager_forward_s`` (same token counts) then replaces ``forward_s``.
+    eager_forward_s: tuple[float, ...] = ()
+    max_graph_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.tokens or len(self.tokens) != len(self.forward_s):
             raise SimError("a step cost needs one forward time per token count")
+        if self.eager_forward_s and len(self.eager_forward_s) != len(self.tokens):
+            raise SimError("a step cost needs one eager forward time per token count")
         if list(self.tokens) != sorted(set(self.tokens)) or self.tokens[0] < 1:
             raise SimError(f"token counts must be positive and ascending: {self.tokens}")
-        figures = (*self.forward_s, self.attn_prefill_s_per_pair, self.attn_decode_s_per_token,
+        figures = (*self.forward_s, *self.eager_forward_s, self.attn_prefill_s_per_pair,
+                   self.attn_decode_s_per_token,
                    self.sampler_s_per_seq, self.step_overhead_s)
         if not all(math.isfinite(v) and v >= 0 for v in figures):
             raise SimError("step cost figures must be finite and not negative")
 
     def forward(self, tokens: int) -> float:
         xs, ys = self.tokens, self.forward_s
+        if self.eager_forward_s and tokens > self.max_graph_tokens:
+            ys = self.eager_forward_s
         if tokens <= 0:
             return 0.0
         if tokens <= xs[0]:

@@ -201,6 +201,11 @@ def _shape(raw: Any) -> StepShape:
                      _text(s.get("dtype", "bfloat16"), "dtype"))
 
 
+def shape_from_json(raw: Any) -> StepShape:
+    """A step shape as :func:`dataclasses.asdict` wrote it; :class:`KernelTableError` else."""
+    return _shape(raw)
+
+
 def table_from_json(raw: Any) -> KernelTable:
     """A saved table; :class:`KernelTableError` (one line) for anything unreadable."""
     d = _obj(raw, "kernel table")
@@ -298,6 +303,40 @@ def _median_call_s(call: Callable[[], object], sync: Callable[[], None], budget:
     return statistics.median(rounds)
 
 
+def _graph_call_s(torch: Any, call: Callable[[], object], budget: Budget) -> float | None:
+    """Device seconds of one call, replayed from a CUDA graph of back-to-back calls: what the
+    op costs inside vLLM's captured decode steps, with no host launch cost. None when the op
+    cannot be captured (a host sync inside it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        reps = max(1, min(budget.max_reps, 20))
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                call()
+        graph.replay()
+        torch.cuda.synchronize()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    rounds = []
+    for _ in range(budget.rounds):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        rounds.append(float(start.elapsed_time(end)) / 1e3 / reps)
+    del graph
+    return statistics.median(rounds)
+
+
 class _Ops:
     """The operations, bound to one torch device and the kernels available on it."""
 
@@ -367,11 +406,7 @@ class _Ops:
             out = torch.empty_like(x)
             return lambda: self.vllm_ops.rms_norm(out, x, w, 1e-6)
 
-        def call() -> object:
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-
-        return call
+        return lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6)
 
     def act(self, tokens: int, inter: int) -> Callable[[], object]:
         torch = self.torch
@@ -422,11 +457,15 @@ class _Ops:
             except Exception:  # plain torch below
                 fused = None
 
+        grouped = None if fused is not None else self._grouped_moe(m, x, w13, w2)
+
         def call() -> object:
             scores = torch.softmax((x @ router).float(), dim=-1)
             weights, ids = torch.topk(scores, m.top_k, dim=-1)
             if fused is not None:
                 return fused(x, w13, w2, weights.to(x.dtype), ids.to(torch.int32))
+            if grouped is not None:
+                return grouped(weights, ids)
             out = torch.zeros_like(x)
             flat = ids.flatten()
             for e in torch.unique(flat).tolist():
@@ -436,6 +475,35 @@ class _Ops:
                 out.index_add_(0, rows, g @ w2[e].t())
             return out
 
+        return call
+
+    def _grouped_moe(
+        self, m: Moe, x: Any, w13: Any, w2: Any
+    ) -> Callable[[Any, Any], object] | None:
+        """Without vLLM on a GPU: the routed tokens sorted by expert through torch's grouped
+        GEMM (the same one-launch-per-projection shape as vLLM's fused MoE, no host sync, so
+        it can be captured); None where this torch or GPU lacks it."""
+        torch = self.torch
+        if self.device == "cpu" or not hasattr(torch, "_grouped_mm"):
+            return None
+        w13t, w2t = w13.transpose(-2, -1), w2.transpose(-2, -1)
+        ones = torch.ones(x.shape[0] * m.top_k, device=self.device, dtype=torch.int32)
+
+        def call(weights: Any, ids: Any) -> object:
+            flat = ids.flatten()
+            order = torch.argsort(flat)
+            rows = order // m.top_k
+            counts = torch.zeros(m.experts, device=self.device, dtype=torch.int32)
+            offs = torch.cumsum(counts.index_add_(0, flat, ones), 0).to(torch.int32)
+            h = torch._grouped_mm(x[rows], w13t, offs=offs)
+            g = torch.nn.functional.silu(h[:, : m.intermediate]) * h[:, m.intermediate :]
+            y = torch._grouped_mm(g, w2t, offs=offs) * weights.flatten()[order, None].to(x.dtype)
+            return torch.zeros_like(x).index_add_(0, rows, y)
+
+        try:
+            call(*torch.topk(torch.rand(x.shape[0], m.experts, device=self.device), m.top_k))
+        except (RuntimeError, TypeError):
+            return None
         return call
 
     def head(self, rows: int, hidden: int, vocab: int) -> Callable[[], object]:
@@ -471,7 +539,15 @@ def time_table(
     def timed(
         op: str, n: int, call: Callable[[], object], context: int = 0, group: int = 0
     ) -> None:
-        times.append(KernelTime(op, n, _median_call_s(call, ops.sync, budget), context, group))
+        # Eager: launched from Python, as vLLM runs a step larger than its captured graphs
+        # (and every step on a CPU). On a GPU also from a CUDA graph, as it runs the rest.
+        eager = _median_call_s(call, ops.sync, budget)
+        if device == "cpu":
+            times.append(KernelTime(op, n, eager, context, group))
+            return
+        graphed = _graph_call_s(torch, call, budget)
+        times.append(KernelTime(op, n, eager if graphed is None else graphed, context, group))
+        times.append(KernelTime(f"eager:{op}", n, eager, context, group))
 
     inter = next((lin.n // 2 for lin in shape.linears if lin.name == "gate_up"), 0)
     width = sum(a.heads * a.head_dim for a in shape.attention[:1]) or shape.hidden
