@@ -619,7 +619,7 @@ def _peer_fmt(r: PeerRow) -> str:
 
 def peers(quick: bool, peers_dir: Path, json_path: Path | None, setup: bool = False) -> None:
     sys.path.insert(0, str(REPO))
-    from launcher.tinymodel import ensure_tiny_model
+    from launcher.model.tinymodel import ensure_tiny_model
     from tests.loadgen.standin import spawn as spawn_standin
 
     tok = str(ensure_tiny_model())
@@ -701,7 +701,7 @@ def main() -> None:
         return
     tokenizer = ""
     if not args.no_vllm:
-        from launcher.tinymodel import ensure_tiny_model
+        from launcher.model.tinymodel import ensure_tiny_model
 
         tokenizer = str(ensure_tiny_model())  # vllm bench needs a local tokenizer for prompts
     results: list[Measured] = []

@@ -1,10 +1,11 @@
 """Measure the cost model's efficiency factors on the GPU at hand, for one model's shapes.
 
-The cost model (launcher/costmodel.py) assumes a fraction of each card's datasheet peak: MFU for
+The cost model (launcher/planner/costmodel.py) assumes a fraction of each card's datasheet peak:
+MFU for
 a 512-token prefill, MFU for batched decode, and the share of memory bandwidth a decode GEMV
 streams at. This times the very GEMMs of one transformer layer of a model at a TP degree (bf16,
 torch.matmul = cuBLAS, as vLLM's unquantized linear layers use) and prints the achieved
-fractions against the row of launcher/hardware.py for this GPU:
+fractions against the row of launcher/planner/hardware.py for this GPU:
 
     python benchmarks/planner_kernels.py --model tests/fixtures/models/llama-3.3-70b --tp 2
 
@@ -23,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launcher import hardware
-from launcher.modelspec import load_model_spec
+from launcher.model.modelspec import load_model_spec
+from launcher.planner import hardware
 
 
 def layer_shapes(m: Any, tp: int) -> list[tuple[int, int]]:

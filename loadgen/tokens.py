@@ -3,7 +3,7 @@
 * `RemoteCounter`: the target's own `/tokenize` (vLLM, the toposerve proxy): exact.
 * `LocalCounter`: a Hugging Face tokenizer given with `--tokenizer PATH_OR_HUB_ID`: exact when it
   is the served model's tokenizer; loaded with transformers' AutoTokenizer, which resolves a hub
-  id through huggingface_hub. As the planner's `launcher.hub` does, HF_HOME / HF_HUB_CACHE,
+  id through huggingface_hub. As `topocommon.hub` does, HF_HOME / HF_HUB_CACHE,
   HF_TOKEN and HF_HUB_OFFLINE are read when the tokenizer is loaded (huggingface_hub reads them
   once, at its import); HF_ENDPOINT is still read at that import, which for the CLI is its start.
   Chat prompts are counted through the tokenizer's chat template (`add_generation_prompt`).
@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.hub import HubEnv, is_repo_id
 from loadgen.errors import NoTokenize, TargetError, TokenizerError
+from topocommon.hub import HubEnv, is_repo_id
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -123,7 +123,7 @@ def load_tokenizer(name: str) -> LocalCounter:
 
 def _from_pretrained(auto: Any, name: str) -> Any:
     """auto.from_pretrained(name), a hub id with the environment as it is now, not as it was
-    when huggingface_hub was imported: the planner's reading of it (launcher.hub.HubEnv)."""
+    when huggingface_hub was imported: the reading the planner shares (topocommon.hub.HubEnv)."""
     if Path(name).exists() or not is_repo_id(name):
         return auto.from_pretrained(name)
     from huggingface_hub import constants

@@ -179,7 +179,7 @@ def route_label(path: str) -> str:
 
 def _sample_gpus() -> list[Any]:
     try:
-        from launcher.nvml import sample_gpus
+        from topocommon.nvml import sample_gpus
     except ImportError:
         return []
     return list(sample_gpus())

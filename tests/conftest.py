@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from launcher.supervise import free_port, http_ok
+from launcher.engine.supervise import free_port, http_ok
 
 # Hypothesis' default 200 ms deadline per example measures the machine, not the code: on two
 # loaded cores a slow example fails as "flaky". Tests assert behaviour; speed is benchmarked.
@@ -62,7 +62,7 @@ def _served_model(base: str) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
-    from launcher.tinymodel import ensure_tiny_model
+    from launcher.model.tinymodel import ensure_tiny_model
 
     return str(ensure_tiny_model())
 

@@ -22,9 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from launcher.modelspec import load_model_spec  # noqa: E402
-from launcher.plan import Policy, plan  # noqa: E402
-from launcher.topology import load_topology  # noqa: E402
+from launcher.model.modelspec import load_model_spec  # noqa: E402
+from launcher.planner.plan import Policy, plan  # noqa: E402
+from launcher.probe.topology import load_topology  # noqa: E402
 
 MODELS = REPO / "benchmarks/gpu/models"
 TOPO = REPO / "tests/fixtures/topologies/h200x2-nvlink.nvml.json"

@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY launcher ./launcher
 COPY server ./server
 COPY loadgen ./loadgen
+COPY topocommon ./topocommon
 # Base dependencies only: the engine runs in its own container.
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --no-create-home toposerve

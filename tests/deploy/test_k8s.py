@@ -15,7 +15,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from launcher.cli import build_parser
+from launcher.cli.main import build_parser
 from tests.deploy.shipped import DEPLOY
 
 K8S = DEPLOY / "k8s"

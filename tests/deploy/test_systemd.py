@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import build_parser
+from launcher.cli.main import build_parser
 from server.config import config_from_args
 from tests.deploy.shipped import DEPLOY
 

@@ -2,7 +2,7 @@
 model x both workloads x a few request shapes, kept under tests/fixtures/golden/ so that a change
 of the launcher's insides that changes a plan shows as a diff (test_golden_plans.py).
 
-Each case runs the real command line (``launcher.cli.main``) in this process, with the few
+Each case runs the real command line (``launcher.cli.main.main``) in this process, with the few
 inputs that belong to the machine pinned: the CPU count and affinity (what the CPU engine is
 planned and pinned with) and the environment (nothing but PATH, HOME and an offline hub). Paths
 under the repository are written as ``<repo>`` so that a clone anywhere reads the same files.
@@ -73,7 +73,7 @@ def pinned_machine() -> Iterator[None]:
 
 def run_case(topology: Path, model: Path, workload: str,
              shape: tuple[int, int, int | None]) -> dict[str, Any]:
-    from launcher.cli import main
+    from launcher.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with pinned_machine(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

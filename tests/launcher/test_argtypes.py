@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher import argtypes
-from launcher.cli import main
+from launcher.cli import argtypes
+from launcher.cli.main import main
 
 KINDS = [argtypes.count, argtypes.whole, argtypes.port, argtypes.seconds, argtypes.positive,
          argtypes.name, argtypes.host_port, argtypes.nonempty, argtypes.fraction,

@@ -1,4 +1,4 @@
-"""The commands through `launcher.cli.main`, as a user runs them."""
+"""The commands through `launcher.cli.main.main`, as a user runs them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
-from launcher.planfile import plan_from_json
+from launcher.cli.main import main
+from launcher.engine.planfile import plan_from_json
 from tests.launcher.paths import H200, TOPOLOGIES, model, topo
 
 CONTRACT = {"mode", "tp", "pp", "dp", "gpus", "predicted", "reasons", "argv", "env", "candidates"}

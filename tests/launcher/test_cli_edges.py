@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from launcher.cli import EXIT_BROKEN_PIPE, main
-from launcher.launchspec import LaunchSpec
+from launcher.cli.main import EXIT_BROKEN_PIPE, main
+from launcher.engine.launchspec import LaunchSpec
 from tests.launcher.paths import H200, REPO, model
 
 PLAN = ["plan", "--topology", str(H200), "--model", model("mistral-7b")]

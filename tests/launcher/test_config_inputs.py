@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import ModelError, PlanError
-from launcher.modelspec import spec_from_config
-from launcher.plan import Policy, plan
-from launcher.topology import load_topology
+from launcher.model.modelspec import spec_from_config
+from launcher.planner.plan import Policy, plan
+from launcher.probe.topology import load_topology
 from tests.launcher.paths import MODELS, topo
 
 CONFIGS = {p.parent.name: json.loads(p.read_text()) for p in sorted(MODELS.glob("*/config.json"))}

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from launcher.modelspec import load_model_spec
-from launcher.plan import Policy, plan
-from launcher.topology import Topology
+from launcher.model.modelspec import load_model_spec
+from launcher.planner.plan import Policy, plan
+from launcher.probe.topology import Topology
 
 
 def itl_totals(url: str) -> tuple[float, float]:

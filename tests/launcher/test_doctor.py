@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.doctor import (
+from launcher.doctor.checks import (
     FAIL,
     PASS,
     WARN,
@@ -16,7 +16,7 @@ from launcher.doctor import (
     read_host_facts,
     run_checks,
 )
-from launcher.topology import Measured, Topology, load_topology
+from launcher.probe.topology import Measured, Topology, load_topology
 from tests.launcher.paths import topo
 
 GOOD_HOST = HostFacts(memlock_bytes=None, governors=("performance",) * 4, iommu_groups=0)

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from launcher.errors import ModelError, PlanError
-from launcher.modelspec import spec_from_config
-from launcher.plan import Policy, plan
-from launcher.topology import load_topology
+from launcher.model.modelspec import spec_from_config
+from launcher.planner.plan import Policy, plan
+from launcher.probe.topology import load_topology
 from tests.launcher.paths import topo
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from launcher import memfit
-from launcher.modelspec import GIB, ModelSpec, load_model_spec
-from launcher.plan import Plan, Policy, plan
-from launcher.topology import Topology, load_topology
+from launcher.model.modelspec import GIB, ModelSpec, load_model_spec
+from launcher.planner import memfit
+from launcher.planner.plan import Plan, Policy, plan
+from launcher.probe.topology import Topology, load_topology
 from tests.launcher.paths import H200, REPO, TOPOLOGIES
 
 RESULTS = REPO / "benchmarks" / "gpu" / "results" / "2026-11-30-h200x2-session2"
@@ -199,7 +199,7 @@ def one_h200_plan(model: str, util: float, concurrency: int = 1) -> Plan:
 def test_unfitted_families_within_15_percent_on_one_h200(
     folder: str, scenario: str, figure: str
 ) -> None:
-    # Prefill of these two was FITTED to these runs (costmodel.EAGER_HOST_LAYER_S and
+    # Prefill of these two was FITTED to these runs (hardware.EAGER_HOST_LAYER_S and
     # MOE_LAYER_PREFILL_S); decode and 32-stream throughput were predicted before the run.
     model, util = RUNS14[folder]
     run = json.loads((ISSUE14 / folder / f"{scenario}.json").read_text())

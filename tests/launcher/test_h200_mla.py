@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from launcher import memfit
-from launcher.modelspec import GIB, load_model_spec
+from launcher.model.modelspec import GIB, load_model_spec
+from launcher.planner import memfit
 from tests.launcher.paths import REPO
 
 LOG = REPO / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-mla" / "vllm-llm-init.log"

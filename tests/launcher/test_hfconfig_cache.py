@@ -1,4 +1,4 @@
-"""The disk cache of model shapes (launcher/hfconfig.py): a plan of a model counted once reads
+"""The disk cache of model shapes (launcher/model/hfconfig.py): a plan of a model counted once reads
 its shape back without torch or transformers, and a cache file that is damaged, foreign or
 unwritable only costs the count again, never a wrong shape or an error."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher import hfconfig
+from launcher.model import hfconfig
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

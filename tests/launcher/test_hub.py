@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import ModelError
-from launcher.modelspec import load_model_spec
+from launcher.model.modelspec import load_model_spec
 from tests.launcher.paths import H200, MODELS, REPO
 from tests.launcher.standin_hub import Repo, StandinHub, commit_of
 

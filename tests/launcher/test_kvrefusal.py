@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.kvrefusal import MIN_RETRY, Refusal, refusal
+from launcher.engine.kvrefusal import MIN_RETRY, Refusal, refusal
 from tests.launcher.paths import REPO
 
 # The line vLLM 0.26 wrote on the lent H200 (Gemma 3 27B shape at 0.48, kept with the results)

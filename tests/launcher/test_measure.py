@@ -16,14 +16,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher import costmodel, gpuperf, hardware, measure
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import MeasureError
-from launcher.gpuperf import GpuPerf, Sample
-from launcher.measure import classify, measure_topology, parse_nccl_log, time_gemms
-from launcher.modelspec import load_model_spec
-from launcher.plan import Policy, plan
-from launcher.topology import Gpu, Topology, load_topology, topology_from_json, topology_to_json
+from launcher.model.modelspec import load_model_spec
+from launcher.planner import costmodel, hardware
+from launcher.planner.plan import Policy, plan
+from launcher.probe import gpuperf, measure
+from launcher.probe.gpuperf import GpuPerf, Sample
+from launcher.probe.measure import classify, measure_topology, parse_nccl_log, time_gemms
+from launcher.probe.topology import (
+    Gpu,
+    Topology,
+    load_topology,
+    topology_from_json,
+    topology_to_json,
+)
 from tests.conftest import REPO
 from tests.launcher.paths import model
 
@@ -146,7 +153,7 @@ def test_gemm_timing_runs_the_same_code_on_torch_cpu() -> None:
 def test_the_gemm_worker_writes_figures_the_topology_reader_takes(tmp_path: Path) -> None:
     out = tmp_path / "gemm.json"
     res = subprocess.run(
-        [sys.executable, "-m", "launcher.measure", "gemm", "--device", "cpu", "--tiny",
+        [sys.executable, "-m", "launcher.cli.measure_worker", "gemm", "--device", "cpu", "--tiny",
          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     raw = json.loads(out.read_text())
@@ -244,7 +251,7 @@ def test_any_measured_value_reads_without_an_exception(measured: Any) -> None:
 def test_the_cost_model_takes_the_measured_rates_over_the_table() -> None:
     measured = replace(ADA4000, perf=MEASURED)
     # no table row for this card: the sm89 fallback's assumed figures
-    assert costmodel._mem_bytes_s([ADA4000]) == pytest.approx(300e9 * costmodel.MEM_EFFICIENCY)
+    assert costmodel._mem_bytes_s([ADA4000]) == pytest.approx(300e9 * hardware.MEM_EFFICIENCY)
     assert costmodel._mem_bytes_s([measured]) == pytest.approx(452e9)
     assert costmodel._prefill_flops_s([measured]) == pytest.approx(88e12)
     # a fallback peak below the measured rate is raised to it (decode compute uses the peak)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import ModelError
-from launcher.modelspec import GIB, load_model_spec, spec_from_config
+from launcher.model.modelspec import GIB, load_model_spec, spec_from_config
 from tests.launcher.paths import model
 
 # name, family, params (billions, published), weight GiB, KV bytes/token at 8k, sliding layers
@@ -184,7 +184,7 @@ def test_generated_configs_size_or_fail_with_a_model_error(
 
 
 def test_latent_attention_is_one_cache_replicated_over_tensor_parallel_ranks() -> None:
-    from launcher import memfit
+    from launcher.planner import memfit
 
     m = load_model_spec(model("deepseek-v2-lite"))
     assert [g.latent for g in m.kv_groups] == [True]
@@ -253,7 +253,7 @@ def test_a_one_file_checkpoint_is_sized_by_its_own_bytes(tmp_path: Path) -> None
 def test_any_model_safetensors_file_is_read_or_ignored(content: bytes) -> None:
     import tempfile
 
-    from launcher import hub
+    from launcher.model import hub
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "model.safetensors"

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
+from launcher.engine.render import render
 from launcher.errors import PlanError
-from launcher.modelspec import load_model_spec
-from launcher.plan import Policy, plan
-from launcher.render import render
-from launcher.topology import Topology, load_topology
+from launcher.model.modelspec import load_model_spec
+from launcher.planner.plan import Policy, plan
+from launcher.probe.topology import Topology, load_topology
 from tests.launcher.paths import H200, model, topo
 
 CASES = [

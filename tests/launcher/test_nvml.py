@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import nvml
-from launcher.cli import main
-from launcher.probeformat import format_topology
-from launcher.topology import assumption_notes, topology_to_json
+from launcher.cli.main import main
+from launcher.cli.probeformat import format_topology
+from launcher.probe import nvml
+from launcher.probe.topology import assumption_notes, topology_to_json
 from tests.launcher.fake_pynvml import FakeGpu, FakeNvml, NVMLError_NotSupported
 from tests.launcher.fake_pynvml import NVMLError_GpuIsLost as NVMLErrorGpuIsLost
 from tests.launcher.paths import model
+from topocommon.nvml import sample_gpus
 
 G3090 = "NVIDIA GeForce RTX 3090"
 
@@ -100,7 +101,7 @@ def test_cuda_visible_devices_narrows_the_reading() -> None:
 
 
 def test_samples_counters_with_units_converted() -> None:
-    [s0, s1] = nvml.sample_gpus(two_3090s())
+    [s0, s1] = sample_gpus(two_3090s())
     assert s0.name == G3090
     assert s0.utilization_ratio == pytest.approx(0.42)
     assert s0.power_watts == pytest.approx(250.5)
@@ -112,7 +113,7 @@ def test_samples_counters_with_units_converted() -> None:
 
 
 def test_samples_record_none_where_nvml_refuses() -> None:
-    [s0, _] = nvml.sample_gpus(
+    [s0, _] = sample_gpus(
         two_3090s(
             {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetFieldValues", "nvmlDeviceGetPcieThroughput"}
         )
@@ -124,14 +125,14 @@ def test_samples_record_none_where_nvml_refuses() -> None:
 
 
 def test_samples_are_empty_without_a_driver() -> None:
-    assert nvml.sample_gpus(FakeNvml([], {}, driver_loaded=False)) == []
+    assert sample_gpus(FakeNvml([], {}, driver_loaded=False)) == []
 
 
 def test_real_pynvml_on_this_machine_reads_zero_gpus_or_some() -> None:
     # The real module against the real (absent) driver: never raises.
     topo = nvml.read_topology({})
     assert isinstance(topo.gpus, tuple)
-    assert isinstance(nvml.sample_gpus(), list)
+    assert isinstance(sample_gpus(), list)
 
 
 def test_a_gpu_nvml_cannot_open_is_left_out_with_a_note() -> None:
@@ -216,7 +217,7 @@ def test_a_broken_nvml_gives_a_reading_never_an_exception(broken: dict[str, str]
     assert topo.gpus or topo.notes  # no GPU is always said why
     json.dumps(topology_to_json(topo))  # what probe --save writes
     format_topology(topo)
-    samples = nvml.sample_gpus(BrokenNvml(broken))
+    samples = sample_gpus(BrokenNvml(broken))
     assert {s.index for s in samples} <= {0, 1}
 
 
@@ -225,7 +226,7 @@ def test_a_broken_nvml_gives_a_reading_never_an_exception(broken: dict[str, str]
 def test_launcher_probe_and_plan_on_a_broken_nvml_exit_cleanly(broken: dict[str, str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     with (
-        mock.patch.object(nvml, "_import_pynvml", return_value=BrokenNvml(broken)),
+        mock.patch.object(nvml, "import_pynvml", return_value=BrokenNvml(broken)),
         contextlib.redirect_stdout(out),
         contextlib.redirect_stderr(err),
     ):

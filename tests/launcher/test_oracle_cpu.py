@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from launcher import memfit
-from launcher.modelspec import ModelSpec, load_model_spec
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.planner import memfit
 from tests.launcher.oracle_families import FAMILIES, build
 from tests.launcher.paths import REPO
 

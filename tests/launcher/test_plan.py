@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launcher.engine.render import render
 from launcher.errors import PlanError
-from launcher.modelspec import ModelSpec, load_model_spec
-from launcher.plan import Candidate, Plan, Policy, plan
-from launcher.render import render
-from launcher.topology import Measured, Topology, load_topology
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.planner.plan import Candidate, Plan, Policy, plan
+from launcher.probe.topology import Measured, Topology, load_topology
 from tests.launcher.paths import TOPOLOGIES as TOPOLOGY_DIR
 from tests.launcher.paths import model, topo
 
@@ -85,7 +85,7 @@ def check_invariants(t: Topology, m: ModelSpec, p: Plan) -> None:
                 assert c.predicted.decode_tok_s > o.predicted.decode_tok_s
                 # ... for 70B-class models, where the prompt's arithmetic dominates. Smaller
                 # ones compute a prompt so fast that the fixed per-layer cost of an eager
-                # prefill (costmodel.EAGER_LAYER_S) and the all-reduces can tip it: measured
+                # prefill (hardware.EAGER_LAYER_S) and the all-reduces can tip it: measured
                 # on 2 x H200 over SHM, TP=2 and PP=2 prefilled a 512-token prompt alike.
                 if c.tp == 2 and not m.num_experts and m.params > 50e9:
                     assert c.predicted.prefill_tok_s > o.predicted.prefill_tok_s
@@ -386,7 +386,7 @@ def test_gemma4_is_served_with_vllms_gemma4_tool_parser() -> None:
     import importlib.util
     from pathlib import Path
 
-    from launcher.render import render
+    from launcher.engine.render import render
 
     p = plan(T("h200x2-nvlink"), M("gemma-4-31b"), Policy())
     assert p.family == "gemma4"
@@ -422,13 +422,13 @@ def test_a_card_in_mig_mode_is_left_out_and_the_reason_named() -> None:
 ])
 def test_the_users_vllm_flags_that_change_memory_are_read(
         extra: list[str], flags: tuple[int, bool, float]) -> None:
-    from launcher.planopts import engine_memory_flags
+    from launcher.cli.planopts import engine_memory_flags
 
     assert engine_memory_flags(extra) == flags
 
 
 def test_an_unreadable_offload_is_one_line() -> None:
-    from launcher.planopts import engine_memory_flags
+    from launcher.cli.planopts import engine_memory_flags
 
     with pytest.raises(PlanError, match="--cpu-offload-gb 'lots'"):
         engine_memory_flags(["--cpu-offload-gb", "lots"])
@@ -457,7 +457,7 @@ def test_what_the_refusal_suggests_plans_once_the_user_passes_it() -> None:
                                        "4", "-1", "nan", "inf", "x"])
                       | st.text(max_size=12), max_size=6))
 def test_any_extra_vllm_flags_give_memory_settings_or_one_line(extra: list[str]) -> None:
-    from launcher.planopts import engine_memory_flags
+    from launcher.cli.planopts import engine_memory_flags
 
     refusal = None
     try:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher import memfit
-from launcher.modelspec import GIB, load_model_spec
+from launcher.model.modelspec import GIB, load_model_spec
+from launcher.planner import memfit
 from tests.launcher.paths import model
 
 

@@ -8,12 +8,12 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launcher.engine.planfile import plan_from_json, plan_to_json
+from launcher.engine.render import render
 from launcher.errors import PlanError
-from launcher.modelspec import load_model_spec
-from launcher.plan import Plan, Policy, plan
-from launcher.planfile import plan_from_json, plan_to_json
-from launcher.render import render
-from launcher.topology import (
+from launcher.model.modelspec import load_model_spec
+from launcher.planner.plan import Plan, Policy, plan
+from launcher.probe.topology import (
     P2P_STATUS_NAMES,
     Gpu,
     Pair,

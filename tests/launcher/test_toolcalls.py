@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.toolcalls import FAMILY_PARSERS, chat_template, choose_tool_parser, tokenizer_tokens
+from launcher.model.toolcalls import (
+    FAMILY_PARSERS,
+    chat_template,
+    choose_tool_parser,
+    tokenizer_tokens,
+)
 
 
 def _write(root: Path, name: str, data: object) -> None:
@@ -99,7 +104,7 @@ def test_any_tokenizer_files_give_a_token_set_or_unknown_never_an_error(
 
 
 def _plan_argv(model_dir: Path, capsys: object) -> list[str]:
-    from launcher.cli import main
+    from launcher.cli.main import main
     from tests.launcher.paths import topo
 
     assert main(["plan", "--model", str(model_dir), "--topology", topo("h200x2-nvlink"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import TopologyError
-from launcher.topology import (
+from launcher.probe.topology import (
     Gpu,
     Measured,
     Topology,
@@ -170,7 +170,7 @@ def test_project_json_is_told_apart_from_the_dump() -> None:
 
 
 def test_nccl_p2p_disable_plans_the_transport_nccl_will_use() -> None:
-    from launcher.topology import pair_link
+    from launcher.probe.topology import pair_link
 
     free = load_topology(str(H200), {})
     off = load_topology(str(H200), {"NCCL_P2P_DISABLE": "1"})

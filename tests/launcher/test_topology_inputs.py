@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
-from launcher.topology import load_topology
+from launcher.cli.main import main
+from launcher.probe.topology import load_topology
 from tests.launcher.paths import REPO, TOPOLOGIES, model
 
 FIXTURES = {p.name: json.loads(p.read_text()) for p in sorted(TOPOLOGIES.glob("*.json"))}

@@ -140,7 +140,7 @@ def test_offline_in_process_reads_hf_home_and_hf_hub_offline_when_loading(
     hub: StandinHub, env: dict[str, str], tiny_model_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # huggingface_hub was imported above, before HF_HOME pointed here: the loader must read the
-    # environment as it is when it loads, as the planner's launcher.hub does
+    # environment as it is when it loads, as the planner's launcher.model.hub does
     _counts(REPO_ID, env)
     hub.stop()
     monkeypatch.setenv("HF_HOME", env["HF_HOME"])

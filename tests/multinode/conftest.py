@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from launcher.supervise import free_port
+from launcher.engine.supervise import free_port
 
 RAY = Path(sys.executable).with_name("ray")
 START_TIMEOUT_S = 180.0

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.engine import detect_engine
+from launcher.engine.detect import detect_engine
+from launcher.engine.supervise import free_port
 from launcher.errors import EngineError
-from launcher.supervise import free_port
 from tests.conftest import REPO
 
 MAX_MODEL_LEN = "1024"  # a 512+64 request fits; small, so the KV cache and start-up stay small

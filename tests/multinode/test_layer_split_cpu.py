@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launcher.supervise import group_alive, http_ok
+from launcher.engine.supervise import group_alive, http_ok
 from tests.conftest import REPO
 from tests.multinode.procs import descendants, serve, still_alive
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from tests.deploy.test_k8s import lws
 from tests.launcher.paths import MODELS, TOPOLOGIES
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.supervise import free_port
+from launcher.engine.supervise import free_port
 from tests.multinode.conftest import RayCluster
 from tests.multinode.procs import cpu_build_only, live, serve
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import failures
-from launcher.cli import main
-from launcher.enginecmd import EngineCommand
+from launcher.cli.main import main
+from launcher.engine import failures
+from launcher.engine.enginecmd import EngineCommand
 from tests.conftest import REPO, TOPOLOGIES
 from tests.serve.standin_engine import SYMM_MEM_CRASH
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
+from launcher.cli.main import main
 from tests.conftest import REPO, TOPOLOGIES
 
 H200 = str(TOPOLOGIES / "h200x2-nvlink.nvml.json")

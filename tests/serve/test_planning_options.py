@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.cli import build_parser
-from launcher.planopts import policy_from_args
-from launcher.plantypes import Policy
+from launcher.cli.main import build_parser
+from launcher.cli.planopts import policy_from_args
+from launcher.planner.plantypes import Policy
 from tests.conftest import TOPOLOGIES
 
 OPTIONS = ("--model", "m", "--topology", str(TOPOLOGIES / "h200x2-nvlink.nvml.json"),
@@ -43,7 +43,7 @@ def test_only_tune_defaults_the_concurrency_it_measures_at() -> None:
 def test_plan_text_names_the_prompt_length_it_predicted_for(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from launcher.cli import main
+    from launcher.cli.main import main
     from tests.launcher.paths import model
 
     assert main(["plan", "--model", model("llama-3.3-70b"), "--topology",
@@ -57,13 +57,13 @@ def test_plan_text_names_the_prompt_length_it_predicted_for(
      ("inf", 1.0), ("nan", 1.0)],
 )
 def test_the_cpu_plan_sizes_the_kv_cache_the_engine_will_really_get(value: str, gib: float) -> None:
-    from launcher.planopts import cpu_kv_cache_gib
+    from launcher.cli.planopts import cpu_kv_cache_gib
 
     assert cpu_kv_cache_gib({"VLLM_CPU_KVCACHE_SPACE": value}) == gib
 
 
 def test_without_the_variable_the_plan_and_render_agree_on_the_default() -> None:
-    from launcher.planopts import cpu_kv_cache_gib
-    from launcher.plantypes import CPU_KV_CACHE_GIB, Policy
+    from launcher.cli.planopts import cpu_kv_cache_gib
+    from launcher.planner.plantypes import CPU_KV_CACHE_GIB, Policy
 
     assert cpu_kv_cache_gib({}) == CPU_KV_CACHE_GIB == Policy().cpu_kv_cache_gib

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import failures, progress
-from launcher.cmd_serve import collect_api_keys, read_key_file, resolve_model
-from launcher.engine import engine_argv, engine_prefix, parse_version
-from launcher.enginecmd import EngineCommand, replicas
+from launcher.cli.cmd_serve import collect_api_keys, read_key_file, resolve_model
+from launcher.engine import failures, progress
+from launcher.engine.detect import engine_argv, engine_prefix, parse_version
+from launcher.engine.enginecmd import EngineCommand, replicas
+from launcher.engine.launchspec import replica_specs
+from launcher.engine.supervise import reachable_host
 from launcher.errors import LauncherError, ModelError
-from launcher.launchspec import replica_specs
-from launcher.supervise import reachable_host
 from tests.serve.standin_engine import SYMM_MEM_CRASH
 
 
@@ -166,7 +166,7 @@ def test_fallback_settings_are_added_when_absent() -> None:
 def test_a_port_whose_last_connections_linger_in_time_wait_counts_as_free() -> None:
     import socket
 
-    from launcher.supervise import check_port_free
+    from launcher.engine.supervise import check_port_free
 
     with socket.socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -183,7 +183,7 @@ def test_a_port_whose_last_connections_linger_in_time_wait_counts_as_free() -> N
 def test_a_missing_or_old_vllm_is_named_with_the_install_command() -> None:
     import importlib.metadata as md
 
-    from launcher.engine import detect_engine
+    from launcher.engine.detect import detect_engine
     from launcher.errors import EngineError
 
     def missing(dist: str) -> str:
@@ -240,8 +240,8 @@ def test_a_tool_parser_this_vllm_lacks_is_retried_without_tool_calls() -> None:
     ("192.0.2.1", "cannot listen on 192.0.2.1:"),  # TEST-NET-1: no machine's own address
 ])
 def test_a_host_this_machine_cannot_listen_on_is_named_as_such(host: str, says: str) -> None:
+    from launcher.engine.supervise import check_port_free
     from launcher.errors import PortInUseError
-    from launcher.supervise import check_port_free
 
     with pytest.raises(LauncherError) as refused:
         check_port_free(host, 18_555)
@@ -252,7 +252,7 @@ def test_a_host_this_machine_cannot_listen_on_is_named_as_such(host: str, says: 
 def test_an_ipv6_host_is_checked_as_ipv6() -> None:
     import socket
 
-    from launcher.supervise import check_port_free, free_port
+    from launcher.engine.supervise import check_port_free, free_port
 
     if not socket.has_ipv6:
         pytest.skip("no IPv6 on this machine")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.supervise import group_alive
+from launcher.engine.supervise import group_alive
 from tests.conftest import REPO, free_port, http_ok
 
 STANDIN = Path(__file__).with_name("standin_engine.py")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from launcher.cmd_tune import TABLE_WIDTH, comparison, table_notes
+from launcher.cli.cmd_tune import TABLE_WIDTH, comparison, table_notes
 from launcher.errors import LauncherError
-from launcher.tune import CandidateSpec, Measured, Round, Slo, choose, judge, parse_candidate
+from launcher.tune.loop import CandidateSpec, Measured, Round, Slo, choose, judge, parse_candidate
 from tests.conftest import REPO, free_port
 
 

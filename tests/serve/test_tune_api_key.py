@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from launcher import cmd_tune
-from launcher.launchspec import LaunchSpec
+from launcher.cli import cmd_tune
+from launcher.engine.launchspec import LaunchSpec
 from loadgen.cli import api_key_from_env
 
 SECRET = "sk-tune-5e1"

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.errors import LauncherError
-from launcher.tune import (
+from launcher.tune.loop import (
     SLO_ATTAINMENT,
     CandidateSpec,
     Measured,
@@ -30,7 +30,7 @@ from launcher.tune import (
     stop_rounds,
     winner,
 )
-from launcher.tunestats import (
+from launcher.tune.stats import (
     Interval,
     clearly_ahead,
     clearly_behind,

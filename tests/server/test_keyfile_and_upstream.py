@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cmd_serve import read_key_file as launcher_reads
+from launcher.cli.cmd_serve import read_key_file as launcher_reads
 from launcher.errors import LauncherError
 from server.config import ConfigError, config_from_args
 from server.config import read_key_file as proxy_reads
-from server.keyfile import parse_keys
+from topocommon.keyfile import parse_keys
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,13 +8,13 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 
-from launcher.nvml import GpuSample
 from server.admission import Admission
 from server.app import pick_request_id, with_usage_option
 from server.config import parse_plan_info
 from server.errors import ConfigError
 from server.metrics import GpuCollector, ProxyMetrics
 from server.sse import SseInspector
+from topocommon.nvml import GpuSample
 
 TOKEN = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'
 ROLE = b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"lo":1}]}'

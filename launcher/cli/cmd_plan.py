@@ -1,0 +1,113 @@
+"""`launcher plan`: choose TP/PP/replicas for a model on this machine (or a saved topology)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from launcher.cli import argtypes, planopts
+from launcher.engine.planfile import plan_to_json
+from launcher.engine.render import Rendered, render
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.model.toolcalls import chat_template, tokenizer_tokens
+from launcher.planner.plan import Candidate, Plan, plan
+from launcher.probe.topology import load_topology
+
+
+def make_plan(args: argparse.Namespace) -> tuple[Plan, ModelSpec]:
+    topo = load_topology(args.topology, os.environ)
+    model = load_model_spec(args.model, revision=args.revision)
+    return plan(topo, model, planopts.policy_from_args(args)), model
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="choose tensor/pipeline parallel and replicas, and explain why"
+    )
+    planopts.add_planning_arguments(
+        p,
+        model_help="local model folder, or Hugging Face id (org/name: config fetched)",
+        model_required=True,
+    )
+    planopts.add_engine_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address vLLM binds in the command")
+    p.add_argument("--port", type=argtypes.port, default=8000,
+                   help="vLLM's (first) port in the command")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from launcher.cli.cmd_serve import resolve_model
+
+    chosen, model = make_plan(args)
+    model_ref, default_name = resolve_model(args.model)
+    # the same builder `launcher serve` uses: what is printed here is what serve runs
+    rendered = render(
+        chosen,
+        model_ref,
+        served_name=args.served_model_name or default_name,
+        host=args.host,
+        port=args.port,
+        extra_args=planopts.extra_args(args),
+        trust_remote_code=args.trust_remote_code,
+        ray_address=args.ray_address,
+        user_env=os.environ,
+        cpu_ids=planopts.cpu_ids(),
+        revision=args.revision,
+        tokenizer_tokens=tokenizer_tokens(model.path),
+        chat_template=chat_template(model.path),
+        custom_code=model.custom_code,
+    )
+    if args.json:
+        print(json.dumps(plan_to_json(chosen, rendered), indent=1))
+    else:
+        print(format_plan(chosen, rendered, prompt=args.prompt))
+    return 0
+
+
+def _cand_row(c: Candidate, chosen: Plan) -> str:
+    mark = (
+        "*" if (c.tp, c.pp, c.dp, c.gpus) == (chosen.tp, chosen.pp, chosen.dp, chosen.gpus) else " "
+    )
+    shape = f"{c.mode:<6} tp={c.tp} pp={c.pp} dp={c.dp}"
+    gpus = ",".join(map(str, c.gpus)) or "-"
+    if c.predicted is None or c.scores is None:
+        return f" {mark} {shape:<22} {gpus:<16} rejected: {c.rejected}"
+    p = c.predicted
+    return (
+        f" {mark} {shape:<22} {gpus:<16} {c.transport:<9} {p.prefill_tok_s:>8.0f} "
+        f"{p.decode_tok_s:>7.1f} "
+        f"{p.throughput_tok_s:>8.0f}   {c.scores.interactive:>5.2f} {c.scores.throughput:>5.2f}"
+    )
+
+
+def format_plan(chosen: Plan, rendered: Rendered, prompt: int = 512) -> str:
+    p = chosen.predicted
+    lines = [
+        f"plan: {chosen.mode} (tp={chosen.tp} pp={chosen.pp} dp={chosen.dp}) on "
+        + (
+            f"GPU {','.join(map(str, chosen.gpus))} over {chosen.transport}"
+            if chosen.engine == "gpu"
+            else "the CPU engine"
+        ),
+        f"predicted: prefill {p.prefill_tok_s:.0f} tok/s ({prompt}-token prompt), "
+        f"decode {p.decode_tok_s:.1f} tok/s (one stream), "
+        f"{p.throughput_tok_s:.0f} tok/s aggregate; "
+        f"max_model_len {chosen.max_model_len}",
+        "",
+        "why:",
+        *(f"  - {r}" for r in chosen.reasons),
+        "",
+        "candidates (tok/s; scores: 1.00 = the best for interactive, for throughput):",
+        f"   {'shape':<22} {'gpus':<16} {'link':<9} {'prefill':>8} {'decode':>7} {'aggr':>8}   "
+        f"{'inter':>5} {'thru':>5}",
+        *(_cand_row(c, chosen) for c in chosen.candidates),
+        "",
+        "command:" if len(rendered.engines) == 1 else "commands (one per replica):",
+        *(f"  {e.shell_line()}" for e in rendered.engines),
+    ]
+    lines += [f"note: {n}" for n in rendered.notes]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""`launcher probe`: the GPUs and the links between them, read from NVML or a saved file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from launcher.cli.probeformat import format_topology
+from launcher.errors import MeasureError, TopologyError
+from launcher.probe.topology import load_topology, topology_to_json
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("probe", help="show the GPUs, NVLink/PCIe/P2P links between them")
+    p.add_argument("--json", action="store_true", help="print the topology as JSON")
+    p.add_argument(
+        "--save", metavar="FILE", help="write the topology JSON to FILE (for --topology)"
+    )
+    p.add_argument(
+        "--topology", metavar="FILE", help="show a saved topology instead of reading NVML"
+    )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure each GPU's bf16 GEMM rates (prefill TFLOP/s, decode GB/s) and peer "
+        "copies and a real NCCL all-reduce per pair (needs torch with CUDA)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.measure and args.topology:
+        raise MeasureError(
+            "--measure times this machine's GPUs; it cannot measure a saved "
+            "topology (run `launcher probe --measure --save FILE` on that machine)"
+        )
+    topo = load_topology(args.topology, os.environ)
+    if args.measure:
+        from launcher.probe import measure  # torch only when asked
+
+        topo = measure.measure_topology(topo, os.environ)
+    data = topology_to_json(topo)
+    if args.save:
+        try:
+            Path(args.save).write_text(json.dumps(data, indent=1) + "\n")
+        except OSError as exc:
+            raise TopologyError(f"cannot write {args.save}: {exc.strerror}") from exc
+    print(json.dumps(data, indent=1) if args.json else format_topology(topo))
+    return 0

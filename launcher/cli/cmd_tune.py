@@ -1,0 +1,411 @@
+"""`launcher tune`: start each candidate plan in turn, measure it with loadgen, keep the best.
+
+Each candidate runs exactly as `launcher serve` would run it (same plan, same proxy), and loadgen
+measures it through the proxy with the same CLI a user runs, so the comparison is the real thing.
+Per start: warm-up requests (not counted), then ``--repeats`` rounds, one loadgen run and one
+score each; the decisions (interval, early stop, finalists' re-run, the winner) are the pure
+:mod:`launcher.tune.loop` / :mod:`launcher.tune.stats`. The winner is written as a plan file that
+`launcher serve --plan FILE` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from launcher.cli import argtypes, planopts
+from launcher.cli.cmd_serve import build_spec, collect_api_keys
+from launcher.engine.launchspec import LaunchSpec
+from launcher.engine.serve import Runner, StopRequested, Supervision
+from launcher.errors import LauncherError
+from launcher.model import tinymodel
+from launcher.tune.loop import (
+    OBJECTIVES,
+    CandidateSpec,
+    Measured,
+    Round,
+    Slo,
+    Verdict,
+    choose,
+    intervals_of,
+    judge,
+    parse_candidate,
+    request_tpot_s,
+    resolve_objective,
+    stop_rounds,
+)
+from launcher.tune.stats import CONFIDENCE, next_step
+
+TABLE_WIDTH = 120
+CPU_DEFAULT_CANDIDATES = (
+    "name=default",
+    "name=small-prefill-chunks --max-num-batched-tokens 256",
+)
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "tune", help="A/B the candidate plans with loadgen and keep the best",
+        description="Start each candidate plan in turn, measure it through the proxy with "
+        "loadgen, print the comparison and write the winner for `launcher serve --plan`.")
+    planopts.add_planning_arguments(
+        p, model_help="model directory or HF id (default: the embedded model)")
+    # tune measures with loadgen at this concurrency too, so it needs a number, not "planner's"
+    p.set_defaults(concurrency=16)
+    p.add_argument("--candidate", action="append", default=[], metavar="SPEC",
+                   help="a candidate: 'tp=2', 'pp=2', 'tp=2 dp=2', or 'name=x --vllm-flag v' "
+                   "(use --candidate='...' when SPEC starts with --). Default: the planner's "
+                   "best three, or two engine settings on the CPU")
+    p.add_argument("--requests", type=argtypes.count, help="measured requests per round (default 3 "
+                   "interactive, 4x concurrency throughput)")
+    p.add_argument("--objective", choices=OBJECTIVES, help="what wins: interactive, "
+                   "throughput, or slo (the highest throughput meeting --slo-ttft-ms/"
+                   "--slo-tpot-ms); default: slo when a bound is given, else --workload")
+    p.add_argument("--slo-ttft-ms", type=argtypes.positive, help="SLO: time to first token, ms")
+    p.add_argument("--slo-tpot-ms", type=argtypes.positive,
+                   help="SLO: time per output token after the "
+                   "first, ms")
+    p.add_argument("--repeats", type=argtypes.count, default=3,
+                   help="measured rounds per candidate, "
+                   "for a 95%% t-interval of its score (default 3)")
+    p.add_argument("--warmup", type=argtypes.whole, default=2,
+                   help="unmeasured requests before each "
+                   "start's first round (default 2)")
+    p.add_argument("--reruns", type=argtypes.whole, default=1, help="times the two finalists are "
+                   "started and measured again while their intervals overlap (default 1)")
+    p.add_argument("--out", type=Path, default=Path("tuned-plan.json"))
+    p.add_argument("--results-dir", type=Path, help="keep each candidate's loadgen JSON here")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=argtypes.port, default=8000)
+    p.add_argument("--api-key", action="append", default=[])
+    p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0)
+    p.add_argument("--log-dir", type=Path)
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every candidate")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+    objective = resolve_objective(args.objective, args.workload, slo)
+    for label, value, least in (("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0),
+                                ("--reruns", args.reruns, 0)):
+        if value < least:
+            raise LauncherError(f"{label} must be at least {least}, got {value}")
+    keys = collect_api_keys(args.api_key, None, os.environ)
+    specs = [parse_candidate(c) for c in args.candidate] or default_candidates(args)
+    names = [c.name for c in specs]
+    if len(set(names)) != len(names):
+        raise LauncherError(f"candidates need distinct names (got {names}); add name=... to each")
+    results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="toposerve-tune-"))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    tuner = Tuner(args, keys, objective, slo, results_dir, console)
+    measured: dict[str, Measured] = {}
+    for cand in specs:
+        measured[cand.name] = tuner.run(cand, measured, first=True)
+    reruns = 0
+    while True:
+        step = next_step(intervals_of(tuner.verdicts(measured)), reruns, args.reruns)
+        console.print(f"[bold]{step.reason}[/]")
+        if step.action != "rerun":
+            break
+        reruns += 1
+        for name in step.names:
+            cand = next(c for c in specs if c.name == name)
+            measured[name] = measured[name].plus(tuner.run(cand, measured, first=False))
+    verdicts = tuner.verdicts(measured)
+    best = choose(verdicts, objective, slo)
+    in_order = [measured[c.name] for c in specs]
+    # Piped to a file or a CI log, rich would squeeze the table into 80 columns.
+    wide = console if console.is_terminal else Console(highlight=False, width=TABLE_WIDTH)
+    wide.print(comparison(verdicts, in_order, best, objective, slo))
+    for line in table_notes(verdicts, in_order):
+        console.print(line)
+    write_plan(args.out, tuner.plans[best.name], best, verdicts, measured, args, objective, slo,
+               step.reason)
+    console.print(f"Winner for {objective}: [bold]{best.name}[/]; plan written to "
+                  f"{args.out} — serve it with `launcher serve --plan {args.out}`")
+    return 0
+
+
+def default_candidates(args: argparse.Namespace) -> list[CandidateSpec]:
+    from launcher.model.modelspec import load_model_spec
+    from launcher.planner.plan import plan
+    from launcher.probe.topology import load_topology
+
+    topo = load_topology(args.topology, os.environ)
+    if not topo.gpus:
+        return [parse_candidate(c) for c in CPU_DEFAULT_CANDIDATES]
+    model_ref = args.model or str(tinymodel.ensure_tiny_model())
+    chosen = plan(topo, load_model_spec(model_ref, revision=args.revision),
+                  planopts.policy_from_args(args))
+    viable = [c for c in chosen.candidates if not c.rejected]
+    workload = "interactive" if objective_of(args) == "interactive" else "throughput"
+    ranked = sorted(viable, key=lambda c: _candidate_score(c, workload), reverse=True)
+    return [CandidateSpec(f"tp={c.tp} pp={c.pp} dp={c.dp}", c.tp, c.pp, c.dp)
+            for c in ranked[:3]]
+
+
+def _candidate_score(c: Any, workload: str) -> float:
+    scores = getattr(c, "scores", None)
+    if scores is not None:
+        return float(getattr(scores, workload, 0.0) or 0.0)
+    pred = c.predicted
+    return float(pred.throughput_tok_s if workload == "throughput" else pred.decode_tok_s)
+
+
+def candidate_args(args: argparse.Namespace, cand: CandidateSpec) -> argparse.Namespace:
+    ns = copy.copy(args)
+    ns.tp, ns.pp, ns.dp = cand.tp, cand.pp, cand.dp
+    ns.extra = [*cand.vllm_args, *[a for a in (args.extra or []) if a != "--"]]
+    ns.served_model_name = None
+    ns.plan = None
+    ns.engine_port = None
+    ns.engine_host = "127.0.0.1"  # only the tune's loadgen talks to it, through the proxy
+    ns.concurrency = load_concurrency(args)
+    # the plan is sized for the load tune puts on it: one stream, or --concurrency of them
+    ns.workload = "interactive" if objective_of(args) == "interactive" else "throughput"
+    ns.trust_remote_code = False
+    ns.ray_address = None
+    return ns
+
+
+def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
+    """The candidate's plan as `launcher plan --json` would print it, plus its vLLM flags."""
+    from launcher.cli.cmd_serve import resolve_model
+    from launcher.engine.planfile import plan_to_json
+    from launcher.engine.render import render
+    from launcher.model.modelspec import load_model_spec
+    from launcher.model.toolcalls import chat_template, tokenizer_tokens
+    from launcher.planner.plan import plan
+    from launcher.probe.topology import load_topology
+
+    model_ref, served = resolve_model(ns.model)
+    model = load_model_spec(model_ref, revision=getattr(ns, "revision", None))
+    chosen = plan(load_topology(ns.topology, os.environ), model, planopts.policy_from_args(ns))
+    rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
+                      extra_args=ns.extra, user_env=os.environ,
+                      revision=getattr(ns, "revision", None),
+                      tokenizer_tokens=tokenizer_tokens(model.path),
+                      chat_template=chat_template(model.path),
+                      custom_code=model.custom_code)
+    data = plan_to_json(chosen, rendered)
+    data["vllm_extra_args"] = list(ns.extra)
+    return data
+
+
+def objective_of(args: argparse.Namespace) -> str:
+    return resolve_objective(args.objective, args.workload, Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+
+
+def load_concurrency(args: argparse.Namespace) -> int:
+    """Streams of load: one for the interactive objective, --concurrency for the others."""
+    return 1 if objective_of(args) == "interactive" else int(args.concurrency)
+
+
+class Tuner:
+    """Starts a candidate, warms it up, measures its rounds, and stops it."""
+
+    def __init__(self, args: argparse.Namespace, keys: tuple[str, ...], objective: str, slo: Slo,
+                 results: Path, console: Console) -> None:
+        self.args, self.keys, self.objective, self.slo = args, keys, objective, slo
+        self.results, self.console = results, console
+        self.plans: dict[str, dict[str, Any]] = {}
+        self.starts: dict[str, int] = {}
+
+    def verdicts(self, measured: Mapping[str, Measured]) -> list[Verdict]:
+        return [judge(m, self.objective, self.args.gen, self.slo) for m in measured.values()]
+
+    def run(self, cand: CandidateSpec, others: Mapping[str, Measured], first: bool) -> Measured:
+        """One start of ``cand``: warm-up, then up to --repeats rounds. Rounds stop early when a
+        candidate already measured is clearly ahead of this one (or a round failed)."""
+        args = self.args
+        start_no = self.starts[cand.name] = self.starts.get(cand.name, 0) + 1
+        self.console.rule(f"candidate {cand.name}" + ("" if first else f" (re-run {start_no - 1})"))
+        spec_args = candidate_args(args, cand)
+        spec = build_spec(spec_args, self.keys)
+        if first:
+            for line in spec.summary:
+                self.console.print(line)
+            self.plans[cand.name] = plan_json(spec_args)
+        earlier = others.get(cand.name) if not first else None
+        rivals = intervals_of(self.verdicts({n: m for n, m in others.items() if n != cand.name}))
+        log_dir = args.log_dir or tinymodel.default_cache_dir(os.environ) / "logs"
+        runner = Runner(spec, Supervision(ready_timeout_s=args.ready_timeout, restart_attempts=0,
+                                          grace_s=10.0, log_dir=log_dir), self.console)
+        rounds: list[Round] = []
+        with runner.guard.installed():
+            try:
+                runner.start()
+                for k in range(args.repeats):
+                    out = self.results / f"{_slug(cand.name)}-start{start_no}-round{k + 1}.json"
+                    code, tail = run_loadgen(spec, args, out, args.warmup if k == 0 else 0)
+                    if code != 0 or not out.exists():
+                        return Measured(cand, tuple(rounds), f"loadgen exited {code}: {tail}")
+                    rounds.append(Round.from_loadgen(json.loads(out.read_text())))
+                    sofar = Measured(cand, tuple(rounds))
+                    if earlier is not None:
+                        sofar = earlier.plus(sofar)
+                    v = judge(sofar, self.objective, args.gen, self.slo)
+                    line = _round_line(v, len(sofar.rounds))
+                    self.console.print(f"round {k + 1}/{args.repeats}: {line}")
+                    stop = stop_rounds(v, len(sofar.rounds), rivals, k + 1, args.repeats)
+                    if stop is not None:
+                        self.console.print(stop)
+                        return Measured(cand, tuple(rounds), note=stop)
+            except StopRequested:
+                raise KeyboardInterrupt from None
+            except LauncherError as exc:
+                return Measured(cand, tuple(rounds), str(exc))
+            finally:
+                runner.shutdown()
+        return Measured(cand, tuple(rounds))
+
+
+def _round_line(v: Verdict, rounds: int) -> str:
+    if len(v.scores) < rounds:  # this round gave no score
+        return v.excluded or "no score"
+    iv = v.interval
+    text = f"score {_fmt_score(v.scores[-1])}"
+    if iv is not None and iv.bounded:
+        text += f"; so far {_fmt_score(iv.mean)} [{_fmt_score(iv.low)}, {_fmt_score(iv.high)}]"
+    if v.meets_slo is not None:
+        text += f"; SLO {v.slo_met}/{v.slo_total} requests within"
+    return text
+
+
+def _fmt_score(x: float) -> str:
+    return f"{x:,.4g}"
+
+
+def run_loadgen(spec: LaunchSpec, args: argparse.Namespace, out: Path,
+                warmup: int = 0) -> tuple[int, str]:
+    conc = load_concurrency(args)
+    requests = args.requests or (3 if conc == 1 else 4 * conc)
+    argv = [sys.executable, "-m", "loadgen", "--url", f"http://{spec.host}:{spec.port}",
+            "--prompt", str(args.prompt), "--gen", str(args.gen), "--concurrency", str(conc),
+            "--requests", str(requests), "--warmup", str(warmup), "--no-progress",
+            "--json", str(out)]
+    # loadgen judges the SLO too (summary.slo); tune uses that verdict, or its own from the rows
+    for flag, bound in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
+        if bound is not None:
+            argv += [flag, str(bound)]
+    env = dict(os.environ)
+    if spec.api_keys:  # through the environment: a command line is visible to every user in ps
+        env["TOPOSERVE_API_KEY"] = spec.api_keys[0]
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    return res.returncode, (res.stderr or res.stdout).strip()[-300:]
+
+
+def _pooled(m: Measured, key: str) -> list[float]:
+    vals = []
+    for r in m.rounds:
+        for row in r.requests:
+            if row.get("error") is None:
+                x = request_tpot_s(row) if key == "tpot_s" else row.get(key)
+                if isinstance(x, (int, float)):
+                    vals.append(float(x))
+    return vals
+
+
+def _median(vals: Sequence[float]) -> float | None:
+    return statistics.median(vals) if vals else None
+
+
+def comparison(verdicts: Sequence[Verdict], results: Sequence[Measured], best: Verdict,
+               objective: str, slo: Slo) -> Table:
+    unit = "answers/s" if objective == "interactive" else "output tok/s"
+    title = (f"launcher tune: measured through the proxy — objective {objective}"
+             + (f" ({slo.describe()}, ≥90% of requests)" if objective == "slo" else ""))
+    table = Table(title=title, box=box.SIMPLE_HEAD, caption=f"score: {unit}, mean of the "
+                  f"rounds; {CONFIDENCE:.0%} CI: Student t over the rounds; TTFT, TPOT: "
+                  "medians of all requests; goodput: output tok/s of requests within the SLO")
+    cols = ["candidate", "rounds", "score", f"{CONFIDENCE:.0%} CI", "TTFT ms", "TPOT ms"]
+    if objective == "slo":
+        cols += ["SLO met", "goodput"]
+    cols.append("")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("candidate", "") else "right",
+                         no_wrap=col in ("candidate", f"{CONFIDENCE:.0%} CI"))
+    by_name = {m.candidate.name: m for m in results}
+    for v in verdicts:
+        m = by_name[v.name]
+        ttft, tpot = _median(_pooled(m, "ttft_s")), _median(_pooled(m, "tpot_s"))
+        iv = v.interval
+        row = [v.name, str(len(m.rounds)), "–" if iv is None else f"{iv.mean:,.4g}",
+               "–" if iv is None else f"{iv.low:,.4g}–{iv.high:,.4g}" if iv.bounded
+               else "one round", _fmt(ttft, 1000), _fmt(tpot, 1000)]
+        if objective == "slo":
+            goods = [g for g in (r.goodput_tok_s(slo) for r in m.rounds) if g is not None]
+            row += [f"{'yes' if v.meets_slo else 'NO'} {v.slo_met}/{v.slo_total}",
+                    _fmt(statistics.fmean(goods) if goods else None)]
+        row.append("← best" if v is best else "excluded" if v.excluded else
+                   "stopped early" if m.note else "")
+        table.add_row(*row)
+    return table
+
+
+def table_notes(verdicts: Sequence[Verdict], results: Sequence[Measured]) -> list[str]:
+    """The why of each 'excluded' / 'stopped early' mark, one line per candidate."""
+    by_name = {m.candidate.name: m for m in results}
+    lines = []
+    for v in verdicts:
+        m = by_name[v.name]
+        if v.excluded:
+            lines.append(f"{v.name}: excluded — {v.excluded}")
+        elif m.note:
+            lines.append(f"{v.name}: {m.note}")
+    return lines
+
+
+def _fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
+    return f"{float(value) * scale:,.{digits}f}" if isinstance(value, (int, float)) else "–"
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:60] or "candidate"
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def write_plan(path: Path, plan_data: dict[str, Any], best: Verdict, verdicts: Sequence[Verdict],
+               measured: Mapping[str, Measured], args: argparse.Namespace, objective: str,
+               slo: Slo, decision: str) -> None:
+    data = dict(plan_data)
+    results = []
+    for v in verdicts:
+        m = measured[v.name]
+        iv = v.interval
+        results.append({
+            "candidate": v.name, "ok": m.ok and v.excluded is None, "error": m.error,
+            "excluded": v.excluded, "note": m.note, "rounds": len(m.rounds),
+            "scores": list(v.scores), "score": iv.mean if iv else None,
+            "low": _finite(iv.low) if iv else None, "high": _finite(iv.high) if iv else None,
+            "meets_slo": v.meets_slo, "slo_met": v.slo_met, "slo_total": v.slo_total,
+            "summary": dict(m.rounds[-1].summary) if m.rounds else {},
+        })
+    data["tuned"] = {
+        "workload": args.workload, "objective": objective, "prompt": args.prompt,
+        "gen": args.gen, "concurrency": load_concurrency(args),
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms} if slo.given else None,
+        "repeats": args.repeats, "warmup": args.warmup, "reruns": args.reruns,
+        "interval": f"{CONFIDENCE:.0%} Student t over rounds", "decision": decision,
+        "winner": best.name, "results": results,
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,199 @@
+"""Plan ↔ JSON: what ``launcher plan --json`` prints (:func:`plan_to_json`), and the reader
+``launcher serve --plan FILE`` uses (:func:`plan_from_json`), which takes any file and gives a
+plan or a one-line PlanError naming the field that is wrong. Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from launcher.engine.render import Rendered
+from launcher.errors import PlanError
+from launcher.planner.costmodel import Prediction
+from launcher.planner.plan import Candidate, Plan, Scores
+
+
+def _pred(p: Prediction | None) -> dict[str, Any] | None:
+    return (
+        None
+        if p is None
+        else {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(p).items()}
+    )
+
+
+def candidate_to_json(c: Candidate) -> dict[str, Any]:
+    return {
+        "mode": c.mode,
+        "tp": c.tp,
+        "pp": c.pp,
+        "dp": c.dp,
+        "gpus": list(c.gpus),
+        "transport": c.transport,
+        "predicted": _pred(c.predicted),
+        "rejected": c.rejected,
+        "scores": None if c.scores is None else asdict(c.scores),
+        "max_model_len": c.max_model_len,
+        "need_gib": c.need_gib,
+        "budget_gib": c.budget_gib,
+    }
+
+
+def plan_to_json(plan: Plan, rendered: Rendered) -> dict[str, Any]:
+    return {
+        "mode": plan.mode,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "dp": plan.dp,
+        "gpus": list(plan.gpus),
+        "engine": plan.engine,
+        "transport": plan.transport,
+        "nodes": plan.nodes,
+        "model": plan.model,
+        "family": plan.family,
+        "workload": plan.workload,
+        "max_model_len": plan.max_model_len,
+        "gpu_memory_utilization": plan.gpu_memory_utilization,
+        "predicted": _pred(plan.predicted),
+        "reasons": list(plan.reasons),
+        # the first engine's command, and every engine (one per replica) as serve runs them
+        "argv": list(rendered.argv),
+        "env": dict(rendered.env),
+        "engines": [{"argv": list(e.argv()), "env": dict(e.env)} for e in rendered.engines],
+        "plan_env": dict(plan.env),
+        "flags": list(plan.flags),
+        "notes": list(rendered.notes),
+        "candidates": [candidate_to_json(c) for c in plan.candidates],
+    }
+
+
+class _BadPlan(ValueError):
+    """A field of a plan file that is missing or not what `launcher plan --json` writes."""
+
+
+def _count(d: Mapping[str, Any], key: str, low: int = 1, default: int | None = None) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _BadPlan(f"{key} must be a whole number of at least {low}, not {value!r}")
+    return value
+
+
+def _text(d: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = d.get(key, default)
+    if not isinstance(value, str):
+        raise _BadPlan(f"{key} must be a string, not {value!r}")
+    return value
+
+
+def _texts(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = d.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _BadPlan(f"{key} must be a list of strings")
+    return tuple(value)
+
+
+def _number(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _BadPlan(f"{key} must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _pred_from(d: object) -> Prediction | None:
+    if d is None:
+        return None
+    if not isinstance(d, Mapping):
+        raise _BadPlan("predicted must be an object")
+    missing = [k for k in Prediction.__dataclass_fields__ if k not in d]
+    if missing:
+        raise _BadPlan(f"predicted lacks {', '.join(missing)}")
+    return Prediction(prefill_tok_s=_number(d, "prefill_tok_s"),
+                      decode_tok_s=_number(d, "decode_tok_s"),
+                      throughput_tok_s=_number(d, "throughput_tok_s"),
+                      ttft_s=_number(d, "ttft_s"), e2e_s=_number(d, "e2e_s"),
+                      batch=_count(d, "batch", low=0))
+
+
+def _gpus(d: Mapping[str, Any]) -> tuple[int, ...]:
+    value = d.get("gpus", [])
+    if not isinstance(value, list) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value):
+        raise _BadPlan("gpus must be a list of GPU indices")
+    return tuple(value)
+
+
+def _cand_from(d: object) -> Candidate:
+    if not isinstance(d, Mapping):
+        raise _BadPlan("each candidate must be an object")
+    s = d.get("scores")
+    if s is not None and not isinstance(s, Mapping):
+        raise _BadPlan("a candidate's scores must be an object")
+    rejected = d.get("rejected")
+    limit = d.get("max_model_len")
+    return Candidate(
+        mode=_text(d, "mode"),
+        tp=_count(d, "tp"),
+        pp=_count(d, "pp"),
+        dp=_count(d, "dp"),
+        gpus=_gpus(d),
+        transport=_text(d, "transport", "none"),
+        predicted=_pred_from(d.get("predicted")),
+        rejected=rejected if rejected is None else _text(d, "rejected"),
+        scores=Scores(**{k: _number(s, k) for k in Scores.__dataclass_fields__}) if s else None,
+        max_model_len=limit if limit is None else _count(d, "max_model_len"),
+        need_gib=_number(d, "need_gib"),
+        budget_gib=_number(d, "budget_gib"),
+    )
+
+
+def plan_from_json(d: object) -> Plan:
+    """Read back what :func:`plan_to_json` wrote (``launcher serve --plan FILE``); a PlanError
+    in one line, naming the field, for anything else."""
+    try:
+        if not isinstance(d, Mapping):
+            raise _BadPlan("the file holds no JSON object")
+        pred = _pred_from(d.get("predicted"))
+        if pred is None:
+            raise _BadPlan("predicted is missing")
+        env = d.get("plan_env", {})
+        if not isinstance(env, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise _BadPlan("plan_env must map names to strings")
+        candidates = d.get("candidates", [])
+        if not isinstance(candidates, list):
+            raise _BadPlan("candidates must be a list")
+        engine = _text(d, "engine", "gpu")
+        tp, pp, dp = _count(d, "tp"), _count(d, "pp"), _count(d, "dp")
+        gpus, nodes = _gpus(d), _count(d, "nodes", default=1)
+        if engine == "gpu" and nodes == 1 and len(gpus) != tp * pp * dp:
+            raise _BadPlan(f"tp {tp} x pp {pp} x dp {dp} needs {tp * pp * dp} GPUs, and gpus "
+                           f"lists {len(gpus)}")
+        utilization = _number(d, "gpu_memory_utilization", 0.9)
+        if not 0 < utilization <= 1:
+            raise _BadPlan(f"gpu_memory_utilization must be in (0, 1], not {utilization}")
+        return Plan(
+            mode=_text(d, "mode"),
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            gpus=gpus,
+            engine=engine,
+            transport=_text(d, "transport", "none"),
+            predicted=pred,
+            reasons=_texts(d, "reasons"),
+            candidates=tuple(_cand_from(c) for c in candidates),
+            max_model_len=_count(d, "max_model_len"),
+            model=_text(d, "model", ""),
+            family=_text(d, "family", ""),
+            workload=_text(d, "workload", "interactive"),
+            gpu_memory_utilization=utilization,
+            nodes=nodes,
+            env=dict(env),
+            flags=_texts(d, "flags"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(
+            f"not a plan written by `launcher plan --json` ({exc}); "
+            "write one with `launcher plan --model M --json > plan.json`"
+        ) from exc

@@ -1,0 +1,147 @@
+"""Plan → the `vllm serve` command line and environment. Pure. (Plan ↔ JSON: planfile.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.engine.enginecmd import EngineCommand, replicas
+from launcher.model.toolcalls import choose_tool_parser
+from launcher.planner.plan import Plan
+from launcher.planner.plantypes import CPU_KV_CACHE_GIB
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the user says about the engine beyond the plan (the same options in plan and serve)."""
+
+    served_name: str | None = None
+    revision: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    trust_remote_code: bool = False
+    ray_address: str | None = None
+    extra_args: tuple[str, ...] = ()
+    cpu_ids: tuple[int, ...] = ()  # the CPUs this process may use (CPU engine only)
+    # What the model's tokenizer holds (None: unread): a tool parser needs its marker tokens.
+    tokenizer_tokens: frozenset[str] | None = None
+    chat_template: str | None = None  # its tool-call markers pick the parser
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The engines that run a plan: one per data-parallel replica, each on its own GPUs and
+    port (the proxy spreads requests over them), and the notes the user should read."""
+
+    engines: tuple[EngineCommand, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.engines[0].argv()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.engines[0].env)
+
+
+def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
+                   user_env: Mapping[str, str] | None = None) -> EngineCommand:
+    """The one engine command that runs ``plan`` (before the split into replicas)."""
+    env: dict[str, str] = {}
+    flags = list(plan.flags)
+    backend = _take_value(flags, "--distributed-executor-backend")
+    no_custom_ar = _take_switch(flags, "--disable-custom-all-reduce")
+    if plan.engine == "gpu":
+        # NVML numbers GPUs by PCI bus; CUDA does so only when told, so the indices agree.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in plan.gpus)
+        env.update(plan.env)
+    else:
+        env.update(_cpu_env(plan, opts.cpu_ids, user_env or {}))
+    if opts.ray_address:
+        env["RAY_ADDRESS"] = opts.ray_address
+        backend = backend or "ray"
+    return EngineCommand(
+        model=model_ref, host=opts.host, port=opts.port, served_name=opts.served_name,
+        revision=opts.revision, tp=plan.tp, pp=plan.pp, max_model_len=plan.max_model_len,
+        gpu_memory_utilization=plan.gpu_memory_utilization if plan.engine == "gpu" else None,
+        # A coding agent resends its growing conversation: prefix caching reuses the shared
+        # prefix, chunked prefill keeps long prompts from stalling other streams' tokens.
+        prefix_caching=True, chunked_prefill=True,
+        tool_parser=choose_tool_parser(plan.family, opts.tokenizer_tokens, opts.chat_template)[0],
+        trust_remote_code=opts.trust_remote_code,
+        distributed_backend=backend, disable_custom_all_reduce=no_custom_ar,
+        layout_flags=tuple(flags), env=env, extra_args=opts.extra_args,
+    )
+
+
+def render(
+    plan: Plan,
+    model_ref: str,
+    *,
+    served_name: str | None,
+    host: str,
+    port: int,
+    extra_args: Sequence[str] = (),
+    trust_remote_code: bool = False,
+    ray_address: str | None = None,
+    user_env: Mapping[str, str] | None = None,
+    cpu_ids: Sequence[int] = (),
+    revision: str | None = None,
+    tokenizer_tokens: frozenset[str] | None = None,
+    custom_code: bool = False,
+    chat_template: str | None = None,
+) -> Rendered:
+    """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
+    opts = EngineOptions(served_name=served_name, host=host, port=port,
+                         trust_remote_code=trust_remote_code, ray_address=ray_address,
+                         extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids),
+                         revision=revision, tokenizer_tokens=tokenizer_tokens,
+                         chat_template=chat_template)
+    cmd = engine_command(plan, model_ref, opts, user_env)
+    notes: list[str] = []
+    if custom_code and not trust_remote_code:
+        notes.append("config.json names its own modelling code (auto_map) for a model type this "
+                     "transformers does not know: vLLM will refuse it without "
+                     "--trust-remote-code; pass --trust-remote-code if you trust the repository")
+    parser_note = choose_tool_parser(plan.family, tokenizer_tokens, chat_template)[1]
+    if parser_note and cmd.tool_parser is None:
+        notes.append(parser_note)
+    if plan.dp > 1:
+        notes.append(f"dp={plan.dp}: {plan.dp} vLLM servers on ports {port}..{port + plan.dp - 1}, "
+                     "each on its own GPUs; `launcher serve` puts the proxy in front of them")
+    return Rendered(replicas(cmd, plan.dp, bind=host, first_port=port), tuple(notes))
+
+
+def _cpu_env(plan: Plan, cpu_ids: Sequence[int], user_env: Mapping[str, str]) -> dict[str, str]:
+    env = {}
+    if "VLLM_CPU_KVCACHE_SPACE" not in user_env:
+        # vLLM's CPU backend reserves --gpu-memory-utilization of *host* memory unless a KV-cache
+        # size is given; on a shared machine that start-up check fails, so we size it.
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{CPU_KV_CACHE_GIB:g}"
+    ranks = plan.tp * plan.pp
+    if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in user_env:
+        # vLLM binds each CPU worker to a NUMA node of its own and refuses to start with more
+        # workers than nodes ("Not enough allowed NUMA nodes"); give each rank its own cores.
+        per = len(cpu_ids) // ranks
+        env["VLLM_CPU_OMP_THREADS_BIND"] = (
+            "|".join(",".join(map(str, cpu_ids[r * per:(r + 1) * per])) for r in range(ranks))
+            if per else "nobind")
+    return env
+
+
+def _take_switch(flags: list[str], name: str) -> bool:
+    found = name in flags
+    while name in flags:
+        flags.remove(name)
+    return found
+
+
+def _take_value(flags: list[str], name: str) -> str | None:
+    if name in flags[:-1]:
+        i = flags.index(name)
+        value = flags[i + 1]
+        del flags[i:i + 2]
+        return value
+    return None

@@ -1,0 +1,538 @@
+"""Model sizing from ``config.json``: parameters, weight bytes, KV-cache bytes per token.
+
+Reads a local directory (or a config.json path), or a Hugging Face hub model through
+:mod:`launcher.model.hub` (which fetches only the small JSON files, or reads them from its cache).
+Multimodal configs that nest the language model under ``text_config`` (Gemma 3, Mistral 3) are
+read from there; a vision tower's parameters are added to the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ModelError
+from launcher.model import hfconfig, hub, quantization
+from topocommon.hub import is_repo_id
+
+GIB = 1024**3
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2, "fp8": 1}
+# float32 checkpoints are served in 16 bits by vLLM's dtype=auto, so they cost 2 bytes too.
+
+# model_type → family, which picks the tool-call parser and chat defaults.
+_FAMILIES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "mistral3": "mistral",
+    "mixtral": "mistral",
+    "qwen2": "qwen2",
+    "qwen2_moe": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
+    "qwen3_next": "qwen3",
+    "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "gemma3n": "gemma3n",
+    "gemma3n_text": "gemma3n",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
+    "phi3": "phi",
+    "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
+    "gpt_oss": "gpt_oss",
+}
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    """Layers that hold KV cache of one shape: full attention, or a sliding window of ``window``."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    window: int | None = None  # tokens a sliding-window layer keeps; None for full attention
+    latent: bool = False  # MLA: one latent vector per token (no separate K and V)
+
+    def bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
+        return (1 if self.latent else 2) * self.kv_heads * self.head_dim * kv_dtype_bytes
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    architecture: str
+    family: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    params: int  # every weight, vision tower included
+    active_params: int  # weights one token passes through (differs for mixture-of-experts)
+    weight_bytes: int
+    dtype: str  # activation / KV dtype vLLM will use
+    quantization: str | None  # 'awq' | 'gptq' | 'fp8' | 'bitsandbytes' | ... | None
+    weight_bits: float  # bits per parameter of the quantized linear layers (16 if none)
+    sliding_window: int | None = None
+    sliding_layers: int = 0  # layers that attend only over ``sliding_window`` tokens
+    num_experts: int = 0
+    tied_embeddings: bool = True  # the LM head reuses the input embedding table
+    path: str | None = None
+    experts_per_token: int = 0  # top-k of a mixture-of-experts router
+    moe_intermediate_size: int = 0
+    # Layers with their own KV cache, by shape; empty means num_layers × (kv_heads, head_dim),
+    # ``sliding_layers`` of them windowed. Gemma 4 differs per layer type and shares KV layers.
+    layer_kv: tuple[KvGroup, ...] = ()
+    rope_cache_elems: int = 0  # vLLM's rotary tables (elements); 0: positions × head_dim
+    # config.json names its own modelling code (auto_map) for a model_type the installed
+    # transformers does not define: vLLM loads it only with --trust-remote-code
+    custom_code: bool = False
+
+    @property
+    def kv_groups(self) -> tuple[KvGroup, ...]:
+        if self.layer_kv:
+            return self.layer_kv
+        full = KvGroup(self.full_layers, self.num_kv_heads, self.head_dim)
+        if not self.sliding_layers:
+            return (full,)
+        return (
+            full,
+            KvGroup(self.sliding_layers, self.num_kv_heads, self.head_dim, self.sliding_window),
+        )
+
+    @property
+    def full_layers(self) -> int:
+        return self.num_layers - self.sliding_layers
+
+    def kv_bytes_per_layer_token(self, kv_dtype_bytes: int = 2) -> int:
+        latent = next((g for g in self.layer_kv if g.latent), None)
+        if latent is not None:  # MLA: the compressed vector, not per-head K and V
+            return latent.bytes_per_token(kv_dtype_bytes)
+        return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes  # K and V
+
+    def kv_bytes(self, tokens: int, kv_dtype_bytes: int = 2) -> int:
+        """KV cache of one sequence of ``tokens`` tokens; sliding layers keep only their window."""
+        return sum(
+            g.layers * g.bytes_per_token(kv_dtype_bytes) * min(tokens, g.window or tokens)
+            for g in self.kv_groups
+        )
+
+    def kv_bytes_per_token(self, context: int | None = None, kv_dtype_bytes: int = 2) -> float:
+        """Average KV bytes per token of a sequence ``context`` long (default: the full context)."""
+        n = context or self.max_position_embeddings
+        return self.kv_bytes(n, kv_dtype_bytes) / n
+
+    def tokens_fitting(self, kv_budget_bytes: float, kv_dtype_bytes: int = 2) -> int:
+        """The longest single sequence whose KV cache fits in ``kv_budget_bytes``."""
+        if kv_budget_bytes <= 0 or self.kv_bytes(1, kv_dtype_bytes) == 0:
+            return 0
+        lo, hi = 0, 1 << 30
+        while lo < hi:  # kv_bytes grows with the length: bisect
+            mid = (lo + hi + 1) // 2
+            if self.kv_bytes(mid, kv_dtype_bytes) <= kv_budget_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+# ------------------------------------------------------------------------------------ parsing
+
+
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, Mapping):
+            return sub
+    return cfg
+
+
+# Far past any published model (DeepSeek-V3: 61 layers, hidden 7168, 256 experts; Llama 4:
+# 202,048 tokens of vocabulary, 10M of context). A value past these is a damaged config, and
+# building it (even on the meta device) would take the planner minutes or all its memory.
+_SIZE_LIMITS = {
+    "num_hidden_layers": 4096, "hidden_size": 1 << 17, "intermediate_size": 1 << 21,
+    "moe_intermediate_size": 1 << 21, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+    "head_dim": 1 << 14, "vocab_size": 1 << 23, "num_experts": 1 << 13,
+    "num_local_experts": 1 << 13, "n_routed_experts": 1 << 13, "kv_lora_rank": 1 << 16,
+    "max_position_embeddings": 1 << 30,
+}
+
+
+def _beyond_any_model(t: Mapping[str, Any]) -> str | None:
+    for key, limit in _SIZE_LIMITS.items():
+        value = t.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
+            return f"{key} = {value}, beyond any model (at most {limit:,})"
+    return None
+
+
+def _vision_params(cfg: Mapping[str, Any]) -> int:
+    """A ViT tower: per layer attention (4·h²) and MLP (2·h·i); embeddings are small beside them."""
+    v = cfg.get("vision_config")
+    if not isinstance(v, Mapping):
+        return 0
+    h, inter, n = (
+        v.get("hidden_size", 0),
+        v.get("intermediate_size", 0),
+        v.get("num_hidden_layers", 0),
+    )
+    return int(n * (4 * h * h + 2 * h * inter))
+
+
+def _sliding_layers(t: Mapping[str, Any], model_type: str, layers: int) -> tuple[int | None, int]:
+    window = t.get("sliding_window")
+    types = t.get("layer_types")
+    if isinstance(types, list) and types:
+        n = sum(1 for x in types if x == "sliding_attention")
+        return (window, n) if window and n else (None, 0)
+    if not window:
+        return None, 0
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = int(t.get("sliding_window_pattern", 6))  # five local layers, then one global
+        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
+    if model_type == "gemma2":
+        return window, (layers + 1) // 2  # even layers are local
+    if t.get("use_sliding_window") is False:  # Qwen2 configs carry a window they do not use
+        return None, 0
+    return window, layers
+
+
+def _width(value: Any) -> int:
+    """An MLP width: one number, or one per layer (Gemma 3n) read as their mean."""
+    if isinstance(value, list):
+        widths = [int(v) for v in value]
+        return sum(widths) // len(widths)
+    return int(value)
+
+
+def _count_params(
+    t: Mapping[str, Any], layers: int, heads: int, kv: int, head_dim: int
+) -> tuple[int, int, int, int]:
+    """(embedding params, per-layer attention, per-layer MLP, per-layer MLP a token passes)."""
+    h, vocab = int(t["hidden_size"]), int(t["vocab_size"])
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o and k, v
+    if t.get("attention_bias") or t.get("model_type", "").startswith("qwen2"):
+        attn += (heads + 2 * kv) * head_dim  # q/k/v biases (Qwen2)
+    experts = int(
+        t.get("num_experts") or t.get("num_local_experts") or t.get("n_routed_experts") or 0
+    )
+    if experts:
+        inter = _width(t.get("moe_intermediate_size") or t["intermediate_size"])
+        per_tok = int(t.get("num_experts_per_tok") or 2)
+        shared = int(t.get("shared_expert_intermediate_size") or 0)
+        mlp = 3 * h * inter * experts + 3 * h * shared + h * experts
+        active = 3 * h * inter * per_tok + 3 * h * shared + h * experts
+    else:
+        mlp = active = 3 * h * _width(t["intermediate_size"])  # gate, up, down
+    embed = vocab * h * (1 if t.get("tie_word_embeddings", True) else 2)
+    return embed, attn + 2 * h, mlp, active
+
+
+def _experts(t: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(routed experts, experts per token, expert intermediate size); zeros for a dense model."""
+    e = int(t.get("num_experts") or t.get("num_local_experts") or t.get("n_routed_experts") or 0)
+    if not e or t.get("enable_moe_block") is False:
+        return 0, 0, 0
+    k = int(t.get("num_experts_per_tok") or t.get("top_k_experts") or 2)
+    return e, k, _width(t.get("moe_intermediate_size") or t.get("intermediate_size") or 0)
+
+
+def _latent_groups(t: Mapping[str, Any], layers: int) -> tuple[KvGroup, ...]:
+    """MLA's cache from the config's own fields, when transformers cannot build the model."""
+    rank = t.get("kv_lora_rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        return ()
+    rope = t.get("qk_rope_head_dim")
+    rope = rope if isinstance(rope, int) and not isinstance(rope, bool) and rope > 0 else 0
+    return (KvGroup(layers, 1, rank + rope, None, latent=True),)
+
+
+def _kv_groups(attn: tuple[hfconfig.LayerAttention, ...]) -> tuple[KvGroup, ...]:
+    """Layers with their own KV cache, grouped by shape (shared-KV layers hold none)."""
+    counts: dict[tuple[int, int, int | None, bool], int] = {}
+    for a in attn:
+        if not a.shared:
+            key = (a.kv_heads, a.head_dim, a.window, a.latent)
+            counts[key] = counts.get(key, 0) + 1
+    return tuple(KvGroup(n, kv, d, w, lat) for (kv, d, w, lat), n in counts.items())
+
+
+def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
+    """Size a model from its parsed config.json; ModelError (one line) on a config this cannot
+    read: a field missing, of another type or out of range, wherever it is used."""
+    try:
+        spec = _spec_from_config(cfg, name, path)
+    except ModelError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError,
+            OverflowError, IndexError) as exc:
+        raise ModelError(f"{name}: config.json has a value this planner cannot read "
+                         f"({_one_line(exc)}); is it a decoder-only language model?") from exc
+    problem = _implausible(spec)
+    if problem:
+        raise ModelError(f"{name}: config.json gives {problem}; is it a decoder-only "
+                         "language model with a valid config?")
+    return spec
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
+
+
+def _is_count(value: object, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _implausible(m: ModelSpec) -> str | None:
+    """What makes the sized model unusable to plan with (a config's value of the wrong type
+    that got through), or None."""
+    for field, low in (("num_layers", 1), ("hidden_size", 1), ("num_heads", 1),
+                       ("num_kv_heads", 0), ("head_dim", 1), ("vocab_size", 1),
+                       ("max_position_embeddings", 1), ("params", 1), ("active_params", 0),
+                       ("weight_bytes", 1), ("sliding_layers", 0), ("num_experts", 0),
+                       ("experts_per_token", 0), ("intermediate_size", 0)):
+        value = getattr(m, field)
+        if not _is_count(value, low):
+            return f"{field} = {value!r}"
+    if m.num_experts and m.experts_per_token > m.num_experts:
+        return (f"{m.experts_per_token} experts per token of {m.num_experts} "
+                "(num_experts_per_tok above the experts there are)")
+    if m.sliding_window is not None and not _is_count(m.sliding_window, 1):
+        return f"sliding_window = {m.sliding_window!r}"
+    for g in m.kv_groups:
+        if not (_is_count(g.layers) and _is_count(g.kv_heads) and _is_count(g.head_dim, 1)
+                and (g.window is None or _is_count(g.window, 1))):
+            return f"a KV cache layout of {g}"
+    if m.kv_bytes(1) <= 0:
+        return "no KV cache per token"
+    return None
+
+
+def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
+    """spec_from_config's reading, which may raise on a value of the wrong type.
+
+    The config is read through transformers' class for its model_type and the model counted
+    module by module (:mod:`launcher.model.hfconfig`); a config transformers cannot build is sized
+    from its own fields (the family's defaults for the few it commonly omits)."""
+    beyond = _beyond_any_model(_text_config(cfg))
+    if beyond:
+        raise ModelError(f"{name}: config.json gives {beyond}; is the config damaged?")
+    hf = hfconfig.shape(cfg)
+    t = dict(hf.text) if hf else dict(_text_config(cfg))
+    # tie_word_embeddings sits at the top level in multimodal configs
+    t.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    if not hf and cfg.get("tie_word_embeddings") is not None and "text_config" in cfg:
+        t["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    model_type = str(t.get("model_type") or cfg.get("model_type") or "unknown")
+    try:
+        layers = int(t["num_hidden_layers"])
+        heads = int(t["num_attention_heads"])
+        kv = int(t.get("num_key_value_heads") or heads)
+        hidden = int(t["hidden_size"])
+        if min(layers, heads, kv, hidden) <= 0:
+            raise ValueError("layers, heads, KV heads and hidden size must be positive")
+        t["vocab_size"] = t.get("vocab_size") or (
+            _GEMMA3_VOCAB if model_type == "gemma3_text" else None
+        )
+        head_dim = int(t.get("head_dim") or hidden // heads)
+        # transformers counted the model where it could build it; else the fields are counted
+        embed, attn, mlp, active_mlp = (0, 0, 0, 0) if hf else _count_params(
+            t, layers, heads, kv, head_dim)
+    except KeyError as exc:
+        raise ModelError(
+            f"{name}: config.json lacks {exc}, needed to size the model; is it a decoder-only "
+            "language model?"
+        ) from exc
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ModelError(
+            f"{name}: config.json has a value this planner cannot read or out of range "
+            f"({_one_line(exc)}); is it a decoder-only language model?"
+        ) from exc
+    dtype = str(
+        cfg.get("torch_dtype")
+        or t.get("torch_dtype")
+        or cfg.get("dtype")
+        or t.get("dtype")
+        or "bfloat16"
+    )
+    method, bits, overhead = quantization.read(cfg, t)
+    dense_bytes = _DTYPE_BYTES.get(dtype, 2)
+    n_experts, per_token, moe_inter = _experts(t)
+    if hf:
+        linear = hf.linear_params
+        other = hf.embedding_params + hf.lm_head_params + hf.other_params
+        inactive = hf.expert_params * (1 - per_token / n_experts) if n_experts else 0.0
+        groups = _kv_groups(hf.attention)
+        sliding = sum(g.layers for g in groups if g.window)
+        window = next((g.window for g in groups if g.window), None)
+    else:
+        linear = layers * (attn - 2 * hidden + mlp)
+        other = embed + layers * 2 * hidden + hidden + _vision_params(cfg)
+        inactive = float(layers * (mlp - active_mlp))
+        groups = _latent_groups(t, layers)
+        window, sliding = _sliding_layers(t, model_type, layers)
+    if any(g.latent for g in groups):
+        kv = 1  # one latent "head", the same on every TP rank: vLLM replicates it
+    params = linear + other
+    packed = linear
+    if method == "mxfp4":  # the experts only; attention, router, embeddings stay 16-bit
+        experts = hf.expert_params if hf else max(0, int(layers * (mlp - active_mlp) /
+                                                       max(1e-9, 1 - per_token / n_experts))
+                                                   if n_experts else 0)
+        packed = min(linear, experts)
+    weight_bytes = int(packed * (bits / 8 + overhead) + (linear - packed) * dense_bytes
+                       + other * dense_bytes)
+    arch = (cfg.get("architectures") or [model_type])[0]
+    return ModelSpec(
+        name=name,
+        architecture=str(arch),
+        family=_FAMILIES.get(model_type, model_type),
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        vocab_size=int(t["vocab_size"]),
+        intermediate_size=_width(t.get("intermediate_size") or 0),
+        max_position_embeddings=int(
+            t.get("max_position_embeddings")
+            or cfg.get("max_position_embeddings")
+            or _DEFAULT_CONTEXT.get(model_type, 4096)
+        ),
+        params=params,
+        active_params=int(params - inactive),
+        weight_bytes=weight_bytes,
+        dtype="float16"
+        if method in ("awq", "gptq")
+        else ("bfloat16" if dtype in ("float32", "float") else dtype),
+        quantization=method,
+        weight_bits=bits,
+        sliding_window=window,
+        sliding_layers=sliding,
+        num_experts=n_experts,
+        tied_embeddings=bool(t.get("tie_word_embeddings", True)),
+        path=path,
+        experts_per_token=per_token,
+        moe_intermediate_size=moe_inter,
+        layer_kv=groups,
+        rope_cache_elems=hf.rope_cache_elems if hf else 0,
+        custom_code=hf is None and isinstance(cfg.get("auto_map"), Mapping)
+        and bool(cfg.get("auto_map")),
+    )
+
+
+_GEMMA3_VOCAB = 262208  # Gemma3TextConfig's default; Gemma 3 configs leave it out
+# transformers' config defaults for fields real configs omit
+_DEFAULT_CONTEXT = {"gemma3_text": 131072, "gemma3": 131072, "gemma2": 8192, "llama": 2048}
+
+
+# ---------------------------------------------------------------------------------- locating
+# (a local folder or config.json here; a hub id through launcher.model.hub, online or from its
+# cache)
+
+
+def find_config(ref: str, env: Mapping[str, str], revision: str | None = None) -> Path:
+    """config.json of a directory, a config.json path, or a hub id (``org/name``) fetched with
+    huggingface_hub (from its cache when offline)."""
+    p = Path(ref).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p / "config.json"
+        if any(p.glob("*.gguf")):
+            raise ModelError(f"{ref} holds GGUF files (llama.cpp's format) and no config.json: "
+                             f"{hub.GGUF_ADVICE}")
+        raise ModelError(
+            f"{ref} is a directory without config.json; point --model at the model's folder"
+        )
+    if not is_repo_id(ref):
+        raise ModelError(
+            f"model {ref!r} not found: not a local folder or config.json, and not a Hugging Face "
+            "model id (org/name)"
+        )
+    return hub.fetch(ref, revision, env).files[hub.CONFIG]
+
+
+def load_model_spec(
+    ref: str, env: Mapping[str, str] | None = None, revision: str | None = None
+) -> ModelSpec:
+    """Size the model ``ref`` (local path or hub id, at ``revision`` for a hub id) from its
+    config.json, and from its safetensors index where there is one."""
+    env = os.environ if env is None else env
+    if revision is not None and Path(ref).expanduser().exists():
+        raise ModelError(f"--revision is for a hub model (org/name); {ref} is a local path")
+    cfg_path = find_config(ref, env, revision)
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(_not_a_config(cfg_path, exc)) from exc
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{cfg_path} is not a JSON object")
+    local = Path(ref).expanduser()
+    name = (local.parent if local.is_file() else local).resolve().name if local.exists() else ref
+    spec = spec_from_config(cfg, name=name, path=str(cfg_path.parent))
+    total = hub.checkpoint_bytes(cfg_path.parent / hub.INDEX)
+    if total is None:  # a one-file checkpoint has no index; its header says as much
+        total = hub.single_file_bytes(cfg_path.parent / "model.safetensors")
+    return sized_by_checkpoint(spec, cfg, total)
+
+
+def _not_a_config(path: Path, exc: Exception) -> str:
+    """Why ``path`` is no config.json, with what to pass instead where the file says what it is
+    (a checkpoint passed by its weights file: a GGUF of llama.cpp, or a safetensors shard)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        head = b""
+    if head.startswith(b"GGUF"):
+        return f"{path} is a GGUF file (llama.cpp's format): {hub.GGUF_ADVICE}"
+    if path.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+        return f"{path} is a weights file; pass the model's folder (the one with config.json)"
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"cannot read {path} as a model's config.json: {why}"
+
+
+def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | None) -> ModelSpec:
+    """The spec with the checkpoint's real size (safetensors index ``total_size``) in place of
+    the estimate from config.json, which misses what the formulas do not know of.
+
+    Quantized checkpoints load as stored: their weight bytes are the checkpoint's. Others are
+    served at the spec's bytes per parameter (a float32 checkpoint in 16 bits), so the index
+    gives the parameter count: bytes / the checkpoint's bytes per parameter.
+    """
+    if total is None or spec.params <= 0:
+        return spec
+    if spec.quantization is not None:
+        return replace(spec, weight_bytes=total)
+    served = spec.weight_bytes / spec.params
+    nested = cfg.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, dict) else {}
+    stored_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or "")
+    stored = 4.0 if stored_dtype in ("float32", "float") else served
+    params = round(total / stored)
+    dense = spec.active_params == spec.params
+    return replace(
+        spec,
+        params=params,
+        active_params=params if dense else min(spec.active_params, params),
+        weight_bytes=round(params * served),
+    )

@@ -1,0 +1,307 @@
+"""Speed: predicted prefill, decode and aggregate tok/s of one candidate layout. Pure.
+
+Memory (what fits, how many sequences the KV cache holds) is :mod:`launcher.planner.memfit`'s; this
+module only times a layout. Roofline per forward pass, then the communication the layout adds,
+then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
+
+- compute: 2 FLOPs per active parameter per token (+ causal attention), at an achieved fraction
+  of the slowest card's dense BF16 rate; a tensor-parallel group divides it by ``tp``.
+- memory: every step streams the weights (and the sequences' KV cache) at an achieved fraction
+  of the slowest card's memory bandwidth; of a mixture-of-experts only the experts the step's
+  tokens route to (``experts_touched``), and 4-bit weights at batch 1 at half the rate
+  (``weight_stream_efficiency``). A step costs the larger of compute and memory.
+- fixed costs: an eager prefill layer takes at least ``EAGER_HOST_LAYER_S``; MoE layers add
+  their kernels' cost; every step ``STEP_OVERHEAD_S``, every request ``REQUEST_OVERHEAD_S``.
+- tensor parallel: two all-reduces per layer of ``tokens × hidden`` activations, each costing
+  ``latency + 2(n-1)/n · bytes / link`` on the slowest link of the group (NVLink, P2P over PCIe
+  at the negotiated width, or NCCL's SHM bounce through host memory).
+- pipeline parallel: stages run one after another for a single sequence (a hop of
+  ``tokens × hidden`` between them); with many sequences ``pp`` micro-batches keep every stage busy.
+- data-parallel replicas split the streams between them and add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.model.modelspec import ModelSpec
+from launcher.planner import hardware
+from launcher.planner.hardware import (
+    ACT_BYTES,
+    CPU_GFLOPS_PER_CORE,
+    CPU_MEM_GBS,
+    CPU_STEP_OVERHEAD_S,
+    EAGER_HOST_LAYER_S,
+    EAGER_LAYER_S,
+    MEM_EFFICIENCY,
+    MFU_DECODE,
+    MOE_LAYER_DECODE_S,
+    MOE_LAYER_PREFILL_S,
+    QUANT_B1_EFFICIENCY,
+    REQUEST_OVERHEAD_S,
+    STEP_OVERHEAD_S,
+)
+from launcher.planner.memfit import embedding_bytes, stage_share
+from launcher.probe.topology import (
+    ASSUMED_PCIE_GEN,
+    ASSUMED_PCIE_WIDTH,
+    Gpu,
+    Pair,
+    Topology,
+    pair_link,
+)
+
+
+@dataclass(frozen=True)
+class Link:
+    transport: str  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net' | 'none'
+    gbs: float  # achieved one-direction bandwidth, GB/s
+    latency_s: float
+
+
+NO_LINK = Link("none", float("inf"), 0.0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    prefill_tok_s: float  # one prompt of ``prompt_tokens``
+    decode_tok_s: float  # one stream
+    throughput_tok_s: float  # generated tokens/s over all streams at the given concurrency
+    ttft_s: float
+    e2e_s: float  # one request: prompt_tokens in, gen_tokens out
+    batch: int  # streams per replica the KV cache holds at once (≤ concurrency share)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the cost model needs of a candidate: one replica's GPUs per stage, and the links."""
+
+    tp: int
+    pp: int
+    dp: int
+    stages: tuple[tuple[Gpu, ...], ...]  # one replica: pp stages of tp GPUs each
+    tp_link: Link
+    pp_link: Link  # the slowest hop between consecutive stages
+    kv_budget_bytes: float  # KV-cache memory of one replica, all its GPUs together
+
+
+# --------------------------------------------------------------------------------------- links
+
+
+def pcie_gbs(g: Gpu) -> float:
+    """Achieved PCIe rate of a card: the generation it can reach (idle cards drop to Gen1, so
+    the current generation misleads) at the width it negotiated (x8/x4 slots show there)."""
+    gen = g.pcie_gen_max or g.pcie_gen_cur or ASSUMED_PCIE_GEN
+    # Unknown width: the slow case (topology.assumption_notes says so in the plan), capped by max.
+    width = g.pcie_width_cur or min(g.pcie_width_max or ASSUMED_PCIE_WIDTH, ASSUMED_PCIE_WIDTH)
+    return hardware.PCIE_LANE_GBS.get(gen, 0.985) * width * hardware.PCIE_EFFICIENCY
+
+
+def link_between(topo: Topology, a: Gpu, b: Gpu) -> Link:
+    """Assumed (or, after `probe --measure`, measured) link between two GPUs of one machine."""
+    pair: Pair = topo.pair(a.index, b.index)
+    transport = pair_link(pair)
+    m = pair.measured
+    if transport == "nvlink":
+        per = hardware.gpu_model(a.name, a.cc).nvlink_gbs_per_link or 14.0625
+        gbs = max(pair.nvlinks, 1) * per * hardware.NVLINK_EFFICIENCY
+    elif transport == "p2p-pcie":
+        gbs = min(pcie_gbs(a), pcie_gbs(b))
+    else:
+        gbs = min(pcie_gbs(a), pcie_gbs(b)) * hardware.SHM_EFFICIENCY
+    if transport != "nvlink" and pair.common_ancestor in ("SYS", None):  # unknown: across sockets
+        gbs *= hardware.CROSS_SOCKET_FACTOR
+    if m is not None and m.allreduce_gbs:
+        gbs = m.allreduce_gbs  # what the all-reduce itself achieved: no factor needed
+    elif m is not None and m.bandwidth_gbs:
+        gbs = m.bandwidth_gbs if transport != "shm" else m.bandwidth_gbs * hardware.SHM_EFFICIENCY
+    latency = hardware.ALLREDUCE_LATENCY_S.get(transport, 12e-6)
+    if m is not None and m.latency_us:
+        latency = m.latency_us * 1e-6  # replayed from a CUDA graph, as vLLM runs it
+    return Link(transport, gbs, latency)
+
+
+def worst_link(links: Sequence[Link]) -> Link:
+    return min(links, key=lambda k: (k.gbs, -k.latency_s)) if links else NO_LINK
+
+
+def group_link(topo: Topology, gpus: Sequence[Gpu]) -> Link:
+    """A ring all-reduce goes as fast as its slowest pair."""
+    return worst_link([link_between(topo, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]])
+
+
+# ------------------------------------------------------------------------------ rates of a card
+
+
+# Each card's figures with what `probe --measure` timed on it (Gpu.perf) over the table's.
+
+
+def _mem_bytes_s(gpus: Sequence[Gpu]) -> float:
+    rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
+    return min(r.mem_bw_gbs for r in rows) * 1e9 * MEM_EFFICIENCY
+
+
+def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
+    return min(hardware.gpu_model(g.name, g.cc, g.perf).bf16_tflops for g in gpus) * 1e12 * mfu
+
+
+def _prefill_flops_s(gpus: Sequence[Gpu]) -> float:
+    """The slowest card's achieved prefill rate (its own measured or assumed MFU)."""
+    rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
+    return min(r.bf16_tflops * r.prefill_mfu for r in rows) * 1e12
+
+
+def experts_touched(m: ModelSpec, tokens: float) -> float:
+    """Expected distinct experts a layer routes ``tokens`` tokens to: E·(1 − (1 − k/E)^tokens)
+    for top-k of E experts chosen independently per token."""
+    e, k = m.num_experts, max(1, m.experts_per_token)
+    if not e:
+        return 0.0
+    untouched: float = (1.0 - min(k, e) / e) ** max(1.0, tokens)
+    return e * (1.0 - untouched)
+
+
+def streamed_weight_bytes(m: ModelSpec, tokens: float = 1.0) -> float:
+    """Bytes one forward pass of ``tokens`` tokens reads: every weight but the input embedding
+    table (one row per token is read), and of a mixture-of-experts only the experts routed to.
+    A batched step touches most experts (E·(1 − (1 − k/E)^B)), a single token only k."""
+    untied_embed = 0 if m.tied_embeddings else embedding_bytes(m)
+    dense = m.weight_bytes - untied_embed
+    if not m.num_experts:
+        return dense
+    if m.experts_per_token >= m.num_experts or m.params <= 0:
+        return dense  # every expert runs for every token: every weight is read
+    expert_share = (
+        (m.params - m.active_params) / m.params / (1 - m.experts_per_token / m.num_experts)
+    )
+    experts = dense * expert_share  # all experts' bytes
+    return dense - experts + experts * experts_touched(m, tokens) / m.num_experts
+
+
+def weight_stream_efficiency(m: ModelSpec, batch: float) -> float:
+    """Share of MEM_EFFICIENCY that weight streaming reaches. 4-bit weights (AWQ/GPTQ through
+    vLLM's Marlin/Machete kernels) dequantize in the GEMV: at batch 1 they stream at about half
+    the rate of the bf16 path (issue 14's H200 measurement of a 70B and a 32B AWQ model: decode
+    at half the bf16 roofline's prediction), approaching it as the batch fills the tensor cores
+    (assumed linear up to 16 sequences; many-stream throughput was within 25% there)."""
+    if m.quantization in ("awq", "gptq") or (m.quantization and m.weight_bits <= 4):
+        return QUANT_B1_EFFICIENCY + (1 - QUANT_B1_EFFICIENCY) * min(1.0, (batch - 1) / 15)
+    return 1.0
+
+
+def moe_layers(m: ModelSpec) -> int:
+    return m.num_layers if m.num_experts else 0
+
+
+# --------------------------------------------------------------------------------- step times
+
+
+def _allreduce_s(link: Link, n: int, nbytes: float) -> float:
+    if n <= 1:
+        return 0.0
+    return link.latency_s + 2 * (n - 1) / n * nbytes / (link.gbs * 1e9)
+
+
+def _hop_s(link: Link, nbytes: float) -> float:
+    return link.latency_s + nbytes / (link.gbs * 1e9)
+
+
+def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
+    # QK^T and PV: 2 matmuls × 2 FLOPs × heads·head_dim per (query, key) pair
+    return 4.0 * m.num_layers * m.num_heads * m.head_dim * new_tokens * context
+
+
+def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
+    """Time to prefill one prompt of ``tokens`` through one replica (no other load)."""
+    gpus = [g for stage in lay.stages for g in stage]
+    flops = 2.0 * m.active_params * tokens + _attention_flops(m, tokens, tokens) / 2  # causal
+    compute = flops / (lay.tp * _prefill_flops_s(gpus))
+    memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
+    act = tokens * m.hidden_size * ACT_BYTES
+    comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
+    hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
+    # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, the eager
+    # kernels' own cost) against the host's launching of it, whichever is longer
+    gpu_layer = (max(compute, memory) + comm) / m.num_layers + EAGER_LAYER_S
+    layer = max(gpu_layer, EAGER_HOST_LAYER_S) + (MOE_LAYER_PREFILL_S if m.num_experts else 0.0)
+    return m.num_layers * layer + hops + STEP_OVERHEAD_S
+
+
+def _kv_shards(m: ModelSpec, tp: int) -> int:
+    # Past tp = kv_heads, vLLM replicates KV heads: the cache stops shrinking per GPU.
+    return min(tp, m.num_kv_heads)
+
+
+def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
+    """One decode step that advances ``batch`` sequences of ``context`` tokens by one token."""
+    gpus = [g for stage in lay.stages for g in stage]
+    micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
+    share = stage_share(m, lay.pp)
+    w_stage = streamed_weight_bytes(m, micro) * share / lay.tp
+    w_stage /= weight_stream_efficiency(m, micro)
+    kv_stage = micro * m.kv_bytes(context) * share / _kv_shards(m, lay.tp)
+    memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
+    flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) * share / lay.tp
+    compute = flops / _flops_s(gpus, MFU_DECODE)
+    act = micro * m.hidden_size * ACT_BYTES
+    comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
+    moe = moe_layers(m) * share * MOE_LAYER_DECODE_S
+    stage = max(memory, compute) + comm + moe + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
+    # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
+    # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
+    return lay.pp * stage + STEP_OVERHEAD_S
+
+
+def predict(
+    m: ModelSpec,
+    lay: Layout,
+    *,
+    prompt: int,
+    gen: int,
+    concurrency: int,
+    max_num_seqs: int = 256,
+    batched_tokens: int = 8192,
+) -> Prediction:
+    """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen)."""
+    ttft = prefill_s(m, lay, prompt) + REQUEST_OVERHEAD_S
+    ctx_mid = prompt + gen // 2
+    tpot = decode_step_s(m, lay, 1, ctx_mid)
+    per_replica = max(1, -(-concurrency // lay.dp))
+    # (spec_from_config refuses a model that caches nothing per token: this never divides by 0)
+    fits = max(1, int(lay.kv_budget_bytes // m.kv_bytes(prompt + gen)))
+    batch = min(per_replica, fits, max_num_seqs)
+    # While ``batch`` requests run to completion the replica does their prefills and gen steps.
+    # The prompts of streams started together are prefilled together, ``batched_tokens`` per
+    # step (chunked prefill): a step's fixed per-layer costs and, for a mixture-of-experts, its
+    # read of (nearly) every expert are paid per chunk, not per prompt.
+    total = batch * prompt
+    chunks = -(-total // max(1, batched_tokens))
+    prefills = chunks * prefill_s(m, lay, -(-total // chunks))
+    cycle = prefills + gen * decode_step_s(m, lay, batch, ctx_mid)
+    busy = min(lay.dp, -(-concurrency // batch))  # fewer streams than replicas leave some idle
+    throughput = busy * batch * gen / cycle
+    return Prediction(
+        prefill_tok_s=prompt / ttft,
+        decode_tok_s=1.0 / tpot,
+        throughput_tok_s=throughput,
+        ttft_s=ttft,
+        e2e_s=ttft + (gen - 1) * tpot,
+        batch=batch,
+    )
+
+
+def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int) -> Prediction:
+    """The CPU engine, one replica: the same roofline with DRAM and AVX rates."""
+    flops_s = max(1, cores) * CPU_GFLOPS_PER_CORE * 1e9
+    mem_s = CPU_MEM_GBS * 1e9
+    weights = streamed_weight_bytes(m, 1)
+    over = CPU_STEP_OVERHEAD_S
+    ttft = max(2.0 * m.active_params * prompt / flops_s, weights / mem_s) + over
+    tpot = max(weights / mem_s, 2.0 * m.active_params / flops_s) + over
+    batch = max(1, concurrency)
+    step = max(weights / mem_s, batch * 2.0 * m.active_params / flops_s) + over
+    cycle = batch * ttft + gen * step
+    return Prediction(
+        prompt / ttft, 1 / tpot, batch * gen / cycle, ttft, ttft + (gen - 1) * tpot, batch
+    )

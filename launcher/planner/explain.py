@@ -1,0 +1,194 @@
+"""What the planner says: link settings with their reasons, descriptions, the no-fit error."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from launcher.errors import PlanError
+from launcher.model.modelspec import GIB, ModelSpec
+from launcher.planner import hardware, memfit, whatif
+from launcher.planner.layouts import Links
+from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Plan, Policy, gib, label
+from launcher.probe.topology import ANCESTOR_RANK, Topology
+
+Replan = Callable[[Topology, ModelSpec, Policy], Plan]
+
+
+# ------------------------------------------------------------------------------ the settings
+
+
+def _tp_pairs(topo: Topology, cand: Candidate) -> list[tuple[int, int]]:
+    """GPU pairs that share an all-reduce (same replica, same stage)."""
+    g, out = cand.gpus, []
+    for start in range(0, len(g), cand.tp):
+        grp = g[start : start + cand.tp]
+        out += [(a, b) for i, a in enumerate(grp) for b in grp[i + 1 :]]
+    return out
+
+
+def settings(topo: Topology, cand: Candidate) -> tuple[dict[str, str], tuple[str, ...], list[str]]:
+    """Environment and vLLM flags the chosen layout needs on these links, each with its reason."""
+    env: dict[str, str] = {}
+    flags: list[str] = []
+    why: list[str] = []
+    pairs = [topo.pair(a, b) for a, b in _tp_pairs(topo, cand)]
+    if cand.tp > 1 and cand.transport == "shm":
+        flags.append("--disable-custom-all-reduce")
+        why.append(
+            "--disable-custom-all-reduce: no P2P between the TP GPUs, and vLLM's custom "
+            "all-reduce needs CUDA IPC between them; NCCL goes through host memory (SHM)"
+        )
+    elif cand.tp > 2 and not all(p.nvlinks > 0 for p in pairs):
+        flags.append("--disable-custom-all-reduce")
+        why.append(
+            f"--disable-custom-all-reduce: TP={cand.tp} without NVLink between every pair; "
+            "vLLM's custom all-reduce only works there on full NVLink"
+        )
+    if cand.transport == "p2p-pcie" and pairs:
+        worst = max(
+            (p.common_ancestor or "SYS" for p in pairs), key=lambda a: ANCESTOR_RANK.get(a, 5)
+        )
+        if ANCESTOR_RANK.get(worst, 5) > ANCESTOR_RANK["PXB"]:
+            env["NCCL_P2P_LEVEL"] = worst
+            why.append(
+                f"NCCL_P2P_LEVEL={worst}: NVML grants P2P but the GPUs meet at {worst}, "
+                "past the PXB limit of NCCL's default (it would fall back to SHM)"
+            )
+        gpus = {g.index: g for g in topo.gpus}
+        if any(
+            hardware.gpu_model(gpus[i].name, gpus[i].cc).geforce for i in cand.gpus if i in gpus
+        ):
+            env["VLLM_SKIP_P2P_CHECK"] = "0"
+            why.append(
+                "VLLM_SKIP_P2P_CHECK=0: GeForce cards with P2P granted (patched driver): "
+                "let vLLM verify that peer copies really arrive before trusting them"
+            )
+    return env, tuple(flags), why
+
+
+# ------------------------------------------------------------------------------------ reasons
+
+
+def describe_topology(topo: Topology, links: Links, used: Sequence[int]) -> list[str]:
+    """The machine's GPUs and links; ``used``: the GPUs of the chosen plan."""
+    names: dict[str, int] = {}
+    for g in topo.gpus:
+        names[g.name] = names.get(g.name, 0) + 1
+    out = [
+        ", ".join(f"{n}× {name}" for name, n in names.items())
+        + " ("
+        + ", ".join(f"GPU{g.index} {gib(g.memory_bytes)} GiB" for g in topo.gpus)
+        + ")"
+    ]
+    for a, b in itertools.combinations(topo.gpus, 2):
+        link = links.between(a, b)
+        pair = topo.pair(a.index, b.index)
+        what = f"NV{pair.nvlinks}" if link.transport == "nvlink" else (pair.common_ancestor or "?")
+        out.append(
+            f"GPU{a.index}-GPU{b.index}: {link.transport} ({what}), ~{link.gbs:.1f} GB/s "
+            f"{'measured' if pair.measured and pair.measured.bandwidth_gbs else 'assumed'}"
+        )
+    if len({g.name for g in topo.gpus if g.index in used}) > 1:
+        out.append(
+            "mixed GPU models: every worker is sized to the smallest card's memory and runs "
+            "at the slowest card's speed"
+        )
+    unused = [g for g in topo.gpus if g.index not in used]
+    if unused:
+        why = []
+        if any(g.mig_enabled for g in unused):
+            why.append("a card in MIG mode is its slices to CUDA: turn MIG off to use it")
+        if any(not g.mig_enabled for g in unused):
+            why.append("the rejected layouts below say why")
+        left = ", ".join(f"GPU{g.index} ({g.name}{', in MIG mode' if g.mig_enabled else ''})"
+                         for g in unused)
+        out.append(f"not used by this plan: {left} ({'; '.join(why)})")
+    return out
+
+
+def describe_model(m: ModelSpec) -> str:
+    q = f"{m.quantization} {m.weight_bits:g}-bit" if m.quantization else m.dtype
+    window = (
+        f", {m.sliding_layers} sliding-window layers ({m.sliding_window} tokens)"
+        if m.sliding_layers
+        else ""
+    )
+    moe = (
+        f", {m.num_experts} experts (top {m.experts_per_token}), "
+        f"{m.active_params / 1e9:.1f}B active"
+        if m.num_experts
+        else ""
+    )
+    return (
+        f"{m.name}: {m.params / 1e9:.1f}B parameters{moe}, {gib(m.weight_bytes)} GiB of weights "
+        f"({q}), KV {m.kv_bytes(8192) / 8192 / 1024:.0f} KiB/token at 8k tokens{window}"
+    )
+
+
+def describe_choice(
+    c: Candidate, cands: Sequence[Candidate], workload: str, streams: int
+) -> list[str]:
+    assert c.predicted is not None
+    p = c.predicted
+    out = [
+        f"{label(c)} chosen for {workload} (concurrency {streams}): "
+        f"prefill {p.prefill_tok_s:.0f} tok/s, decode {p.decode_tok_s:.1f} tok/s, "
+        f"{p.e2e_s:.1f} s for 512→256, {p.throughput_tok_s:.0f} tok/s "
+        f"over {streams} stream(s)"
+    ]
+    for o in cands:
+        if o is c or o.predicted is None or o.scores is None:
+            continue
+        out.append(
+            f"  vs {label(o)}: interactive {o.scores.interactive:.2f}, throughput "
+            f"{o.scores.throughput:.2f} (prefill {o.predicted.prefill_tok_s:.0f}, decode "
+            f"{o.predicted.decode_tok_s:.1f}, {o.predicted.throughput_tok_s:.0f} tok/s)"
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------- no fit
+
+
+def no_fit(
+    topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate], replan: Replan
+) -> PlanError:
+    """GiB needed against GiB available, and what would fit, each with its context length."""
+    del replan  # the alternatives are sized with memfit directly
+    sized = [c for c in cands if c.budget_gib > 0]
+    if not sized:
+        why = "; ".join(sorted({c.rejected or "" for c in cands}))
+        return PlanError(f"{m.name}: no layout of it is valid on {len(topo.gpus)} GPU(s): {why}")
+    biggest = min(sized, key=lambda c: c.need_gib - c.budget_gib)
+    wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
+    n = len(biggest.gpus)
+    msg = (
+        f"{m.name} does not fit: {label(biggest)} needs {biggest.need_gib} GiB per GPU "
+        f"({gib(m.weight_bytes)} GiB of weights in all, KV for {wanted} tokens), "
+        f"has {biggest.budget_gib} GiB per GPU "
+        f"({n} × {biggest.budget_gib} = {n * biggest.budget_gib:.1f} GiB)"
+    )
+    util = biggest.gpu_memory_utilization
+    if util < policy.gpu_memory_utilization:
+        gpus = [g for g in topo.gpus if g.index in biggest.gpus]
+        msg += (
+            f", at --gpu-memory-utilization {util:g}: other processes hold "
+            f"{memfit.memory_in_use(gpus, policy.gpu_memory_utilization)}; with that freed, "
+            f"{policy.gpu_memory_utilization:g} would give "
+            f"{gib(min(g.memory_bytes for g in gpus) * policy.gpu_memory_utilization)} GiB per GPU"
+        )
+    fixes = whatif.say(
+        whatif.options(m, topo.gpus, biggest, util, wanted, policy.kv_cache_bytes), wanted)
+    rooms = []
+    for c in sized:
+        gpus = [g for g in topo.gpus if g.index in c.gpus]
+        f = memfit.fit(m, gpus, c.tp, c.pp, c.gpu_memory_utilization, policy.kv_cache_bytes,
+                       policy.cpu_offload_gib * GIB)
+        rooms.append((f.context if f.kv_budget > 0 else 0, c))
+    shorter, c = max(rooms, key=lambda rc: rc[0])
+    if shorter >= 256:
+        fixes.append(f"a shorter context, --max-model-len {shorter} ({label(c)})")
+    if not fixes:
+        return PlanError(msg + ". Nothing toposerve knows of would fit on these GPUs")
+    return PlanError(msg + ". Would fit: " + "; or ".join(fixes))

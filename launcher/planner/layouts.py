@@ -1,0 +1,246 @@
+"""Candidate search: every (TP, PP, DP) shape, the GPUs grouped for it, each one evaluated. Pure.
+
+Memory comes from :mod:`launcher.planner.memfit`, speed from :mod:`launcher.planner.costmodel`;
+this module only
+enumerates, groups and ranks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from launcher.model.modelspec import GIB, ModelSpec
+from launcher.planner import costmodel, hardware, memfit
+from launcher.planner.costmodel import Layout, Link, Prediction
+from launcher.planner.memfit import Fit
+from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Policy, gib, mode_name
+from launcher.probe.topology import Gpu, Topology
+
+# ---------------------------------------------------------------------------------- grouping
+
+
+class Links:
+    """Pairwise links computed once per plan() call."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self._cache: dict[tuple[int, int], Link] = {}
+
+    def between(self, a: Gpu, b: Gpu) -> Link:
+        key = (min(a.index, b.index), max(a.index, b.index))
+        if key not in self._cache:
+            self._cache[key] = costmodel.link_between(self.topo, a, b)
+        return self._cache[key]
+
+    def group(self, gpus: Sequence[Gpu]) -> Link:
+        return costmodel.worst_link(
+            [self.between(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+        )
+
+
+def _group_key(links: Links, gpus: Sequence[Gpu]) -> tuple[float, float, int]:
+    link = links.group(gpus)
+    speed = min(hardware.gpu_model(g.name, g.cc).mem_bw_gbs for g in gpus)
+    return (link.gbs, speed, -sum(g.index for g in gpus))
+
+
+def best_group(links: Links, pool: Sequence[Gpu], size: int) -> tuple[Gpu, ...]:
+    if size == 1:
+        return (
+            max(
+                pool,
+                key=lambda g: (
+                    hardware.gpu_model(g.name, g.cc).mem_bw_gbs,
+                    g.memory_bytes,
+                    -g.index,
+                ),
+            ),
+        )
+    return max(itertools.combinations(pool, size), key=lambda c: _group_key(links, c))
+
+
+def _split(links: Links, pool: Sequence[Gpu], parts: int, size: int) -> list[tuple[Gpu, ...]]:
+    """Greedy: the best-joined group of ``size`` first, then the best of what is left."""
+    rest, out = list(pool), []
+    for _ in range(parts):
+        grp = best_group(links, rest, size)
+        out.append(tuple(sorted(grp, key=lambda g: g.index)))
+        rest = [g for g in rest if g not in grp]
+    return out
+
+
+# ------------------------------------------------------------------------------- candidates
+
+
+@dataclass(frozen=True)
+class Shape:
+    tp: int
+    pp: int
+    dp: int
+
+
+def shapes(n: int, policy: Policy) -> list[Shape]:
+    out = []
+    for tp, pp, dp in itertools.product(range(1, n + 1), repeat=3):
+        if tp * pp * dp > n:
+            continue
+        if any(
+            f is not None and f != v
+            for f, v in ((policy.force_tp, tp), (policy.force_pp, pp), (policy.force_dp, dp))
+        ):
+            continue
+        out.append(Shape(tp, pp, dp))
+    return out
+
+
+def structural_reject(m: ModelSpec, s: Shape) -> str | None:
+    if m.num_heads % s.tp:
+        return f"TP={s.tp}: {m.num_heads} attention heads are not divisible by {s.tp}"
+    if m.num_kv_heads % s.tp and s.tp % m.num_kv_heads:
+        return (
+            f"TP={s.tp}: {m.num_kv_heads} KV heads can be neither split nor replicated over {s.tp}"
+        )
+    if s.pp > m.num_layers:
+        return f"PP={s.pp}: more stages than the {m.num_layers} layers"
+    return None
+
+
+def _layout(
+    links: Links,
+    groups: list[tuple[Gpu, ...]],
+    s: Shape,
+    m: ModelSpec,
+    f: Fit,
+    internode: Link | None,
+) -> Layout:
+    replica = groups[0]
+    stages = tuple(replica[i * s.tp : (i + 1) * s.tp] for i in range(s.pp))
+    tp_link = (
+        costmodel.worst_link([links.group(st) for st in stages]) if s.tp > 1 else costmodel.NO_LINK
+    )
+    hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(s.pp - 1)]
+    if internode is not None:
+        hops.append(internode)
+    pp_link = costmodel.worst_link(hops) if s.pp > 1 else costmodel.NO_LINK
+    return Layout(
+        tp=s.tp,
+        pp=s.pp,
+        dp=s.dp,
+        stages=stages,
+        tp_link=tp_link,
+        pp_link=pp_link,
+        kv_budget_bytes=f.kv_budget,
+    )
+
+
+def order_replica(links: Links, replica: Sequence[Gpu], tp: int, pp: int) -> tuple[Gpu, ...]:
+    """vLLM's rank = stage × tp + tp_rank: put the best-joined GPUs in the same TP group."""
+    if pp == 1 or tp == 1:
+        return tuple(sorted(replica, key=lambda g: g.index))
+    return tuple(g for grp in _split(links, replica, pp, tp) for g in grp)
+
+
+def best_candidate(
+    m: ModelSpec, policy: Policy, links: Links, pool: Sequence[Gpu], s: Shape
+) -> tuple[Candidate, Layout | None]:
+    k = s.tp * s.pp * s.dp
+    mode = mode_name(s.tp, s.pp, s.dp)
+    blank = Candidate(mode, s.tp, s.pp, s.dp, (), "none")
+    why = structural_reject(m, s)
+    if why:
+        return replace(blank, rejected=why), None
+    best: tuple[tuple[tuple[float, float], float], Candidate, Layout] | None = None
+    first_reject: Candidate | None = None
+    for subset in _subsets(pool, k):
+        groups = [
+            order_replica(links, g, s.tp, s.pp) for g in _split(links, subset, s.dp, s.tp * s.pp)
+        ]
+        cand, lay = evaluate(m, policy, links, groups, s, None)
+        if lay is None:
+            first_reject = first_reject or cand
+            continue
+        assert cand.predicted is not None
+        # equal speed: the GPUs with more room for KV (a desktop holding memory on one of them)
+        key = (rank_key(cand.predicted, policy.workload), lay.kv_budget_bytes)
+        if best is None or key > best[0]:
+            best = (key, cand, lay)
+    if best is None:
+        return (first_reject or replace(blank, rejected="no GPU set of this size")), None
+    return best[1], best[2]
+
+
+def _subsets(pool: Sequence[Gpu], k: int) -> list[tuple[Gpu, ...]]:
+    if len(pool) > 8:  # beyond one box, keep the first k in bus order
+        return [tuple(pool[:k])]
+    return list(itertools.combinations(pool, k))
+
+
+def evaluate(
+    m: ModelSpec,
+    policy: Policy,
+    links: Links,
+    groups: list[tuple[Gpu, ...]],
+    s: Shape,
+    internode: Link | None,
+) -> tuple[Candidate, Layout | None]:
+    used = [g for grp in groups for g in grp]
+    util = memfit.startable_utilization(used, policy.gpu_memory_utilization)
+    f = memfit.fit(m, used, s.tp, s.pp, util, policy.kv_cache_bytes,
+                   policy.cpu_offload_gib * GIB)
+    lay = _layout(links, groups, s, m, f, internode)
+    transport = (
+        lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
+    )
+    wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
+    need = memfit.need_per_gpu(f, m, s.tp, s.pp, wanted)
+    gpus = tuple(g.index for grp in groups for g in grp)
+    cand = Candidate(
+        mode_name(s.tp, s.pp, s.dp),
+        s.tp,
+        s.pp,
+        s.dp,
+        gpus,
+        transport,
+        need_gib=gib(need),
+        budget_gib=gib(f.budget),
+        gpu_memory_utilization=util,
+    )
+    if util <= 0:
+        return replace(
+            cand,
+            rejected="no room left by other processes: "
+            f"{memfit.memory_in_use(used, policy.gpu_memory_utilization)} in use",
+        ), None
+    if need > f.budget:
+        smallest = min(used, key=lambda g: g.memory_bytes)
+        held = (
+            f"; other processes hold {memfit.memory_in_use(used, policy.gpu_memory_utilization)}"
+            if util < policy.gpu_memory_utilization
+            else ""
+        )
+        return replace(
+            cand,
+            rejected=(
+                f"needs {gib(need)} GiB per GPU ({gib(f.weights)} weights + "
+                f"{gib(need - f.need_fixed)} KV for {wanted} tokens + "
+                f"{gib(f.overhead)} overhead), has {gib(f.budget)} GiB "
+                f"({util:g} × {gib(smallest.memory_bytes)} GiB of {smallest.name}{held})"
+            ),
+        ), None
+    pred = costmodel.predict(
+        m,
+        lay,
+        prompt=policy.prompt_tokens,
+        gen=policy.gen_tokens,
+        concurrency=policy.streams,
+        max_num_seqs=policy.max_num_seqs,
+        batched_tokens=f.limits.batched_tokens,
+    )
+    return replace(cand, predicted=pred, max_model_len=policy.max_model_len or f.context), lay
+
+
+def rank_key(p: Prediction, workload: str) -> tuple[float, float]:
+    inter, tput = -p.e2e_s, p.throughput_tok_s
+    return (inter, tput) if workload == "interactive" else (tput, inter)

@@ -1,0 +1,269 @@
+"""The planner: every layout of the model on these GPUs, sized, predicted and scored. Pure.
+
+``plan(topology, model, policy) -> Plan`` enumerates one GPU, tensor parallel (TP), pipeline
+parallel (PP, "layer split"), TP×PP and data-parallel replicas (DP), rejects what cannot run
+(with the reason), predicts each survivor with :mod:`launcher.planner.costmodel`, scores it for both
+workloads and keeps the best for the one asked. No NVML, environment, clock or logging here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from launcher.errors import PlanError
+from launcher.model.modelspec import GIB, ModelSpec
+from launcher.planner import costmodel, hardware, memfit, whatif
+from launcher.planner.explain import (
+    describe_choice,
+    describe_model,
+    describe_topology,
+    no_fit,
+    settings,
+)
+from launcher.planner.layouts import Links, Shape, best_candidate, shapes, structural_reject
+from launcher.planner.multinode import multinode_candidates, per_node_note
+from launcher.planner.plantypes import (
+    MIN_CONTEXT,
+    WORKLOADS,
+    Candidate,
+    Plan,
+    Policy,
+    Scores,
+    label,
+    mode_name,
+    shape_label,
+)
+from launcher.probe.topology import Topology
+
+__all__ = ["MIN_CONTEXT", "WORKLOADS", "Candidate", "Plan", "Policy", "Scores", "mode_name", "plan"]
+
+TIE = 0.03  # scores this close are a tie, broken by fewer GPUs, then the other workload
+
+
+def _with_scores(cands: Sequence[Candidate]) -> list[Candidate]:
+    ok = [c.predicted for c in cands if c.predicted is not None]
+    if not ok:
+        return list(cands)
+    best_e2e = min(p.e2e_s for p in ok)
+    best_tput = max(p.throughput_tok_s for p in ok)
+    return [
+        c
+        if c.predicted is None
+        else replace(
+            c,
+            scores=Scores(
+                interactive=round(best_e2e / c.predicted.e2e_s, 3),
+                throughput=round(c.predicted.throughput_tok_s / best_tput, 3),
+            ),
+        )
+        for c in cands
+    ]
+
+
+def _choose(cands: Sequence[Candidate], workload: str) -> Candidate:
+    ok = [c for c in cands if c.scores is not None]
+    first, second = (
+        ("interactive", "throughput")
+        if workload == "interactive"
+        else ("throughput", "interactive")
+    )
+
+    def score(c: Candidate, w: str) -> float:
+        assert c.scores is not None
+        return float(getattr(c.scores, w))
+
+    top = max(score(c, first) for c in ok)
+    close = [c for c in ok if score(c, first) >= top - TIE]
+    return max(close, key=lambda c: (-len(c.gpus), score(c, second), score(c, first)))
+
+
+# ------------------------------------------------------------------------------------- plan()
+
+
+def _check_policy(m: ModelSpec, policy: Policy) -> None:
+    if policy.workload not in WORKLOADS:
+        raise PlanError(f"unknown workload {policy.workload!r}; use one of {', '.join(WORKLOADS)}")
+    if not 0.05 <= policy.gpu_memory_utilization <= 1.0:
+        raise PlanError("--gpu-memory-utilization must lie between 0.05 and 1.0")
+    if policy.max_model_len and policy.max_model_len > m.max_position_embeddings:
+        raise PlanError(
+            f"--max-model-len {policy.max_model_len} exceeds {m.name}'s "
+            f"max_position_embeddings {m.max_position_embeddings}; ask for at most that"
+        )
+
+
+def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
+    pred = costmodel.predict_cpu(
+        m,
+        policy.cpu_cores,
+        prompt=policy.prompt_tokens,
+        gen=policy.gen_tokens,
+        concurrency=policy.streams,
+    )
+    context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
+    # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
+    # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
+    tp, pp = policy.force_tp or 1, policy.force_pp or 1
+    why = structural_reject(m, Shape(tp, pp, 1))
+    if why:
+        raise PlanError(f"{why}; ask for a split the model allows")
+    split = [
+        f"TP={tp} PP={pp} as asked: {tp * pp} CPU worker processes; the prediction is "
+        "for one worker (the split is not modelled on the CPU)"
+    ] if tp * pp > 1 else []
+    cand = Candidate(
+        mode_name(tp, pp, 1),
+        tp,
+        pp,
+        1,
+        (),
+        "none",
+        predicted=pred,
+        scores=Scores(1.0, 1.0),
+        max_model_len=context,
+    )
+    reasons = (
+        "no GPU found: CPU engine, 1 replica",
+        *topo.notes,
+        describe_model(m),
+        f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} GB/s "
+        f"of DRAM bandwidth: prefill {pred.prefill_tok_s:.0f} tok/s, "
+        f"decode {pred.decode_tok_s:.1f} tok/s",
+        *split,
+    )
+    return Plan(
+        mode=mode_name(tp, pp, 1),
+        tp=tp,
+        pp=pp,
+        dp=1,
+        gpus=(),
+        engine="cpu",
+        transport="none",
+        predicted=pred,
+        reasons=reasons,
+        candidates=(cand,),
+        max_model_len=context,
+        model=m.name,
+        family=m.family,
+        workload=policy.workload,
+        gpu_memory_utilization=policy.gpu_memory_utilization,
+    )
+
+
+def _user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
+    """What the user's own vLLM flags changed in the sizing, said as such."""
+    out = []
+    if policy.fp8_weights and m.quantization == "fp8":
+        out.append(f"--quantization fp8 (your vLLM flag): weights quantized to FP8 at load, "
+                   f"{m.weight_bytes / GIB:.1f} GiB")
+    if policy.kv_cache_bytes == 1:
+        out.append("--kv-cache-dtype fp8 (your vLLM flag): one byte per KV element, twice the "
+                   "context in the same memory")
+    if policy.cpu_offload_gib:
+        out.append(f"--cpu-offload-gb {policy.cpu_offload_gib:g} (your vLLM flag): that much "
+                   "of each GPU's weights stays in CPU memory and crosses PCIe at every step; "
+                   "the speeds above do not include that")
+    return out
+
+
+def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> Plan:
+    """The best layout of ``model`` on ``topology`` for ``policy``, with every candidate and reason.
+
+    Raises PlanError (with GiB needed against GiB available and what would fit) when none fits.
+    """
+    policy = policy or Policy()
+    _check_policy(model, policy)
+    if policy.fp8_weights and model.weight_bits > 8 and topology.gpus:
+        # vLLM's --quantization fp8 quantizes a 16-bit checkpoint's linear layers at load
+        model = replace(whatif.variant(model, 8.0), quantization="fp8")
+    if not topology.gpus:
+        if policy.nodes > 1:
+            raise PlanError(
+                "multi-node planning needs one node's GPUs: pass --topology FILE saved "
+                "with `launcher probe --save FILE` on a node"
+            )
+        return _cpu_plan(model, policy, topology)
+    # A card in MIG mode is its slices to CUDA, and NCCL joins none: vLLM cannot use it whole.
+    usable = [g for g in topology.gpus if not g.mig_enabled]
+    if not usable:
+        raise PlanError(
+            "every GPU is in MIG mode, which vLLM cannot split a model over: turn MIG off "
+            "(`sudo nvidia-smi -i 0 -mig 0`, for each GPU, then reset it) or serve one MIG slice "
+            "by hand (CUDA_VISIBLE_DEVICES=MIG-<uuid>)"
+        )
+    links = Links(topology)
+    if policy.nodes > 1:
+        cands = multinode_candidates(topology, model, policy, links)
+    else:
+        cands = [
+            best_candidate(model, policy, links, usable, s)[0]
+            for s in shapes(len(usable), policy)
+        ]
+    cands = _with_scores(cands)
+    if not any(c.predicted for c in cands):
+        raise no_fit(topology, model, policy, cands, plan)
+    chosen = _choose(cands, policy.workload)
+    env, flags, why = settings(topology, chosen)
+    why += _user_memory_flags(policy, model)
+    if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
+        chosen_gpus = [g for g in topology.gpus if g.index in chosen.gpus]
+        why.append(
+            f"--gpu-memory-utilization {chosen.gpu_memory_utilization:g} instead of "
+            f"{policy.gpu_memory_utilization:g}: other processes hold "
+            f"{memfit.memory_in_use(chosen_gpus, policy.gpu_memory_utilization)} (a desktop, "
+            "another engine?), and vLLM starts only if that share of each GPU is free; "
+            "free them to get the rest"
+        )
+    if policy.nodes > 1:
+        flags = (*flags, "--distributed-executor-backend", "ray")
+        why.append(
+            f"{policy.nodes} nodes: TP={chosen.tp} inside each node, PP={chosen.pp} stages, "
+            f"{policy.nodes - 1} of the hops over the network (~{policy.internode_gbs:.0f} GB/s "
+            "assumed); vLLM runs on a Ray cluster (--distributed-executor-backend ray)"
+        )
+        why += per_node_note(topology, model, policy, plan)
+    rejected = [
+        f"rejected {label(c) if c.gpus else shape_label(c)}: {c.rejected}"
+        for c in cands
+        if c.rejected
+    ]
+    assert chosen.predicted is not None
+    assert chosen.max_model_len is not None
+    reasons = (
+        *describe_topology(topology, links, chosen.gpus),
+        *topology.notes,
+        describe_model(model),
+        *describe_choice(chosen, cands, policy.workload, policy.streams),
+        *why,
+        *rejected,
+        f"max_model_len {chosen.max_model_len}: "
+        + (
+            "asked for"
+            if policy.max_model_len
+            else "the model's own limit, which the KV cache holds"
+            if chosen.max_model_len >= model.max_position_embeddings
+            else "the longest context the estimated KV cache holds, less a "
+            f"{memfit.CONTEXT_MARGIN:.0%} margin (vLLM's own sizing may differ by a few percent)"
+        ),
+    )
+    return Plan(
+        mode=chosen.mode,
+        tp=chosen.tp,
+        pp=chosen.pp,
+        dp=chosen.dp,
+        gpus=chosen.gpus,
+        engine="gpu",
+        transport=chosen.transport,
+        predicted=chosen.predicted,
+        reasons=reasons,
+        candidates=tuple(cands),
+        max_model_len=chosen.max_model_len,
+        model=model.name,
+        family=model.family,
+        workload=policy.workload,
+        gpu_memory_utilization=chosen.gpu_memory_utilization,
+        nodes=policy.nodes,
+        env=env,
+        flags=flags,
+    )

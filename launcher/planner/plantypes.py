@@ -1,0 +1,123 @@
+"""The planner's values: the policy asked for, candidates, the plan. Frozen, no logic."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from launcher.model.modelspec import GIB
+from launcher.planner import hardware
+from launcher.planner.costmodel import Prediction
+
+WORKLOADS = ("interactive", "throughput")
+MIN_CONTEXT = 4096  # below this a coding agent cannot work; shorter only when asked for
+
+
+# What the CPU engine's KV cache is given unless the user sets VLLM_CPU_KVCACHE_SPACE: vLLM's
+# CPU backend otherwise reserves --gpu-memory-utilization of host memory, which fails on a
+# shared machine.
+CPU_KV_CACHE_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    workload: str = "interactive"
+    concurrency: int | None = None  # streams to expect; default 1 (interactive) / 32 (throughput)
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    force_tp: int | None = None
+    force_pp: int | None = None
+    force_dp: int | None = None
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    prompt_tokens: int = 512
+    gen_tokens: int = 256
+    max_num_seqs: int = 256
+    internode_gbs: float = hardware.DEFAULT_INTERNODE_GBS
+    cpu_cores: int = 4  # CPU engine only
+    # CPU engine only: the KV cache it is given (render sets VLLM_CPU_KVCACHE_SPACE to it)
+    cpu_kv_cache_gib: float = CPU_KV_CACHE_GIB
+    # vLLM flags among the user's own (after --) that change what fits: the planner sizes with
+    # them instead of refusing what they make fit
+    kv_cache_bytes: int = 2  # --kv-cache-dtype fp8*: 1
+    fp8_weights: bool = False  # --quantization fp8 on a 16-bit checkpoint: quantized at load
+    cpu_offload_gib: float = 0.0  # --cpu-offload-gb: weights per GPU kept in CPU memory
+
+    @property
+    def streams(self) -> int:
+        if self.concurrency is not None:
+            return max(1, self.concurrency)
+        return 1 if self.workload == "interactive" else 32
+
+
+@dataclass(frozen=True)
+class Scores:
+    interactive: float  # 1.0 = the fastest end-to-end single request among the candidates
+    throughput: float  # 1.0 = the highest aggregate tok/s at the policy's concurrency
+
+
+@dataclass(frozen=True)
+class Candidate:
+    mode: str
+    tp: int
+    pp: int
+    dp: int
+    gpus: tuple[int, ...]  # ordered as vLLM ranks them: replica, then stage, then TP rank
+    transport: str
+    predicted: Prediction | None = None
+    rejected: str | None = None
+    scores: Scores | None = None
+    max_model_len: int | None = None
+    need_gib: float = 0.0  # per GPU, with the context asked for (or the minimum)
+    budget_gib: float = 0.0  # per GPU, smallest card × gpu_memory_utilization
+    # what vLLM is started with on these GPUs: the asked one, or lower where other processes
+    # hold memory (memfit.startable_utilization)
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str  # 'single' | 'tp' | 'pp' | 'tp+pp' | 'dp'
+    tp: int
+    pp: int
+    dp: int
+    gpus: tuple[int, ...]
+    engine: str  # 'gpu' | 'cpu'
+    transport: str  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net' | 'none'
+    predicted: Prediction
+    reasons: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    max_model_len: int
+    model: str
+    family: str
+    workload: str
+    gpu_memory_utilization: float = 0.9
+    nodes: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()  # vLLM flags the layout needs (--disable-custom-all-reduce, ...)
+
+
+def mode_name(tp: int, pp: int, dp: int) -> str:
+    if dp > 1:
+        return "dp"
+    return {(1, 1): "single"}.get((tp, pp)) or ("tp" if pp == 1 else "pp" if tp == 1 else "tp+pp")
+
+
+def gib(n: float) -> float:
+    return round(n / GIB, 1)
+
+
+def shape_label(c: Candidate) -> str:
+    return f"{c.mode} TP={c.tp} PP={c.pp} DP={c.dp}"
+
+
+def label(c: Candidate) -> str:
+    parts = [f"TP={c.tp}"] if c.tp > 1 else []
+    parts += [f"PP={c.pp}"] if c.pp > 1 else []
+    parts += [f"DP={c.dp}"] if c.dp > 1 else []
+    gpus = ",".join(str(g) for g in c.gpus)
+    return (
+        f"{' '.join(parts) or 'one GPU'} [GPU {gpus}] over {c.transport}"
+        if c.tp * c.pp > 1
+        else f"{' '.join(parts) or 'one GPU'} [GPU {gpus}]"
+    )

@@ -1,0 +1,177 @@
+"""What one GPU achieves at an LLM's matmul shapes, as `probe --measure` timed it. Pure.
+
+Two figures, each the rate the cost model would otherwise take from the datasheet table times an
+assumed efficiency (launcher/planner/hardware.py):
+
+- ``prefill_tflops``: achieved BF16 TFLOP/s of the GEMMs a 512-token prefill of a 7-70B model
+  runs (``[512 x h] x [h x h]``, ``[512 x h] x [h x 4h]``, ``[512 x 4h] x [4h x h]`` for hidden
+  sizes 4096, 5120 and 8192): total FLOPs over total time, so the big shapes weigh as they do in
+  a real prefill;
+- ``decode_gbs``: achieved GB/s of decode-step GEMMs (``[b x h] x [h x 4h]``, b = 1, 8, 32) that
+  read weights far larger than any L2 cache: bytes moved (weights + activations) over time. At
+  these batch sizes a step is bound by reading the weights, which is what decode costs.
+
+The shapes, the arithmetic (:func:`gemm_flops`, :func:`gemm_bytes`, :func:`summarize`) and the
+JSON reader live here; :mod:`launcher.probe.measure` runs the timing with torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFILL_TOKENS = 512
+HIDDEN_SIZES = (4096, 5120, 8192)  # Llama-3-8B / Mistral-7B, Qwen2.5-32B / 13B, Llama-3-70B
+DECODE_BATCHES = (1, 8, 32)
+DTYPE_BYTES = 2  # bf16
+
+# A shape: (kind, m, k, n) for an [m x k] x [k x n] matmul.
+Shape = tuple[str, int, int, int]
+
+
+def prefill_shapes(hidden: int, tokens: int = PREFILL_TOKENS) -> list[Shape]:
+    return [("prefill", tokens, hidden, hidden), ("prefill", tokens, hidden, 4 * hidden),
+            ("prefill", tokens, 4 * hidden, hidden)]
+
+
+def decode_shapes(hidden: int, batches: Sequence[int] = DECODE_BATCHES) -> list[Shape]:
+    return [("decode", b, hidden, 4 * hidden) for b in batches]
+
+
+def default_shapes() -> list[Shape]:
+    return [s for h in HIDDEN_SIZES for s in (*prefill_shapes(h), *decode_shapes(h))]
+
+
+def gemm_flops(m: int, k: int, n: int) -> float:
+    return 2.0 * m * k * n
+
+
+def gemm_bytes(m: int, k: int, n: int, dtype_bytes: int = DTYPE_BYTES) -> float:
+    """Bytes one matmul must move at least: the weights, the input and the output."""
+    return float(dtype_bytes) * (k * n + m * k + m * n)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """``reps`` back-to-back matmuls of one shape, ``seconds`` for all of them."""
+
+    kind: str  # 'prefill' | 'decode'
+    m: int
+    k: int
+    n: int
+    reps: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class GpuPerf:
+    prefill_tflops: float | None = None
+    decode_gbs: float | None = None
+    device: str | None = None  # what torch called it ("NVIDIA GeForce RTX 4090", "cpu")
+    method: str | None = None  # how it was measured, for the record
+    # every shape timed, for the record (the planner reads only the two figures)
+    samples: tuple[Sample, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def any(self) -> bool:
+        return self.prefill_tflops is not None or self.decode_gbs is not None
+
+    def describe(self) -> str:
+        parts = []
+        if self.prefill_tflops is not None:
+            parts.append(f"{self.prefill_tflops:,.1f} TFLOP/s at 512-token prefill GEMMs")
+        if self.decode_gbs is not None:
+            parts.append(f"{self.decode_gbs:,.0f} GB/s at decode GEMMs")
+        return ", ".join(parts) or "nothing measured"
+
+
+def summarize(samples: Sequence[Sample], device: str | None = None,
+              method: str | None = None) -> GpuPerf:
+    """Total FLOPs (prefill) or bytes (decode) over total time, per kind."""
+
+    def rate(kind: str, work: Any, scale: float) -> float | None:
+        chosen = [s for s in samples if s.kind == kind and s.seconds > 0 and s.reps > 0]
+        seconds = math.fsum(s.seconds for s in chosen)
+        if not chosen or seconds <= 0:
+            return None
+        return math.fsum(work(s.m, s.k, s.n) * s.reps for s in chosen) / seconds / scale
+
+    return GpuPerf(rate("prefill", gemm_flops, 1e12), rate("decode", gemm_bytes, 1e9),
+                   device, method, tuple(samples))
+
+
+# ------------------------------------------------------------------------------------- JSON
+
+_FIELDS = ("prefill_tflops", "decode_gbs", "device", "method", "samples")
+# Beyond any GPU made or planned (B200: ~2.3 PFLOP/s dense BF16, 8 TB/s): a larger figure is a
+# broken measurement, not a fast card.
+_MAX_TFLOPS = 1e5
+_MAX_GBS = 1e6
+
+
+def perf_to_json(perf: GpuPerf | None) -> dict[str, Any] | None:
+    if perf is None:
+        return None
+    data: dict[str, Any] = {"prefill_tflops": perf.prefill_tflops, "decode_gbs": perf.decode_gbs,
+                            "device": perf.device, "method": perf.method}
+    if perf.samples:
+        data["samples"] = [vars(s) for s in perf.samples]
+    return data
+
+
+def _samples(raw: Any) -> tuple[tuple[Sample, ...], int]:
+    """The readable samples, and how many entries were not."""
+    if not isinstance(raw, list):
+        return (), 0 if raw is None else 1
+    good = []
+    for item in raw:
+        try:
+            m, k, n, reps = (int(item[key]) for key in ("m", "k", "n", "reps"))
+            s = Sample(str(item["kind"]), m, k, n, reps, float(item["seconds"]))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            continue
+        if s.kind in ("prefill", "decode") and min(s.m, s.k, s.n, s.reps) > 0 and s.seconds > 0:
+            good.append(s)
+    return tuple(good), len(raw) - len(good)
+
+
+def _rate(raw: Any, hi: float) -> float | None:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None
+    value = float(raw)
+    return value if math.isfinite(value) and 0 < value <= hi else None
+
+
+def perf_from_json(raw: Any) -> tuple[GpuPerf | None, list[str]]:
+    """A saved GPU's measured figures, and what was ignored and why (total: never raises).
+
+    Absent or null: nothing measured, nothing said. A figure that is not a positive number in
+    range is ignored (the datasheet is used for it); unknown keys are ignored and named.
+    """
+    if raw is None:
+        return None, []
+    if not isinstance(raw, Mapping):
+        return None, [f"measured GPU figures ignored (not an object: {type(raw).__name__})"]
+    reasons = []
+    unknown = sorted(repr(k)[:30] for k in raw if k not in _FIELDS)  # repr: one line
+    if unknown:
+        reasons.append(f"unknown measured field(s) ignored: {', '.join(unknown)[:80]}")
+    figures: dict[str, float | None] = {}
+    for key, hi, unit in (("prefill_tflops", _MAX_TFLOPS, "TFLOP/s"),
+                          ("decode_gbs", _MAX_GBS, "GB/s")):
+        value = raw.get(key)
+        figures[key] = _rate(value, hi)
+        if figures[key] is None and value is not None:
+            text = repr(value)
+            reasons.append(f"measured {key} {text[:30]} ignored (not a {unit} figure in "
+                           f"(0, {hi:g}]); the datasheet figure is used")
+    device, method = raw.get("device"), raw.get("method")
+    samples, bad = _samples(raw.get("samples"))
+    if bad:
+        reasons.append(f"{bad} unreadable measured sample(s) ignored (a record only)")
+    perf = GpuPerf(figures["prefill_tflops"], figures["decode_gbs"],
+                   device if isinstance(device, str) else None,
+                   method if isinstance(method, str) else None, samples)
+    return (perf if perf.any else None), reasons

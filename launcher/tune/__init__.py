@@ -1,0 +1,1 @@
+"""`launcher tune`: candidates measured with loadgen, scored with confidence intervals."""
