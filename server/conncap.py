@@ -29,22 +29,30 @@ from server.errors import error_body
 log = logging.getLogger("toposerve")
 LINGER_S = 1.0  # a refused client's bytes are read and dropped this long, so the 503 arrives
 LINGER_BYTES = 64 * 1024
+DESCRIPTORS_WANTED = 65536
 LOG_EVERY_S = 10.0  # refusals are logged at most this often (a flood must not flood the log)
 _MESSAGE = ("the proxy has its maximum of open connections, all busy: retry shortly, reuse a "
             "keep-alive connection, or start the proxy with a larger --max-connections")
 
 
 def default_limit() -> int:
-    """Half the process's descriptor limit: the other half is for the engine connections (one
-    per request in flight) and the proxy's own files."""
+    """Half the descriptors the process may open (the other half is for the engine
+    connections, one per request in flight, and the proxy's own files), after raising its soft
+    limit toward the hard one, to 65536 at most, as vLLM does at its start: a soft limit of
+    1024 would otherwise cap a proxy that may hold 1024 requests in flight at 480."""
     try:
         import resource
 
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(
+            hard, DESCRIPTORS_WANTED)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX, or refused
         return 512
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return 65536
+    if soft == resource.RLIM_INFINITY:
+        return DESCRIPTORS_WANTED // 2
     return max(8, (soft - 64) // 2)
 
 

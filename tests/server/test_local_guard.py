@@ -5,16 +5,27 @@ credentials, credentials in --upstream, media URLs pointing inside, and connecti
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.server.conftest import REPO, ProxyProc, SpawnProxy, run_proxy, sim_stats, wait_for
+from simengine.engine import stop_process
+from tests.server.conftest import (
+    REPO,
+    ProxyProc,
+    SpawnProxy,
+    free_port,
+    run_proxy,
+    sim_stats,
+    wait_for,
+)
 from tests.server.hostile import connect, read_reply
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -349,3 +360,38 @@ def test_kept_alive_connections_on_uvicorns_routes_are_idle_too(
     finally:
         for s in kept:
             s.close()
+
+
+def _few_descriptors() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_the_issues_flood_300_idle_connections_with_256_descriptors_locks_no_client_out(
+        sim_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    log = (tmp_path / "proxy.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--upstream", sim_url, "--port", str(port)],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_few_descriptors)
+    url = f"http://127.0.0.1:{port}"
+    flood: list[socket.socket] = []
+    try:
+        assert wait_for(lambda: _answers(url), timeout=30), (tmp_path / "proxy.log").read_text()
+        flood = idle_sockets(url, 300)  # the kernel takes them all (listen backlog)
+        started = time.monotonic()
+        status, _, _ = raw(url, "POST", "/v1/chat/completions", [("host", "127.0.0.1")],
+                           json.dumps(CHAT).encode())
+        assert status == 200
+        assert time.monotonic() - started < 10  # not after the 15 s header timeout
+    finally:
+        for s in flood:
+            s.close()
+        stop_process(proc, 15)
+        log.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return raw(url, "GET", "/health", [("host", "127.0.0.1")])[0] == 200
+    except OSError:
+        return False
