@@ -220,9 +220,10 @@ def origin_allowed(pol: GuardPolicy, value: bytes, host: bytes | None) -> bool:
 
 
 def may_name_media(body: bytes) -> bool:
-    """Whether ``body`` may hold a ``url`` or ``*_url`` key: its bytes end such a key, or it
-    escapes characters (a key could be spelled ``"image_\\u0075rl"``)."""
-    return b'url"' in body or b"\\u" in body
+    """Whether ``body`` may hold a ``url`` or ``*_url`` key: its bytes end such a key, it
+    escapes characters (a key could be spelled ``"image_\\u0075rl"``), or it holds NULs (JSON
+    in UTF-16 or UTF-32, which json.loads, and so vLLM, reads too)."""
+    return b'url"' in body or b"\\u" in body or b"\x00" in body
 
 
 def media_refusal(obj: Any) -> Refusal | None:

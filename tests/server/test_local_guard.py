@@ -276,6 +276,16 @@ def test_media_urls_pointing_inside_are_refused_on_every_route(
     assert generations(sim_url) == 0
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32-le", "utf-8-sig"])
+def test_a_media_url_inside_a_body_in_another_json_encoding_is_refused(
+        proxy: ProxyProc, sim_url: str, encoding: str) -> None:
+    data = json.dumps(chat_with_image("http://127.0.0.1/")).encode(encoding)
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        status, _, _ = raw(proxy.url, "POST", path, [("host", "127.0.0.1")], data)
+        assert status == 400
+    assert generations(sim_url) == 0
+
+
 def test_public_and_data_media_pass_and_the_option_lets_inside_ones_through(
         spawn_proxy: SpawnProxy, proxy: ProxyProc, sim_url: str) -> None:
     for url in ("https://example.com/cat.png", "data:image/png;base64,iVBORw0KGgo="):
