@@ -1,0 +1,178 @@
+"""Predictions from a measured kernel table: a model's step shape, its step cost, and the
+scheduler simulation over the requested workload. Pure.
+
+:func:`step_shape` says which operations one TP rank of a model runs (what `probe --measure
+--model` times); :func:`step_cost` turns the timed table into a
+:class:`~launcher.planner.schedsim.TableStepCost`: per decoder layer the linear layers, two
+norms, the rotary products and the activation (or the routed experts) at each timed token count,
+times the layers, plus two all-reduces a layer under TP over the group's link; attention per
+(query, key) pair of a prompt chunk and per cached token a decoder reads; the LM head and
+sampler per sampled row; and the engine's own fixed cost of a step, measured where the table has
+it, else the cost model's assumption (said in ``sources``). :func:`predict` then runs
+:mod:`launcher.planner.schedsim` for one prompt (prefill, time to first token), one stream
+(decode) and ``concurrency`` streams (throughput, TTFT and TPOT percentiles).
+
+Approximations, each stated: latent attention's projections are taken at the per-head sizes
+(vLLM runs q_a/q_b/kv_a/kv_b), shared experts are not timed, a sliding-window layer's decode
+attention is timed at its window and counted per context token like a full one, and
+pipeline parallelism is left to the roofline (the planner uses this only for ``pp == 1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.model.modelspec import ModelSpec
+from launcher.planner.schedsim import SchedulerLimits, SimResult, TableStepCost, Workload, simulate
+from launcher.probe.kernels import (
+    DECODE_BATCH,
+    Attention,
+    KernelTable,
+    KernelTime,
+    Linear,
+    Moe,
+    StepShape,
+)
+
+ACT_BYTES = 2
+
+
+def _bits(m: ModelSpec) -> int:
+    if m.quantization in ("awq", "gptq") or (m.quantization and m.weight_bits <= 4):
+        return 4
+    if m.quantization and m.weight_bits <= 8:
+        return 8
+    return 16
+
+
+def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
+    """The operations one TP rank runs for one forward step of ``m``."""
+    h, d, bits = m.hidden_size, m.head_dim, _bits(m)
+    heads = max(1, m.num_heads // tp)
+    kv = max(1, m.num_kv_heads // tp)  # past tp = kv heads vLLM replicates them
+    linears = [Linear("qkv", h, (heads + 2 * kv) * d, bits), Linear("o", heads * d, h, bits)]
+    moe = None
+    if m.num_experts:
+        inter = max(1, (m.moe_intermediate_size or m.intermediate_size) // tp)
+        moe = Moe(m.num_layers, m.num_experts, max(1, min(m.experts_per_token, m.num_experts)),
+                  inter)
+    else:
+        inter = max(1, m.intermediate_size // tp)
+        linears += [Linear("gate_up", h, 2 * inter, bits), Linear("down", inter, h, bits)]
+    attention = tuple(
+        Attention(g.layers, heads, 1 if g.latent else max(1, g.kv_heads // tp), g.head_dim,
+                  g.window, g.latent)
+        for g in m.kv_groups if g.layers
+    ) or (Attention(m.num_layers, heads, kv, d),)
+    dtype = m.dtype if m.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
+    return StepShape(m.name, m.num_layers, h, max(1, m.vocab_size // tp), tuple(linears),
+                     attention, moe, dtype)
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """The TP group's all-reduce: ``ranks`` GPUs, ``latency_s`` + bytes at ``bytes_s``."""
+
+    ranks: int = 1
+    latency_s: float = 0.0
+    bytes_s: float = float("inf")
+
+    def seconds(self, nbytes: float) -> float:
+        if self.ranks <= 1:
+            return 0.0
+        return self.latency_s + 2 * (self.ranks - 1) / self.ranks * nbytes / self.bytes_s
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    cost: TableStepCost
+    sources: tuple[str, ...]  # what was measured, what assumed: for the plan's reasons
+
+
+def _at(points: list[KernelTime], tokens: int) -> float:
+    """Time at ``tokens`` from the timed points (linear between them, in proportion past)."""
+    if not points:
+        return 0.0
+    cost = TableStepCost(tuple(p.tokens for p in points), tuple(p.seconds for p in points))
+    return cost.forward(tokens)
+
+
+def step_cost(
+    table: KernelTable,
+    *,
+    allreduce: AllReduce = AllReduce(),
+    assumed_step_overhead_s: float,
+    max_graph_tokens: int = 512,
+) -> KernelCost:
+    """The step cost the table gives, with the engine's step overhead measured or assumed."""
+    s = table.shape
+    ladder = sorted({t.tokens for t in table.times if t.op == "norm"})
+    if not ladder:
+        raise ValueError("the kernel table holds no per-token operations")
+    layer_ops = [f"linear:{lin.name}" for lin in s.linears] + ["norm", "norm", "rope", "act"]
+    eager = any(t.op.startswith("eager:") for t in table.times)
+
+    def forward_at(n: int, prefix: str) -> float:
+        layer = sum(_at(table.lookup(prefix + op), n) for op in layer_ops)
+        moe = _at(table.lookup(prefix + "moe"), n) * (s.moe.layers if s.moe else 0)
+        comm = 2 * s.layers * allreduce.seconds(n * s.hidden * ACT_BYTES)
+        return s.layers * layer + moe + comm
+
+    forward = [forward_at(n, "") for n in ladder]
+    eager_forward = [forward_at(n, "eager:") for n in ladder] if eager else []
+    pair = token = 0.0
+    for g, a in enumerate(s.attention):
+        pre = table.lookup("attn:prefill", g)
+        if pre:
+            big = pre[-1]
+            pair += a.layers * big.seconds / (big.context * (big.context + 1) / 2)
+        dec = sorted(table.lookup("attn:decode", g), key=lambda t: t.context)
+        if dec:
+            token += a.layers * dec[-1].seconds / (DECODE_BATCH * dec[-1].context)
+    head = table.lookup("head")
+    per_row = fixed_head = 0.0
+    if len(head) >= 2:
+        rows = head[-1].tokens - head[0].tokens
+        per_row = max(0.0, (head[-1].seconds - head[0].seconds) / rows)
+        fixed_head = max(0.0, head[0].seconds - per_row * head[0].tokens)
+    elif head:
+        per_row = head[0].seconds
+    sources = [f"kernels measured {table.measured_at} ({table.method}) on {table.key.device}"]
+    if table.engine_step_s is not None:
+        overhead = table.engine_step_s
+        sources.append(f"engine step overhead measured: {overhead * 1e3:.2f} ms")
+    else:
+        overhead = assumed_step_overhead_s
+        sources.append(f"engine step overhead assumed: {overhead * 1e3:.2f} ms (not measured)")
+    sources += [f"not in the table: {x}" for x in table.missing]
+    cost = TableStepCost(tuple(ladder), tuple(forward), pair, token, per_row,
+                         overhead + fixed_head, tuple(eager_forward), max_graph_tokens)
+    return KernelCost(cost, tuple(sources))
+
+
+@dataclass(frozen=True)
+class LoadPrediction:
+    """Figures as loadgen reports them, from the simulated scheduler."""
+
+    prefill_tok_s: float  # one prompt: prompt / TTFT
+    decode_tok_s: float  # one stream: 1 / TPOT
+    throughput_tok_s: float  # generated tok/s of ``concurrency`` streams
+    ttft_s: float
+    load: SimResult  # the ``concurrency``-stream run: percentiles per request
+
+
+def predict(
+    cost: TableStepCost,
+    lim: SchedulerLimits,
+    *,
+    prompt: int,
+    gen: int,
+    concurrency: int,
+    request_overhead_s: float,
+) -> LoadPrediction:
+    single = simulate(lim, cost, Workload(prompt, gen), request_overhead_s=request_overhead_s)
+    many = simulate(lim, cost, Workload(prompt, gen, concurrency=concurrency),
+                    request_overhead_s=request_overhead_s)
+    (one,) = single.requests
+    return LoadPrediction(prompt / one.ttft_s, 1 / one.tpot_s if one.tpot_s else 0.0,
+                          many.output_tok_s, one.ttft_s, many)

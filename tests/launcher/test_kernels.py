@@ -1,0 +1,207 @@
+"""The kernel table: timed on this CPU with torch, kept and read back, refused when damaged,
+and turned into the step cost the scheduler simulation runs on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.model.modelspec import load_model_spec
+from launcher.planner.kernelcost import AllReduce, predict, step_cost, step_shape
+from launcher.planner.schedsim import SchedulerLimits, StepBatch
+from launcher.probe.kernels import (
+    Attention,
+    Budget,
+    KernelTable,
+    KernelTableError,
+    KernelTime,
+    Linear,
+    Moe,
+    StepShape,
+    TableKey,
+    cpu_device_name,
+    cpu_isa,
+    load,
+    save,
+    table_from_json,
+    table_to_json,
+    time_table,
+)
+
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+TINY = StepShape(
+    "tiny", 2, 64, 256,
+    (Linear("qkv", 64, 128), Linear("o", 64, 64), Linear("gate_up", 64, 256),
+     Linear("down", 128, 64)),
+    (Attention(1, 4, 2, 16), Attention(1, 4, 2, 16, window=32)),
+    Moe(2, 4, 2, 32),
+)
+
+
+def key_for(shape: StepShape, device: str = "cpu: test") -> TableKey:
+    return TableKey(device, "avx2", "none", "test", shape.key())
+
+
+@pytest.fixture(scope="module")
+def timed() -> KernelTable:
+    torch = pytest.importorskip("torch")
+    return time_table(TINY, key_for(TINY), torch=torch, device="cpu", tokens=(1, 16),
+                      budget=Budget(min_s=0.001, max_reps=5, rounds=2))
+
+
+def test_every_operation_of_the_step_is_timed_on_the_cpu(timed: KernelTable) -> None:
+    ops = {(t.op, t.tokens) for t in timed.times}
+    for n in (1, 16):
+        for op in ("linear:qkv", "linear:o", "linear:gate_up", "linear:down", "norm", "rope",
+                   "act", "moe"):
+            assert (op, n) in ops
+    assert {t.group for t in timed.times if t.op == "attn:decode"} == {0, 1}
+    assert {t.tokens for t in timed.times if t.op == "head"} == {1, 32}
+    assert all(t.seconds > 0 for t in timed.times)
+    assert any("all-reduce" in m for m in timed.missing)
+
+
+def test_a_table_is_kept_and_read_back_under_its_key(timed: KernelTable, tmp_path: Path) -> None:
+    assert table_from_json(json.loads(json.dumps(table_to_json(timed)))) == timed
+    assert save(tmp_path, timed) is not None
+    assert load(tmp_path, timed.key) == timed
+    other = replace(timed.key, vllm="0.99")
+    assert load(tmp_path, other) is None
+
+
+def test_an_unwritable_cache_only_costs_the_saving(timed: KernelTable, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert save(blocker, timed) is None  # a file where the folder should be
+    assert load(blocker, timed.key) is None
+
+
+def test_the_key_changes_with_every_shape() -> None:
+    assert TINY.key() != replace(TINY, hidden=65).key()
+    assert TINY.key() != replace(TINY, moe=None).key()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_any_json_is_a_table_or_one_error(raw: Any) -> None:
+    try:
+        table_from_json(raw)
+    except KernelTableError as e:
+        message = str(e)
+    else:
+        return
+    assert "\n" not in message
+
+
+@given(st.sampled_from(["version", "key", "times", "shape", "method", "engine_step_s",
+                        "missing", "measured_at"]), json_values)
+def test_a_damaged_field_is_one_error(field: str, value: Any) -> None:
+    table = KernelTable(key_for(TINY), TINY, (KernelTime("norm", 1, 1e-5),), "m", "now")
+    raw = {**table_to_json(table), field: value}
+    try:
+        back = table_from_json(raw)
+    except KernelTableError:
+        return
+    assert back.shape == TINY
+
+
+def test_cpu_names_come_from_cpuinfo() -> None:
+    text = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f\n"
+    assert cpu_device_name(text, 2) == "cpu: AMD EPYC 7B13 (2 threads)"
+    assert cpu_isa(text) == "avx2 avx512f"
+    assert cpu_isa("") == "no AVX2"
+
+
+# ------------------------------------------------------------------------ shapes of families
+
+
+def test_dense_gqa_shape_per_tp_rank() -> None:
+    s = step_shape(load_model_spec(str(MODELS / "llama-3.1-8b")), tp=2)
+    lin = {x.name: (x.k, x.n) for x in s.linears}
+    assert lin == {"qkv": (4096, (16 + 2 * 4) * 128), "o": (2048, 4096),
+                   "gate_up": (4096, 14336), "down": (7168, 4096)}
+    assert s.attention == (Attention(32, 16, 4, 128),)
+    assert s.vocab == 128256 // 2
+
+
+def test_mixture_of_experts_times_routed_experts_not_a_dense_mlp() -> None:
+    s = step_shape(load_model_spec(str(MODELS / "qwen3-30b-a3b")))
+    assert s.moe == Moe(48, 128, 8, 768)
+    assert {x.name for x in s.linears} == {"qkv", "o"}
+
+
+def test_latent_attention_decodes_over_one_latent_head() -> None:
+    s = step_shape(load_model_spec(str(MODELS / "deepseek-v2-lite")))
+    assert s.attention[0].latent
+    assert s.attention[0].kv_heads == 1
+    assert s.attention[0].head_dim == 512 + 64
+
+
+def test_sliding_window_layers_are_their_own_attention_kind() -> None:
+    s = step_shape(load_model_spec(str(MODELS / "gemma-3-27b")))
+    assert sorted(a.window or 0 for a in s.attention) == [0, 1024]
+
+
+def test_four_bit_weights_are_timed_as_such() -> None:
+    s = step_shape(load_model_spec(str(MODELS / "llama-3.3-70b-awq")))
+    assert {x.weight_bits for x in s.linears} == {4}
+
+
+# ------------------------------------------------------------------------------ step cost
+
+
+def synthetic_table(engine_step_s: float | None = None) -> KernelTable:
+    shape = replace(TINY, moe=None, attention=(Attention(2, 4, 2, 16),))
+    per = {"linear:qkv": 1e-5, "linear:o": 1e-5, "linear:gate_up": 2e-5, "linear:down": 2e-5,
+           "norm": 1e-6, "rope": 1e-6, "act": 2e-6}
+    times = [KernelTime(op, n, s * n) for op, s in per.items() for n in (1, 100)]
+    times += [KernelTime("attn:prefill", 100, 1e-4, 100), KernelTime("attn:decode", 4, 4e-5, 100),
+              KernelTime("head", 1, 1e-4), KernelTime("head", 32, 4.1e-4)]
+    return KernelTable(key_for(shape), shape, tuple(times), "synthetic", "now", engine_step_s)
+
+
+def test_step_cost_adds_the_layers_operations_and_says_what_was_assumed() -> None:
+    kc = step_cost(synthetic_table(), assumed_step_overhead_s=0.002)
+    layer_at_1 = 1e-5 + 1e-5 + 2e-5 + 2e-5 + 2 * 1e-6 + 1e-6 + 2e-6
+    assert kc.cost.forward(1) == pytest.approx(2 * layer_at_1)
+    assert kc.cost.forward(100) == pytest.approx(200 * layer_at_1)
+    assert kc.cost.attn_prefill_s_per_pair == pytest.approx(2 * 1e-4 / 5050)
+    assert kc.cost.attn_decode_s_per_token == pytest.approx(2 * 4e-5 / 400)
+    assert kc.cost.sampler_s_per_seq == pytest.approx(1e-5)
+    assert kc.cost.step_overhead_s == pytest.approx(0.002 + 0.9e-4)
+    assert any("assumed" in s for s in kc.sources)
+    measured = step_cost(synthetic_table(0.0005), assumed_step_overhead_s=0.002)
+    assert measured.cost.step_overhead_s == pytest.approx(0.0005 + 0.9e-4)
+    assert any("measured: 0.50 ms" in s for s in measured.sources)
+
+
+def test_tensor_parallel_adds_two_all_reduces_a_layer() -> None:
+    ar = AllReduce(2, 10e-6, 100e9)
+    base = step_cost(synthetic_table(), assumed_step_overhead_s=0.0).cost
+    tp = step_cost(synthetic_table(), allreduce=ar, assumed_step_overhead_s=0.0).cost
+    assert tp.forward(1) - base.forward(1) == pytest.approx(2 * 2 * ar.seconds(64 * 2))
+
+
+def test_predictions_come_from_the_simulated_scheduler() -> None:
+    cost = step_cost(synthetic_table(), assumed_step_overhead_s=0.001).cost
+    lim = SchedulerLimits(2048, 256, 10_000)
+    p = predict(cost, lim, prompt=100, gen=11, concurrency=4, request_overhead_s=0.003)
+    first = StepBatch(prefill_tokens=100, prefill_pairs=100 * 50.5, sampled=1)
+    assert p.ttft_s == pytest.approx(0.003 + cost.step_s(first))
+    assert p.prefill_tok_s == pytest.approx(100 / p.ttft_s)
+    assert p.load.max_running == 4
+    assert p.throughput_tok_s == pytest.approx(4 * 11 / p.load.duration_s)
+    assert p.load.tpot.p50 > 1 / p.decode_tok_s  # four rows a step cost more than one
