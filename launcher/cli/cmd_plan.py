@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from launcher.cli import argtypes, planopts
+from launcher.engine.enginecmd import NodePlace
 from launcher.engine.planfile import plan_to_json
 from launcher.engine.render import Rendered, render
 from launcher.model.modelspec import ModelSpec, load_model_spec
@@ -40,32 +44,80 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.cli.cmd_serve import resolve_model
+    from launcher.cli.cmd_serve import check_engine_group, resolve_model
 
+    place = planopts.node_place(args)
     chosen, model = make_plan(args)
+    check_engine_group(chosen, place, args.ray_address)
     model_ref, default_name = resolve_model(args.model)
-    # the same builder `launcher serve` uses: what is printed here is what serve runs
-    rendered = render(
-        chosen,
-        model_ref,
-        served_name=args.served_model_name or default_name,
-        host=args.host,
-        port=args.port,
-        extra_args=planopts.extra_args(args),
-        trust_remote_code=args.trust_remote_code,
-        ray_address=args.ray_address,
-        user_env=os.environ,
-        cpu_ids=planopts.cpu_ids(),
-        revision=args.revision,
-        tokenizer_tokens=tokenizer_tokens(model.path),
-        chat_template=chat_template(model.path),
-        custom_code=model.custom_code,
-    )
+
+    def rendered_for(where: NodePlace | None) -> Rendered:
+        # the same builder `launcher serve` uses: what is printed here is what serve runs
+        return render(
+            chosen,
+            model_ref,
+            served_name=args.served_model_name or default_name,
+            host=args.host,
+            port=args.port,
+            extra_args=planopts.extra_args(args),
+            trust_remote_code=args.trust_remote_code,
+            ray_address=args.ray_address,
+            user_env=os.environ,
+            cpu_ids=planopts.cpu_ids(),
+            revision=args.revision,
+            tokenizer_tokens=tokenizer_tokens(model.path),
+            chat_template=chat_template(model.path),
+            custom_code=model.custom_code,
+            place=where,
+        )
+
+    rendered = rendered_for(place)
+    nodes = node_commands(args, place, rendered_for)
     if args.json:
-        print(json.dumps(plan_to_json(chosen, rendered), indent=1))
+        out = plan_to_json(chosen, rendered)
+        if nodes:
+            out["node_commands"] = [
+                {"node_rank": r, "serve": serve, "argv": list(e.argv), "env": e.env}
+                for r, (serve, e) in enumerate(nodes)
+            ]
+        print(json.dumps(out, indent=1))
     else:
         print(format_plan(chosen, rendered, prompt=args.prompt))
+        if nodes:
+            print(format_nodes(nodes, given=place is not None))
     return 0
+
+
+PLACEHOLDER_HEAD = "HEAD"
+
+
+def node_commands(args: argparse.Namespace, place: NodePlace | None,
+                  rendered_for: Callable[[NodePlace | None], Rendered]
+                  ) -> list[tuple[list[str], Rendered]]:
+    """Per node of a group on vLLM's own executor: the `launcher serve` line a user types there
+    (these options, its own --node-rank) and the vLLM command it runs. None on Ray or one node."""
+    if args.nodes < 2 or args.ray_address:
+        return []
+    base = place or NodePlace(args.nodes, 0, PLACEHOLDER_HEAD, args.master_port)
+    options = planopts.given_options(args, master_addr=base.master_addr)
+    extra = list(planopts.extra_args(args))
+    return [(["launcher", "serve", *options, "--node-rank", str(r), *(["--", *extra] if extra
+                                                                      else [])],
+             rendered_for(replace(base, rank=r)))
+            for r in range(args.nodes)]
+
+
+def format_nodes(nodes: list[tuple[list[str], Rendered]], *, given: bool) -> str:
+    lines = ["", "on each node (the same options, its own --node-rank; node 0 is the head and "
+             "runs the proxy):"]
+    for rank, (serve, rendered) in enumerate(nodes):
+        role = " (head)" if rank == 0 else ""
+        lines.append(f"  node {rank}{role}: {shlex.join(serve)}")
+        lines.append(f"    vLLM there: {rendered.engines[0].shell_line()}")
+    if not given:
+        lines.append(f"note: replace {PLACEHOLDER_HEAD} with the head's address on the network "
+                     "between the nodes (or pass --master-addr to this command)")
+    return "\n".join(lines)
 
 
 def _cand_row(c: Candidate, chosen: Plan) -> str:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from launcher.cli import argtypes, planopts
 from launcher.engine import supervise
+from launcher.engine.enginecmd import NodePlace
 from launcher.engine.launchspec import LaunchSpec, replica_specs
 from launcher.engine.serve import Supervision, run
 from launcher.errors import LauncherError, ModelError, PlanError
@@ -50,6 +51,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--restart-attempts", type=argtypes.whole, default=5)
     p.add_argument("--grace", type=argtypes.seconds, default=30.0,
                    help="seconds to drain on shutdown")
+    p.add_argument("--join-timeout", type=argtypes.positive, default=120.0,
+                   help="a node other than the head (--node-rank 1..): seconds to look for the "
+                   "head before giving up (default 120)")
     p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
     p.set_defaults(func=main)
@@ -57,9 +61,12 @@ def add_parser(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
-    supervise.check_port_free(args.host, args.port)
-    keys = collect_api_keys(args.api_key, args.api_key_file, os.environ)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
+    place = planopts.node_place(args)
+    headless = place is not None and place.headless
+    if not headless:  # a node other than the head runs no proxy: its port is not used
+        supervise.check_port_free(args.host, args.port)
+    keys = () if headless else collect_api_keys(args.api_key, args.api_key_file, os.environ)
+    if not headless and args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
         console.print(f"[bold red]WARNING:[/] binding to {args.host} without an API key: anyone "
                       "who can reach this machine can use the model. Pass --api-key.")
     spec = build_spec(args, keys)
@@ -76,8 +83,12 @@ def main(args: argparse.Namespace) -> int:
         raise LauncherError(f"cannot write logs to {log_dir} ({exc.strerror or exc}): pass "
                             "--log-dir with a folder you can write") from exc
     sup = Supervision(ready_timeout_s=args.ready_timeout, restart_attempts=args.restart_attempts,
-                      grace_s=args.grace, log_dir=log_dir)
-    return run(spec, sup, console)
+                      grace_s=args.grace, log_dir=log_dir, join_timeout_s=args.join_timeout)
+    if place is None:
+        return run(spec, sup, console)
+    from launcher.engine import nodes
+
+    return nodes.run_group(spec, sup, console)
 
 
 def collect_api_keys(flags: Sequence[str], path: Path | None,
@@ -149,6 +160,8 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                 raise PlanError(f"{exc}; on a Ray cluster say how many nodes the stages go to "
                                 f"with --nodes (e.g. --nodes {args.pp})") from exc
             raise
+    place = planopts.node_place(args)
+    check_engine_group(chosen, place, args.ray_address)
     engine_port = args.engine_port or supervise.free_port(args.engine_host, "--engine-host")
     rendered = render(chosen, model_ref, served_name=served, host=args.engine_host,
                       port=engine_port, extra_args=extra,
@@ -157,13 +170,28 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                       revision=getattr(args, "revision", None),
                       tokenizer_tokens=tokenizer_tokens(model.path),
                       chat_template=chat_template(model.path),
-                      custom_code=model.custom_code)
+                      custom_code=model.custom_code, place=place)
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
         summary=summary_lines(chosen, replicas, model_ref, (*plan_notes, *rendered.notes)),
     )
+
+
+def check_engine_group(chosen: Any, place: NodePlace | None, ray_address: str | None) -> None:
+    """One line, before anything starts, for a split the chosen way of spanning nodes cannot
+    run: Ray on the CPU build, or layer stages that do not divide over the nodes."""
+    if ray_address and chosen.engine == "cpu":
+        raise LauncherError(
+            "vLLM's CPU build cannot run on a Ray cluster (its CPU platform has no Ray device): "
+            "drop --ray-address and use vLLM's own multi-node executor, `launcher serve --nodes "
+            "N --node-rank R --master-addr HEAD` on every node (docs/deploy.md)")
+    if place is not None and (chosen.dp != 1 or chosen.pp % place.nodes):
+        raise LauncherError(
+            f"the plan (TP={chosen.tp} PP={chosen.pp} DP={chosen.dp}) does not split into "
+            f"{place.nodes} equal shares of layer stages: pass --pp as a multiple of --nodes "
+            "(the default is one stage per node) and no --dp")
 
 
 def plan_not_for_here(chosen: Any, topo: Any, path: Path) -> str | None:
@@ -217,7 +245,12 @@ def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str,
                      f"{pred.throughput_tok_s:,.0f} tok/s")
     for r in replicas:
         lines.append(f"  engine: {r.command.shell_line()}")
-    lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
+    place = replicas[0].command.place if replicas else None
+    if place is not None and place.headless:
+        lines.append(f"  node {place.rank} of {place.nodes}: this node's share of the layers, "
+                     f"headless; the head at {place.master_addr} runs the proxy")
+    else:
+        lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
     lines += [f"  note: {escape(n)}" for n in notes]  # a note quotes tokens like [TOOL_CALLS]
     return tuple(lines)
 

@@ -8,9 +8,12 @@ import os
 from collections.abc import Mapping, Sequence
 
 from launcher.cli import argtypes
-from launcher.errors import PlanError
+from launcher.engine.enginecmd import NodePlace
+from launcher.errors import LauncherError, PlanError
 from launcher.planner import hardware
 from launcher.planner.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
+
+DEFAULT_MASTER_PORT = 29500  # torch.distributed's usual one
 
 
 def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
@@ -37,7 +40,7 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                    help="force the pipeline-parallel (layer split) size")
     p.add_argument("--dp", type=argtypes.count, help="force the number of data-parallel replicas")
     p.add_argument("--nodes", type=argtypes.count, default=1,
-                   help="plan for this many identical nodes (Ray)")
+                   help="plan for this many identical nodes: TP inside a node, PP across them")
     p.add_argument("--gpus-per-node", type=argtypes.count,
                    help="GPUs used on each node (default: all of the topology)")
     p.add_argument("--network-gbps", type=argtypes.positive, default=100.0,
@@ -114,9 +117,67 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let vLLM run code shipped with the model (off unless asked)")
     p.add_argument("--ray-address", type=argtypes.host_port,
-                   help="run vLLM on an existing Ray cluster (HEAD:PORT)")
+                   help="run vLLM on an existing Ray cluster (HEAD:PORT; GPU nodes only)")
+    p.add_argument("--node-rank", type=argtypes.whole,
+                   help="with --nodes and --master-addr: this node's place, 0 on the head (it "
+                   "runs the proxy), 1.. on the others (their share of vLLM, headless)")
+    p.add_argument("--master-addr", type=argtypes.nonempty,
+                   help="the head's address on the network between the nodes (vLLM's own "
+                   "multi-node executor, no Ray)")
+    p.add_argument("--master-port", type=argtypes.port, default=DEFAULT_MASTER_PORT,
+                   help=f"vLLM's port on the head (default {DEFAULT_MASTER_PORT}); toposerve's "
+                   "node link uses the next one")
     p.add_argument("extra", nargs=argparse.REMAINDER,
                    help="after --: extra arguments passed to vLLM as they are, last")
+
+
+def node_place(args: argparse.Namespace) -> NodePlace | None:
+    """This node's place in a group under vLLM's own multi-node executor, or None on one
+    machine (or on Ray). One line for options that do not make a group."""
+    # `tune` builds its namespaces without these options: it serves on one machine
+    rank, addr = getattr(args, "node_rank", None), getattr(args, "master_addr", None)
+    nodes, port = args.nodes, getattr(args, "master_port", DEFAULT_MASTER_PORT)
+    if addr is None:
+        if rank is not None:
+            raise LauncherError(f"--node-rank {rank} needs --master-addr HEAD (the head's "
+                                "address) and --nodes N")
+        return None
+    if getattr(args, "ray_address", None):
+        raise LauncherError("--master-addr (vLLM's own multi-node executor) and --ray-address "
+                            "(vLLM on Ray) are two ways to span nodes: pass one")
+    if nodes < 2:
+        raise LauncherError(f"--master-addr {addr} is for a group of nodes: pass --nodes N "
+                            "(2 or more) and --node-rank R on each")
+    rank = 0 if rank is None else rank
+    if rank >= nodes:
+        raise LauncherError(f"--node-rank {rank} with --nodes {nodes}: the head is 0, the other "
+                            f"nodes 1..{nodes - 1}")
+    if port >= 65535:
+        raise LauncherError(f"--master-port {port}: the node link needs the next port too; "
+                            "pass one below 65535")
+    return NodePlace(nodes, rank, addr, port)
+
+
+def given_options(args: argparse.Namespace, *, master_addr: str) -> list[str]:
+    """The planning and engine options ``args`` holds that differ from their defaults, as
+    words `launcher serve` takes (without --node-rank and the extra vLLM flags): so that a
+    line printed for each node plans there exactly as here."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_planning_arguments(p, model_help="")
+    add_engine_arguments(p)
+    words: list[str] = []
+    for action in p._actions:  # argparse keeps no public list of them
+        if not action.option_strings or action.dest == "node_rank":
+            continue
+        value = master_addr if action.dest == "master_addr" else getattr(args, action.dest, None)
+        if value is None or (value == action.default and action.dest != "master_port"):
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            words.append(flag)
+        else:
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return words
 
 
 def cpu_ids() -> tuple[int, ...]:

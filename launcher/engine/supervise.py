@@ -112,6 +112,21 @@ def group_alive(pgid: int) -> bool:
     return any(_pgid_of(pid) == pgid and not _is_zombie(pid) for pid in _all_pids())
 
 
+def group_members(pgid: int) -> dict[int, str]:
+    """The live processes of group ``pgid``: pid -> command line (vLLM retitles its engine
+    core and workers, e.g. ``VLLM::Worker_PP1``)."""
+    found = {}
+    for pid in _all_pids():
+        if _pgid_of(pid) != pgid or _is_zombie(pid):
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        found[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
 def wait_group_gone(pgid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
