@@ -9,22 +9,21 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import replace
+from typing import Protocol
 
 from loadgen.config import Config, soaked
 from loadgen.depth import DepthRun, depth_config
 from loadgen.errors import ContextTooShort
-from loadgen.gpus import GpuBalance, GpuSampler, has_gpu_metrics
+from loadgen.gpus import GpuMetricsPoller, has_gpu_metrics
+from loadgen.outputs.results import LevelResult, Report, Warmup
 from loadgen.runner import Driven, Shape, drive, drive_sessions, run_async, window
-from loadgen.stats import Summary, summarize
+from loadgen.stats import summarize
 from loadgen.target import Target, TargetClient
 from loadgen.timing import Expected, OutputCounter, RawRequest, RequestResult, measure
 from loadgen.transport import Client, Endpoint
-from loadgen.workload import PromptInfo, Workload, prepare
+from loadgen.workload import Workload, prepare
 
-if TYPE_CHECKING:
-    from loadgen.agent import AgentResult
 
 class Measurable(Protocol):
     """What measuring a level needs of a workload (the standard one or the agent's)."""
@@ -36,42 +35,6 @@ class Measurable(Protocol):
     def output(self) -> OutputCounter | None: ...
 
     def expected_for(self, index: int) -> Expected: ...
-
-
-@dataclass(frozen=True)
-class Warmup:
-    """The unmeasured requests sent before a level: how many, how many succeeded, how long."""
-
-    requests: int
-    ok: int
-    seconds: float
-
-    @staticmethod
-    def of(driven: Driven) -> Warmup:
-        span = window(driven.raws)
-        ok = sum(1 for r in driven.raws if r.error is None and r.status == 200)
-        return Warmup(len(driven.raws), ok, span[1] - span[0] if span else 0.0)
-
-
-@dataclass(frozen=True)
-class LevelResult:
-    concurrency: int | None
-    rate: float | None
-    summary: Summary
-    requests: tuple[RequestResult, ...]
-    warmup: Warmup | None = None  # None: none was sent (--no-warmup)
-    depth: DepthRun | None = None  # --depth: the depth this level measured at
-
-
-@dataclass(frozen=True)
-class Report:
-    config: Config
-    target: Target
-    levels: tuple[LevelResult, ...]
-    ended_unix: float
-    prompts: PromptInfo | None = None  # how prompts were made and counted
-    agent: AgentResult | None = None  # --workload agent: per-turn results, prefix cache
-    gpus: GpuBalance | None = None  # the target's toposerve GPU metrics, sampled during the run
 
 
 class Hooks:
@@ -95,7 +58,7 @@ class Hooks:
 
 def run(config: Config, hooks: Hooks | None = None) -> Report:
     hooks = hooks or Hooks()
-    sampler = _gpu_sampler(config)
+    sampler = _gpu_poller(config)
     if sampler is None:
         return _run(config, hooks)
     with sampler:
@@ -103,7 +66,7 @@ def run(config: Config, hooks: Hooks | None = None) -> Report:
     return replace(report, gpus=sampler.result())
 
 
-def _gpu_sampler(config: Config) -> GpuSampler | None:
+def _gpu_poller(config: Config) -> GpuMetricsPoller | None:
     """A sampler of the target's /metrics when it has toposerve's GPU series, else None."""
     if config.gpu_sample_s <= 0:
         return None
@@ -115,7 +78,7 @@ def _gpu_sampler(config: Config) -> GpuSampler | None:
     if not present:
         return None
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    return GpuSampler(f"{config.url.rstrip('/')}/metrics", config.gpu_sample_s, headers)
+    return GpuMetricsPoller(f"{config.url.rstrip('/')}/metrics", config.gpu_sample_s, headers)
 
 
 def _run(config: Config, hooks: Hooks) -> Report:

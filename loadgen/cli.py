@@ -26,7 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from loadgen.api import Hooks, LevelResult, Report, run
+from loadgen.api import Hooks, run
 from loadgen.config import (
     DEFAULT_URL,
     Config,
@@ -39,14 +39,15 @@ from loadgen.config import (
 )
 from loadgen.depth import parse_depths, parse_tokens
 from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
-from loadgen.export import Metrics, serving
-from loadgen.report import (
+from loadgen.outputs.export import Metrics, serving
+from loadgen.outputs.report import (
     format_agent_table,
     format_notes,
     format_table,
     write_outputs,
     write_text,
 )
+from loadgen.outputs.results import LevelResult, Report
 from loadgen.runner import window
 from loadgen.stats import summarize
 from loadgen.target import Target
@@ -418,7 +419,7 @@ def run_command(config: Config, out: Console, err: Console) -> int:
         render(report, out)
         write_outputs(report)
         if config.plot_path:
-            from loadgen.plot import draw
+            from loadgen.outputs.plot import draw
 
             draw(report, config.plot_path)
         if hooks.metrics is not None:
@@ -475,7 +476,7 @@ def pptg_command(config: Config, out: Console) -> int:
 
 
 def compare_command(argv: list[str], out: Console) -> int:
-    from loadgen.compare import format_comparison, load
+    from loadgen.outputs.compare import format_comparison, load
 
     p = _Parser(prog="loadgen compare", description="B/A ratios of two --json results")
     p.add_argument("a", type=Path)

@@ -96,22 +96,21 @@ class DepthSummary:
 
 
 def summarize_depth(depth: DepthRun, requests: Sequence[RequestResult]) -> DepthSummary:
-    ok = [r for r in requests if r.ok and r.prompt_tokens is not None and r.ttft_s]
-    reported = [r for r in ok if r.cached_tokens is not None]
-    prompt_sum = sum(r.prompt_tokens or 0 for r in reported)
-    cached_sum = sum(r.cached_tokens or 0 for r in reported)
+    # (prompt tokens as the server counted them, cached tokens or None, TTFT) of each request
+    # that succeeded with a first token
+    rows = [
+        (r.prompt_tokens, r.cached_tokens, r.ttft_s)
+        for r in requests
+        if r.ok and r.prompt_tokens is not None and r.ttft_s
+    ]
+    reported = [(p, c, t) for p, c, t in rows if c is not None]
+    prompt_sum = sum(p for p, _, _ in reported)
+    cached_sum = sum(c for _, c, _ in reported)
     return DepthSummary(
-        cached_tokens=dist([float(r.cached_tokens or 0) for r in reported]),
+        cached_tokens=dist([float(c) for _, c, _ in reported]),
         cached_reported=len(reported),
-        hit_rate=cached_sum / prompt_sum if reported and prompt_sum else None,
-        new_tokens=dist([float((r.prompt_tokens or 0) - depth.tokens) for r in ok]),
-        prefill_new_tok_s=dist(
-            [((r.prompt_tokens or 0) - depth.tokens) / (r.ttft_s or 1.0) for r in ok]
-        ),
-        uncached_tok_s=dist(
-            [
-                ((r.prompt_tokens or 0) - (r.cached_tokens or 0)) / (r.ttft_s or 1.0)
-                for r in reported
-            ]
-        ),
+        hit_rate=cached_sum / prompt_sum if prompt_sum else None,
+        new_tokens=dist([float(p - depth.tokens) for p, _, _ in rows]),
+        prefill_new_tok_s=dist([(p - depth.tokens) / t for p, _, t in rows]),
+        uncached_tok_s=dist([(p - c) / t for p, c, t in reported]),
     )

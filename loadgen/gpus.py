@@ -150,7 +150,7 @@ def flags(stats: Sequence[GpuStats]) -> list[Flag]:
     return out
 
 
-class GpuSampler:
+class GpuMetricsPoller:
     """Fetches a /metrics URL every `interval_s` seconds in a thread while the block runs."""
 
     def __init__(self, url: str, interval_s: float, headers: dict[str, str] | None = None) -> None:
@@ -159,9 +159,9 @@ class GpuSampler:
         self.texts: list[str] = []
         self._headers = headers or {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="loadgen-gpu-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="loadgen-gpu-poller", daemon=True)
 
-    def __enter__(self) -> GpuSampler:
+    def __enter__(self) -> GpuMetricsPoller:
         self._thread.start()
         return self
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from loadgen.config import Config
 from loadgen.errors import TargetError
-from loadgen.report import request_measures
+from loadgen.outputs.report import request_measures
 from loadgen.runner import Shape, drive, run_async
 from loadgen.stats import Dist, dist
 from loadgen.target import Target

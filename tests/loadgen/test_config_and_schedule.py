@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from loadgen.compare import comparison, ratio
 from loadgen.config import Config, parse_label, parse_sweep, validate
 from loadgen.errors import BadArgument
+from loadgen.outputs.compare import comparison, ratio
 from loadgen.schedule import arrival_offsets
 from loadgen.target import plan_label
 

@@ -17,9 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loadgen.config import Config, soaked
-from loadgen.depth import parse_depths, parse_tokens
+from loadgen.depth import DepthRun, parse_depths, parse_tokens, summarize_depth
 from loadgen.errors import BadArgument
 from loadgen.target import reason
+from loadgen.timing import RequestResult
 from simengine.engine import SimConfig, spawn
 from tests.loadgen.conftest import run_cli
 from tests.loadgen.standin import spawn as spawn_standin
@@ -62,6 +63,36 @@ def test_any_text_is_a_token_count_or_one_bad_argument(text: str) -> None:
 @given(st.lists(st.integers(min_value=0, max_value=10**6), min_size=1, max_size=6))
 def test_a_depth_sweep_keeps_the_order_given(depths: list[int]) -> None:
     assert parse_depths(",".join(str(d) for d in depths)) == tuple(depths)
+
+
+def _result(index: int, prompt: int, cached: int | None, ttft: float, error: str | None = None
+            ) -> RequestResult:
+    return RequestResult(index, prompt, 8, ttft, ttft + 0.1, prompt / ttft, 70.0, (), None, error,
+                         cached_tokens=cached)
+
+
+@given(
+    st.integers(min_value=0, max_value=100_000),
+    st.lists(
+        st.tuples(st.integers(min_value=1, max_value=4096), st.floats(min_value=1e-3, max_value=9),
+                  st.booleans()),
+        min_size=1, max_size=8,
+    ),
+)
+def test_a_level_at_depth_is_read_from_its_requests_usage(
+    depth: int, rows: list[tuple[int, float, bool]]
+) -> None:
+    requests = [_result(i, depth + new, depth if hit else 0, ttft)
+                for i, (new, ttft, hit) in enumerate(rows)]
+    requests.append(_result(99, depth + 1, None, 1.0, error="HTTP 500: x"))  # never counted
+    s = summarize_depth(DepthRun(depth, 0, cold=False), requests)
+    assert s.cached_reported == len(rows)
+    assert s.new_tokens.max == max(new for new, _, _ in rows)
+    assert s.prefill_new_tok_s.max == pytest.approx(max(n / t for n, t, _ in rows))
+    cached = sum(depth for _, _, hit in rows if hit)
+    assert s.hit_rate == pytest.approx(cached / sum(depth + n for n, _, _ in rows))
+    none = summarize_depth(DepthRun(depth, 0, cold=True), [_result(0, depth + 1, None, 1.0)])
+    assert (none.cached_reported, none.hit_rate) == (0, None)
 
 
 def test_a_binary_suffix_with_decimals_is_refused_with_the_decimal_spelling() -> None:

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from loadgen.api import run_async
-from loadgen.runner import sleep_until
+from loadgen.runner import run_async, sleep_until
 
 
 def test_sleep_until_never_returns_before_the_deadline() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadgen.api import Report
 from loadgen.errors import ExportError
+from loadgen.outputs.results import Report
 
 
 def sweep_series(report: Report) -> dict[str, list[float | None]]:

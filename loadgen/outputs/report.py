@@ -13,10 +13,10 @@ from typing import Any
 from rich.table import Table
 
 from loadgen.agent import AgentResult
-from loadgen.api import LevelResult, Report
 from loadgen.depth import summarize_depth
 from loadgen.errors import ExportError
 from loadgen.gpus import GpuBalance
+from loadgen.outputs.results import LevelResult, Report
 from loadgen.slo import SloResult, best_level, met
 from loadgen.stats import STATS, Dist, Summary
 from loadgen.timing import RequestResult
@@ -245,10 +245,11 @@ def _slo_best(report: Report) -> dict[str, Any]:
 
 
 def csv_text(report: Report) -> str:
-    """One row per request, with the level's concurrency."""
+    """One row per request, with the level's concurrency and depth (empty without --depth)."""
     out = io.StringIO()
     fields = [
         "concurrency",
+        "depth",
         "index",
         "prompt_tokens",
         "completion_tokens",
@@ -267,7 +268,9 @@ def csv_text(report: Report) -> str:
     writer.writeheader()
     for level in report.levels:
         for row in level_dict(report, level)["requests"]:
-            writer.writerow({"concurrency": level.concurrency, **{k: row[k] for k in fields[1:]}})
+            depth = level.depth.tokens if level.depth is not None else None
+            measures = {k: row[k] for k in fields[2:]}
+            writer.writerow({"concurrency": level.concurrency, "depth": depth, **measures})
     return out.getvalue()
 
 

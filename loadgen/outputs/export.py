@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, start_http_server
 
 from loadgen.agent import AgentResult
-from loadgen.api import LevelResult, Report
 from loadgen.config import Config
 from loadgen.depth import DepthRun, summarize_depth
 from loadgen.errors import ExportError
+from loadgen.outputs.results import LevelResult, Report
 from loadgen.stats import STATS, Dist
 from loadgen.target import Target
 
