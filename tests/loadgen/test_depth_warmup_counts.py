@@ -331,3 +331,25 @@ def test_an_agent_soak_keeps_taking_turns_until_the_conversation_crosses_the_tok
                    "--turns", "3")
     assert both.returncode == 2
     assert "drop --turns" in both.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--depth-cold",), "--depth-cold needs --depth D"),
+        (("--depth", "8k", "--pptg"), "drop --pptg, --rate and --workload agent"),
+        (("--depth", "8k", "--shared-prefix", "16"), "drop --shared-prefix"),
+        (("--depth", "-5"), "a token count is a whole number"),
+        (("--depth", "1.5K"), "did you mean 1.5k"),
+        (("--soak-tokens", "64k"), "add --workload agent"),
+        (("--workload", "agent", "--soak-tokens", "64k", "--turn-tokens", "0"), "--turn-tokens"),
+        (("--warmup", "-1"), "--warmup cannot be negative"),
+    ],
+)
+def test_depth_soak_and_warmup_options_that_cannot_work_are_one_line_before_anything_is_sent(
+    args: tuple[str, ...], says: str
+) -> None:
+    result = run_cli("--url", "http://127.0.0.1:9", *args)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
