@@ -216,3 +216,49 @@ def test_proxy_image_default_command_is_accepted_by_the_proxy() -> None:
     cmd = yaml.safe_load(next(x for x in lines if x.startswith("CMD "))[4:])
     assert entrypoint == ["python", "-m", "server"]
     assert config_from_args(cmd, env={}).upstreams == ("http://vllm:8001",)
+
+
+# -- deploy/compose.nodes.yaml: one node of a multi-node group (vLLM's own executor) ------------
+
+NODES_COMPOSE = DEPLOY / "compose.nodes.yaml"
+NODES_ENV = DEPLOY / "compose.nodes.env.example"
+
+
+def rendered_nodes(env: Mapping[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(interpolate(NODES_COMPOSE.read_text(), env))
+    return data
+
+
+def test_node_compose_file_matches_the_specification_as_written_and_interpolated(
+    tmp_path: Path,
+) -> None:
+    check_schema(NODES_COMPOSE)
+    out = tmp_path / "compose.nodes.yaml"
+    out.write_text(yaml.safe_dump(rendered_nodes(read_env_file(NODES_ENV))))
+    check_schema(out)
+
+
+def test_a_node_without_its_rank_or_the_heads_address_is_refused_by_compose() -> None:
+    env = read_env_file(NODES_ENV)
+    for name in ("NODE_RANK", "MASTER_ADDR"):
+        with pytest.raises(KeyError, match=name):
+            rendered_nodes({k: v for k, v in env.items() if k != name})
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_every_node_runs_launcher_serve_with_its_rank_on_the_host_network(rank: str) -> None:
+    from launcher.cli.main import build_parser
+
+    env = {**read_env_file(NODES_ENV), "NODE_RANK": rank, "TOPOSERVE_ARGS": "--tp 4"}
+    service = rendered_nodes(env)["services"]["toposerve"]
+    # the image's entrypoint is `launcher serve` (deploy/docker/Dockerfile)
+    args = build_parser().parse_args(["serve", *service["command"].split()])
+    assert (args.nodes, args.node_rank, args.master_addr) == (2, int(rank), env["MASTER_ADDR"])
+    assert (args.master_port, args.tp) == (int(env["MASTER_PORT"]), 4)
+    assert args.host == "127.0.0.1"  # the head's proxy stays on loopback unless told
+    # the nodes reach each other's vLLM ports directly, and pick the interface between them
+    assert service["network_mode"] == "host"
+    assert "ports" not in service
+    assert service["environment"]["GLOO_SOCKET_IFNAME"] == env["NODE_IFNAME"]
+    assert service["environment"]["NCCL_SOCKET_IFNAME"] == env["NODE_IFNAME"]
+    assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()

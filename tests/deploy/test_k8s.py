@@ -1,6 +1,7 @@
 """deploy/k8s/: every manifest against Kubernetes' OpenAPI schemas (kubernetes-validate, offline,
-strict: unknown fields fail), the LeaderWorkerSet structurally with its pod templates validated
-as PodTemplates, and the commands in them parsed by bash and by the launcher's own parser.
+strict: unknown fields fail), the LeaderWorkerSets (vLLM's own multi-node executor in
+multi-node/, Ray in multi-node-ray/) structurally with their pod templates validated as
+PodTemplates, and the commands in them parsed by bash and by the launcher's own parser.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ K8S = DEPLOY / "k8s"
 K8S_VERSION = "1.30.0"  # oldest release still maintained upstream when this was written
 MANIFESTS = sorted(K8S.rglob("*.yaml"))
 LWS_RESTART_POLICIES = {"RecreateGroupOnPodRestart", "None"}
+GROUPS = ("multi-node", "multi-node-ray")
+# What LWS (v0.6+) sets in every pod of a group, for a group of two: index 0 is the leader.
+LWS_ENV = {"LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "toposerve-0.toposerve.default"}
 
 
 def documents(path: Path) -> Iterator[dict[str, Any]]:
@@ -38,25 +42,37 @@ def one(kind: str, directory: str) -> dict[str, Any]:
     return found[0]
 
 
-def lws() -> dict[str, Any]:
-    return one("LeaderWorkerSet", "multi-node")
+def lws(directory: str = "multi-node") -> dict[str, Any]:
+    return one("LeaderWorkerSet", directory)
+
+
+def container_of(role: str, directory: str = "multi-node") -> dict[str, Any]:
+    (container,) = lws(directory)["spec"]["leaderWorkerTemplate"][role]["spec"]["containers"]
+    return container
+
+
+def script_words(container: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """The `launcher serve ...` words of a pod's script, its ${VARS} set from ``env``."""
+    script = container["args"][0]
+    serve = script[script.index("exec launcher serve"):].replace("\\\n", " ")
+    return [w.replace("${", "{").format(**env) for w in shlex.split(serve)]
 
 
 def pod_templates() -> list[tuple[str, dict[str, Any]]]:
     """(where, PodTemplateSpec) of every workload."""
     deployment = one("Deployment", "single-node")
-    template = lws()["spec"]["leaderWorkerTemplate"]
-    return [
-        ("single-node Deployment", deployment["spec"]["template"]),
-        ("multi-node leader", template["leaderTemplate"]),
-        ("multi-node worker", template["workerTemplate"]),
-    ]
+    out = [("single-node Deployment", deployment["spec"]["template"])]
+    for directory in GROUPS:
+        template = lws(directory)["spec"]["leaderWorkerTemplate"]
+        out += [(f"{directory} leader", template["leaderTemplate"]),
+                (f"{directory} worker", template["workerTemplate"])]
+    return out
 
 
 def test_there_are_single_and_multi_node_manifests() -> None:
     kinds = {(p.parent.name, d["kind"]) for p, d in all_documents()}
     assert ("single-node", "Deployment") in kinds
-    assert ("multi-node", "LeaderWorkerSet") in kinds
+    assert {(g, "LeaderWorkerSet") for g in GROUPS} <= kinds
 
 
 @pytest.mark.parametrize(
@@ -74,8 +90,9 @@ def test_pod_templates_pass_the_kubernetes_schema(where: str, template: dict[str
     kubernetes_validate.validate(wrapped, K8S_VERSION, strict=True)
 
 
-def test_leaderworkerset_has_the_fields_its_controller_requires() -> None:
-    doc = lws()
+@pytest.mark.parametrize("directory", GROUPS)
+def test_leaderworkerset_has_the_fields_its_controller_requires(directory: str) -> None:
+    doc = lws(directory)
     assert doc["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
     spec = doc["spec"]
     assert isinstance(spec["replicas"], int)
@@ -109,19 +126,18 @@ def test_every_container_requests_gpus_and_gets_shared_memory(
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
 
 
-def test_multi_node_ray_is_told_the_gpus_each_node_has() -> None:
-    template = lws()["spec"]["leaderWorkerTemplate"]
+@pytest.mark.parametrize("directory", GROUPS)
+def test_multi_node_plans_with_the_gpus_each_node_has(directory: str) -> None:
     for role in ("leaderTemplate", "workerTemplate"):
-        (container,) = template[role]["spec"]["containers"]
+        container = container_of(role, directory)
         assert int(env_value(container, "GPUS_PER_NODE")) == gpu_count(container), role
 
 
 @pytest.mark.parametrize(
     ("where", "container"),
     [("single-node", one("Deployment", "single-node")["spec"]["template"]["spec"]["containers"][0]),
-     ("multi-node leader",
-      lws()["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0])],
-    ids=["single-node", "multi-node"],
+     *((f"{g} leader", container_of("leaderTemplate", g)) for g in GROUPS)],
+    ids=["single-node", *GROUPS],
 )  # fmt: skip
 def test_serving_containers_probe_health_and_ready_on_the_proxy(
     where: str, container: dict[str, Any]
@@ -140,9 +156,9 @@ def test_services_select_the_serving_pods() -> None:
         (one("Service", "single-node"),
          one("Deployment", "single-node")["spec"]["template"]["metadata"]["labels"]),
         # LWS labels its pods with leaderworkerset.sigs.k8s.io/name=<its name>.
-        (one("Service", "multi-node"),
-         {**lws()["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"],
-          "leaderworkerset.sigs.k8s.io/name": lws()["metadata"]["name"]}),
+        *((one("Service", g),
+           {**lws(g)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"],
+            "leaderworkerset.sigs.k8s.io/name": lws(g)["metadata"]["name"]}) for g in GROUPS),
     ]  # fmt: skip
     for service, labels in pairs:
         selector = service["spec"]["selector"]
@@ -151,7 +167,7 @@ def test_services_select_the_serving_pods() -> None:
 
 def test_claimed_volumes_are_defined_beside_them() -> None:
     for where, template in pod_templates():
-        directory = "single-node" if where.startswith("single") else "multi-node"
+        directory = where.split()[0]
         claims = {v["persistentVolumeClaim"]["claimName"] for v in template["spec"]["volumes"]
                   if "persistentVolumeClaim" in v}  # fmt: skip
         defined = {
@@ -180,24 +196,51 @@ def docker_entrypoint(path: Path) -> list[str]:
     return words
 
 
+@pytest.mark.parametrize("directory", GROUPS)
 @pytest.mark.parametrize("role", ["leaderTemplate", "workerTemplate"])
-def test_multi_node_scripts_are_valid_bash(role: str) -> None:
-    (container,) = lws()["spec"]["leaderWorkerTemplate"][role]["spec"]["containers"]
+def test_multi_node_scripts_are_valid_bash(role: str, directory: str) -> None:
+    container = container_of(role, directory)
     assert container["command"] == ["/bin/bash", "-c"]
     done = subprocess.run(["bash", "-n", "-c", container["args"][0]], capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
 
 
-def test_leader_serves_on_ray_with_tp_in_a_node_and_pp_across_nodes() -> None:
-    (container,) = lws()["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"]
+def test_ray_leader_serves_on_ray_with_tp_in_a_node_and_pp_across_nodes() -> None:
+    container = container_of("leaderTemplate", "multi-node-ray")
     script = container["args"][0]
-    serve = script[script.index("exec launcher serve") :].replace("\\\n", " ")
-    env = {"MODEL": "m", "GPUS_PER_NODE": "4", "LWS_GROUP_SIZE": "2"}
-    words = [w.replace("${", "{").format(**env) for w in shlex.split(serve)]
+    words = script_words(container, {"MODEL": "m", "GPUS_PER_NODE": "4", "LWS_GROUP_SIZE": "2"})
     args = build_parser().parse_args(words[2:])
     assert args.ray_address == "127.0.0.1:6379"
     assert (args.tp, args.pp) == (4, 2)
     # The Ray-wait snippet is Python: it must at least compile.
     snippet = script[script.index('python3 -c "') + len('python3 -c "') : script.index('"; do')]
     compile(snippet.replace("${LWS_GROUP_SIZE}", "2"), "leader-wait", "exec")
+
+
+@pytest.mark.parametrize(("role", "index"), [("leaderTemplate", "0"), ("workerTemplate", "1")])
+def test_every_pod_of_a_group_serves_its_rank_with_the_leader_as_master(
+    role: str, index: str
+) -> None:
+    container = container_of(role)
+    env = {"MODEL": "m", "GPUS_PER_NODE": "4", **LWS_ENV, "LWS_WORKER_INDEX": index}
+    args = build_parser().parse_args(script_words(container, env)[2:])
+    assert (args.command, args.nodes, args.node_rank) == ("serve", 2, int(index))
+    assert args.master_addr == LWS_ENV["LWS_LEADER_ADDRESS"]
+    assert args.tp == 4
+    assert args.ray_address is None
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    if role == "leaderTemplate":  # vLLM's master port and the node link, as served
+        assert (ports["vllm-master"], ports["node-link"]) == (args.master_port,
+                                                              args.master_port + 1)
+
+
+def test_the_leader_and_the_workers_plan_with_the_same_options() -> None:
+    def planning(role: str, index: str) -> dict[str, Any]:
+        env = {"MODEL": "m", "GPUS_PER_NODE": "4", **LWS_ENV, "LWS_WORKER_INDEX": index}
+        ns = vars(build_parser().parse_args(script_words(container_of(role), env)[2:]))
+        # where each binds, logs and its rank are its own; everything that plans must agree
+        own = {"node_rank", "host", "port", "engine_port", "log_dir", "func"}
+        return {k: v for k, v in ns.items() if k not in own}
+
+    assert planning("leaderTemplate", "0") == planning("workerTemplate", "1")

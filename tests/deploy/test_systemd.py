@@ -79,8 +79,8 @@ def env_example(name: str) -> dict[str, str]:
     return {k: v for k, v in pairs}
 
 
-def test_there_are_units_for_the_launcher_and_the_proxy() -> None:
-    assert UNITS == ["toposerve-proxy.service", "toposerve.service"]
+def test_there_are_units_for_the_launcher_the_other_nodes_and_the_proxy() -> None:
+    assert UNITS == ["toposerve-node.service", "toposerve-proxy.service", "toposerve.service"]
 
 
 @needs_systemd
@@ -131,6 +131,7 @@ def test_launcher_unit_command_is_accepted_by_launcher_serve() -> None:
 
 def test_env_examples_define_every_variable_the_units_use() -> None:
     pairs = [("toposerve.service", "toposerve.env.example"),
+             ("toposerve-node.service", "toposerve-node.env.example"),
              ("toposerve-proxy.service", "proxy.env.example")]  # fmt: skip
     for unit, example in pairs:
         exec_start = value(UNITS_DIR / unit, "Service", "ExecStart")
@@ -146,3 +147,28 @@ def test_proxy_unit_command_is_accepted_by_the_proxy() -> None:
     config = config_from_args(argv[3:], env={})
     assert config.upstreams == ("http://127.0.0.1:8001",)
     assert (config.host, config.port) == ("127.0.0.1", 8000)
+
+
+def test_node_unit_serves_its_rank_of_the_group_headless() -> None:
+    path = UNITS_DIR / "toposerve-node.service"
+    env = env_example("toposerve-node.env.example")
+    args = build_parser().parse_args(exec_argv(path, env)[1:])
+    assert args.command == "serve"
+    assert (args.nodes, args.node_rank) == (int(env["TOPOSERVE_NODES"]), 1)
+    assert (args.master_addr, args.master_port) == (env["TOPOSERVE_MASTER_ADDR"],
+                                                    int(env["TOPOSERVE_MASTER_PORT"]))
+    # one role per machine: the head's unit and the proxy's are the others
+    conflicts = value(path, "Unit", "Conflicts").split()
+    assert sorted(conflicts) == ["toposerve-proxy.service", "toposerve.service"]
+
+
+def test_the_heads_example_arguments_make_it_node_0_of_the_same_group() -> None:
+    example = (UNITS_DIR / "toposerve.env.example").read_text()
+    head = next(ln.split("TOPOSERVE_ARGS=", 1)[1] for ln in example.splitlines()
+                if ln.startswith("#") and "--node-rank 0" in ln)
+    node = env_example("toposerve-node.env.example")
+    words = shlex.split(head)
+    args = build_parser().parse_args(["serve", "--model", "m", *words])
+    assert (args.nodes, args.node_rank) == (int(node["TOPOSERVE_NODES"]), 0)
+    assert (args.master_addr, args.master_port) == (node["TOPOSERVE_MASTER_ADDR"],
+                                                    int(node["TOPOSERVE_MASTER_PORT"]))
