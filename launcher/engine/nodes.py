@@ -86,7 +86,7 @@ class HeadRunner(Runner):
 
     def start(self) -> None:
         self.hub.start()
-        self.console.print(f"Node link open on port {group_port(self.group)}: waiting for "
+        self.console.print(f"Node link open on {group_port(self.group)}: waiting for "
                            f"{self.group.identity.nodes - 1} more node(s) to join")
         self.hub.set_epoch(1)
         super().start()
@@ -111,16 +111,17 @@ class HeadRunner(Runner):
 
     def _restart_group(self, why: str, attempt: int) -> None:
         child = self.engines[0]
+        if attempt <= self.sup.restart_attempts:
+            self.console.print(
+                f"[red]✗[/] {why}. vLLM on the head is stopped (its stages cannot run without "
+                "every node) and the proxy answers 503 with Retry-After until the group is whole "
+                f"again; restart {attempt}/{self.sup.restart_attempts}")
         # Its stages' partner is gone: nothing left to finish, and every request to it would
         # hang until it is stopped. The proxy's 503s begin once it is.
         child.stop(HEAD_STOP_GRACE_S)
         if attempt > self.sup.restart_attempts:
             raise EngineError(f"{why}; gave up after {attempt - 1} restarts of the group; logs: "
                               f"{child.log_path} and each node's --log-dir")
-        self.console.print(
-            f"[red]✗[/] {why}. vLLM on the head is stopped (its stages cannot run without every "
-            "node) and the proxy answers 503 with Retry-After until the group is whole again; "
-            f"restart {attempt}/{self.sup.restart_attempts}")
         told: set[int] = set()
         while missing := self.hub.missing():
             for rank in set(missing) - told:
@@ -187,6 +188,8 @@ class NodeRunner:
 
         def waiting(waited: float) -> None:
             nonlocal told
+            if self.guard.stopping:
+                raise StopRequested
             if not told:
                 self.console.print(f"Waiting for the head's node link at {where}…")
                 told = True
@@ -242,7 +245,10 @@ class NodeRunner:
 def run_node(replica: ReplicaSpec, sup: Supervision, console: Console, group: Group) -> int:
     runner = NodeRunner(replica, sup, console, group)
     with runner.guard.installed():
-        code = runner.run()
+        try:
+            code = runner.run()
+        except StopRequested:  # stopped while still looking for the head
+            code = 0
     console.print("Stopped: this node's vLLM share exited, no process left behind.")
     return code
 
