@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from launcher.cli import argtypes
 from launcher.cli.probeformat import format_topology
 from launcher.errors import MeasureError, TopologyError
 from launcher.probe.topology import load_topology, topology_to_json
@@ -28,6 +29,12 @@ def add_parser(subparsers: Any) -> None:
         help="measure each GPU's bf16 GEMM rates (prefill TFLOP/s, decode GB/s) and peer "
         "copies and a real NCCL all-reduce per pair (needs torch with CUDA)",
     )
+    p.add_argument(
+        "--model",
+        type=argtypes.model_ref,
+        help="with --measure: also time this model's kernels (every operation of a forward "
+        "step, on a GPU or, without one, this CPU) and keep the table for `launcher plan`",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,11 +44,19 @@ def run(args: argparse.Namespace) -> int:
             "--measure times this machine's GPUs; it cannot measure a saved "
             "topology (run `launcher probe --measure --save FILE` on that machine)"
         )
+    if args.model and not args.measure:
+        raise MeasureError("--model times a model's kernels: give it with --measure")
     topo = load_topology(args.topology, os.environ)
-    if args.measure:
+    if args.measure and (topo.gpus or not args.model):
         from launcher.probe import measure  # torch only when asked
 
         topo = measure.measure_topology(topo, os.environ)
+    if args.model:
+        from launcher.cli import kerneltables
+        from launcher.model.modelspec import load_model_spec
+
+        for line in kerneltables.measure(load_model_spec(args.model), topo, os.environ):
+            print(line)
     data = topology_to_json(topo)
     if args.save:
         try:

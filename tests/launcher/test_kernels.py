@@ -205,3 +205,35 @@ def test_predictions_come_from_the_simulated_scheduler() -> None:
     assert p.load.max_running == 4
     assert p.throughput_tok_s == pytest.approx(4 * 11 / p.load.duration_s)
     assert p.load.tpot.p50 > 1 / p.decode_tok_s  # four rows a step cost more than one
+
+
+# ------------------------------------------------------------------------------- the command
+
+
+def test_probe_measure_model_times_and_keeps_the_table_on_a_machine_without_gpus(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny_model_path: str,
+) -> None:
+    from launcher.cli.main import main
+    from launcher.model.modelspec import load_model_spec
+    from launcher.probe import kernelprobe
+
+    pytest.importorskip("torch")
+    monkeypatch.setenv("TOPOSERVE_CACHE", str(tmp_path))
+    # this machine has no GPU (CI's neither): NVML reads none and the CPU is timed
+    assert main(["probe", "--measure", "--model", tiny_model_path]) == 0
+    out = capsys.readouterr().out
+    assert "kernel table for" in out
+    assert "on cpu: " in out
+    key = kernelprobe.cpu_key(step_shape(load_model_spec(tiny_model_path)))
+    table = load(tmp_path, key)
+    assert table is not None
+    assert {t.op for t in table.times} >= {"linear:qkv", "norm", "attn:decode", "head"}
+
+
+def test_model_without_measure_is_one_line(capsys: pytest.CaptureFixture[str],
+                                           tiny_model_path: str) -> None:
+    from launcher.cli.main import main
+
+    assert main(["probe", "--model", tiny_model_path]) != 0
+    assert "--measure" in capsys.readouterr().err
