@@ -179,10 +179,8 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         model = replace(whatif.variant(model, 8.0), quantization="fp8")
     if not topology.gpus:
         if policy.nodes > 1:
-            raise PlanError(
-                "multi-node planning needs one node's GPUs: pass --topology FILE saved "
-                "with `launcher probe --save FILE` on a node"
-            )
+            # CPU nodes: one engine process per node, so the layer stages are the nodes.
+            policy = replace(policy, force_pp=policy.force_pp or policy.nodes, nodes=1)
         return _cpu_plan(model, policy, topology)
     # A card in MIG mode is its slices to CUDA, and NCCL joins none: vLLM cannot use it whole.
     usable = [g for g in topology.gpus if not g.mig_enabled]
@@ -220,7 +218,8 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         why.append(
             f"{policy.nodes} nodes: TP={chosen.tp} inside each node, PP={chosen.pp} stages, "
             f"{policy.nodes - 1} of the hops over the network (~{policy.internode_gbs:.0f} GB/s "
-            "assumed); vLLM runs on a Ray cluster (--distributed-executor-backend ray)"
+            "assumed); vLLM's own multi-node executor (serve --node-rank --master-addr), or Ray "
+            "with --ray-address"
         )
         why += per_node_note(topology, model, policy, plan)
     rejected = [

@@ -58,9 +58,9 @@ def test_a_model_one_node_holds_gets_the_replica_advice() -> None:
     assert any("independent replicas" in r for r in p.reasons)
 
 
-def test_multi_node_needs_a_node_topology() -> None:
-    with pytest.raises(PlanError, match="--topology"):
-        plan(Topology(gpus=()), load_model_spec(model("mistral-7b")), Policy(nodes=2))
+def test_nodes_without_gpus_run_one_layer_stage_each_on_the_cpu_engine() -> None:
+    p = plan(Topology(gpus=()), load_model_spec(model("mistral-7b")), Policy(nodes=2))
+    assert (p.engine, p.tp, p.pp, p.dp) == ("cpu", 1, 2, 1)
 
 
 def test_more_gpus_per_node_than_the_topology_has_is_an_error() -> None:
