@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.model.modelspec import ModelSpec
+from launcher.planner.costmodel import Prediction
 from launcher.planner.schedsim import SchedulerLimits, SimResult, TableStepCost, Workload, simulate
 from launcher.probe.kernels import (
     DECODE_BATCH,
@@ -176,3 +177,47 @@ def predict(
     (one,) = single.requests
     return LoadPrediction(prompt / one.ttft_s, 1 / one.tpot_s if one.tpot_s else 0.0,
                           many.output_tok_s, one.ttft_s, many)
+
+
+def kv_blocks(m: ModelSpec, kv_bytes: float, block: int) -> int:
+    """Blocks of ``block`` tokens the KV memory holds (every layer's share of a block)."""
+    per_block = m.kv_bytes(block) or 1
+    return max(1, int(kv_bytes // per_block))
+
+
+def as_prediction(
+    m: ModelSpec,
+    table: KernelTable,
+    *,
+    kv_bytes: float,
+    block: int,
+    batched_tokens: int,
+    max_num_seqs: int,
+    prompt: int,
+    gen: int,
+    concurrency: int,
+    assumed_step_overhead_s: float,
+    request_overhead_s: float,
+    allreduce: AllReduce = AllReduce(),
+    dp: int = 1,
+    max_graph_tokens: int = 512,
+) -> tuple[Prediction, tuple[str, ...]]:
+    """The cost model's :class:`Prediction` from a kernel table, through the simulated
+    scheduler; ``dp`` replicas share the streams. With the sources said."""
+    kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
+                   max_graph_tokens=max_graph_tokens)
+    per_replica = max(1, -(-concurrency // max(1, dp)))
+    lim = SchedulerLimits(batched_tokens, max_num_seqs, kv_blocks(m, kv_bytes, block), block)
+    p = predict(kc.cost, lim, prompt=prompt, gen=gen, concurrency=per_replica,
+                request_overhead_s=request_overhead_s)
+    busy = min(max(1, dp), -(-concurrency // per_replica))
+    tpot = 1 / p.decode_tok_s if p.decode_tok_s else 0.0
+    pred = Prediction(
+        prefill_tok_s=p.prefill_tok_s,
+        decode_tok_s=p.decode_tok_s,
+        throughput_tok_s=busy * p.throughput_tok_s,
+        ttft_s=p.ttft_s,
+        e2e_s=p.ttft_s + (gen - 1) * tpot,
+        batch=p.load.max_running,
+    )
+    return pred, kc.sources

@@ -13,7 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.model.modelspec import load_model_spec
-from launcher.planner.kernelcost import AllReduce, predict, step_cost, step_shape
+from launcher.planner.kernelcost import (
+    AllReduce,
+    as_prediction,
+    kv_blocks,
+    predict,
+    step_cost,
+    step_shape,
+)
 from launcher.planner.schedsim import SchedulerLimits, StepBatch
 from launcher.probe.kernels import (
     Attention,
@@ -237,3 +244,22 @@ def test_model_without_measure_is_one_line(capsys: pytest.CaptureFixture[str],
 
     assert main(["probe", "--model", tiny_model_path]) != 0
     assert "--measure" in capsys.readouterr().err
+
+
+def test_replicas_share_the_streams_and_add_up() -> None:
+    m = load_model_spec(str(MODELS / "llama-3.1-8b"))
+    kw: dict[str, Any] = {"kv_bytes": 2**30, "block": 16, "batched_tokens": 8192,
+                          "max_num_seqs": 256, "prompt": 100, "gen": 11, "concurrency": 8,
+                          "assumed_step_overhead_s": 1e-3, "request_overhead_s": 3e-3}
+    one, sources = as_prediction(m, synthetic_table(), **kw)
+    two, _ = as_prediction(m, synthetic_table(), dp=2, **kw)
+    assert one.batch == 8
+    assert two.batch == 4
+    assert two.throughput_tok_s > one.throughput_tok_s
+    assert one.ttft_s == two.ttft_s  # one request alone is the same on either
+    assert any("assumed" in s for s in sources)
+
+
+def test_kv_blocks_count_every_layer() -> None:
+    m = load_model_spec(str(MODELS / "llama-3.1-8b"))  # 128 KiB a token over 32 layers
+    assert kv_blocks(m, 2**30, 16) == 2**30 // (16 * 128 * 1024)
