@@ -44,9 +44,13 @@ class Hooks:
         """The target answered and prompts are built; nothing has been sent yet."""
 
     def level_started(
-        self, concurrency: int | None, total: int | None, duration: float | None
+        self,
+        concurrency: int | None,
+        total: int | None,
+        duration: float | None,
+        depth: DepthRun | None = None,
     ) -> None:
-        """A level begins (after its warm-up)."""
+        """A level begins (after its warm-up); `depth` when it measures at a --depth."""
 
     def tick(self, count: int, elapsed: float, finished: Sequence[RawRequest]) -> None:
         """About twice a second: requests finished so far in the level; their raw records when
@@ -147,7 +151,7 @@ async def _levels(
             if n := config.warmup_for(concurrency):
                 warm = Shape(concurrency or 1, requests=n)
                 warmup = Warmup.of(await drive(client, payload, _take(counter, n), warm))
-            level = await _level(client, payload, counter, workload, concurrency, hooks)
+            level = await _level(client, payload, counter, workload, concurrency, hooks, depth)
             level = replace(level, warmup=warmup, depth=depth)
             hooks.level_done(level)
             results.append(level)
@@ -163,6 +167,7 @@ async def _level(
     workload: Workload,
     concurrency: int | None,
     hooks: Hooks,
+    depth: DepthRun | None,
 ) -> LevelResult:
     config = workload.config
     requests = config.requests_for(concurrency)
@@ -172,7 +177,7 @@ async def _level(
         # Build every request before the clock starts; the loop then only writes bytes.
         built = {i: payload(i) for i in itertools.islice(counter, requests)}
         indices, payload = iter(built), built.__getitem__
-    hooks.level_started(concurrency, requests, config.duration)
+    hooks.level_started(concurrency, requests, config.duration, depth)
     driven = await drive(
         client, payload, indices, shape, lambda done, elapsed: hooks.tick(len(done), elapsed, done)
     )
@@ -277,7 +282,7 @@ def _levels_in_processes(
         next_number += warm_n
         numbers = range(next_number, next_number + requests) if requests is not None else None
         parts = plan_parts(workload, shape, config.processes, numbers, next_number, warmup)
-        hooks.level_started(concurrency, requests, config.duration)
+        hooks.level_started(concurrency, requests, config.duration, depth)
         driven, warmed = drive_processes(
             parts, lambda count, elapsed: hooks.tick(count, elapsed, ())
         )

@@ -37,7 +37,7 @@ from loadgen.config import (
     unwritable_output,
     validate,
 )
-from loadgen.depth import parse_depths, parse_tokens
+from loadgen.depth import DepthRun, parse_depths, parse_tokens
 from loadgen.errors import BadArgument, ExportError, LoadgenError, RunFailed
 from loadgen.outputs.export import Metrics, serving
 from loadgen.outputs.report import (
@@ -364,6 +364,7 @@ class TerminalHooks(Hooks):
         self.task: TaskID | None = None
         self._measured: dict[int, RequestResult] = {}
         self._concurrency: int | None = None
+        self._depth: DepthRun | None = None
 
     def prepared(self, target: Target) -> None:
         cfg = self.config
@@ -373,11 +374,18 @@ class TerminalHooks(Hooks):
         self.stack.enter_context(self.progress)
 
     def level_started(
-        self, concurrency: int | None, total: int | None, duration: float | None
+        self,
+        concurrency: int | None,
+        total: int | None,
+        duration: float | None,
+        depth: DepthRun | None = None,
     ) -> None:
         self._concurrency = concurrency
+        self._depth = depth
         self._measured = {}
         label = f"concurrency {concurrency}" if concurrency else f"rate {self.config.rate}/s"
+        if depth is not None:
+            label = f"depth {depth.tokens} {depth.mode}, {label}"
         if self.task is not None:
             self.progress.remove_task(self.task)
         self.task = self.progress.add_task(label, total=total, rate="")
@@ -392,12 +400,14 @@ class TerminalHooks(Hooks):
             self._live(finished)
 
     def _live(self, finished: Sequence[RawRequest]) -> None:
-        expected = Expected(self.config.prompt, self.config.gen, strict_prompt=False)
+        context = self._depth.tokens if self._depth is not None else 0
+        expected = Expected(context + self.config.prompt, self.config.gen, strict_prompt=False)
         for raw in finished[len(self._measured) :]:
             self._measured[raw.index] = measure(raw, expected)
         summary = summarize(list(self._measured.values()), window(tuple(finished)))
         assert self.metrics is not None
-        self.metrics.record(LevelResult(self._concurrency, self.config.rate, summary, ()))
+        live = LevelResult(self._concurrency, self.config.rate, summary, (), depth=self._depth)
+        self.metrics.record(live)
 
     def level_done(self, level: LevelResult) -> None:
         if self.metrics is not None:

@@ -155,21 +155,21 @@ def format_depth_notes(level: LevelResult) -> list[str]:
     if d.prime is not None:
         failed = "" if d.prime.ok else f", failed: {d.prime.error}"
         lines.append(
-            f"depth {d.tokens} cached: primed by one unmeasured request"
-            f" (TTFT {_ms(d.prime.ttft_s)} ms{failed})"
+            f"context primed by one unmeasured request (TTFT {_ms(d.prime.ttft_s)} ms{failed})"
         )
+    prefill = f"prefill of the {d.new_tokens} new tokens p50 {_rate(s.prefill_new_tok_s.p50)} tok/s"
     if s.cached_reported:
         lines.append(
-            f"depth {d.tokens} {d.mode}: cached tokens p50 {_whole(s.cached_tokens.p50)} of"
-            f" {d.tokens + d.new_tokens} (hit rate {s.hit_rate or 0:.0%}, from usage);"
-            f" prefill of the {d.new_tokens} new tokens p50 {_rate(s.prefill_new_tok_s.p50)} tok/s"
+            f"{d.mode}: cached tokens p50 {_whole(s.cached_tokens.p50)} of"
+            f" {d.tokens + d.new_tokens} (hit rate {s.hit_rate or 0:.0%}, from usage); {prefill}"
+        )
+    elif d.tokens:
+        lines.append(
+            f"{d.mode}: {prefill}; the server reported no cached tokens"
+            " (vLLM: --enable-prompt-tokens-details)"
         )
     else:
-        lines.append(
-            f"depth {d.tokens} {d.mode}: the server reported no cached tokens"
-            " (vLLM: --enable-prompt-tokens-details); prefill of the new tokens p50"
-            f" {_rate(s.prefill_new_tok_s.p50)} tok/s"
-        )
+        lines.append(prefill)
     return lines
 
 
@@ -473,8 +473,8 @@ def format_totals(level: LevelResult) -> str:
 def format_notes(report: Report) -> list[str]:
     """Lines under the table: totals (one level), failures and why, send lag, loadgen's load."""
     notes = [format_totals(report.levels[0])] if len(report.levels) == 1 else []
-    if report.levels and len({lv.warmup for lv in report.levels}) == 1:
-        notes.append(format_warmup(report.levels[0]))
+    if report.levels and _same_warmup(report.levels):
+        notes.append(format_warmup(report.levels[0], len(report.levels)))
     if report.prompts is not None:
         notes.append(report.prompts.line())
     if not report.target.exact_length:
@@ -491,9 +491,9 @@ def format_notes(report: Report) -> list[str]:
         notes.append(f"highest load meeting the SLO: {found}")
     for level in report.levels:
         s = level.summary
-        at = f"{_at(level)}: " if len(report.levels) > 1 else ""
+        at = f"{_at(level)}: " if len(report.levels) > 1 or level.depth is not None else ""
         total = s.requests_ok + s.requests_failed
-        if len(report.levels) > 1 and len({lv.warmup for lv in report.levels}) > 1:
+        if not _same_warmup(report.levels):
             notes.append(f"{at}{format_warmup(level)}")
         if level.depth is not None:
             notes += [f"{at}{line}" for line in format_depth_notes(level)]
@@ -561,14 +561,26 @@ def _mismatch_line(m: dict[str, int], total: int, report: Report) -> str:
     )
 
 
-def format_warmup(level: LevelResult) -> str:
+def _same_warmup(levels: Sequence[LevelResult]) -> bool:
+    """Whether one line tells every level's warm-up: none anywhere, or the same number of
+    requests before each level, all of them ok."""
+    present = [lv.warmup for lv in levels if lv.warmup is not None]
+    if len(present) < len(levels):
+        return not present
+    return len({w.requests for w in present}) == 1 and all(w.ok == w.requests for w in present)
+
+
+def format_warmup(level: LevelResult, levels: int = 1) -> str:
     w = level.warmup
     if w is None:
         return "warm-up: none (--no-warmup): the engine's first requests are measured"
     failed = f", {w.requests - w.ok} failed" if w.ok < w.requests else ""
+    # Several levels: their warm-ups are alike (_same_warmup), their times in the JSON.
+    took = f", {w.seconds:.2f} s" if levels == 1 else ""
+    each = " each level" if levels > 1 else ""
     return (
-        f"warm-up: {w.requests} unmeasured requests before measuring ({w.ok} ok{failed},"
-        f" {w.seconds:.2f} s); --warmup N or --no-warmup to change"
+        f"warm-up: {w.requests} unmeasured requests before measuring{each} ({w.ok} ok{failed}"
+        f"{took}); --warmup N or --no-warmup to change"
     )
 
 

@@ -263,7 +263,8 @@ def test_depth_requests_are_context_plus_new_tokens_with_the_context_cached_or_c
             assert run["depth"]["prefill_new_tok_s"]["p50"] > 0
         assert runs[0]["depth"]["prime"] is None  # nothing to cache at depth 0
         assert runs[2]["depth"]["prime"]["prompt_tokens"] == 1024 + 32
-        assert "depth 1024 cached" in result.stdout
+        assert "depth 1024, concurrency 1: context primed by one unmeasured" in result.stdout
+        assert "warm-up: 2 unmeasured requests before measuring each level" in result.stdout
 
         cold, data = _depth_run(url, tmp_path / "c.json", "--tokenizer", tiny_model_path,
                                 "--depth", "1k", "--depth-cold")
