@@ -197,8 +197,12 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     model_ref, served = resolve_model(ns.model)
     model = load_model_spec(model_ref, revision=getattr(ns, "revision", None))
     chosen = plan(load_topology(ns.topology, os.environ), model, planopts.policy_from_args(ns))
+    # rendered as build_spec renders the engine tune measured (pinned CPUs and all), so that
+    # the plan written is the command that was measured
     rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
                       extra_args=ns.extra, user_env=os.environ,
+                      trust_remote_code=ns.trust_remote_code, ray_address=ns.ray_address,
+                      cpu_ids=planopts.cpu_ids(),
                       revision=getattr(ns, "revision", None),
                       tokenizer_tokens=tokenizer_tokens(model.path),
                       chat_template=chat_template(model.path),

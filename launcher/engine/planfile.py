@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from launcher.engine.render import Rendered
 from launcher.errors import PlanError
 from launcher.planner.costmodel import Prediction
 from launcher.planner.plan import Candidate, Plan, Scores
+from launcher.planner.plantypes import ENGINES, MODES, WORKLOADS
+
+C = TypeVar("C", bound=str)
 
 
 def _pred(p: Prediction | None) -> dict[str, Any] | None:
@@ -86,6 +89,15 @@ def _text(d: Mapping[str, Any], key: str, default: str | None = None) -> str:
     return value
 
 
+def _choice(d: Mapping[str, Any], key: str, choices: tuple[C, ...], default: C | None = None) -> C:
+    """One of ``choices`` (a Literal's values): past here a plan holds no other."""
+    value = _text(d, key, default)
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise _BadPlan(f"{key} must be one of {', '.join(choices)}, not {value!r}")
+
+
 def _texts(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
     value = d.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -132,7 +144,7 @@ def _cand_from(d: object) -> Candidate:
     rejected = d.get("rejected")
     limit = d.get("max_model_len")
     return Candidate(
-        mode=_text(d, "mode"),
+        mode=_choice(d, "mode", MODES),
         tp=_count(d, "tp"),
         pp=_count(d, "pp"),
         dp=_count(d, "dp"),
@@ -163,7 +175,7 @@ def plan_from_json(d: object) -> Plan:
         candidates = d.get("candidates", [])
         if not isinstance(candidates, list):
             raise _BadPlan("candidates must be a list")
-        engine = _text(d, "engine", "gpu")
+        engine = _choice(d, "engine", ENGINES, "gpu")
         tp, pp, dp = _count(d, "tp"), _count(d, "pp"), _count(d, "dp")
         gpus, nodes = _gpus(d), _count(d, "nodes", default=1)
         if engine == "gpu" and nodes == 1 and len(gpus) != tp * pp * dp:
@@ -173,7 +185,7 @@ def plan_from_json(d: object) -> Plan:
         if not 0 < utilization <= 1:
             raise _BadPlan(f"gpu_memory_utilization must be in (0, 1], not {utilization}")
         return Plan(
-            mode=_text(d, "mode"),
+            mode=_choice(d, "mode", MODES),
             tp=tp,
             pp=pp,
             dp=dp,
@@ -186,7 +198,7 @@ def plan_from_json(d: object) -> Plan:
             max_model_len=_count(d, "max_model_len"),
             model=_text(d, "model", ""),
             family=_text(d, "family", ""),
-            workload=_text(d, "workload", "interactive"),
+            workload=_choice(d, "workload", WORKLOADS, "interactive"),
             gpu_memory_utilization=utilization,
             nodes=nodes,
             env=dict(env),

@@ -42,7 +42,7 @@ from launcher.planner.hardware import (
     REQUEST_OVERHEAD_S,
     STEP_OVERHEAD_S,
 )
-from launcher.planner.memfit import embedding_bytes, stage_share
+from launcher.planner.memfit import embedding_bytes, kv_shards, stage_share
 from launcher.probe.topology import (
     ASSUMED_PCIE_GEN,
     ASSUMED_PCIE_WIDTH,
@@ -228,11 +228,6 @@ def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
     return m.num_layers * layer + hops + STEP_OVERHEAD_S
 
 
-def _kv_shards(m: ModelSpec, tp: int) -> int:
-    # Past tp = kv_heads, vLLM replicates KV heads: the cache stops shrinking per GPU.
-    return min(tp, m.num_kv_heads)
-
-
 def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     """One decode step that advances ``batch`` sequences of ``context`` tokens by one token."""
     gpus = [g for stage in lay.stages for g in stage]
@@ -240,7 +235,8 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     share = stage_share(m, lay.pp)
     w_stage = streamed_weight_bytes(m, micro) * share / lay.tp
     w_stage /= weight_stream_efficiency(m, micro)
-    kv_stage = micro * m.kv_bytes(context) * share / _kv_shards(m, lay.tp)
+    # memfit's division of the cache (KV heads over TP, layers over PP), as sized
+    kv_stage = micro * m.kv_bytes(context) / kv_shards(m, lay.tp, lay.pp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
     flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) * share / lay.tp
     compute = flops / _flops_s(gpus, MFU_DECODE)

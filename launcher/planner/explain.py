@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from launcher.errors import PlanError
-from launcher.model.modelspec import GIB, ModelSpec
+from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit, whatif
 from launcher.planner.layouts import Links
 from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Plan, Policy, gib, label
@@ -126,15 +126,17 @@ def describe_model(m: ModelSpec) -> str:
     )
 
 
-def describe_choice(
-    c: Candidate, cands: Sequence[Candidate], workload: str, streams: int
-) -> list[str]:
+def describe_choice(c: Candidate, cands: Sequence[Candidate], policy: Policy) -> list[str]:
+    """Why ``c`` won, with its one-request time for the request shape the policy asked for
+    (the prediction is made for it)."""
     assert c.predicted is not None
     p = c.predicted
+    streams = policy.streams
     out = [
-        f"{label(c)} chosen for {workload} (concurrency {streams}): "
+        f"{label(c)} chosen for {policy.workload} (concurrency {streams}): "
         f"prefill {p.prefill_tok_s:.0f} tok/s, decode {p.decode_tok_s:.1f} tok/s, "
-        f"{p.e2e_s:.1f} s for 512→256, {p.throughput_tok_s:.0f} tok/s "
+        f"{p.e2e_s:.1f} s for {policy.prompt_tokens}→{policy.gen_tokens}, "
+        f"{p.throughput_tok_s:.0f} tok/s "
         f"over {streams} stream(s)"
     ]
     for o in cands:
@@ -151,11 +153,9 @@ def describe_choice(
 # ----------------------------------------------------------------------------------- no fit
 
 
-def no_fit(
-    topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate], replan: Replan
-) -> PlanError:
-    """GiB needed against GiB available, and what would fit, each with its context length."""
-    del replan  # the alternatives are sized with memfit directly
+def no_fit(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate]) -> PlanError:
+    """GiB needed against GiB available, and what would fit, each with its context length
+    (read from each candidate's own fit)."""
     sized = [c for c in cands if c.budget_gib > 0]
     if not sized:
         why = "; ".join(sorted({c.rejected or "" for c in cands}))
@@ -180,13 +180,8 @@ def no_fit(
         )
     fixes = whatif.say(
         whatif.options(m, topo.gpus, biggest, util, wanted, policy.kv_cache_bytes), wanted)
-    rooms = []
-    for c in sized:
-        gpus = [g for g in topo.gpus if g.index in c.gpus]
-        f = memfit.fit(m, gpus, c.tp, c.pp, c.gpu_memory_utilization, policy.kv_cache_bytes,
-                       policy.cpu_offload_gib * GIB)
-        rooms.append((f.context if f.kv_budget > 0 else 0, c))
-    shorter, c = max(rooms, key=lambda rc: rc[0])
+    rooms = [(c.fit.context if c.fit.kv_budget > 0 else 0, c) for c in sized if c.fit]
+    shorter, c = max(rooms, key=lambda rc: rc[0], default=(0, biggest))
     if shorter >= 256:
         fixes.append(f"a shorter context, --max-model-len {shorter} ({label(c)})")
     if not fixes:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from launcher.model.modelspec import GIB, ModelSpec
-from launcher.planner import costmodel, hardware, memfit
+from launcher.planner import costmodel, hardware, kernelcost, memfit
 from launcher.planner.costmodel import Layout, Link, Prediction
 from launcher.planner.memfit import Fit
 from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Policy, gib, mode_name
@@ -206,6 +206,7 @@ def evaluate(
         need_gib=gib(need),
         budget_gib=gib(f.budget),
         gpu_memory_utilization=util,
+        fit=f,
     )
     if util <= 0:
         return replace(
@@ -229,7 +230,11 @@ def evaluate(
                 f"({util:g} × {gib(smallest.memory_bytes)} GiB of {smallest.name}{held})"
             ),
         ), None
-    pred = costmodel.predict(
+    pred = kernelcost.layout_prediction(
+        m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
+        max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,
+        concurrency=policy.streams,
+    ) or costmodel.predict(
         m,
         lay,
         prompt=policy.prompt_tokens,

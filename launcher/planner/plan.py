@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, ModelSpec
-from launcher.planner import costmodel, hardware, memfit, whatif
+from launcher.planner import costmodel, hardware, kernelcost, memfit, whatif
 from launcher.planner.explain import (
     describe_choice,
     describe_model,
@@ -102,6 +102,12 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         concurrency=policy.streams,
     )
     context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
+    measured = kernelcost.cpu_prediction(
+        m, policy.kernels, kv_bytes=policy.cpu_kv_cache_gib * GIB, prompt=policy.prompt_tokens,
+        gen=policy.gen_tokens, concurrency=policy.streams,
+    )
+    if measured is not None:
+        pred = measured[0]
     # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
     # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
     tp, pp = policy.force_tp or 1, policy.force_pp or 1
@@ -127,9 +133,11 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         "no GPU found: CPU engine, 1 replica",
         *topo.notes,
         describe_model(m),
-        f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} GB/s "
-        f"of DRAM bandwidth: prefill {pred.prefill_tok_s:.0f} tok/s, "
-        f"decode {pred.decode_tok_s:.1f} tok/s",
+        (f"predicted from this CPU's kernel table ({'; '.join(measured[1])}): "
+         if measured is not None else
+         f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} "
+         "GB/s of DRAM bandwidth (no kernel table: `launcher probe --measure --model M`): ")
+        + f"prefill {pred.prefill_tok_s:.0f} tok/s, decode {pred.decode_tok_s:.1f} tok/s",
         *split,
     )
     return Plan(
@@ -200,7 +208,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         ]
     cands = _with_scores(cands)
     if not any(c.predicted for c in cands):
-        raise no_fit(topology, model, policy, cands, plan)
+        raise no_fit(topology, model, policy, cands)
     chosen = _choose(cands, policy.workload)
     env, flags, why = settings(topology, chosen)
     why += _user_memory_flags(policy, model)
@@ -233,8 +241,14 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         *describe_topology(topology, links, chosen.gpus),
         *topology.notes,
         describe_model(model),
-        *describe_choice(chosen, cands, policy.workload, policy.streams),
+        *describe_choice(chosen, cands, policy),
         *why,
+        kernelcost.speed_source(
+            policy.kernels,
+            policy.nodes == 1 and chosen.pp == 1
+            and kernelcost.table_for(policy.kernels, model, chosen.tp,
+                                     topology.gpu(chosen.gpus[0]).name) is not None,
+        ),
         *rejected,
         f"max_model_len {chosen.max_model_len}: "
         + (

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from launcher.model.modelspec import GIB
 from launcher.planner import hardware
 from launcher.planner.costmodel import Prediction
+from launcher.planner.memfit import Fit
+from launcher.probe.kernels import KernelTable
 
-WORKLOADS = ("interactive", "throughput")
+# What a plan's free-text fields may hold; plan files and options are checked against these at
+# the edge (engine/planfile.py, cli/planopts.py), so code past it never meets another value.
+Workload = Literal["interactive", "throughput"]
+Mode = Literal["single", "tp", "pp", "tp+pp", "dp"]
+EngineKind = Literal["gpu", "cpu"]
+WORKLOADS: tuple[Workload, ...] = get_args(Workload)
+MODES: tuple[Mode, ...] = get_args(Mode)
+ENGINES: tuple[EngineKind, ...] = get_args(EngineKind)
 MIN_CONTEXT = 4096  # below this a coding agent cannot work; shorter only when asked for
 
 
@@ -21,7 +31,7 @@ CPU_KV_CACHE_GIB = 1.0
 
 @dataclass(frozen=True)
 class Policy:
-    workload: str = "interactive"
+    workload: Workload = "interactive"
     concurrency: int | None = None  # streams to expect; default 1 (interactive) / 32 (throughput)
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -42,6 +52,9 @@ class Policy:
     kv_cache_bytes: int = 2  # --kv-cache-dtype fp8*: 1
     fp8_weights: bool = False  # --quantization fp8 on a 16-bit checkpoint: quantized at load
     cpu_offload_gib: float = 0.0  # --cpu-offload-gb: weights per GPU kept in CPU memory
+    # this model's kernel tables kept on this machine (`probe --measure --model`): candidates
+    # they cover are predicted from them, the rest by the roofline
+    kernels: tuple[KernelTable, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def streams(self) -> int:
@@ -58,7 +71,7 @@ class Scores:
 
 @dataclass(frozen=True)
 class Candidate:
-    mode: str
+    mode: Mode
     tp: int
     pp: int
     dp: int
@@ -73,16 +86,20 @@ class Candidate:
     # what vLLM is started with on these GPUs: the asked one, or lower where other processes
     # hold memory (memfit.startable_utilization)
     gpu_memory_utilization: float = 0.9
+    # The memory fit the candidate was judged by, kept so that the explanation and the
+    # alternatives read it instead of fitting again (None: read from a plan file, or rejected
+    # before sizing).
+    fit: Fit | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Plan:
-    mode: str  # 'single' | 'tp' | 'pp' | 'tp+pp' | 'dp'
+    mode: Mode
     tp: int
     pp: int
     dp: int
     gpus: tuple[int, ...]
-    engine: str  # 'gpu' | 'cpu'
+    engine: EngineKind
     transport: str  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net' | 'none'
     predicted: Prediction
     reasons: tuple[str, ...]
@@ -90,17 +107,19 @@ class Plan:
     max_model_len: int
     model: str
     family: str
-    workload: str
+    workload: Workload
     gpu_memory_utilization: float = 0.9
     nodes: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     flags: tuple[str, ...] = ()  # vLLM flags the layout needs (--disable-custom-all-reduce, ...)
 
 
-def mode_name(tp: int, pp: int, dp: int) -> str:
+def mode_name(tp: int, pp: int, dp: int) -> Mode:
     if dp > 1:
         return "dp"
-    return {(1, 1): "single"}.get((tp, pp)) or ("tp" if pp == 1 else "pp" if tp == 1 else "tp+pp")
+    if (tp, pp) == (1, 1):
+        return "single"
+    return "tp" if pp == 1 else "pp" if tp == 1 else "tp+pp"
 
 
 def gib(n: float) -> float:

@@ -128,11 +128,15 @@ def test_samples_are_empty_without_a_driver() -> None:
     assert sample_gpus(FakeNvml([], {}, driver_loaded=False)) == []
 
 
-def test_real_pynvml_on_this_machine_reads_zero_gpus_or_some() -> None:
-    # The real module against the real (absent) driver: never raises.
+def test_real_pynvml_samples_the_gpus_the_probe_reads_on_this_machine() -> None:
+    # The real module against this machine's driver (or its absence): never raises; the metrics
+    # sampler and the probe agree on which GPUs there are, and no GPU is always said why.
     topo = nvml.read_topology({})
-    assert isinstance(topo.gpus, tuple)
-    assert isinstance(sample_gpus(), list)
+    samples = sample_gpus()
+    assert [s.index for s in samples] == [g.index for g in topo.gpus]
+    assert [s.uuid for s in samples] == [g.uuid for g in topo.gpus]
+    if not topo.gpus:
+        assert topo.notes, "a reading without GPUs must say why"
 
 
 def test_a_gpu_nvml_cannot_open_is_left_out_with_a_note() -> None:

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from launcher.engine.render import render
 from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.planner import costmodel
+from launcher.planner.costmodel import Link
 from launcher.planner.plan import Candidate, Plan, Policy, plan
-from launcher.probe.topology import Measured, Topology, load_topology
+from launcher.probe.topology import Gpu, Measured, Topology, load_topology
 from tests.launcher.paths import TOPOLOGIES as TOPOLOGY_DIR
 from tests.launcher.paths import model, topo
 
@@ -335,12 +337,27 @@ def test_plan_is_pure_and_repeatable() -> None:
     assert plan(t, m, Policy()) == plan(t, m, Policy())
 
 
-def test_every_pair_of_8_gpus_is_considered_once() -> None:
+def test_each_shape_on_8_gpus_is_a_candidate_once() -> None:
     p = plan(T("8xh100-nvswitch"), M("mistral-7b"), Policy())
     shapes = [(c.tp, c.pp, c.dp) for c in p.candidates]
     assert len(shapes) == len(set(shapes))
     assert all(a * b * c <= 8 for a, b, c in shapes)
-    assert len(list(itertools.combinations(range(8), 2))) == 28
+    assert (8, 1, 1) in shapes  # the whole box as one TP group is among them
+
+
+def test_every_pair_of_8_gpus_has_its_link_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, int]] = []
+    real = costmodel.link_between
+
+    def counted(t: Topology, a: Gpu, b: Gpu) -> Link:
+        asked.append((a.index, b.index))
+        return real(t, a, b)
+
+    monkeypatch.setattr(costmodel, "link_between", counted)
+    plan(T("8xh100-nvswitch"), M("mistral-7b"), Policy())
+    pairs = [tuple(sorted(ab)) for ab in asked]
+    assert len(pairs) == len(set(pairs)), "a pair's link was computed more than once"
+    assert set(pairs) == set(itertools.combinations(range(8), 2))
 
 
 def test_measured_h200_links_keep_the_nvlink_versus_shm_shape() -> None:
