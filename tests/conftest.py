@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -42,6 +43,13 @@ class Stack:
     model_path: str
     launcher_pid: int | None
     log_path: Path
+    # The key `launcher serve` gave vLLM (its /v1 routes refuse requests without it); the
+    # proxy holds it, a test that talks to the engine directly sends it.
+    engine_key: str | None = None
+
+    @property
+    def engine_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.engine_key}"} if self.engine_key else {}
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
@@ -55,8 +63,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: f
     raise RuntimeError(f"stack not ready after {timeout_s:.0f}s:\n{log.read_text()[-4000:]}")
 
 
-def _served_model(base: str) -> str:
-    with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
+def _served_model(base: str, key: str | None) -> str:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    req = urllib.request.Request(f"{base}/v1/models", headers=headers)
+    with urllib.request.urlopen(req, timeout=5) as resp:
         return str(json.load(resp)["data"][0]["id"])
 
 
@@ -72,6 +82,7 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     logs = tmp_path_factory.mktemp("stack")
     proxy_port = free_port()
     reuse = os.environ.get("TOPOSERVE_TEST_VLLM_URL")
+    key = None if reuse else secrets.token_urlsafe(16)
     if reuse:
         argv = [sys.executable, "-m", "server", "--upstream", reuse, "--port", str(proxy_port)]
         vllm_url = reuse.rstrip("/")
@@ -84,15 +95,22 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     # Development mode opens vLLM's /pause and /resume, with which a test fixes the order of
     # events between a client and the engine instead of racing the engine's speed.
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if key:
+        env["TOPOSERVE_ENGINE_API_KEY"] = key
+        # loadgen pointed at the engine directly reads its key from here, as a user would
+        # export it; the proxy (no keys of its own) drops a client's key and sends its own.
+        os.environ["TOPOSERVE_API_KEY"] = key
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True, env=env)
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     try:
         _wait_ready(f"{proxy_url}/ready", proc, log, STACK_START_TIMEOUT_S)
-        yield Stack(vllm_url, proxy_url, _served_model(vllm_url), tiny_model_path,
-                    None if reuse else proc.pid, log)
+        yield Stack(vllm_url, proxy_url, _served_model(vllm_url, key), tiny_model_path,
+                    None if reuse else proc.pid, log, key)
     finally:
+        if key:
+            os.environ.pop("TOPOSERVE_API_KEY", None)
         serving = processes_serving(proxy_port, *([] if reuse else [vllm_url.rsplit(":", 1)[1]]))
         groups = {pgid for pgid, _ in serving}
         proc.send_signal(signal.SIGTERM)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from rich.markup import escape
 from launcher.cli import argtypes, planopts
 from launcher.engine import supervise
 from launcher.engine.enginecmd import NodePlace
+from launcher.engine.extras import EngineExtras, media_protection
 from launcher.engine.launchspec import LaunchSpec, replica_specs
 from launcher.engine.serve import Supervision, run
 from launcher.errors import LauncherError, ModelError, PlanError
@@ -55,8 +58,61 @@ def add_parser(sub: Any) -> None:
                    help="a node other than the head (--node-rank 1..): seconds to look for the "
                    "head before giving up (default 120)")
     p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
+    add_protection_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
     p.set_defaults(func=main)
+
+
+def add_protection_arguments(p: argparse.ArgumentParser) -> None:
+    """The proxy's local-serving protections (server/guard.py, server/conncap.py), passed on to
+    it, and the engine's side of the media check."""
+    p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
+                   help="proxy: Host names (comma-separated, repeatable) accepted besides "
+                   "loopback ones and --host; '*' turns the check off")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGINS",
+                   help="proxy: web origins (scheme://host[:port]) a proxy without keys takes "
+                   "requests from besides its own and loopback ones; '*' turns the check off")
+    p.add_argument("--allow-internal-media", action="store_true",
+                   help="relay media URLs pointing at this machine or a private network, and "
+                   "let vLLM fetch media from any host and follow redirects (default: refused)")
+    p.add_argument("--allowed-media-domains", action="append", default=[], metavar="HOSTS",
+                   help="exact host names (comma-separated, repeatable) vLLM may fetch media "
+                   "URLs from (default: none; data: URLs still work)")
+    p.add_argument("--max-connections", type=argtypes.count, metavar="N",
+                   help="proxy: open client connections at most (default: half the "
+                   "descriptor limit)")
+
+
+def proxy_options(args: argparse.Namespace) -> tuple[str, ...]:
+    """serve's protection options as the proxy's own words (`tune` has none of them)."""
+    words: list[str] = []
+    for flag, dest in (("--allowed-hosts", "allowed_hosts"),
+                       ("--allowed-origins", "allowed_origins")):
+        for value in getattr(args, dest, None) or []:
+            words += [flag, value]
+    if getattr(args, "allow_internal_media", False):
+        words.append("--allow-internal-media")
+    if getattr(args, "max_connections", None) is not None:
+        words += ["--max-connections", str(args.max_connections)]
+    return tuple(words)
+
+
+def engine_extras(args: argparse.Namespace) -> EngineExtras:
+    from launcher.engine.vllmflags import installed_engine_flags
+
+    domains = [d.strip() for v in getattr(args, "allowed_media_domains", None) or []
+               for d in v.split(",") if d.strip()]
+    media = media_protection(domains, allow_internal=getattr(args, "allow_internal_media", False))
+    return replace(media, known=installed_engine_flags())
+
+
+ENGINE_KEY_ENV = "TOPOSERVE_ENGINE_API_KEY"
+
+
+def engine_key(env: Mapping[str, str]) -> str:
+    """vLLM's key for this run: TOPOSERVE_ENGINE_API_KEY where the user wants to reach the
+    engine directly too (loadgen against the engine's port), else a new random one."""
+    return env.get(ENGINE_KEY_ENV, "").strip() or secrets.token_urlsafe(32)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -170,12 +226,18 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                       revision=getattr(args, "revision", None),
                       tokenizer_tokens=tokenizer_tokens(model.path),
                       chat_template=chat_template(model.path),
-                      custom_code=model.custom_code, place=place)
+                      custom_code=model.custom_code, place=place,
+                      extras=engine_extras(args))
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
+    headless = place is not None and place.headless
     return LaunchSpec(
         model_ref=model_ref, served_name=served, host=args.host, port=args.port,
         api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
         summary=summary_lines(chosen, replicas, model_ref, (*plan_notes, *rendered.notes)),
+        # A new key every run: only this run's proxy knows it, so a web page that finds
+        # vLLM's loopback port cannot drive it. A headless node serves no API.
+        engine_api_key=None if headless else engine_key(os.environ),
+        proxy_args=proxy_options(args),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.engine.enginecmd import EngineCommand
 
@@ -49,6 +49,10 @@ class LaunchSpec:
     replicas: tuple[ReplicaSpec, ...]
     plan_info: Mapping[str, str]
     summary: tuple[str, ...]
+    # vLLM's own key for this run (VLLM_API_KEY), which the proxy sends upstream: a web page
+    # that reaches the engine's loopback port directly gets 401 on /v1. Never printed.
+    engine_api_key: str | None = field(default=None, repr=False)
+    proxy_args: tuple[str, ...] = ()  # the proxy's local-serving options (server/config.py)
 
     @property
     def base_url(self) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.engine.enginecmd import EngineCommand, NodePlace, replicas
+from launcher.engine.extras import EngineExtras
+from launcher.engine.vllmflags import keep_known
 from launcher.model.toolcalls import choose_tool_parser
 from launcher.planner.plan import Plan
 from launcher.planner.plantypes import CPU_KV_CACHE_GIB
@@ -97,8 +99,10 @@ def render(
     custom_code: bool = False,
     chat_template: str | None = None,
     place: NodePlace | None = None,
+    extras: EngineExtras | None = None,
 ) -> Rendered:
-    """The engines that run ``plan``: replica ``i`` listens on ``port + i``."""
+    """The engines that run ``plan``: replica ``i`` listens on ``port + i``. ``extras``: flags
+    beyond the layout (serve's), each kept only where the installed vLLM takes it."""
     opts = EngineOptions(served_name=served_name, host=host, port=port,
                          trust_remote_code=trust_remote_code, ray_address=ray_address,
                          extra_args=tuple(extra_args), cpu_ids=tuple(cpu_ids),
@@ -106,6 +110,11 @@ def render(
                          chat_template=chat_template, place=place)
     cmd = engine_command(plan, model_ref, opts, user_env)
     notes: list[str] = []
+    if extras is not None:
+        words, left_out = keep_known(extras.flags, extras.known)
+        # Before the user's own flags (extra_args), which still win.
+        cmd = replace(cmd, layout_flags=(*cmd.layout_flags, *words)).with_env(**extras.env)
+        notes += left_out
     if custom_code and not trust_remote_code:
         notes.append("config.json names its own modelling code (auto_map) for a model type this "
                      "transformers does not know: vLLM will refuse it without "

@@ -29,6 +29,9 @@ from launcher.engine.failures import Diagnosis
 from launcher.engine.launchspec import LaunchSpec, ReplicaSpec
 from launcher.errors import EngineError
 
+ENGINE_KEY_ENV = "VLLM_API_KEY"  # vLLM checks it on /v1 routes (not /health, /metrics)
+UPSTREAM_KEY_ENV = "TOPOSERVE_UPSTREAM_API_KEY"  # what the proxy sends its engines (server/config)
+
 
 @dataclass(frozen=True)
 class Supervision:
@@ -85,11 +88,16 @@ class Runner:
     # -- building children -------------------------------------------------------------------
 
     def _engine_child(self, replica: ReplicaSpec) -> supervise.Child:
-        return self.engine_child(replica, self.sup)
+        return self.engine_child(replica, self.sup, self.spec.engine_api_key)
 
     @staticmethod
-    def engine_child(replica: ReplicaSpec, sup: Supervision) -> supervise.Child:
+    def engine_child(replica: ReplicaSpec, sup: Supervision,
+                     api_key: str | None = None) -> supervise.Child:
         env = {**os.environ, **replica.env}
+        if api_key:
+            # Through the environment (argv is readable by every local user); set here, not in
+            # the command, so that the printed command never shows it.
+            env[ENGINE_KEY_ENV] = api_key
         place = replica.command.place
         prefix = engine_prefix(os.environ, headless=place is not None and place.headless)
         argv = engine_argv(replica.argv, prefix)
@@ -104,7 +112,10 @@ class Runner:
         argv += ["--plan-info", json.dumps(s.plan_info, sort_keys=True)]
         # The proxy drains for as long as the launcher waits for it, and no longer.
         argv += ["--drain-timeout", f"{self.sup.grace_s:g}"]
+        argv += list(s.proxy_args)
         env = dict(os.environ)
+        if s.engine_api_key:
+            env[UPSTREAM_KEY_ENV] = s.engine_api_key
         if s.api_keys:
             # Keys go through the environment, never argv, which any local user can read.
             env["TOPOSERVE_API_KEYS"] = ",".join(s.api_keys)

@@ -79,7 +79,8 @@ def test_tool_requests_pass_through(stack: Any) -> None:
     # request for the next test's stream for 30 s, which hid what that test checks.)
     body = {"model": stack.model, "messages": history[:1], "tools": TOOLS,
             "tool_choice": "auto", "max_tokens": 8, "ignore_eos": True}
-    direct = httpx.post(stack.vllm_url + "/v1/chat/completions", json=body, timeout=60)
+    direct = httpx.post(stack.vllm_url + "/v1/chat/completions", json=body, timeout=60,
+                        headers=stack.engine_headers)
     proxied = httpx.post(stack.proxy_url + "/v1/chat/completions", json=body, timeout=60)
     assert proxied.status_code == direct.status_code == 200
     got, want = proxied.json(), direct.json()
@@ -95,7 +96,8 @@ def test_other_vllm_routes_pass_through(stack: Any, path: str) -> None:
         direct = httpx.post(stack.vllm_url + path, json=body)
         proxied = httpx.post(stack.proxy_url + path, json=body)
     else:
-        direct, proxied = httpx.get(stack.vllm_url + path), httpx.get(stack.proxy_url + path)
+        direct = httpx.get(stack.vllm_url + path, headers=stack.engine_headers)
+        proxied = httpx.get(stack.proxy_url + path)
     assert proxied.status_code == direct.status_code == 200
     if path == "/tokenize":
         assert proxied.json() == direct.json()
@@ -185,8 +187,10 @@ def test_anthropic_messages_stream_passes_through(stack: Any) -> None:
             "messages": [{"role": "user", "content": "hi"}]}
     # Once first, so that both answers below are computed alike: the first sight of a prompt
     # fills vLLM's prefix cache, and a cached prefix is computed differently from a fresh one.
-    assert httpx.post(stack.vllm_url + "/v1/messages", json=body, timeout=60).status_code == 200
-    direct = httpx.post(stack.vllm_url + "/v1/messages", json=body, timeout=60)
+    direct_key = stack.engine_headers
+    assert httpx.post(stack.vllm_url + "/v1/messages", json=body, timeout=60,
+                      headers=direct_key).status_code == 200
+    direct = httpx.post(stack.vllm_url + "/v1/messages", json=body, timeout=60, headers=direct_key)
     proxied = httpx.post(stack.proxy_url + "/v1/messages", json=body, timeout=60)
     assert proxied.status_code == direct.status_code == 200
     assert proxied.headers["content-type"] == direct.headers["content-type"]
