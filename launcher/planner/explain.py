@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit, whatif
 from launcher.planner.layouts import Links
-from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Plan, Policy, gib, label
+from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Policy, gib, label
 from launcher.probe.topology import ANCESTOR_RANK, Topology
-
-Replan = Callable[[Topology, ModelSpec, Policy], Plan]
-
 
 # ------------------------------------------------------------------------------ the settings
 

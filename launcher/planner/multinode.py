@@ -9,7 +9,6 @@ from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware
 from launcher.planner.costmodel import Link
-from launcher.planner.explain import Replan
 from launcher.planner.layouts import (
     Links,
     Shape,
@@ -62,21 +61,15 @@ def _node_candidate(
     return replace(cand, transport="net") if s.tp == 1 else cand
 
 
-def per_node_note(topo: Topology, m: ModelSpec, policy: Policy, replan: Replan) -> list[str]:
-    """When one node holds the model, replicas per node beat any split over the network."""
-    try:
-        one = replan(
-            topo,
-            m,
-            replace(
-                policy, nodes=1, gpus_per_node=None, force_tp=None, force_pp=None, force_dp=None
-            ),
-        )
-    except PlanError:
+def per_node_note(m: ModelSpec, policy: Policy, one: Candidate | None) -> list[str]:
+    """When one node holds the model (``one``: the best layout on a single node, None where
+    none fits), replicas per node beat any split over the network."""
+    if one is None or one.predicted is None:
         return [f"one node cannot hold {m.name}: the split over {policy.nodes} nodes is needed"]
+    tput = one.predicted.throughput_tok_s
     return [
-        f"one node holds {m.name} ({mode_name(one.tp, one.pp, one.dp)} TP={one.tp} PP={one.pp}, "
-        f"{one.predicted.throughput_tok_s:.0f} tok/s there): {policy.nodes} independent replicas, "
+        f"one node holds {m.name} ({one.mode} TP={one.tp} PP={one.pp}, "
+        f"{tput:.0f} tok/s there): {policy.nodes} independent replicas, "
         "one `launcher serve` per node behind a load balancer, avoid the network entirely and "
-        f"would give ~{policy.nodes * one.predicted.throughput_tok_s:.0f} tok/s together"
+        f"would give ~{policy.nodes * tput:.0f} tok/s together"
     ]

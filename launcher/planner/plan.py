@@ -34,7 +34,7 @@ from launcher.planner.plantypes import (
     mode_name,
     shape_label,
 )
-from launcher.probe.topology import Topology
+from launcher.probe.topology import Gpu, Topology
 
 __all__ = ["MIN_CONTEXT", "WORKLOADS", "Candidate", "Plan", "Policy", "Scores", "mode_name", "plan"]
 
@@ -175,6 +175,18 @@ def _user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
     return out
 
 
+def _best_on_one_node(
+    model: ModelSpec, policy: Policy, links: Links, usable: Sequence[Gpu]
+) -> Candidate | None:
+    """The layout one node would be given on its own (what replicas per node would run), from
+    the same search, without planning again; None where nothing fits one node."""
+    one = replace(policy, nodes=1, gpus_per_node=None, force_tp=None, force_pp=None,
+                  force_dp=None)
+    cands = _with_scores([best_candidate(model, one, links, usable, s)[0]
+                          for s in shapes(len(usable), one)])
+    return _choose(cands, one.workload) if any(c.predicted for c in cands) else None
+
+
 def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> Plan:
     """The best layout of ``model`` on ``topology`` for ``policy``, with every candidate and reason.
 
@@ -229,7 +241,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
             "assumed); vLLM's own multi-node executor (serve --node-rank --master-addr), or Ray "
             "with --ray-address"
         )
-        why += per_node_note(topology, model, policy, plan)
+        why += per_node_note(model, policy, _best_on_one_node(model, policy, links, usable))
     rejected = [
         f"rejected {label(c) if c.gpus else shape_label(c)}: {c.rejected}"
         for c in cands

@@ -58,6 +58,23 @@ def test_a_model_one_node_holds_gets_the_replica_advice() -> None:
     assert any("independent replicas" in r for r in p.reasons)
 
 
+@pytest.mark.parametrize(("node", "model_name"), [(str(H200), "qwen2.5-32b"),
+                                                  (topo("4x4090-2socket"), "llama-3.1-8b")])
+def test_the_replica_advice_names_the_plan_one_node_gets(node: str, model_name: str) -> None:
+    t, m = load_topology(node, {}), load_model_spec(model(model_name))
+    one = plan(t, m, Policy(nodes=1))
+    [note] = [r for r in plan(t, m, Policy(nodes=2)).reasons if "independent replicas" in r]
+    assert f"({one.mode} TP={one.tp} PP={one.pp}, " in note
+    assert f"{one.predicted.throughput_tok_s:.0f} tok/s there" in note
+    assert f"~{2 * one.predicted.throughput_tok_s:.0f} tok/s together" in note
+
+
+def test_a_model_no_single_node_holds_is_said_to_need_the_split() -> None:
+    p = plan(load_topology(topo("4x4090-2socket"), {}), load_model_spec(model("llama-3.3-70b")),
+             Policy(nodes=2))
+    assert any("one node cannot hold llama-3.3-70b" in r for r in p.reasons)
+
+
 def test_nodes_without_gpus_run_one_layer_stage_each_on_the_cpu_engine() -> None:
     p = plan(Topology(gpus=()), load_model_spec(model("mistral-7b")), Policy(nodes=2))
     assert (p.engine, p.tp, p.pp, p.dp) == ("cpu", 1, 2, 1)
