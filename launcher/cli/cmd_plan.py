@@ -10,20 +10,27 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from launcher.cli import argtypes, planopts
+from launcher.cli import agentopts, argtypes, kerneltables, planopts
 from launcher.engine.enginecmd import NodePlace
 from launcher.engine.planfile import plan_to_json
 from launcher.engine.render import Rendered, render
+from launcher.engine.vllmflags import installed_engine_flags
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.model.toolcalls import chat_template, tokenizer_tokens
-from launcher.planner.plan import Candidate, Plan, plan
+from launcher.planner.agent import AgentPlan
+from launcher.planner.plan import Candidate, Plan
 from launcher.probe.topology import load_topology
 
 
-def make_plan(args: argparse.Namespace) -> tuple[Plan, ModelSpec]:
+def make_agent_plan(args: argparse.Namespace) -> tuple[Plan, ModelSpec, AgentPlan | None]:
     topo = load_topology(args.topology, os.environ)
     model = load_model_spec(args.model, revision=args.revision)
-    return plan(topo, model, planopts.policy_from_args(args)), model
+    ask = agentopts.agent_ask(args)
+    policy = replace(planopts.policy_from_args(args),
+                     kernels=kerneltables.cached(model, topo, os.environ))
+    chosen, ap = agentopts.plan_with_agent(topo, model, policy, ask,
+                                           agentopts.free_memory(os.environ) if ask else None)
+    return chosen, model, ap
 
 
 def add_parser(subparsers: Any) -> None:
@@ -47,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from launcher.cli.cmd_serve import check_engine_group, resolve_model
 
     place = planopts.node_place(args)
-    chosen, model = make_plan(args)
+    chosen, model, ap = make_agent_plan(args)
+    # the agent plan's flags, kept where the installed vLLM takes them (as serve does)
+    extras = agentopts.agent_extras(ap, installed_engine_flags()) if ap else None
     check_engine_group(chosen, place, args.ray_address)
     model_ref, default_name = resolve_model(args.model)
 
@@ -69,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             chat_template=chat_template(model.path),
             custom_code=model.custom_code,
             place=where,
+            extras=extras,
         )
 
     rendered = rendered_for(place)

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from launcher.cli import argtypes, planopts
+from launcher.cli import agentopts, argtypes, planopts
 from launcher.engine import supervise
 from launcher.engine.enginecmd import NodePlace
 from launcher.engine.extras import EngineExtras, media_protection
@@ -22,6 +22,7 @@ from launcher.engine.launchspec import LaunchSpec, replica_specs
 from launcher.engine.serve import Supervision, run
 from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.model import tinymodel
+from launcher.planner.agent import AgentPlan
 
 
 def add_parser(sub: Any) -> None:
@@ -188,7 +189,6 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     from launcher.engine.render import render
     from launcher.model.modelspec import load_model_spec
     from launcher.model.toolcalls import chat_template, tokenizer_tokens
-    from launcher.planner.plan import plan
     from launcher.probe.topology import load_topology
 
     model_ref, default_name = resolve_model(args.model)
@@ -196,6 +196,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     model = load_model_spec(model_ref, revision=getattr(args, "revision", None))
     extra = planopts.extra_args(args)
     plan_notes: tuple[str, ...] = ()
+    agent: AgentPlan | None = None
     if args.plan is not None:
         saved = read_plan_file(args.plan)
         chosen = plan_from_json(saved)
@@ -208,8 +209,10 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         plan_notes = (elsewhere,) if elsewhere else ()
     else:
         try:
-            chosen = plan(load_topology(args.topology, os.environ), model,
-                          planopts.policy_from_args(args))
+            ask = agentopts.agent_ask(args)
+            chosen, agent = agentopts.plan_with_agent(
+                load_topology(args.topology, os.environ), model, planopts.policy_from_args(args),
+                ask, agentopts.free_memory(os.environ) if ask else None)
         except PlanError as exc:
             if args.ray_address and args.nodes == 1 and (args.pp or 1) > 1:
                 # The topology is this node's: stages meant for the other nodes must be said.
@@ -227,7 +230,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
                       tokenizer_tokens=tokenizer_tokens(model.path),
                       chat_template=chat_template(model.path),
                       custom_code=model.custom_code, place=place,
-                      extras=engine_extras(args))
+                      extras=engine_extras(args) + agentopts.agent_extras(agent, None))
     replicas = replica_specs(rendered.engines, supervise.reachable_host)
     headless = place is not None and place.headless
     return LaunchSpec(

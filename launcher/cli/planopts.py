@@ -7,7 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
-from launcher.cli import argtypes
+from launcher.cli import agentopts, argtypes
 from launcher.engine.enginecmd import NodePlace
 from launcher.errors import LauncherError, PlanError
 from launcher.planner import hardware
@@ -22,9 +22,10 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
     p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--topology", metavar="FILE",
                    help="saved topology (probe --save, or an NVML dump) instead of NVML")
-    p.add_argument("--workload", choices=WORKLOADS, default="interactive",
+    p.add_argument("--workload", choices=(*WORKLOADS, agentopts.AGENT), default="interactive",
                    help="interactive: one agent, latency first (default); throughput: many "
-                   "streams")
+                   "streams; agent: --sessions S keeping --context D tokens each warm")
+    agentopts.add_agent_arguments(p)
     p.add_argument("--concurrency", type=argtypes.count,
                    help="streams to expect (default 1 interactive, 32 throughput)")
     p.add_argument("--max-model-len", type=argtypes.count,
@@ -50,7 +51,9 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
 def policy_from_args(args: argparse.Namespace) -> Policy:
     kv_bytes, fp8_weights, offload = engine_memory_flags(extra_args(args))
     return Policy(
-        workload=args.workload,
+        # an agent workload is planned as an interactive one, then for its sessions' KV room
+        # (cli/agentopts.py)
+        workload="interactive" if args.workload == agentopts.AGENT else args.workload,
         concurrency=args.concurrency,
         max_model_len=args.max_model_len,
         prompt_tokens=args.prompt,

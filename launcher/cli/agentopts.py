@@ -1,0 +1,126 @@
+"""`--workload agent --sessions S --context D` for plan and serve: the options, the host's free
+memory, and the agent plan made from them (launcher.planner.agent)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+
+from launcher.engine.extras import EngineExtras
+from launcher.engine.vllmflags import OptionalFlag
+from launcher.errors import PlanError
+from launcher.model.modelspec import ModelSpec
+from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
+from launcher.planner.plan import Plan, plan
+from launcher.planner.plantypes import Policy
+from launcher.probe.topology import Topology
+
+AGENT = "agent"
+# loadgen's convention (--depth 8k,32K): k and m are ×1000, K and M ×1024
+_TOKENS = re.compile(r"(\d{1,12})(?:\.(\d{1,6}))?([kKmM]?)")
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "K": 2**10, "M": 2**20}
+MAX_TOKENS = 10**8  # past every model's context by far; a typo, not a plan
+
+
+def tokens(text: str) -> int:
+    """A token count: '64k' 64000, '64K' 65536, '1.5k' 1500, '32768'; at least 1."""
+    match = _TOKENS.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a token count like 32768, 64k (x1000) or 64K (x1024), not {text!r}")
+    whole, frac, suffix = match.groups()
+    value = Decimal(f"{whole}.{frac or 0}") * _SCALE[suffix]
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    if not 1 <= value <= MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"a token count from 1 to {MAX_TOKENS:,}, not {text!r}")
+    return int(value)
+
+
+def sessions(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of sessions, not {text!r}"
+                                         ) from None
+    if not 1 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"sessions from 1 to 4096, not {value}")
+    return value
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sessions", type=sessions, metavar="S",
+                   help="--workload agent: coding-agent sessions served at once (default 1)")
+    p.add_argument("--context", type=tokens, metavar="D",
+                   help="--workload agent: the prefix each session keeps, in tokens (64k = "
+                   "64000, 64K = 65536): what a turn's first token waits on")
+
+
+def host_free_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The kernel's MemAvailable (what can be taken without swapping); None where unreadable."""
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    match = re.search(r"^MemAvailable:\s+(\d+) kB$", text, re.M)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def agent_ask(args: argparse.Namespace) -> AgentAsk | None:
+    """The agent workload asked for, or None; one line for agent options without it."""
+    workload = getattr(args, "workload", None)
+    s, d = getattr(args, "sessions", None), getattr(args, "context", None)
+    if workload != AGENT:
+        if s is not None or d is not None:
+            raise PlanError("--sessions and --context plan for coding-agent sessions: add "
+                            "--workload agent")
+        return None
+    if d is None:
+        raise PlanError("--workload agent needs --context D: the tokens each session keeps "
+                        "(e.g. --context 32k)")
+    return AgentAsk(s or 1, d, args.prompt, args.gen)
+
+
+def plan_with_agent(topo: Topology, model: ModelSpec, policy: Policy, ask: AgentAsk | None,
+                    env_free: int | None) -> tuple[Plan, AgentPlan | None]:
+    """The plan, and for an agent workload the agent plan it was made to serve: the layout and
+    KV size the agent plan chose, planned again so that the rest of the plan follows them."""
+    if ask is None:
+        return plan(topo, model, policy), None
+    base = plan(topo, model, replace(policy, concurrency=ask.sessions))
+    try:
+        ap = agent_plan(topo, model, policy, base, ask, env_free)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    final = plan(topo, model, agent_policy(policy, ap))
+    # The FP8 KV cache is the agent plan's choice, not a flag of the user's: said once, by it.
+    own = "--kv-cache-dtype fp8 (your vLLM flag)"
+    kept = tuple(r for r in final.reasons if not (ap.kv_dtype_bytes == 1
+                                                   and policy.kv_cache_bytes == 2
+                                                   and r.startswith(own)))
+    return replace(final, reasons=(*kept, *ap.reasons)), ap
+
+
+def agent_extras(ap: AgentPlan | None, known: frozenset[str] | None) -> EngineExtras:
+    if ap is None:
+        return EngineExtras(known=known)
+    return EngineExtras(tuple(OptionalFlag(f.words, f.why) for f in ap.flags), known=known)
+
+
+def free_memory(env: Mapping[str, str]) -> int | None:
+    """The host's free memory for KV offloading: TOPOSERVE_HOST_FREE_GIB where set (planning
+    for another machine), else this one's MemAvailable."""
+    raw = env.get("TOPOSERVE_HOST_FREE_GIB", "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise PlanError(f"TOPOSERVE_HOST_FREE_GIB={raw!r}: a number of GiB") from None
+        if not 0 <= value < 1e6:
+            raise PlanError(f"TOPOSERVE_HOST_FREE_GIB={raw!r}: a number of GiB, 0 or more")
+        return int(value * 2**30)
+    return host_free_bytes()

@@ -1,0 +1,425 @@
+"""Planning for coding agents: S sessions that each keep a D-token prefix warm. Pure.
+
+A coding agent resends its whole conversation every turn; what the user waits for is the first
+token of a turn at depth D. That is fast only while the session's prefix is still in vLLM's
+prefix cache. With S sessions taking turns, vLLM's LRU eviction over a cache that holds fewer
+than S prefixes evicts each one before its next turn (the accesses cycle), so every turn pays for
+its whole prefix again. This module decides, for the plan's candidate layouts:
+
+- how many D-token sessions each layout's KV cache holds on the GPUs (TP and PP divide the cache
+  over their GPUs; replicas each keep their own sessions, so they add no room per session);
+- whether an FP8 KV cache (one byte per element: e4m3 from Ada/Hopper on, e5m2 on Ampere, as
+  vLLM's kernels take them) makes them fit;
+- whether KV offloading to host memory (vLLM's native backend) does, sized from the free RAM,
+  with its cost per turn: the prefix copied back over the GPU's PCIe link;
+- or whether only a shorter context fits;
+
+with a reason for each, and a predicted time to first token per turn at depth for each option:
+the cost model's prefill of the new tokens with the prefix cached (the attention over the cached
+prefix included), the copy from host memory, or the whole prefix recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from launcher.model.modelspec import GIB, ModelSpec
+from launcher.planner import costmodel, hardware, memfit
+from launcher.planner.costmodel import Layout
+from launcher.planner.layouts import Links
+from launcher.planner.plantypes import Candidate, Plan, Policy, label
+from launcher.probe.topology import Gpu, Topology
+
+# Share of the host's free memory the offloaded KV may take: the rest is for the OS, vLLM's own
+# host buffers (pinned staging, the tokenizer, Python) and the user's editor and tools.
+# An assumption, said in the plan.
+HOST_OFFLOAD_SHARE = 0.5
+# vLLM's FP8 KV kernels: e4m3 needs the FP8 units of Ada (sm 8.9) and Hopper; Ampere (sm 8.x)
+# stores e5m2 and converts in the kernel. Older cards: not proposed.
+FP8_E4M3_CC = (8, 9)
+FP8_MIN_CC = (8, 0)
+# Sessions up to this many are an interactive load: vLLM's interactivity mode (fine-grained
+# CUDA graphs up to 32 sequences) serves them; more and its throughput default is kept.
+INTERACTIVITY_MAX_SESSIONS = 32
+
+OptionName = Literal["gpu", "fp8", "offload", "shorter"]
+
+
+@dataclass(frozen=True)
+class AgentAsk:
+    sessions: int  # agent sessions served at once
+    context: int  # the prefix each keeps, in tokens (the depth a turn starts at)
+    turn_tokens: int = 512  # new tokens a turn adds (the user's message, tool output)
+    gen_tokens: int = 256
+
+    @property
+    def request_tokens(self) -> int:
+        """One turn's whole request: the prefix, the new tokens and the answer."""
+        return self.context + self.turn_tokens + self.gen_tokens
+
+
+@dataclass(frozen=True)
+class Room:
+    """One layout with one KV element size: what it holds and what a turn costs on it."""
+
+    layout: str
+    tp: int
+    pp: int
+    dp: int
+    kv_dtype: str  # 'auto' (the model's 16 bits), 'fp8_e4m3' or 'fp8_e5m2'
+    held: int  # D-token sessions one replica's GPU cache holds
+    need: int  # sessions each replica serves
+    kv_budget_bytes: float  # one replica's KV memory
+    ttft_warm_s: float  # a turn whose prefix is in the GPU cache
+    ttft_cold_s: float  # a turn whose prefix is recomputed
+    copy_s: float  # the prefix copied from host memory to the replica's GPUs
+    lay: Layout | None = field(default=None, compare=False, repr=False)  # None: the CPU engine
+
+    @property
+    def fits(self) -> bool:
+        return self.held >= self.need
+
+
+@dataclass(frozen=True)
+class Option:
+    name: OptionName
+    ok: bool
+    reason: str
+    ttft_s: float | None  # predicted time to first token per turn at depth; None: not possible
+
+
+@dataclass(frozen=True)
+class FlagWish:
+    """A vLLM flag the agent plan asks for (words: the flag, then its values) and what for; the
+    engine stage keeps it only where the installed vLLM takes it."""
+
+    words: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    ask: AgentAsk
+    choice: OptionName
+    room: Room  # the chosen layout and KV element size
+    context: int  # the depth served: the asked one, or shorter where nothing else fits
+    offload_gib: float  # per replica (vLLM's --kv-offloading-size: over all its TP ranks)
+    options: tuple[Option, ...]
+    rooms: tuple[Room, ...]  # every layout considered, 16-bit and FP8
+    reasons: tuple[str, ...]
+    flags: tuple[FlagWish, ...]
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        return 1 if self.room.kv_dtype.startswith("fp8") else 2
+
+
+# ------------------------------------------------------------------------------- the cost
+
+
+def fp8_kv_dtype(gpus: Sequence[Gpu]) -> str | None:
+    """The FP8 KV format vLLM runs on every one of ``gpus``; None where one is older than Ampere
+    or its compute capability is unknown (nothing is assumed)."""
+    ccs = [g.cc for g in gpus]
+    if not ccs or any(cc is None or cc < FP8_MIN_CC for cc in ccs):
+        return None
+    return "fp8_e4m3" if all(cc is not None and cc >= FP8_E4M3_CC for cc in ccs) else "fp8_e5m2"
+
+
+def layout_of(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> Layout:
+    """The cost model's view of a candidate's first replica (its GPUs come replica, stage,
+    TP rank first, as vLLM ranks them)."""
+    by_index = {g.index: g for g in topo.gpus}
+    replica = [by_index[i] for i in c.gpus[:c.tp * c.pp]]
+    stages = tuple(tuple(replica[s * c.tp:(s + 1) * c.tp]) for s in range(c.pp))
+    tp_link = (costmodel.worst_link([links.group(st) for st in stages]) if c.tp > 1
+               else costmodel.NO_LINK)
+    hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(c.pp - 1)]
+    pp_link = costmodel.worst_link(hops) if c.pp > 1 else costmodel.NO_LINK
+    return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget)
+
+
+def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int) -> tuple[float, float]:
+    """(warm, cold) time to first token of a turn of ``new`` tokens after ``depth`` tokens: warm
+    with the prefix in the cache (the cost model's prefill of the new tokens, plus what their
+    attention over the cached prefix adds: the model's own prefill difference less that of the
+    new tokens alone), cold with the prefix recomputed too."""
+    fresh = costmodel.prefill_s(m, lay, new)
+    extra = (costmodel.prefill_s(m, lay, depth + new) - costmodel.prefill_s(m, lay, depth)
+             - (fresh - costmodel.prefill_s(m, lay, 0)))
+    warm = fresh + max(0.0, extra) + hardware.REQUEST_OVERHEAD_S
+    cold = costmodel.prefill_s(m, lay, depth + new) + hardware.REQUEST_OVERHEAD_S
+    return warm, cold
+
+
+def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int) -> float:
+    """The prefix's KV copied from host memory to one replica: each GPU loads its own share over
+    its own PCIe link (NVML's negotiated generation and width, at the planner's PCIe
+    efficiency), so the slowest link sets the time."""
+    gpus = [g for st in lay.stages for g in st]
+    share = m.kv_bytes(depth, kv_dtype_bytes) / max(1, len(gpus))
+    return share / (min(costmodel.pcie_gbs(g) for g in gpus) * 1e9)
+
+
+def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int) -> int:
+    """Whole sessions of ``tokens`` a replica's KV memory holds, less memfit's margin."""
+    per = m.kv_bytes(tokens, kv_dtype_bytes)
+    return int(kv_budget * (1 - memfit.CONTEXT_MARGIN) // per) if per else 0
+
+
+def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate],
+          ask: AgentAsk) -> list[Room]:
+    """Every candidate that fits the model, at its own KV size and, where the GPUs run it, FP8."""
+    links = Links(topo)
+    by_index = {g.index: g for g in topo.gpus}
+    out: list[Room] = []
+    for c in cands:
+        if c.rejected or c.fit is None or not c.gpus:
+            continue
+        base_bytes = c.fit.kv_dtype_bytes
+        # Candidate.fit sized the cache at the policy's element size; the bytes it holds are
+        # the same at any element size.
+        dtypes = [("fp8_e4m3" if base_bytes == 1 else "auto", base_bytes)]
+        fp8 = fp8_kv_dtype([by_index[i] for i in c.gpus])
+        if base_bytes == 2 and fp8 is not None:
+            dtypes.append((fp8, 1))
+        lay = layout_of(c, topo, links, c.fit.kv_budget)
+        warm, cold = turn_ttft_s(m, lay, ask.context, ask.turn_tokens)
+        for name, nbytes in dtypes:
+            out.append(Room(
+                layout=label(c), tp=c.tp, pp=c.pp, dp=c.dp, kv_dtype=name,
+                held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes),
+                need=-(-ask.sessions // c.dp), kv_budget_bytes=c.fit.kv_budget,
+                ttft_warm_s=warm, ttft_cold_s=cold,
+                copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay))
+    return out
+
+
+# ------------------------------------------------------------------------------- the choice
+
+
+def _best(rs: Sequence[Room]) -> Room:
+    """The fastest warm turn; between equals, the fewer GPUs per replica, then more room."""
+    return min(rs, key=lambda r: (round(r.ttft_warm_s, 4), r.tp * r.pp, -r.held))
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1000:,.0f} ms"
+
+
+def shorter_context(m: ModelSpec, r: Room, ask: AgentAsk) -> int:
+    """The longest prefix of which ``r.need`` sessions fit the room (0: none)."""
+    lo, hi = 0, ask.context
+    budget = r.kv_budget_bytes * (1 - memfit.CONTEXT_MARGIN) / max(1, r.need)
+    nbytes = 1 if r.kv_dtype.startswith("fp8") else 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if m.kv_bytes(mid + ask.turn_tokens + ask.gen_tokens, nbytes) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: AgentAsk,
+               host_free_bytes: int | None) -> AgentPlan:
+    """The agent plan over ``base``'s candidates. ``host_free_bytes``: the host's free memory
+    (None: unknown, and no offloading is proposed)."""
+    if ask.request_tokens > m.max_position_embeddings:
+        longest = m.max_position_embeddings - ask.turn_tokens - ask.gen_tokens
+        raise ValueError(f"--context {ask.context}: with {ask.turn_tokens} new and "
+                         f"{ask.gen_tokens} generated tokens a turn is {ask.request_tokens} "
+                         f"tokens, past {m.name}'s limit of {m.max_position_embeddings}; "
+                         f"at most --context {max(0, longest)}")
+    if base.engine == "cpu":
+        return _cpu_agent_plan(m, policy, ask)
+    all_rooms = rooms(topo, m, policy, base.candidates, ask)
+    if not all_rooms:
+        raise ValueError("no layout of the plan fits the model on the GPUs")
+    sixteen = [r for r in all_rooms if not r.kv_dtype.startswith("fp8")]
+    eight = [r for r in all_rooms if r.kv_dtype.startswith("fp8")]
+    s, d = ask.sessions, ask.context
+    reasons = [f"agent workload: {s} session(s), each keeping a {d:,}-token prefix; a turn adds "
+               f"{ask.turn_tokens} tokens and generates {ask.gen_tokens} "
+               f"({ask.request_tokens:,} tokens a request)"]
+    reasons += [f"  {r.layout} {r.kv_dtype}: holds {r.held} of the {r.need} session(s) per "
+                f"replica on its GPUs; turn TTFT at depth {_ms(r.ttft_warm_s)} cached, "
+                f"{_ms(r.ttft_cold_s)} recomputed" for r in all_rooms]
+    options: list[Option] = []
+    fit16 = [r for r in sixteen if r.fits]
+    fit8 = [r for r in eight if r.fits]
+    biggest16 = max(sixteen, key=lambda r: (r.held / r.need, -r.ttft_warm_s))
+
+    # 1. the GPUs' own cache at the model's element size
+    if fit16:
+        r = _best(fit16)
+        options.append(Option("gpu", True, f"{r.layout} holds all {r.need} session(s) per "
+                              "replica in its GPU cache: every turn after the first hits the "
+                              "prefix cache", r.ttft_warm_s))
+    else:
+        r = biggest16
+        options.append(Option("gpu", False, f"the roomiest layout, {r.layout}, holds {r.held} "
+                              f"of {r.need} session(s): with the sessions taking turns the LRU "
+                              "cache evicts each prefix before its next turn, which is then "
+                              "recomputed", r.ttft_cold_s))
+    # 2. FP8 KV
+    if not eight:
+        options.append(Option("fp8", False, "FP8 KV cache: not proposed on these GPUs (compute "
+                              "capability below 8.0 or unknown)"
+                              if policy.kv_cache_bytes == 2 else
+                              "FP8 KV cache already asked for (your --kv-cache-dtype)", None))
+    elif fit8:
+        r = _best(fit8)
+        options.append(Option("fp8", True, f"--kv-cache-dtype {r.kv_dtype}: one byte per KV "
+                              f"element, {r.layout} then holds {r.held} session(s) per replica "
+                              "(FP8 KV costs a little accuracy on long contexts)", r.ttft_warm_s))
+    else:
+        r = max(eight, key=lambda x: x.held / x.need)
+        options.append(Option("fp8", False, f"--kv-cache-dtype {r.kv_dtype}: even so "
+                              f"{r.layout} holds {r.held} of {r.need} session(s)", None))
+    # 3. KV offloading to host memory, on the layout that holds the most of them
+    offload_room, offload_gib = _offload(m, sixteen + eight, ask, host_free_bytes, options)
+    # 4. a shorter context on the roomiest layout
+    roomiest = max(all_rooms, key=lambda r: (shorter_context(m, r, ask), -r.ttft_warm_s))
+    shorter = shorter_context(m, roomiest, ask)
+    if shorter >= d:
+        options.append(Option("shorter", False, "a shorter context: not needed, "
+                              f"{roomiest.layout} {roomiest.kv_dtype} holds the sessions at "
+                              f"{d:,}", None))
+    elif shorter > 0:
+        assert roomiest.lay is not None
+        warm_short = turn_ttft_s(m, roomiest.lay, shorter, ask.turn_tokens)[0]
+        options.append(Option("shorter", True, f"--context {shorter:,} instead of {d:,}: "
+                              f"{roomiest.layout} {roomiest.kv_dtype} holds {roomiest.need} "
+                              "session(s) of that; the agent must compact its history sooner",
+                              warm_short))
+    else:
+        options.append(Option("shorter", False, "no context of any length fits the sessions "
+                              f"on {roomiest.layout}: fewer --sessions", None))
+
+    choice: OptionName
+    if fit16:
+        choice, room, context = "gpu", _best(fit16), d
+    elif fit8:
+        choice, room, context = "fp8", _best(fit8), d
+    elif offload_room is not None:
+        choice, room, context = "offload", offload_room, d
+    elif 0 < shorter < d:
+        choice, room, context = "shorter", roomiest, shorter
+    else:
+        raise ValueError(f"{s} session(s) do not fit any layout even with a short context: "
+                         "ask for fewer --sessions")
+    chosen = next(o for o in options if o.name == choice)
+    reasons += [f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
+                + (f"; turn TTFT at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None else "")
+                for o in options]
+    reasons.append(f"agent plan: {choice} on {room.layout} ({chosen.reason})")
+    if room.dp > 1:
+        reasons.append(f"{room.dp} replicas each keep their own sessions (the proxy's prefix "
+                       "affinity sends a session back to its replica): replicas add throughput, "
+                       "not room per session; TP and PP split one cache over their GPUs")
+    flags = [FlagWish(("--kv-cache-dtype", room.kv_dtype), "an FP8 KV cache for the sessions' "
+                      "prefixes")] if room.kv_dtype.startswith("fp8") and \
+        policy.kv_cache_bytes == 2 else []
+    if choice == "offload":
+        flags.append(FlagWish(("--kv-offloading-size", f"{offload_gib:g}",
+                               "--kv-offloading-backend", "native"),
+                              "KV offloading to host memory for the sessions the GPUs cannot "
+                              "hold"))
+    if s <= INTERACTIVITY_MAX_SESSIONS:
+        flags.append(FlagWish(("--performance-mode", "interactivity"),
+                              f"{s} session(s): latency-first CUDA graphs and kernels"))
+    return AgentPlan(ask, choice, room, context, offload_gib if choice == "offload" else 0.0,
+                     tuple(options), tuple(all_rooms), tuple(reasons), tuple(flags))
+
+
+def _offload(m: ModelSpec, rs: Sequence[Room], ask: AgentAsk, host_free_bytes: int | None,
+             options: list[Option]) -> tuple[Room | None, float]:
+    """Appends the offloading option; (the room it runs on, GiB per replica) when it works."""
+    usable = [r for r in rs if r.held >= 1]  # vLLM holds a running request wholly on the GPUs
+    if not usable:
+        options.append(Option("offload", False, "KV offloading: no layout holds even one "
+                              "session on its GPUs, which a running turn needs", None))
+        return None, 0.0
+    if host_free_bytes is None:
+        options.append(Option("offload", False, "KV offloading: the host's free memory is "
+                              "unknown, so it is not sized", None))
+        return None, 0.0
+    # 16-bit first: offloading trades PCIe time, not accuracy
+    r = min(usable, key=lambda x: (x.kv_dtype.startswith("fp8"), -x.held / x.need,
+                                   x.ttft_warm_s + x.copy_s))
+    nbytes = 1 if r.kv_dtype.startswith("fp8") else 2
+    # The host tier is assumed to keep a copy of every block as it is computed (vLLM's native
+    # backend stores them on the way, then serves hits from host memory) and to evict by LRU
+    # itself: holding fewer prefixes than there are sessions taking turns, it would miss every
+    # time too. So it is sized for all of them.
+    want = r.need * m.kv_bytes(ask.context, nbytes)
+    room = HOST_OFFLOAD_SHARE * host_free_bytes / r.dp
+    gib = math.ceil(want * 1.1 / GIB)
+    if gib * GIB > room:
+        options.append(Option("offload", False, f"KV offloading: {r.need} prefixes need "
+                              f"{gib} GiB of host memory per replica, and "
+                              f"{HOST_OFFLOAD_SHARE:.0%} of the {host_free_bytes / GIB:.0f} GiB "
+                              f"free is {room / GIB:.0f} GiB", None))
+        return None, 0.0
+    ttft = r.ttft_warm_s + (r.copy_s if not r.fits else 0.0)
+    options.append(Option("offload", True, f"--kv-offloading-size {gib} (GiB, native backend) "
+                          f"on {r.layout} {r.kv_dtype}: the GPUs hold {r.held} of {r.need} "
+                          f"session(s), host memory the rest ({HOST_OFFLOAD_SHARE:.0%} of "
+                          f"{host_free_bytes / GIB:.0f} GiB free allowed); a turn whose prefix "
+                          f"was moved out copies it back over PCIe in {_ms(r.copy_s)}", ttft))
+    return r, float(gib)
+
+
+def agent_policy(policy: Policy, ap: AgentPlan) -> Policy:
+    """The policy that plans the agent plan's layout: its shape forced, its KV element size,
+    and a context that holds a whole turn at the served depth."""
+    if not ap.room.layout:  # the CPU engine: one process, nothing to force
+        return replace(policy, concurrency=ap.ask.sessions)
+    # The context stays the longest the cache holds: at least a whole turn, as the room holds one.
+    return replace(policy, force_tp=ap.room.tp, force_pp=ap.room.pp, force_dp=ap.room.dp,
+                   kv_cache_bytes=ap.kv_dtype_bytes, concurrency=ap.ask.sessions)
+
+
+def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk) -> AgentPlan:
+    """The CPU engine: its KV cache is host memory already (VLLM_CPU_KVCACHE_SPACE), so there is
+    nothing to offload to; FP8 KV is not proposed (vLLM's CPU attention is not measured with it
+    here). The sessions fit that cache or the cache must grow, or the context shrink."""
+    budget = policy.cpu_kv_cache_gib * GIB
+    warm = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.turn_tokens, gen=1,
+                                 concurrency=1).ttft_s
+    cold = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.context + ask.turn_tokens,
+                                 gen=1, concurrency=1).ttft_s
+    held = sessions_held(m, budget, ask.request_tokens, 2)
+    room = Room("", 1, 1, 1, "auto", held, ask.sessions, budget, warm, cold, 0.0)
+    need_gib = math.ceil(ask.sessions * m.kv_bytes(ask.request_tokens)
+                         / (1 - memfit.CONTEXT_MARGIN) / GIB * 10) / 10
+    options = [
+        Option("gpu", room.fits, f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) "
+               f"holds {held} of {ask.sessions} session(s)"
+               + ("" if room.fits else f"; VLLM_CPU_KVCACHE_SPACE={need_gib:g} would hold them"),
+               warm if room.fits else cold),
+        Option("fp8", False, "FP8 KV cache: not proposed on the CPU engine", None),
+        Option("offload", False, "KV offloading: the CPU engine's cache is host memory already",
+               None),
+    ]
+    shorter = shorter_context(m, room, ask)
+    cut = 0 < shorter < ask.context
+    options.append(Option("shorter", cut, f"--context {shorter:,} fits the cache as it is" if cut
+                          else "a shorter context: not needed" if room.fits
+                          else "no context fits: fewer --sessions", warm if cut else None))
+    choice: OptionName = "shorter" if cut and not room.fits else "gpu"
+    context = ask.context if choice == "gpu" else shorter
+    reasons = [f"agent workload: {ask.sessions} session(s), each keeping a {ask.context:,}-token "
+               "prefix, on the CPU engine"]
+    reasons += [f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
+                + (f"; turn TTFT at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None else "")
+                for o in options]
+    flags = [FlagWish(("--performance-mode", "interactivity"),
+                      f"{ask.sessions} session(s): latency first")
+             ] if ask.sessions <= INTERACTIVITY_MAX_SESSIONS else []
+    return AgentPlan(ask, choice, room, context, 0.0, tuple(options), (room,), tuple(reasons),
+                     tuple(flags))

