@@ -110,10 +110,13 @@ def engine_extras(args: argparse.Namespace) -> EngineExtras:
 ENGINE_KEY_ENV = "TOPOSERVE_ENGINE_API_KEY"
 
 
-def engine_key(env: Mapping[str, str]) -> str:
-    """vLLM's key for this run: TOPOSERVE_ENGINE_API_KEY where the user wants to reach the
-    engine directly too (loadgen against the engine's port), else a new random one."""
-    return env.get(ENGINE_KEY_ENV, "").strip() or secrets.token_urlsafe(32)
+def engine_key(env: Mapping[str, str], extra: Sequence[str] = ()) -> str:
+    """vLLM's key for this run: the user's own `-- --api-key K` (vLLM takes it over
+    VLLM_API_KEY, so the proxy must send that one), else TOPOSERVE_ENGINE_API_KEY where the user
+    wants to reach the engine directly too (loadgen against the engine's port), else a new
+    random one."""
+    return (planopts.last_value(extra, "--api-key") or env.get(ENGINE_KEY_ENV, "").strip()
+            or secrets.token_urlsafe(32))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -239,7 +242,7 @@ def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
         summary=summary_lines(chosen, replicas, model_ref, (*plan_notes, *rendered.notes)),
         # A new key every run: only this run's proxy knows it, so a web page that finds
         # vLLM's loopback port cannot drive it. A headless node serves no API.
-        engine_api_key=None if headless else engine_key(os.environ),
+        engine_api_key=None if headless else engine_key(os.environ, extra),
         proxy_args=proxy_options(args),
     )
 

@@ -73,7 +73,7 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
     )
 
 
-def _last_value(args: Sequence[str], flag: str) -> str | None:
+def last_value(args: Sequence[str], flag: str) -> str | None:
     """The value of the last ``flag V`` or ``flag=V`` in ``args`` (vLLM takes the last)."""
     found = None
     for i, a in enumerate(args):
@@ -87,9 +87,9 @@ def _last_value(args: Sequence[str], flag: str) -> str | None:
 def engine_memory_flags(extra: Sequence[str]) -> tuple[int, bool, float]:
     """(KV bytes per element, FP8 weights, GiB offloaded per GPU) from the user's own vLLM
     flags: what the planner must size with, or it would refuse what they make fit."""
-    kv = (_last_value(extra, "--kv-cache-dtype") or "auto").lower()
-    quant = (_last_value(extra, "--quantization") or _last_value(extra, "-q") or "").lower()
-    raw = _last_value(extra, "--cpu-offload-gb")
+    kv = (last_value(extra, "--kv-cache-dtype") or "auto").lower()
+    quant = (last_value(extra, "--quantization") or last_value(extra, "-q") or "").lower()
+    raw = last_value(extra, "--cpu-offload-gb")
     try:
         offload = float(raw) if raw is not None else 0.0
     except ValueError:

@@ -74,6 +74,11 @@ def test_a_key_from_the_environment_is_used_for_the_engine(monkeypatch: pytest.M
     assert spec_for().engine_api_key == "mine-123"
 
 
+def test_the_users_own_vllm_api_key_is_the_one_the_proxy_sends() -> None:
+    # vLLM takes --api-key over VLLM_API_KEY: the proxy must hold that one, or every request 401s
+    assert spec_for("--", "--api-key", "given-by-user").engine_api_key == "given-by-user"
+
+
 def test_vllm_is_limited_to_no_remote_media_and_no_redirects_by_default() -> None:
     engine = spec_for().replicas[0].command
     argv = engine.argv()
