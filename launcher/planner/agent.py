@@ -82,6 +82,10 @@ class Room:
     def fits(self) -> bool:
         return self.held >= self.need
 
+    @property
+    def kv_bytes(self) -> int:
+        return 1 if self.kv_dtype.startswith("fp8") else 2
+
 
 @dataclass(frozen=True)
 class Option:
@@ -180,10 +184,10 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
         if c.rejected or c.fit is None or not c.gpus:
             continue
         base_bytes = c.fit.kv_dtype_bytes
-        # Candidate.fit sized the cache at the policy's element size; the bytes it holds are
-        # the same at any element size.
-        dtypes = [("fp8_e4m3" if base_bytes == 1 else "auto", base_bytes)]
         fp8 = fp8_kv_dtype([by_index[i] for i in c.gpus])
+        # Candidate.fit sized the cache at the policy's element size (1 byte: the user's own
+        # --kv-cache-dtype fp8*); the bytes it holds are the same at any element size.
+        dtypes = [((fp8 or "fp8") if base_bytes == 1 else "auto", base_bytes)]
         if base_bytes == 2 and fp8 is not None:
             dtypes.append((fp8, 1))
         lay = layout_of(c, topo, links, c.fit.kv_budget)
@@ -239,8 +243,9 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
     all_rooms = rooms(topo, m, policy, base.candidates, ask)
     if not all_rooms:
         raise ValueError("no layout of the plan fits the model on the GPUs")
-    sixteen = [r for r in all_rooms if not r.kv_dtype.startswith("fp8")]
-    eight = [r for r in all_rooms if r.kv_dtype.startswith("fp8")]
+    # the cache as the policy sizes it (16 bits, or the user's own FP8), and FP8 as an option
+    sixteen = [r for r in all_rooms if r.kv_bytes == policy.kv_cache_bytes]
+    eight = [r for r in all_rooms if r.kv_bytes < policy.kv_cache_bytes]
     s, d = ask.sessions, ask.context
     reasons = [f"agent workload: {s} session(s), each keeping a {d:,}-token prefix; a turn adds "
                f"{ask.turn_tokens} tokens and generates {ask.gen_tokens} "

