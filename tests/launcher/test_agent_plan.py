@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.cli import agentopts
@@ -281,3 +281,25 @@ def test_the_users_own_fp8_kv_counts_as_the_gpu_cache_and_adds_no_second_flag() 
     assert "already asked for" in option(ap, "fp8").reason
     assert "--kv-cache-dtype" not in flag_words(ap)
     assert chosen.tp == 2
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 4096), st.integers(1, 2 * 10**6),
+       st.sampled_from(["llama-3.1-8b", "llama-3.3-70b-awq", "gemma-3-27b", "qwen3-30b-a3b"]),
+       st.sampled_from([None, 0.0, 16.0, 512.0]))
+def test_any_sessions_and_context_give_an_agent_plan_or_one_line(
+        sessions: int, context: int, name: str, host_gib: float | None) -> None:
+    refusal = ""
+    try:
+        chosen, ap = agent(PAIR, name, sessions, context, host_gib=host_gib)
+    except PlanError as exc:
+        refusal = str(exc)
+    if refusal:
+        assert "\n" not in refusal
+        return
+    m = load_model_spec(model(name))
+    served = AgentAsk(sessions, ap.context).request_tokens
+    held = sessions_held(m, ap.room.kv_budget_bytes, served, ap.kv_dtype_bytes)
+    assert held >= ap.room.need or (ap.choice == "offload" and held >= 1)
+    assert 0 < ap.context <= context
+    assert chosen.tp * chosen.pp * chosen.dp <= 2
