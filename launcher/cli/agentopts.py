@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from launcher.engine.extras import EngineExtras
 from launcher.engine.vllmflags import OptionalFlag
@@ -109,6 +110,22 @@ def agent_extras(ap: AgentPlan | None, known: frozenset[str] | None) -> EngineEx
     if ap is None:
         return EngineExtras(known=known)
     return EngineExtras(tuple(OptionalFlag(f.words, f.why) for f in ap.flags), known=known)
+
+
+def agent_json(ap: AgentPlan) -> dict[str, Any]:
+    """The agent plan for `plan --json`: the choice, every option and every layout's room."""
+    return {
+        "sessions": ap.ask.sessions, "context": ap.ask.context, "served_context": ap.context,
+        "choice": ap.choice, "layout": ap.room.layout, "kv_cache_dtype": ap.room.kv_dtype,
+        "kv_offloading_gib": ap.offload_gib,
+        "options": [{"name": o.name, "ok": o.ok, "reason": o.reason, "ttft_s": o.ttft_s}
+                    for o in ap.options],
+        "rooms": [{"layout": r.layout, "kv_cache_dtype": r.kv_dtype, "sessions_held": r.held,
+                   "sessions_per_replica": r.need, "ttft_cached_s": r.ttft_warm_s,
+                   "ttft_recomputed_s": r.ttft_cold_s, "host_copy_s": r.copy_s}
+                  for r in ap.rooms],
+        "flags": [list(f.words) for f in ap.flags],
+    }
 
 
 def free_memory(env: Mapping[str, str]) -> int | None:

@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     nodes = node_commands(args, place, rendered_for)
     if args.json:
         out = plan_to_json(chosen, rendered)
+        if ap is not None:
+            out["agent"] = agentopts.agent_json(ap)
         if nodes:
             out["node_commands"] = [
                 {"node_rank": r, "serve": serve, "argv": list(e.argv), "env": e.env}

@@ -303,3 +303,19 @@ def test_any_sessions_and_context_give_an_agent_plan_or_one_line(
     assert held >= ap.room.need or (ap.choice == "offload" and held >= 1)
     assert 0 < ap.context <= context
     assert chosen.tp * chosen.pp * chosen.dp <= 2
+
+
+def test_plan_json_carries_the_agent_plan_and_the_command_its_flags(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.cli.main import main
+
+    monkeypatch.setenv("TOPOSERVE_HOST_FREE_GIB", "256")
+    assert main(["plan", "--model", model("llama-3.1-8b"), "--topology", PAIR, "--workload",
+                 "agent", "--sessions", "8", "--context", "64K", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["agent"]["choice"] == "offload"
+    assert out["agent"]["kv_offloading_gib"] == 71.0
+    assert {o["name"] for o in out["agent"]["options"]} == {"gpu", "fp8", "offload", "shorter"}
+    i = out["argv"].index("--kv-offloading-size")
+    assert out["argv"][i:i + 4] == ["--kv-offloading-size", "71", "--kv-offloading-backend",
+                                    "native"]
