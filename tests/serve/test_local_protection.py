@@ -52,6 +52,14 @@ def test_the_proxy_child_gets_serves_protection_options() -> None:
     assert argv[argv.index("--allowed-origins") + 1] == "http://app.example:3000"
     assert argv[argv.index("--max-connections") + 1] == "40"
     assert "--allow-internal-media" not in argv
+    # and the proxy reads them, with the engine key from its environment
+    from server.config import config_from_args
+
+    cfg = config_from_args(argv[3:], env=child.env)
+    assert cfg.allowed_hosts == ("box.lan", "other")
+    assert cfg.allowed_origins == ("http://app.example:3000",)
+    assert cfg.max_connections == 40
+    assert cfg.upstream_api_key == spec.engine_api_key
 
 
 def test_vllm_gets_a_per_run_key_and_the_proxy_the_same_one_never_on_a_command_line() -> None:
