@@ -118,3 +118,79 @@ def test_agent_sessions_on_real_vllm_count_exactly_and_hit_its_prefix_cache(
     if "usage" in agent["cache_source"]:  # this vLLM also reports usage's cached_tokens
         later = [t["cache_hit_rate"] for t in agent["per_turn"][1:]]
         assert all(rate is not None and rate > 0.3 for rate in later)
+
+
+def test_depth_runs_on_real_vllm_are_exact_and_find_the_context_in_its_prefix_cache(
+    stack: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "depth.json"
+    result = run_cli(
+        "--url", stack.vllm_url, "--depth", "0,1k,2K", "--prompt", "64", "--gen", "8",
+        "--requests", "3", "--json", str(out), "--no-progress",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["depth"]["tokens"] for r in runs] == [0, 1000, 2048]
+    for run in runs:
+        depth = run["depth"]["tokens"]
+        assert run["warmup"]["requests"] == 2  # the default, before measuring
+        assert run["warmup"]["ok"] == 2
+        # exact: vLLM's usage counts the context and the new tokens, every request
+        assert {(r["prompt_tokens"], r["completion_tokens"]) for r in run["requests"]} == {
+            (depth + 64, 8)
+        }
+        cached = [r["cached_tokens"] for r in run["requests"]]
+        assert all(c is not None for c in cached), "vLLM gave no prompt_tokens_details"
+        # vLLM caches whole blocks (at most 128 tokens on the CPU engine): the shared context
+        # less at most one block; nothing of the new tokens, which no request repeats
+        assert all(max(0, depth - 128) <= c <= depth for c in cached), (depth, cached)
+        assert run["depth"]["cached_reported"] == 3
+        assert run["depth"]["prefill_new_tok_s"]["p50"] > 0
+        assert run["summary"]["decode_tok_s"]["p50"] > 0
+    assert runs[0]["depth"]["prime"] is None  # no context to cache at depth 0
+    assert runs[2]["depth"]["prime"]["prompt_tokens"] == 2048 + 64
+
+
+def test_cold_depth_on_real_vllm_finds_nothing_of_its_context_cached(
+    stack: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "cold.json"
+    result = run_cli(
+        "--url", stack.vllm_url, "--depth", "2k", "--depth-cold", "--prompt", "64", "--gen", "8",
+        "--requests", "3", "--json", str(out), "--no-progress",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["depth"]["mode"] == "cold"
+    assert data["depth"]["prime"] is None
+    assert {r["prompt_tokens"] for r in data["requests"]} == {2064}
+    assert {r["cached_tokens"] for r in data["requests"]} == {0}
+
+
+def test_an_agent_soak_on_real_vllm_grows_until_the_tokens_asked_with_exact_counts(
+    stack: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "soak.json"
+    result = run_cli(
+        "--url", stack.vllm_url, "--workload", "agent", "--sessions", "2", "--context", "600",
+        "--soak-tokens", "3k", "--turn-tokens", "600", "--gen", "8", "--think", "0.1",
+        "--json", str(out), "--no-progress",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    agent = data["agent"]
+    assert (agent["turns"], agent["context"]) == (5, [600, 3000])
+    assert all(r["prompt_tokens"] == r["prompt_expected"] for r in data["requests"])
+    assert agent["per_turn"][-1]["prompt_tokens"]["min"] >= 2900
+    assert all(t["ttft_s"]["p50"] > 0 for t in agent["per_turn"])
+    # turn t resends turn t-1's prompt (600 (t-1) of 600 t tokens): vLLM's cache serves most of
+    # that, less the block it rounds down to and the previous turn's generation prompt (one run
+    # read 0.43, 0.64, 0.74, 0.77 for turns 2-5 against 0.50, 0.67, 0.75, 0.80 at most)
+    rates = [t["cache_hit_rate"] for t in agent["per_turn"]]
+    for turn, rate in enumerate(rates[1:], start=2):
+        assert rate is not None
+        assert rate > 0.6 * (turn - 1) / turn, rates
+    assert data["warmup"]["requests"] == 2
