@@ -20,10 +20,13 @@ pipeline parallelism is left to the roofline (the planner uses this only for ``p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.model.modelspec import ModelSpec
-from launcher.planner.costmodel import Prediction
+from launcher.planner import hardware
+from launcher.planner.costmodel import Layout, Prediction
+from launcher.planner.memfit import BLOCK_TOKENS, CPU_BATCHED_TOKENS, CPU_BLOCK_TOKENS
 from launcher.planner.schedsim import SchedulerLimits, SimResult, TableStepCost, Workload, simulate
 from launcher.probe.kernels import (
     DECODE_BATCH,
@@ -221,3 +224,69 @@ def as_prediction(
         batch=p.load.max_running,
     )
     return pred, kc.sources
+
+
+def table_for(
+    tables: Sequence[KernelTable], m: ModelSpec, tp: int, device: str
+) -> KernelTable | None:
+    """The table timed for ``m`` at ``tp`` on a device called ``device``, if one was kept."""
+    key = step_shape(m, tp).key()
+    return next((t for t in tables if t.key.shape == key and t.key.device == device), None)
+
+
+def layout_prediction(
+    m: ModelSpec,
+    tables: Sequence[KernelTable],
+    lay: Layout,
+    *,
+    batched_tokens: int,
+    max_num_seqs: int,
+    prompt: int,
+    gen: int,
+    concurrency: int,
+) -> Prediction | None:
+    """A GPU candidate's prediction from its kernel table; None where there is none (the
+    roofline then predicts) or the layout has pipeline stages (left to the roofline)."""
+    names = {g.name for stage in lay.stages for g in stage}
+    if lay.pp != 1 or len(names) != 1:
+        return None
+    table = table_for(tables, m, lay.tp, names.pop())
+    if table is None:
+        return None
+    link = lay.tp_link
+    ar = AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
+    pred, _ = as_prediction(
+        m, table, kv_bytes=lay.kv_budget_bytes, block=BLOCK_TOKENS, batched_tokens=batched_tokens,
+        max_num_seqs=max_num_seqs, prompt=prompt, gen=gen, concurrency=concurrency,
+        assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
+        request_overhead_s=hardware.REQUEST_OVERHEAD_S, allreduce=ar, dp=lay.dp,
+    )
+    return pred
+
+
+def cpu_prediction(
+    m: ModelSpec, tables: Sequence[KernelTable], *, kv_bytes: float, prompt: int, gen: int,
+    concurrency: int,
+) -> tuple[Prediction, tuple[str, ...]] | None:
+    """The CPU engine's prediction from this CPU's kernel table; None without one."""
+    table = next((t for t in tables if t.key.device.startswith("cpu:")
+                  and t.key.shape == step_shape(m).key()), None)
+    if table is None:
+        return None
+    return as_prediction(
+        m, table, kv_bytes=kv_bytes, block=CPU_BLOCK_TOKENS, batched_tokens=CPU_BATCHED_TOKENS,
+        max_num_seqs=256, prompt=prompt, gen=gen, concurrency=concurrency,
+        assumed_step_overhead_s=hardware.CPU_STEP_OVERHEAD_S,
+        request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_graph_tokens=0,
+    )
+
+
+def speed_source(tables: Sequence[KernelTable], used: bool) -> tuple[str, ...]:
+    """The plan's line on a kernel table it used (none when the roofline predicted: the
+    plan's other reasons say what that assumed)."""
+    if not used:
+        return ()
+    t = tables[0]
+    return (f"speed from this model's kernel table, measured {t.measured_at} on "
+            f"{t.key.device} ({t.method}), through a simulation of vLLM's scheduler; engine "
+            f"step overhead {'measured' if t.engine_step_s is not None else 'assumed'}",)

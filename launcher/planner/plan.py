@@ -135,8 +135,8 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         describe_model(m),
         (f"predicted from this CPU's kernel table ({'; '.join(measured[1])}): "
          if measured is not None else
-         f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} "
-         "GB/s of DRAM bandwidth (no kernel table: `launcher probe --measure --model M`): ")
+         f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} GB/s "
+         "of DRAM bandwidth: ")
         + f"prefill {pred.prefill_tok_s:.0f} tok/s, decode {pred.decode_tok_s:.1f} tok/s",
         *split,
     )
@@ -255,7 +255,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         describe_model(model),
         *describe_choice(chosen, cands, policy),
         *why,
-        kernelcost.speed_source(
+        *kernelcost.speed_source(
             policy.kernels,
             policy.nodes == 1 and chosen.pp == 1
             and kernelcost.table_for(policy.kernels, model, chosen.tp,

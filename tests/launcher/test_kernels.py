@@ -263,3 +263,61 @@ def test_replicas_share_the_streams_and_add_up() -> None:
 def test_kv_blocks_count_every_layer() -> None:
     m = load_model_spec(str(MODELS / "llama-3.1-8b"))  # 128 KiB a token over 32 layers
     assert kv_blocks(m, 2**30, 16) == 2**30 // (16 * 128 * 1024)
+
+
+# --------------------------------------------------------------------------- in the planner
+
+
+def table_like(shape: StepShape, device: str, scale: float) -> KernelTable:
+    """A kernel table for ``shape`` whose every op takes ``scale`` µs a token (plus 10 µs)."""
+    ops = [f"linear:{lin.name}" for lin in shape.linears] + ["norm", "rope", "act"]
+    times = [KernelTime(op, n, (10 + scale * n) * 1e-6) for op in ops for n in (1, 512, 8192)]
+    times += [KernelTime("attn:prefill", 512, 1e-4, 512), KernelTime("attn:decode", 4, 1e-4, 8192),
+              KernelTime("head", 1, 1e-4), KernelTime("head", 32, 2e-4)]
+    return KernelTable(TableKey(device, "driver x", "none", "t", shape.key()), shape,
+                       tuple(times), "synthetic", "2026-12-02T00:00:00")
+
+
+def test_a_gpu_plan_uses_the_models_kernel_table_where_one_was_kept() -> None:
+    from launcher.planner.plan import plan
+    from launcher.planner.plantypes import Policy
+    from launcher.probe.topology import load_topology
+
+    topo = load_topology(str(MODELS.parents[0] / "topologies" / "h200x2-nvlink.nvml.json"), {})
+    m = load_model_spec(str(MODELS / "llama-3.1-8b"))
+    name = topo.gpus[0].name
+    tables = tuple(table_like(step_shape(m, tp), name, 0.1) for tp in (1, 2))
+    without = plan(topo, m, Policy())
+    with_ = plan(topo, m, Policy(kernels=tables))
+    assert not any("kernel table" in r for r in without.reasons)
+    assert any("kernel table, measured 2026-12-02" in r for r in with_.reasons)
+    assert with_.predicted != without.predicted
+    # the same table, slower, predicts slower: the figures are the table's
+    slow = plan(topo, m, Policy(kernels=tuple(table_like(t.shape, name, 1.0) for t in tables)))
+    assert slow.predicted.prefill_tok_s < with_.predicted.prefill_tok_s
+
+
+def test_a_table_of_another_gpu_or_model_is_not_used() -> None:
+    from launcher.planner.plan import plan
+    from launcher.planner.plantypes import Policy
+    from launcher.probe.topology import load_topology
+
+    topo = load_topology(str(MODELS.parents[0] / "topologies" / "h200x2-nvlink.nvml.json"), {})
+    m = load_model_spec(str(MODELS / "llama-3.1-8b"))
+    other = load_model_spec(str(MODELS / "mistral-7b"))
+    tables = (table_like(step_shape(m), "NVIDIA GeForce RTX 4090", 0.1),
+              table_like(step_shape(other), topo.gpus[0].name, 0.1))
+    assert plan(topo, m, Policy(kernels=tables)).predicted == plan(topo, m, Policy()).predicted
+
+
+def test_the_cpu_plan_uses_this_cpus_kernel_table() -> None:
+    from launcher.planner.plan import plan
+    from launcher.planner.plantypes import Policy
+    from launcher.probe.topology import Topology
+
+    m = load_model_spec(str(MODELS / "llama-3.2-3b"))
+    table = table_like(step_shape(m), "cpu: test (2 threads)", 5.0)
+    p = plan(Topology(gpus=()), m, Policy(kernels=(table,)))
+    assert any("predicted from this CPU's kernel table" in r for r in p.reasons)
+    assert any("engine step overhead assumed" in r for r in p.reasons)
+    assert p.predicted != plan(Topology(gpus=()), m, Policy()).predicted
