@@ -16,42 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ModelError
-from launcher.model import hfconfig, hub, quantization
+from launcher.model import families, hfconfig, hub, quantization
 from topocommon.hub import is_repo_id
 
 GIB = 1024**3
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2, "fp8": 1}
 # float32 checkpoints are served in 16 bits by vLLM's dtype=auto, so they cost 2 bytes too.
-
-# model_type → family, which picks the tool-call parser and chat defaults.
-_FAMILIES = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "mistral3": "mistral",
-    "mixtral": "mistral",
-    "qwen2": "qwen2",
-    "qwen2_moe": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3",
-    "qwen3_next": "qwen3",
-    "qwen3_vl": "qwen3",
-    "qwen3_vl_moe": "qwen3",
-    "gemma": "gemma",
-    "gemma2": "gemma2",
-    "gemma3": "gemma3",
-    "gemma3_text": "gemma3",
-    "gemma3n": "gemma3n",
-    "gemma3n_text": "gemma3n",
-    "gemma4": "gemma4",
-    "gemma4_text": "gemma4",
-    "llama4": "llama4",
-    "llama4_text": "llama4",
-    "phi3": "phi",
-    "deepseek_v2": "deepseek",
-    "deepseek_v3": "deepseek",
-    "gpt_oss": "gpt_oss",
-}
-
 
 @dataclass(frozen=True)
 class KvGroup:
@@ -202,11 +172,9 @@ def _sliding_layers(t: Mapping[str, Any], model_type: str, layers: int) -> tuple
         return (window, n) if window and n else (None, 0)
     if not window:
         return None, 0
-    if model_type in ("gemma3", "gemma3_text"):
-        pattern = int(t.get("sliding_window_pattern", 6))  # five local layers, then one global
-        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
-    if model_type == "gemma2":
-        return window, (layers + 1) // 2  # even layers are local
+    family = families.of_model_type(model_type)
+    if family is not None and family.local_layers is not None:
+        return window, family.local_layers(t, layers)
     if t.get("use_sliding_window") is False:  # Qwen2 configs carry a window they do not use
         return None, 0
     return window, layers
@@ -226,8 +194,8 @@ def _count_params(
     """(embedding params, per-layer attention, per-layer MLP, per-layer MLP a token passes)."""
     h, vocab = int(t["hidden_size"]), int(t["vocab_size"])
     attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o and k, v
-    if t.get("attention_bias") or t.get("model_type", "").startswith("qwen2"):
-        attn += (heads + 2 * kv) * head_dim  # q/k/v biases (Qwen2)
+    if t.get("attention_bias") or families.has_qkv_bias(str(t.get("model_type", ""))):
+        attn += (heads + 2 * kv) * head_dim  # q/k/v biases
     experts = int(
         t.get("num_experts") or t.get("num_local_experts") or t.get("n_routed_experts") or 0
     )
@@ -348,7 +316,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         if min(layers, heads, kv, hidden) <= 0:
             raise ValueError("layers, heads, KV heads and hidden size must be positive")
         t["vocab_size"] = t.get("vocab_size") or (
-            _GEMMA3_VOCAB if model_type == "gemma3_text" else None
+            _family(model_type).default_vocab
         )
         head_dim = int(t.get("head_dim") or hidden // heads)
         # transformers counted the model where it could build it; else the fields are counted
@@ -402,7 +370,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     return ModelSpec(
         name=name,
         architecture=str(arch),
-        family=_FAMILIES.get(model_type, model_type),
+        family=families.family_name(model_type),
         model_type=model_type,
         num_layers=layers,
         hidden_size=hidden,
@@ -414,7 +382,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         max_position_embeddings=int(
             t.get("max_position_embeddings")
             or cfg.get("max_position_embeddings")
-            or _DEFAULT_CONTEXT.get(model_type, 4096)
+            or _family(model_type).default_context or 4096
         ),
         params=params,
         active_params=int(params - inactive),
@@ -438,9 +406,9 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     )
 
 
-_GEMMA3_VOCAB = 262208  # Gemma3TextConfig's default; Gemma 3 configs leave it out
-# transformers' config defaults for fields real configs omit
-_DEFAULT_CONTEXT = {"gemma3_text": 131072, "gemma3": 131072, "gemma2": 8192, "llama": 2048}
+def _family(model_type: str) -> families.Family:
+    """The family's row (launcher.model.families); an unknown type has no rules."""
+    return families.of_model_type(model_type) or families.Family(model_type, (model_type,))
 
 
 # ---------------------------------------------------------------------------------- locating

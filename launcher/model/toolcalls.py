@@ -16,18 +16,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# vLLM's --tool-call-parser per model family (vllm/tool_parsers/__init__.py names them).
-FAMILY_PARSERS = {
-    "llama": "llama3_json",
-    "mistral": "mistral",
-    "qwen2": "hermes",
-    "qwen3": "hermes",
-    "gemma4": "gemma4",
-    "deepseek": "deepseek_v3",
-    "phi": "phi4_mini_json",
-    "gpt_oss": "openai",  # gpt-oss's harmony format (gptoss_tool_parser)
-    "llama4": "llama4_pythonic",
-}
+from launcher.model import families
+
+# vLLM's --tool-call-parser per model family: the family registry's column
+FAMILY_PARSERS = {f.name: f.tool_parser for f in families.FAMILIES if f.tool_parser}
 
 # The tokens a parser needs in the vocabulary before it will parse anything (the parsers that
 # raise when the lookup fails: llama_tool_parser, deepseekv3_tool_parser, parser/mistral.py).

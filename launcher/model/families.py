@@ -1,0 +1,80 @@
+"""Every per-family rule in one table, as vLLM keeps its model registry: which config
+``model_type``s a family covers, its tool-call parser, the defaults transformers fills in for
+fields its configs leave out, how its sliding-window layers are laid out, and whether its
+attention projections carry biases. Adding a family is adding a row. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# (config, layer count) -> how many layers use the sliding window, for configs without
+# ``layer_types``
+LocalLayers = Callable[[Mapping[str, Any], int], int]
+
+
+def _gemma3_local(t: Mapping[str, Any], layers: int) -> int:
+    pattern = int(t.get("sliding_window_pattern", 6))  # five local layers, then one global
+    return sum(1 for i in range(layers) if (i + 1) % pattern)
+
+
+def _gemma2_local(t: Mapping[str, Any], layers: int) -> int:
+    return (layers + 1) // 2  # even layers are local
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    # vLLM's --tool-call-parser (vllm/tool_parsers/__init__.py names them); None: none known
+    tool_parser: str | None = None
+    # transformers' config defaults for fields real configs omit
+    default_context: int | None = None
+    default_vocab: int | None = None
+    local_layers: LocalLayers | None = None
+    # q/k/v projections with biases even where the config does not say attention_bias; the
+    # rule covers every model_type starting with the family's name (qwen2_vl, qwen2_audio...)
+    qkv_bias: bool = False
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama",), "llama3_json", default_context=2048),
+    Family("mistral", ("mistral", "mistral3", "mixtral"), "mistral"),
+    Family("qwen2", ("qwen2", "qwen2_moe"), "hermes", qkv_bias=True),
+    Family("qwen3", ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe"), "hermes"),
+    Family("gemma", ("gemma",)),
+    Family("gemma2", ("gemma2",), default_context=8192, local_layers=_gemma2_local),
+    # Gemma3TextConfig's vocabulary and context defaults; Gemma 3 configs leave them out
+    Family("gemma3", ("gemma3", "gemma3_text"), default_context=131072, default_vocab=262208,
+           local_layers=_gemma3_local),
+    Family("gemma3n", ("gemma3n", "gemma3n_text")),
+    Family("gemma4", ("gemma4", "gemma4_text"), "gemma4"),
+    Family("llama4", ("llama4", "llama4_text"), "llama4_pythonic"),
+    Family("phi", ("phi3",), "phi4_mini_json"),
+    Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3"),
+    Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
+)
+
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+_BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def of_model_type(model_type: str) -> Family | None:
+    return _BY_TYPE.get(model_type)
+
+
+def family_name(model_type: str) -> str:
+    """The family a config's ``model_type`` belongs to; an unknown type is its own family."""
+    found = of_model_type(model_type)
+    return found.name if found else model_type
+
+
+def tool_parser(family: str) -> str | None:
+    found = _BY_NAME.get(family)
+    return found.tool_parser if found else None
+
+
+def has_qkv_bias(model_type: str) -> bool:
+    return any(model_type.startswith(f.name) for f in FAMILIES if f.qkv_bias)
