@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import anthropic, guard
 from server.admission import Admission
-from server.asgi import Receive, Scope, Send, disconnect_hook
+from server.asgi import Receive, Scope, Send, body_buffered, disconnect_hook
 from server.config import ProxyConfig
 from server.enginestats import EngineCacheStats
 from server.errors import (
@@ -57,7 +57,6 @@ from server.router import Router, affinity_key
 from server.schemas import ChatCompletionRequest, CompletionRequest, message_list
 from server.sse import usage_options
 from server.upstream import UpstreamError
-from server.uvicorn_adapter import body_buffered
 
 log = logging.getLogger("toposerve.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -168,7 +167,8 @@ class Proxy:
         self.check_media(body, obj)
         return obj
 
-    async def read_body(self, receive: Receive, headers: Mapping[str, str]) -> bytes:
+    async def read_body(self, receive: Receive, headers: Mapping[str, str],
+                        hook: dict[str, Any] | None = None) -> bytes:
         limit = self.cfg.max_body_bytes
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -177,7 +177,7 @@ class Proxy:
         chunks, size = [], 0
         # A body uvicorn already holds whole (the usual case) comes in one receive() that does
         # not wait: no timer to set up and cancel for it.
-        whole = body_buffered(receive)
+        whole = body_buffered(hook)
         try:
             async with (contextlib.nullcontext() if whole
                         else asyncio.timeout(self.cfg.body_timeout_s)):
@@ -209,7 +209,7 @@ class Proxy:
             if refusal is not None:
                 raise refusal
             self.authorize(headers)
-            body = await self.read_body(receive, headers)
+            body = await self.read_body(receive, headers, disconnect_hook(scope))
             large = len(body) >= THREAD_BODY_BYTES
             if large:
                 obj = await asyncio.to_thread(self.check_large_body, GENERATION_SCHEMAS[path],
@@ -252,7 +252,8 @@ class Proxy:
         else:
             self.authorize(request.headers)
         try:
-            body = await self.read_body(request.receive, request.headers)
+            body = await self.read_body(request.receive, request.headers,
+                                        disconnect_hook(request.scope))
         except ClientGone:
             return Response(status_code=499)
         if (request.method == "POST" and not self.guard.allow_internal_media

@@ -32,6 +32,13 @@ def new_disconnect_hook() -> dict[str, Any]:
     return {"callbacks": [], "left": False}
 
 
+def body_buffered(hook: dict[str, Any] | None) -> bool:
+    """Whether the serving protocol says the request's whole body is held (it put a
+    ``body_buffered`` callable in the hook: server.front, server.uvicorn_adapter)."""
+    held = hook.get("body_buffered") if hook is not None else None
+    return bool(held()) if held is not None else False
+
+
 def client_left(hook: dict[str, Any]) -> None:
     """The protocol's side: the client's connection dropped during this request."""
     hook["left"] = True

@@ -634,6 +634,7 @@ class FrontProtocol(asyncio.Protocol):
             ex.more_body = False
         hook = self.hook = new_disconnect_hook()
         hook["downstream"] = LeanDownstream(ex, hook)
+        hook["body_buffered"] = ex.body_buffered
         scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.1", "scheme": "http", "method": "POST",

@@ -10,8 +10,8 @@ used by server.serve; pyproject pins uvicorn to the releases the contract tests 
   made: a uvicorn that renamed one gets no direct writer, and every chunk goes through ``send``
   (tested with a bare cycle). Under any other server the relay gets plain
   ``server.asgi.AsgiDownstream``.
-- ``body_buffered``: whether a request's whole body is already held (the app then reads it
-  without a timer).
+- ``cycle_body_buffered``: whether a request's whole body is already held (the app then reads
+  it without a timer), injected in the disconnect hook as the downstream is.
 - ``UvicornHost``: what server.front's protocol needs of the uvicorn server running it.
 - ``guarded_protocol``: uvicorn's httptools protocol with server.front's guards (header
   timeout, bounded heads, refused upgrades, stalled clients) and the disconnect hook.
@@ -20,6 +20,7 @@ used by server.serve; pyproject pins uvicorn to the releases the contract tests 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -27,7 +28,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from server.asgi import (
     DISCONNECT_HOOK,
     AsgiDownstream,
-    Receive,
     Send,
     client_left,
     disconnect_hook,
@@ -36,7 +36,6 @@ from server.asgi import (
 from server.downstream import ChunkWriter
 from server.front import (
     UPGRADE_REFUSED,
-    Exchange,
     Guards,
     HeadLimit,
     Refusal,
@@ -113,14 +112,9 @@ class CycleWriter:
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
 
-def body_buffered(receive: Receive) -> bool:
-    """True when ``receive`` is server.front's or uvicorn's and the whole body has arrived (the
-    next receive() will not wait)."""
-    cycle = getattr(receive, "__self__", None)
-    if type(cycle) is Exchange:
-        return cycle.body_buffered()
-    if type(cycle) is not RequestResponseCycle:
-        return False
+def cycle_body_buffered(cycle: RequestResponseCycle) -> bool:
+    """Whether uvicorn's cycle holds the request's whole body (the next receive() will not
+    wait); ``guarded_protocol`` puts it in each request's disconnect hook."""
     try:
         return not cycle.more_body and not cycle.disconnected
     except AttributeError:  # a uvicorn that renamed them: take the general path
@@ -255,6 +249,7 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             if cycle is not None and cycle.scope is self.scope:
                 hook["downstream"] = CycleDownstream(
                     cycle.receive, cycle.send, hook)  # type: ignore[arg-type]
+                hook["body_buffered"] = functools.partial(cycle_body_buffered, cycle)
 
         def on_body(self, body: bytes) -> None:
             if self._refused is None:

@@ -151,11 +151,11 @@ def test_uvicorn_fast_paths_fall_back_when_its_cycle_lacks_what_they_read() -> N
     # be) must send them down the general path, not fail mid-stream.
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from server.uvicorn_adapter import CycleWriter, body_buffered
+    from server.uvicorn_adapter import CycleWriter, cycle_body_buffered
 
     bare = RequestResponseCycle.__new__(RequestResponseCycle)
     assert CycleWriter.of(bare.send) is None
-    assert body_buffered(bare.receive) is False
+    assert cycle_body_buffered(bare) is False
 
     async def not_uvicorn(message: object) -> None:
         return None
