@@ -292,22 +292,46 @@ def _implausible(m: ModelSpec) -> str | None:
     return None
 
 
-def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
-    """spec_from_config's reading, which may raise on a value of the wrong type.
+@dataclass(frozen=True)
+class _Dims:
+    """The shape fields every config gives, and (for a config transformers could not build)
+    the parameters counted from them."""
 
-    The config is read through transformers' class for its model_type and the model counted
-    module by module (:mod:`launcher.model.hfconfig`); a config transformers cannot build is sized
-    from its own fields (the family's defaults for the few it commonly omits)."""
-    beyond = _beyond_any_model(_text_config(cfg))
-    if beyond:
-        raise ModelError(f"{name}: config.json gives {beyond}; is the config damaged?")
-    hf = hfconfig.shape(cfg)
+    layers: int
+    heads: int
+    kv: int
+    hidden: int
+    head_dim: int
+    embed: int
+    attn: int
+    mlp: int
+    active_mlp: int
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Parameters by how they are stored and used, and the KV cache's layer groups."""
+
+    linear: int  # quantizable linear layers
+    other: int  # embeddings, LM head, norms, towers: 16-bit
+    inactive: float  # routed experts a token does not pass
+    groups: tuple[KvGroup, ...]
+    window: int | None
+    sliding: int
+
+
+def _text_fields(cfg: Mapping[str, Any], hf: hfconfig.HfShape | None) -> tuple[dict[str, Any], str]:
+    """The language model's fields (a multimodal config's text_config) and its model_type."""
     t = dict(hf.text) if hf else dict(_text_config(cfg))
     # tie_word_embeddings sits at the top level in multimodal configs
     t.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
     if not hf and cfg.get("tie_word_embeddings") is not None and "text_config" in cfg:
         t["tie_word_embeddings"] = cfg["tie_word_embeddings"]
-    model_type = str(t.get("model_type") or cfg.get("model_type") or "unknown")
+    return t, str(t.get("model_type") or cfg.get("model_type") or "unknown")
+
+
+def _dims(t: dict[str, Any], model_type: str, counted: bool, name: str) -> _Dims:
+    """The shape of ``t`` (its vocabulary defaulted from the family), or one ModelError line."""
     try:
         layers = int(t["num_hidden_layers"])
         heads = int(t["num_attention_heads"])
@@ -315,12 +339,10 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         hidden = int(t["hidden_size"])
         if min(layers, heads, kv, hidden) <= 0:
             raise ValueError("layers, heads, KV heads and hidden size must be positive")
-        t["vocab_size"] = t.get("vocab_size") or (
-            _family(model_type).default_vocab
-        )
+        t["vocab_size"] = t.get("vocab_size") or _family(model_type).default_vocab
         head_dim = int(t.get("head_dim") or hidden // heads)
         # transformers counted the model where it could build it; else the fields are counted
-        embed, attn, mlp, active_mlp = (0, 0, 0, 0) if hf else _count_params(
+        embed, attn, mlp, active_mlp = (0, 0, 0, 0) if counted else _count_params(
             t, layers, heads, kv, head_dim)
     except KeyError as exc:
         raise ModelError(
@@ -332,6 +354,57 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
             f"{name}: config.json has a value this planner cannot read or out of range "
             f"({_one_line(exc)}); is it a decoder-only language model?"
         ) from exc
+    return _Dims(layers, heads, kv, hidden, head_dim, embed, attn, mlp, active_mlp)
+
+
+def _split(cfg: Mapping[str, Any], t: Mapping[str, Any], hf: hfconfig.HfShape | None,
+           d: _Dims, model_type: str, n_experts: int, per_token: int) -> _Split:
+    if hf:
+        groups = _kv_groups(hf.attention)
+        return _Split(
+            linear=hf.linear_params,
+            other=hf.embedding_params + hf.lm_head_params + hf.other_params,
+            inactive=hf.expert_params * (1 - per_token / n_experts) if n_experts else 0.0,
+            groups=groups,
+            window=next((g.window for g in groups if g.window), None),
+            sliding=sum(g.layers for g in groups if g.window),
+        )
+    window, sliding = _sliding_layers(t, model_type, d.layers)
+    return _Split(
+        linear=d.layers * (d.attn - 2 * d.hidden + d.mlp),
+        other=d.embed + d.layers * 2 * d.hidden + d.hidden + _vision_params(cfg),
+        inactive=float(d.layers * (d.mlp - d.active_mlp)),
+        groups=_latent_groups(t, d.layers),
+        window=window,
+        sliding=sliding,
+    )
+
+
+def _weight_bytes(sp: _Split, hf: hfconfig.HfShape | None, d: _Dims, method: str | None,
+                  bits: float, overhead: float, dense_bytes: int, n_experts: int,
+                  per_token: int) -> int:
+    packed = sp.linear
+    if method == "mxfp4":  # the experts only; attention, router, embeddings stay 16-bit
+        experts = hf.expert_params if hf else max(0, int(d.layers * (d.mlp - d.active_mlp) /
+                                                       max(1e-9, 1 - per_token / n_experts))
+                                                   if n_experts else 0)
+        packed = min(sp.linear, experts)
+    return int(packed * (bits / 8 + overhead) + (sp.linear - packed) * dense_bytes
+               + sp.other * dense_bytes)
+
+
+def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
+    """spec_from_config's reading, which may raise on a value of the wrong type.
+
+    The config is read through transformers' class for its model_type and the model counted
+    module by module (:mod:`launcher.model.hfconfig`); a config transformers cannot build is sized
+    from its own fields (the family's defaults for the few it commonly omits)."""
+    beyond = _beyond_any_model(_text_config(cfg))
+    if beyond:
+        raise ModelError(f"{name}: config.json gives {beyond}; is the config damaged?")
+    hf = hfconfig.shape(cfg)
+    t, model_type = _text_fields(cfg, hf)
+    d = _dims(t, model_type, hf is not None, name)
     dtype = str(
         cfg.get("torch_dtype")
         or t.get("torch_dtype")
@@ -340,43 +413,22 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         or "bfloat16"
     )
     method, bits, overhead = quantization.read(cfg, t)
-    dense_bytes = _DTYPE_BYTES.get(dtype, 2)
     n_experts, per_token, moe_inter = _experts(t)
-    if hf:
-        linear = hf.linear_params
-        other = hf.embedding_params + hf.lm_head_params + hf.other_params
-        inactive = hf.expert_params * (1 - per_token / n_experts) if n_experts else 0.0
-        groups = _kv_groups(hf.attention)
-        sliding = sum(g.layers for g in groups if g.window)
-        window = next((g.window for g in groups if g.window), None)
-    else:
-        linear = layers * (attn - 2 * hidden + mlp)
-        other = embed + layers * 2 * hidden + hidden + _vision_params(cfg)
-        inactive = float(layers * (mlp - active_mlp))
-        groups = _latent_groups(t, layers)
-        window, sliding = _sliding_layers(t, model_type, layers)
-    if any(g.latent for g in groups):
-        kv = 1  # one latent "head", the same on every TP rank: vLLM replicates it
-    params = linear + other
-    packed = linear
-    if method == "mxfp4":  # the experts only; attention, router, embeddings stay 16-bit
-        experts = hf.expert_params if hf else max(0, int(layers * (mlp - active_mlp) /
-                                                       max(1e-9, 1 - per_token / n_experts))
-                                                   if n_experts else 0)
-        packed = min(linear, experts)
-    weight_bytes = int(packed * (bits / 8 + overhead) + (linear - packed) * dense_bytes
-                       + other * dense_bytes)
+    sp = _split(cfg, t, hf, d, model_type, n_experts, per_token)
+    # MLA: one latent "head", the same on every TP rank: vLLM replicates it
+    kv = 1 if any(g.latent for g in sp.groups) else d.kv
+    params = sp.linear + sp.other
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,
         architecture=str(arch),
         family=families.family_name(model_type),
         model_type=model_type,
-        num_layers=layers,
-        hidden_size=hidden,
-        num_heads=heads,
+        num_layers=d.layers,
+        hidden_size=d.hidden,
+        num_heads=d.heads,
         num_kv_heads=kv,
-        head_dim=head_dim,
+        head_dim=d.head_dim,
         vocab_size=int(t["vocab_size"]),
         intermediate_size=_width(t.get("intermediate_size") or 0),
         max_position_embeddings=int(
@@ -385,21 +437,22 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
             or _family(model_type).default_context or 4096
         ),
         params=params,
-        active_params=int(params - inactive),
-        weight_bytes=weight_bytes,
+        active_params=int(params - sp.inactive),
+        weight_bytes=_weight_bytes(sp, hf, d, method, bits, overhead,
+                                   _DTYPE_BYTES.get(dtype, 2), n_experts, per_token),
         dtype="float16"
         if method in ("awq", "gptq")
         else ("bfloat16" if dtype in ("float32", "float") else dtype),
         quantization=method,
         weight_bits=bits,
-        sliding_window=window,
-        sliding_layers=sliding,
+        sliding_window=sp.window,
+        sliding_layers=sp.sliding,
         num_experts=n_experts,
         tied_embeddings=bool(t.get("tie_word_embeddings", True)),
         path=path,
         experts_per_token=per_token,
         moe_intermediate_size=moe_inter,
-        layer_kv=groups,
+        layer_kv=sp.groups,
         rope_cache_elems=hf.rope_cache_elems if hf else 0,
         custom_code=hf is None and isinstance(cfg.get("auto_map"), Mapping)
         and bool(cfg.get("auto_map")),
