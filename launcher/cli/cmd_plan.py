@@ -51,12 +51,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.cli.cmd_serve import check_engine_group, resolve_model
+    from launcher.cli.cmd_serve import check_engine_group, engine_extras, resolve_model
 
     place = planopts.node_place(args)
     chosen, model, ap = make_agent_plan(args)
     # the agent plan's flags, kept where the installed vLLM takes them (as serve does)
-    extras = agentopts.agent_extras(ap, installed_engine_flags()) if ap else None
+    extras = engine_extras(args) + agentopts.agent_extras(ap, installed_engine_flags())
     check_engine_group(chosen, place, args.ray_address)
     model_ref, default_name = resolve_model(args.model)
 

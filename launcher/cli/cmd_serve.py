@@ -66,19 +66,14 @@ def add_parser(sub: Any) -> None:
 
 def add_protection_arguments(p: argparse.ArgumentParser) -> None:
     """The proxy's local-serving protections (server/guard.py, server/conncap.py), passed on to
-    it, and the engine's side of the media check."""
+    it. (The engine's side of the media check, --allowed-media-domains and
+    --allow-internal-media, is among the engine arguments, which plan takes too.)"""
     p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
                    help="proxy: Host names (comma-separated, repeatable) accepted besides "
                    "loopback ones and --host; '*' turns the check off")
     p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGINS",
                    help="proxy: web origins (scheme://host[:port]) a proxy without keys takes "
                    "requests from besides its own and loopback ones; '*' turns the check off")
-    p.add_argument("--allow-internal-media", action="store_true",
-                   help="relay media URLs pointing at this machine or a private network, and "
-                   "let vLLM fetch media from any host and follow redirects (default: refused)")
-    p.add_argument("--allowed-media-domains", action="append", default=[], metavar="HOSTS",
-                   help="exact host names (comma-separated, repeatable) vLLM may fetch media "
-                   "URLs from (default: none; data: URLs still work)")
     p.add_argument("--max-connections", type=argtypes.count, metavar="N",
                    help="proxy: open client connections at most (default: half the "
                    "descriptor limit)")
@@ -101,8 +96,8 @@ def proxy_options(args: argparse.Namespace) -> tuple[str, ...]:
 def engine_extras(args: argparse.Namespace) -> EngineExtras:
     from launcher.engine.vllmflags import installed_engine_flags
 
-    domains = [d.strip() for v in getattr(args, "allowed_media_domains", None) or []
-               for d in v.split(",") if d.strip()]
+    domains = [d.strip() for d in (getattr(args, "allowed_media_domains", None) or "").split(",")
+               if d.strip()]
     media = media_protection(domains, allow_internal=getattr(args, "allow_internal_media", False))
     return replace(media, known=installed_engine_flags())
 

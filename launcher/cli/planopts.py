@@ -130,6 +130,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master-port", type=argtypes.port, default=DEFAULT_MASTER_PORT,
                    help=f"vLLM's port on the head (default {DEFAULT_MASTER_PORT}); toposerve's "
                    "node link uses the next one")
+    p.add_argument("--allow-internal-media", action="store_true",
+                   help="serve: the proxy relays media URLs pointing at this machine or a "
+                   "private network, and vLLM fetches media from any host and follows "
+                   "redirects (default: refused)")
+    p.add_argument("--allowed-media-domains", type=argtypes.nonempty, metavar="HOSTS",
+                   help="exact host names (comma-separated) vLLM may fetch media URLs from "
+                   "(default: none; data: URLs still work)")
     p.add_argument("extra", nargs=argparse.REMAINDER,
                    help="after --: extra arguments passed to vLLM as they are, last")
 
