@@ -11,7 +11,8 @@ answer, message dispatch). Measured with benchmarks/proxy_cpu.py (docs/benchmark
 
 Why it is kept rather than plain uvicorn for every request (issue 25's rule: a hand-written
 path only for a speed-up beyond the noise that passes every attack): its proxy CPU per request,
-270 against 293 µs (the steadier measure); side by side on a loaded machine its added TTFT
+270 against 293 µs (session 3) and 930 against 1,008 µs with 512-id prompts on a loaded machine
+(issue 25), the steadier measure; side by side on a loaded machine its added TTFT
 against uvicorn's protocol was within the noise (+0.61 against +0.96 ms at one stream, IQRs
 overlapping). It passes the issue's attacks (tests/server/test_http_layers.py).
 
