@@ -12,8 +12,7 @@ else
   engine=cpu
 fi
 extras="$engine"
-# ray: the multi-node tests start a live two-node Ray cluster (tests/multinode/)
-[[ $want_test == 1 ]] && extras="$extras,dev,ray"
+[[ $want_test == 1 ]] && extras="$extras,dev"
 
 stamp=".venv/.toposerve-$extras-$(sha1sum pyproject.toml | cut -c1-12)"
 if [[ ! -f "$stamp" ]]; then

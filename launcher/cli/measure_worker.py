@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.probe import measure
+from launcher.probe import kernelprobe, measure
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,11 +28,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.add_argument("--rank", type=int, required=True)
     a.add_argument("--port", type=int, required=True)
     a.add_argument("--out", type=Path, required=True)
+    k = sub.add_parser("kernels")
+    k.add_argument("--shape", type=Path, required=True)
+    k.add_argument("--key", required=True)
+    k.add_argument("--out", type=Path, required=True)
     args: Any = p.parse_args(argv)
     if args.what == "copy":
         measure.copy_worker(args.out)
     elif args.what == "gemm":
         measure.gemm_worker(args.out, args.device, args.tiny)
+    elif args.what == "kernels":
+        kernelprobe.gpu_table_worker(args.shape, args.key, args.out)
     else:
         measure.allreduce_worker(args.rank, args.port, args.out)
     return 0

@@ -9,12 +9,11 @@ versions come from the installed packages' metadata, so no torch is imported to 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, astuple
 from importlib import metadata
 from pathlib import Path
@@ -87,8 +86,8 @@ def measure_gpu(
     shape_file, out = workdir / f"{key.digest()}.shape.json", workdir / f"{key.digest()}.new.json"
     shape_file.write_text(json.dumps(asdict(shape)))
     wenv = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}
-    cmd = [sys.executable, "-m", "launcher.probe.kernelprobe", "--shape", str(shape_file),
-           "--key", json.dumps(astuple(key)), "--out", str(out)]
+    cmd = [sys.executable, "-m", "launcher.cli.measure_worker", "kernels",
+           "--shape", str(shape_file), "--key", json.dumps(astuple(key)), "--out", str(out)]
     try:
         done = subprocess.run(cmd, env=wenv, capture_output=True, timeout=WORKER_TIMEOUT_S,
                               check=False)
@@ -106,22 +105,14 @@ def measure_gpu(
     return table, kernels.save(cache_dir, table)
 
 
-def _worker(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launcher.probe.kernelprobe")
-    p.add_argument("--shape", type=Path, required=True)
-    p.add_argument("--key", required=True)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+def gpu_table_worker(shape_file: Path, key_json: str, out: Path) -> None:
+    """The worker process's side of :func:`measure_gpu` (run as ``python -m
+    launcher.cli.measure_worker kernels``): time the table on the one GPU it sees, write it."""
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("torch sees no CUDA device here (a CPU-only torch, or no driver)")
-    shape = kernels.shape_from_json(json.loads(args.shape.read_text()))
-    key = TableKey(*json.loads(args.key))
+    shape = kernels.shape_from_json(json.loads(shape_file.read_text()))
+    key = TableKey(*json.loads(key_json))
     table = kernels.time_table(shape, key, torch=torch, device="cuda")
-    args.out.write_text(json.dumps(kernels.table_to_json(table)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker())
+    out.write_text(json.dumps(kernels.table_to_json(table)))

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ def pinned_machine() -> Iterator[None]:
     for key in ("HOME", "XDG_CACHE_HOME", "HF_HOME"):  # where the model-shape cache lives
         if key in os.environ:
             env[key] = os.environ[key]
+    # A kernel table kept by `probe --measure --model` on this machine would change the speeds:
+    # golden plans are made from the shipped tables only.
+    env["TOPOSERVE_CACHE"] = tempfile.mkdtemp(prefix="golden-cache-")
     with mock.patch.dict(os.environ, env, clear=True), \
             mock.patch("os.cpu_count", return_value=PINNED_CPUS), \
             mock.patch("os.sched_getaffinity", return_value=set(range(PINNED_CPUS)),
