@@ -228,15 +228,22 @@ class Runner:
         # /ready, not /health: the banner must not be printed before the proxy's own health
         # check has seen the engine, or the first request would get a 503.
         url = f"http://{supervise.reachable_host(self.spec.host)}:{self.spec.port}/ready"
+        # An engine that dies while the proxy starts is the steady state's to restart: the proxy
+        # cannot become ready without it, so waiting on would end in a false "did not start".
         ok = supervise.wait_until(
             lambda: supervise.http_ok(url), 60.0, interval_s=0.2,
-            abort=lambda: self.guard.stopping or not proxy.alive(),
+            abort=lambda: self.guard.stopping or not proxy.alive() or self._an_engine_died(),
         )
         if self.guard.stopping:
             raise StopRequested
+        if not ok and proxy.alive() and self._an_engine_died():
+            return
         if not ok:
             line = failures.last_error_line(proxy.log_tail()) or "no error in its log"
             raise EngineError(f"the proxy did not start: {line}; full log: {proxy.log_path}")
+
+    def _an_engine_died(self) -> bool:
+        return any(not child.alive() for child in self.engines)
 
     # -- steady state ------------------------------------------------------------------------
 
