@@ -23,7 +23,7 @@ from rich.console import Console
 
 from launcher.engine import failures, nodelink, supervise
 from launcher.engine.launchspec import LaunchSpec, ReplicaSpec
-from launcher.engine.serve import Runner, SignalGuard, StopRequested, Supervision
+from launcher.engine.serve import Runner, SignalGuard, StopRequested, Supervision, run_with
 from launcher.errors import EngineError
 
 STOP_GRACE_S = 5.0  # a node's share, when the head restarts the group or stops
@@ -156,16 +156,7 @@ def group_port(group: Group) -> str:
 
 def run_head(spec: LaunchSpec, sup: Supervision, console: Console, group: Group) -> int:
     runner = HeadRunner(spec, sup, console, group)
-    with runner.guard.installed():
-        try:
-            runner.start()
-            console.print(spec.banner())
-            runner.supervise_forever()
-        except StopRequested:
-            pass
-        finally:
-            runner.shutdown(before_engines=runner.stop_others)
-    return 0
+    return run_with(runner, spec, console, before_engines=runner.stop_others)
 
 
 class NodeRunner:

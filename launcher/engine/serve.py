@@ -311,7 +311,13 @@ class Runner:
 
 
 def run(spec: LaunchSpec, sup: Supervision, console: Console) -> int:
-    runner = Runner(spec, sup, console)
+    return run_with(Runner(spec, sup, console), spec, console)
+
+
+def run_with(runner: Runner, spec: LaunchSpec, console: Console,
+             before_engines: Callable[[], None] = lambda: None) -> int:
+    """Start, print the banner, supervise until a signal, and stop everything (one node's runner,
+    or the head of several with ``before_engines`` stopping the other nodes' shares)."""
     with runner.guard.installed():
         try:
             runner.start()
@@ -320,5 +326,5 @@ def run(spec: LaunchSpec, sup: Supervision, console: Console) -> int:
         except StopRequested:
             pass
         finally:
-            runner.shutdown()
+            runner.shutdown(before_engines=before_engines)
     return 0
