@@ -186,7 +186,7 @@ def candidate_args(args: argparse.Namespace, cand: CandidateSpec) -> argparse.Na
 
 def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
     """The candidate's plan as `launcher plan --json` would print it, plus its vLLM flags."""
-    from launcher.cli.cmd_serve import resolve_model
+    from launcher.cli.cmd_serve import engine_extras, resolve_model
     from launcher.engine.planfile import plan_to_json
     from launcher.engine.render import render
     from launcher.model.modelspec import load_model_spec
@@ -206,7 +206,8 @@ def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
                       revision=getattr(ns, "revision", None),
                       tokenizer_tokens=tokenizer_tokens(model.path),
                       chat_template=chat_template(model.path),
-                      custom_code=model.custom_code)
+                      custom_code=model.custom_code,
+                      extras=engine_extras(ns))  # the media limits build_spec gave the engine
     data = plan_to_json(chosen, rendered)
     data["vllm_extra_args"] = list(ns.extra)
     return data
