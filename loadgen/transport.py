@@ -168,7 +168,7 @@ class Client:
         sent, waiter = conn.start(payload)
         try:
             error = await asyncio.wait_for(waiter, self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             conn.close()
             error = f"timed out after {self.timeout_s:g} s (raise --timeout)"
             conn.t_done = time.perf_counter()
