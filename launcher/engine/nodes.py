@@ -15,16 +15,19 @@ going silent (at once when the head's connection closes).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
+from rich.markup import escape
 
-from launcher.engine import failures, nodelink, supervise
+from launcher.engine import failures, nodelink, nodesecret, supervise
 from launcher.engine.launchspec import LaunchSpec, ReplicaSpec
 from launcher.engine.serve import Runner, SignalGuard, StopRequested, Supervision, run_with
 from launcher.errors import EngineError
+from launcher.model.tinymodel import default_cache_dir
 
 STOP_GRACE_S = 5.0  # a node's share, when the head restarts the group or stops
 HEAD_STOP_GRACE_S = 1.0
@@ -38,6 +41,7 @@ class Group:
     identity: nodelink.NodeIdentity
     master_addr: str
     master_port: int
+    secret: bytes = b""  # the node link's (nodesecret.py); set before the group starts
 
     @property
     def link_port(self) -> int:
@@ -82,7 +86,11 @@ class HeadRunner(Runner):
         super().__init__(spec, sup, console)
         self.group = group
         # on the address the other nodes are told (the head's own, on their network)
-        self.hub = nodelink.LinkHub(group.master_addr, group.link_port, group.identity)
+        self.hub = nodelink.LinkHub(group.master_addr, group.link_port, group.identity,
+                                    group.secret, on_refusal=self._say_refusal)
+
+    def _say_refusal(self, line: str) -> None:
+        self.console.print(f"[yellow]![/] {escape(line)}")
 
     def start(self) -> None:
         self.hub.start()
@@ -186,8 +194,8 @@ class NodeRunner:
                 told = True
 
         link = nodelink.HeadLink.join(self.group.master_addr, self.group.link_port,
-                                      self.group.identity, self.sup.join_timeout_s,
-                                      waiting)
+                                      self.group.identity, self.group.secret,
+                                      self.sup.join_timeout_s, waiting)
         self.console.print(f"[green]✓[/] joined the head at {where} as node {rank} of "
                            f"{self.group.identity.nodes}")
         try:
@@ -258,6 +266,15 @@ def run_group(spec: LaunchSpec, sup: Supervision, console: Console) -> int:
     """This node's part of the group: the head's (vLLM share and proxy) or another's."""
     (replica,) = spec.replicas  # a multi-node plan has one replica, spread over the nodes
     group = group_of(replica)
+    secret = nodesecret.resolve(group.identity.node_rank, sup.node_secret_file, os.environ,
+                                default_cache_dir(os.environ))
+    group = replace(group, secret=secret.value)
+    if secret.written:
+        console.print(f"Node secret: wrote a new one to {secret.where} (mode 600): every other "
+                      "node needs it, as that file there (or --node-secret-file PATH, or "
+                      f"{nodesecret.SECRET_ENV})")
+    else:
+        console.print(f"Node secret: from {secret.where}")
     if group.identity.node_rank == 0:
         return run_head(spec, sup, console, group)
     return run_node(replica, sup, console, group)

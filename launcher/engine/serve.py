@@ -43,6 +43,8 @@ class Supervision:
     grace_s: float = 30.0
     # A node other than the head: how long to look for the head's node link before saying so.
     join_timeout_s: float = 120.0
+    # A node of a group: the node link's secret file (nodesecret.py; None: the default one).
+    node_secret_file: Path | None = None
     log_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "toposerve" / "logs")
 
 

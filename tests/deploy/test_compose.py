@@ -240,7 +240,7 @@ def test_node_compose_file_matches_the_specification_as_written_and_interpolated
 
 def test_a_node_without_its_rank_or_the_heads_address_is_refused_by_compose() -> None:
     env = read_env_file(NODES_ENV)
-    for name in ("NODE_RANK", "MASTER_ADDR"):
+    for name in ("NODE_RANK", "MASTER_ADDR", "NODE_SECRET_FILE"):
         with pytest.raises(KeyError, match=name):
             rendered_nodes({k: v for k, v in env.items() if k != name})
 
@@ -262,3 +262,7 @@ def test_every_node_runs_launcher_serve_with_its_rank_on_the_host_network(rank: 
     assert service["environment"]["GLOO_SOCKET_IFNAME"] == env["NODE_IFNAME"]
     assert service["environment"]["NCCL_SOCKET_IFNAME"] == env["NODE_IFNAME"]
     assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+    # the node link's secret: one file, given to every node as a Compose secret
+    assert args.node_secret_file == Path("/run/secrets/node-secret")
+    assert service["secrets"] == ["node-secret"]
+    assert rendered_nodes(env)["secrets"]["node-secret"] == {"file": env["NODE_SECRET_FILE"]}

@@ -244,3 +244,23 @@ def test_the_leader_and_the_workers_plan_with_the_same_options() -> None:
         return {k: v for k, v in ns.items() if k not in own}
 
     assert planning("leaderTemplate", "0") == planning("workerTemplate", "1")
+
+
+def test_every_pod_of_a_group_presents_the_same_node_secret_only_it_can_read() -> None:
+    """The node link admits only pods holding the group's secret: both roles mount the one
+    Secret, read-only, with no group/other bits (launcher serve refuses those), and pass its
+    file to --node-secret-file."""
+    env = {"MODEL": "m", "GPUS_PER_NODE": "4", **LWS_ENV, "LWS_WORKER_INDEX": "0"}
+    template = lws()["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        spec = template[role]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (container,) = spec["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "node-secret"]
+        secret = volumes["node-secret"]["secret"]
+        assert secret["secretName"] == "toposerve-node"
+        assert secret.get("optional") is not True
+        assert secret["defaultMode"] & 0o077 == 0
+        assert mount["readOnly"] is True
+        args = build_parser().parse_args(script_words(container, env)[2:])
+        assert args.node_secret_file == Path(mount["mountPath"]) / "secret"

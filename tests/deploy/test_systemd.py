@@ -157,6 +157,9 @@ def test_node_unit_serves_its_rank_of_the_group_headless() -> None:
     assert (args.nodes, args.node_rank) == (int(env["TOPOSERVE_NODES"]), 1)
     assert (args.master_addr, args.master_port) == (env["TOPOSERVE_MASTER_ADDR"],
                                                     int(env["TOPOSERVE_MASTER_PORT"]))
+    # the node link's secret, handed over by systemd as a credential
+    assert value(path, "Service", "LoadCredential") == "node-secret:/etc/toposerve/node-secret"
+    assert args.node_secret_file == Path("%d/node-secret")
     # one role per machine: the head's unit and the proxy's are the others
     conflicts = value(path, "Unit", "Conflicts").split()
     assert sorted(conflicts) == ["toposerve-proxy.service", "toposerve.service"]

@@ -7,6 +7,7 @@ with vLLM itself."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,12 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launcher.engine.nodesecret import SECRET_ENV
 from launcher.engine.supervise import free_port, http_ok
 from tests.conftest import REPO
 from tests.multinode.procs import Proc, descendants, still_alive
 
 STANDIN = REPO / "tests" / "serve" / "standin_engine.py"
 WITHIN_S = 30.0  # generous for a loaded machine; the figures are printed as measured
+SECRET = secrets.token_hex(32)  # the group's node secret, as a Kubernetes Secret's env variable
 
 
 @dataclass
@@ -35,9 +38,10 @@ class Launcher:
         return self.out.read_text(errors="replace")
 
 
-def launch(tmp: Path, name: str, master_port: int, *args: str) -> Launcher:
+def launch(tmp: Path, name: str, master_port: int, *args: str,
+           secret: str = SECRET) -> Launcher:
     env = {**os.environ, "TOPOSERVE_ENGINE_CMD": f"{sys.executable} {STANDIN}",
-           "STANDIN_STATE": str(tmp / f"state-{name}")}
+           "STANDIN_STATE": str(tmp / f"state-{name}"), SECRET_ENV: secret}
     argv = [sys.executable, "-m", "launcher", "serve", "--max-model-len", "1024", "--nodes", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(master_port), "--log-dir",
             str(tmp / f"logs-{name}"), "--grace", "2", "--ready-timeout", "60", *args]
@@ -150,11 +154,28 @@ def test_a_node_that_cannot_reach_the_head_says_where_it_looked(tmp_path: Path) 
     assert "Traceback" not in node.output()
 
 
-def test_a_node_whose_plan_differs_from_the_heads_is_refused_in_one_line(pair: Pair,
-                                                                          tmp_path: Path) -> None:
+def test_a_node_whose_plan_or_secret_differs_is_refused_in_one_line_and_the_group_runs_on(
+    pair: Pair, tmp_path: Path
+) -> None:
     other = launch(tmp_path, "other", pair.master_port, "--node-rank", "1", "--max-model-len",
                    "512")
+    stranger = launch(tmp_path, "stranger", pair.master_port, "--node-rank", "1",
+                      secret=secrets.token_hex(32))
     assert other.proc.wait(timeout=60) == 4
     last = other.output().strip().splitlines()[-1]
     assert "refused this node: node 1 planned differently from the head" in last
     assert "max_model_len 512 here against 1024 on the head" in last
+    assert stranger.proc.wait(timeout=60) == 4
+    last = stranger.output().strip().splitlines()[-1]
+    assert last.startswith("launcher: error: the head at 127.0.0.1:")
+    assert "refused this node: this node did not prove it holds the head's node secret" in last
+    assert "Traceback" not in stranger.output()
+    wait_for("the head's one line", lambda: "did not prove it holds the group's node secret"
+             in pair.head.output())
+    (line,) = [ln for ln in pair.head.output().splitlines() if "node secret" in ln
+               and "refused" in ln]
+    assert line == ("! node link: refused a connection from 127.0.0.1: node 1 did not prove it "
+                    "holds the group's node secret")
+    assert "Traceback" not in pair.head.output()
+    assert http_ok(f"{pair.url}/ready")  # the real node 1 is still in the group
+    assert "node 1 (127.0.0.1)" not in pair.head.output()

@@ -2,7 +2,7 @@
 the embedded model as two layer stages (PP=2) with vLLM's own multi-node executor: node 0 (the
 head) runs stage 0 and the proxy, node 1 runs stage 1 headless. The command lines are the ones
 `launcher plan --nodes 2 --master-addr ...` prints for each node, with only this run's proxy port,
-log folder, drain time and start-up bound added.
+log folder, drain time, start-up bound and node secret file (which the head writes) added.
 
 vLLM starts once for the whole module; the tests run in file order, and the last two break the
 group on purpose (SIGKILL of node 1's stage, then SIGTERM of the head).
@@ -71,7 +71,8 @@ def start_node(rank: int, words: list[str], tmp: Path, proxy_port: int) -> Node:
     assert words[:2] == ["launcher", "serve"], words
     # this run's own port, logs, drain and start-up bound: options `launcher serve` has and
     # `launcher plan` has not
-    own = ["--log-dir", str(tmp / f"logs{rank}"), "--grace", "10", "--ready-timeout", "600"]
+    own = ["--log-dir", str(tmp / f"logs{rank}"), "--grace", "10", "--ready-timeout", "600",
+           "--node-secret-file", str(tmp / "node-secret")]
     if rank == 0:
         own += ["--port", str(proxy_port)]
     argv = ["taskset", "-c", str(rank), str(LAUNCHER), *words[1:], *own]
@@ -90,6 +91,13 @@ def group(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     printed = planned_lines(tiny_model_path, master)
     port = free_port()
     head = start_node(0, printed[0], tmp, port)
+    # the head writes the group's secret (it has none); node 1 is given that file, as a user
+    # copies it to the other machine
+    started = time.monotonic()
+    while not (tmp / "node-secret").exists():
+        assert head.proc.poll() is None, head.output()
+        assert time.monotonic() - started < 120, head.output()
+        time.sleep(0.2)
     other = start_node(1, printed[1], tmp, port)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -132,6 +140,14 @@ def test_the_plan_prints_one_serve_line_per_node_that_differ_only_in_the_rank(
     at = zero.index("--node-rank")
     assert (zero[at + 1], one[at + 1]) == ("0", "1")
     assert zero[:at] + zero[at + 2:] == one[:at] + one[at + 2:]
+
+
+def test_the_head_wrote_the_node_secret_and_node_1_joined_with_it(group: Group) -> None:
+    secret = Path(group.head.argv[group.head.argv.index("--node-secret-file") + 1])
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    assert f"Node secret: wrote a new one to {secret} (mode 600)" in group.head.output()
+    assert f"Node secret: from {secret}" in group.other.output()
+    assert "joined the head at 127.0.0.1:" in group.other.output()
 
 
 def test_the_head_proxy_lists_the_model(group: Group) -> None:
