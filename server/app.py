@@ -294,8 +294,9 @@ class Proxy:
                   for u in self.router.upstreams]
         if self.router.any_up:
             return JSONResponse({"ready": True, "upstreams": states})
-        exc = UpstreamUnavailable("no engine is ready yet")
-        return JSONResponse({"ready": False, "upstreams": states}, status_code=503,
+        exc = self.relay.engine_status.error() or UpstreamUnavailable("no engine is ready yet")
+        return JSONResponse({"ready": False, "upstreams": states, "why": exc.message,
+                             "code": exc.code}, status_code=503,
                             headers={"retry-after": str(exc.retry_after)})
 
     async def metrics_text(self, request: Request) -> Response:

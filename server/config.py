@@ -70,6 +70,8 @@ class ProxyConfig:
     allow_internal_media: bool = False
     # Open client connections at most (server.conncap); None: from the descriptor limit.
     max_connections: int | None = None
+    # Where the launcher says why no engine answers (server.enginestatus); None: nowhere.
+    engine_status_file: str | None = None
 
     def __post_init__(self) -> None:
         # Also for configs built in Python: a password in an engine URL would show in /ready,
@@ -207,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=int, default=None, metavar="N",
                    help="open client connections at most: idle ones are closed first, then "
                         "new ones get 503 (default: half the descriptor limit)")
+    p.add_argument("--engine-status-file", metavar="PATH",
+                   help="a file the launcher writes when its engines are down on purpose (a "
+                        "multi-node group missing a node, or restarting): its reason becomes the "
+                        "503's message (server/enginestatus.py)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -360,4 +366,5 @@ def config_from_args(argv: Sequence[str] | None = None,
         affinity_slack=a.affinity_slack,
         drain_timeout_s=a.drain_timeout, log_level=a.log_level,
         allowed_hosts=_names(a.allowed_hosts), allowed_origins=_names(a.allowed_origins),
-        allow_internal_media=a.allow_internal_media, max_connections=a.max_connections)
+        allow_internal_media=a.allow_internal_media, max_connections=a.max_connections,
+        engine_status_file=a.engine_status_file)

@@ -9,6 +9,8 @@
     ├── BodyTooLarge (413)           body over --max-body-bytes
     ├── TooManyRequests (429)        in-flight limit and queue full (Retry-After)
     ├── UpstreamUnavailable (503)    no engine answers: down or restarting (Retry-After)
+    │   ├── EngineGroupNodeDown      a node of a multi-node engine group is missing
+    │   └── EngineGroupRestarting    the group is being restarted (server.enginestatus)
     ├── UpstreamTimeout (504)        the engine did not answer in time
     └── UpstreamBadResponse (502)    the engine answered something that is not HTTP/JSON/SSE
 ConfigError                          bad command line or key file; the message says the fix
@@ -82,6 +84,14 @@ class TooManyRequests(ProxyError):
 
 class UpstreamUnavailable(ProxyError):
     status, type, code, retry_after = 503, "server_error", "engine_unavailable", 5
+
+
+class EngineGroupNodeDown(UpstreamUnavailable):
+    code = "engine_group_node_down"
+
+
+class EngineGroupRestarting(UpstreamUnavailable):
+    code = "engine_group_restarting"
 
 
 class UpstreamTimeout(ProxyError):

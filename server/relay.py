@@ -40,6 +40,7 @@ from server.asgi import AsgiDownstream, Receive, Send
 from server.config import ProxyConfig
 from server.dialects import Dialect, StreamRules, dialect_for
 from server.downstream import ChunkWriter, Downstream
+from server.enginestatus import EngineStatus
 from server.errors import (
     ProxyError,
     TooManyRequests,
@@ -177,6 +178,13 @@ class Relay:
         self.admission = admission
         self.pools = {url: Pool(url, cfg.connect_timeout_s, cfg.upstream_api_key, connect)
                       for url in cfg.upstreams}
+        self.engine_status = EngineStatus(cfg.engine_status_file)
+
+    def unavailable(self) -> UpstreamUnavailable:
+        """The 503 for no engine answering: the launcher's reason where it wrote one."""
+        return self.engine_status.error() or UpstreamUnavailable(
+            "no engine is answering (it is starting, restarting or down); retry after the "
+            "Retry-After delay")
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -239,9 +247,7 @@ class Relay:
         while True:
             up = self.router.pick(call.affinity, tried, call.wanted_model)
             if up is None:
-                raise UpstreamUnavailable(
-                    "no engine is answering (it is starting, restarting or down); retry after "
-                    "the Retry-After delay")
+                raise self.unavailable()
             call.upstream = up.url
             up.outstanding += 1
             try:
@@ -272,7 +278,8 @@ class Relay:
             raise UpstreamBadResponse(f"{exc}; the request was not relayed") from None
         except (ConnectionBroken, OSError):
             self.metrics.upstream_errors.labels(up.url, "stream_broken").inc()
-            raise UpstreamUnavailable(
+            # the launcher's reason first: a group it stops closes the connections it held
+            raise self.engine_status.error() or UpstreamUnavailable(
                 "the engine closed the connection before answering; retry after the "
                 "Retry-After delay") from None
 

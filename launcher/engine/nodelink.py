@@ -307,13 +307,18 @@ class LinkHub:
 
     def down(self) -> str | None:
         """Why a node that was running this epoch's share is not any more, or None."""
+        found = self.down_node()
+        return found[1] if found else None
+
+    def down_node(self) -> tuple[int, str] | None:
+        """(rank, why) of the first node that no longer runs this epoch's share, or None."""
         now = self.clock()
         with self._lock:
             for rank in range(1, self.head.nodes):
                 node = self.nodes.get(rank)
                 why = node_down(node, self.epoch, now) if node else None
                 if why:
-                    return why
+                    return rank, why
         return None
 
     def _broadcast(self, message: dict[str, Any]) -> None:

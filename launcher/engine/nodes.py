@@ -15,10 +15,13 @@ going silent (at once when the head's connection closes).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -89,36 +92,52 @@ class HeadRunner(Runner):
         self.hub = nodelink.LinkHub(group.master_addr, group.link_port, group.identity,
                                     group.secret, on_refusal=self._say_refusal)
 
+        self.status = StatusFile(sup.log_dir / f"engine-status-{spec.port}.json")
+
     def _say_refusal(self, line: str) -> None:
         self.console.print(f"[yellow]![/] {escape(line)}")
 
+    def _proxy_child(self) -> supervise.Child:
+        child = super()._proxy_child()
+        return replace(child, argv=[*child.argv, "--engine-status-file", str(self.status.path)])
+
     def start(self) -> None:
         self.hub.start()
+        nodes = self.group.identity.nodes
         self.console.print(f"Node link open on {group_port(self.group)}: waiting for "
-                           f"{self.group.identity.nodes - 1} more node(s) to join")
+                           f"{nodes - 1} more node(s) to join")
+        self.status.write("restarting", f"the {nodes}-node engine group is starting (waiting "
+                          f"for {nodes_named(range(1, nodes))} to join)")
         self.hub.set_epoch(1)
         super().start()
+        self.status.clear()
 
     def supervise_forever(self) -> None:
         attempts, up_since = 0, time.monotonic()
         while not self.guard.stopping:
             time.sleep(0.5)
-            why = self.hub.down() or self._own_exit()
+            down = self.hub.down_node()
+            why = down[1] if down else self._own_exit()
             if why is None:
                 if time.monotonic() - up_since > self.sup.healthy_reset_s:
                     attempts = 0
                 self._restart_proxy_if_dead()
                 continue
             attempts += 1
-            self._restart_group(why, attempts)
+            # what a client is told: ranks only, never an address or a process
+            nodes = self.group.identity.nodes
+            gone = (f"node {down[0]} of the {nodes}-node engine group is down" if down
+                    else f"the head node's share of the {nodes}-node engine group stopped")
+            self._restart_group(why, attempts, gone)
             up_since = time.monotonic()
 
     def _own_exit(self) -> str | None:
         child = self.engines[0]
         return None if child.alive() else f"vLLM on the head exited ({exit_description(child)})"
 
-    def _restart_group(self, why: str, attempt: int) -> None:
+    def _restart_group(self, why: str, attempt: int, gone: str) -> None:
         child = self.engines[0]
+        self.status.write("node_down", f"{gone}; the group restarts once every node is back")
         if attempt <= self.sup.restart_attempts:
             self.console.print(
                 f"[red]✗[/] {why}. vLLM on the head is stopped (its stages cannot run without "
@@ -134,7 +153,10 @@ class HeadRunner(Runner):
         while missing := self.hub.missing():
             for rank in set(missing) - told:
                 self.console.print(f"  waiting for node {rank} to join the node link again")
-            told |= set(missing)
+            if set(missing) != told:
+                self.status.write("node_down", f"{gone}: waiting for {nodes_named(missing)} "
+                                  f"of {self.group.identity.nodes} to rejoin the group")
+            told = set(missing)
             if supervise.wait_until(lambda: False, 1.0, interval_s=0.2,
                                     abort=lambda: self.guard.stopping) or self.guard.stopping:
                 return
@@ -144,8 +166,11 @@ class HeadRunner(Runner):
         if self.guard.stopping:
             return
         self.hub.set_epoch(self.hub.epoch + 1)
+        self.status.write("restarting", f"the {self.group.identity.nodes}-node engine group is "
+                          f"restarting (restart {attempt} of {self.sup.restart_attempts}; {gone})")
         child.start()
         self._await_engine(0, self.spec.replicas[0], retried=True)
+        self.status.clear()
 
     def stop_others(self) -> None:
         left = self.hub.stop_nodes("the head is stopping", NODES_STOP_WAIT_S)
@@ -156,6 +181,36 @@ class HeadRunner(Runner):
                                "check them")
         else:
             self.console.print("Every other node stopped its vLLM share.")
+
+
+def nodes_named(ranks: Iterable[int]) -> str:
+    """Pure: 'node 1' or 'nodes 1, 2'."""
+    listed = sorted(ranks)
+    return ("node " if len(listed) == 1 else "nodes ") + ", ".join(map(str, listed))
+
+
+class StatusFile:
+    """Why the head's engine is down on purpose, for the proxy's 503s (server/enginestatus.py):
+    replaced whole by a rename, so the proxy never reads half of it. What is written is shown
+    to clients: ranks and counts only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, state: str, message: str) -> None:
+        self._put({"state": state, "message": message})
+
+    def clear(self) -> None:
+        self._put({})
+
+    def _put(self, data: dict[str, str]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # the proxy then answers its generic 503: nothing else depends on it
 
 
 def group_port(group: Group) -> str:

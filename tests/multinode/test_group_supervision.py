@@ -107,6 +107,13 @@ def test_a_node_whose_share_is_killed_is_named_at_the_head_and_the_proxy_answers
     print(f"503 {took:.1f}s after the SIGKILL")
     (line,) = [ln for ln in pair.head.output().splitlines() if "node 1 (127.0.0.1)" in ln]
     assert "its vLLM share exited (vLLM was killed by SIGKILL)" in line
+    # the client is told which node, in the OpenAI format, and nothing of the network inside
+    error = httpx.post(f"{pair.url}/v1/completions", json={"model": "x", "prompt": "a"},
+                       timeout=10).json()["error"]
+    assert error["code"] in ("engine_group_node_down", "engine_group_restarting"), error
+    assert "node 1 of the 2-node engine group is down" in error["message"]
+    assert "127.0.0.1" not in error["message"]
+    assert "pid" not in error["message"]
     # the group is restarted whole: node 1 hears of the new epoch and starts its share again
     wait_for("node 1 restarts its share",
              lambda: "The head restarted vLLM (epoch 2)" in pair.node.output())
