@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -66,7 +67,8 @@ _DROP_HEADERS = frozenset({
     "trailer", "transfer-encoding", "upgrade", "content-length", "authorization", "x-api-key",
     "x-request-id", "expect", "cookie",
 })
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# HEAD is relayed as HEAD: the engine's client knows its answer has no body (server.upstream)
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 GENERATION_SCHEMAS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 # vLLM's admin and development routes (vllm/entrypoints: serve/, rl/, scale_out/; v0.26):
@@ -578,7 +580,26 @@ def create_app(cfg: ProxyConfig, registry: CollectorRegistry | None = None) -> P
     app.state.proxy = proxy
     _add_error_handlers(app, proxy)
     _add_routes(app, proxy)
+    _add_head_routes(app)
     return ProxyApp(proxy, app)
+
+
+def _add_head_routes(app: FastAPI) -> None:
+    """HEAD wherever GET is served (RFC 9110 9.3.2: the GET's status and headers, no body;
+    uvicorn leaves the body out): load balancers and uptime checkers probe /health and /ready
+    with HEAD. Kept out of the OpenAPI schema, which stays the GET routes'. The catch-all
+    relays HEAD to the engine itself; it is registered before it and so takes precedence."""
+    for route in list(app.router.routes):
+        if (isinstance(route, APIRoute) and route.methods == {"GET"}
+                and route.path != "/{path:path}"):
+            app.router.add_api_route(route.path, route.endpoint, methods=["HEAD"],
+                                     include_in_schema=False)
+    # FastAPI matches routes in order: the twins must come before the catch-all
+    routes = app.router.routes
+    catch_all = [r for r in routes if isinstance(r, APIRoute) and r.path == "/{path:path}"]
+    for r in catch_all:
+        routes.remove(r)
+        routes.append(r)
 
 
 def _add_routes(app: FastAPI, proxy: Proxy) -> None:

@@ -324,7 +324,9 @@ class Relay:
                 body = b"".join(chunks)
                 if call.inspect and resp.status == 200:
                     await self._check_body(call, up, body)
-                headers.append((b"content-length", str(len(body)).encode()))
+                # an answer to HEAD says the length a GET's body would have, and has none
+                length = declared if call.method == "HEAD" and declared is not None else len(body)
+                headers.append((b"content-length", str(length).encode()))
                 call.status = resp.status
                 call.started = True
                 await down.start(resp.status, headers)

@@ -83,6 +83,7 @@ class _Conn(asyncio.Protocol):
         self.in_head = False  # reading a response head (interim ones included)
         self.head_bytes = 0
         self.interim = False  # the message being parsed is a 1xx: its end is not the answer's
+        self.no_body = False  # the request was HEAD: the answer ends with its head
         # Made by create_connection inside the loop; kept so that waiting for a response does
         # not look the running loop up each time (that costs a getpid() system call in 3.11).
         self.loop = asyncio.get_running_loop()
@@ -98,9 +99,10 @@ class _Conn(asyncio.Protocol):
                 response._complete()  # its body ends where the connection does
             response._lost()
 
-    def start(self, response: Response) -> None:
+    def start(self, response: Response, method: str = "GET") -> None:
         self.response = response
         self.in_head, self.head_bytes, self.interim = True, 0, False
+        self.no_body = method == "HEAD"
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -146,6 +148,14 @@ class _Conn(asyncio.Protocol):
         self.in_head = False
         response.status = status
         response.keep_alive = self.parser.should_keep_alive()
+        if self.no_body:
+            # An answer to HEAD has no body whatever its Content-Length says (RFC 9110 9.3.2),
+            # and httptools cannot be told so: it would wait for that many bytes until a
+            # timeout. Complete now; the connection is not reused, since its parser still
+            # expects them.
+            response.keep_alive = False
+            response._complete()
+            return
         response._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -369,13 +379,13 @@ class Pool:
         conn = self._reusable()
         if conn is not None:
             try:
-                return await self._exchange(conn, payload)
+                return await self._exchange(conn, payload, method)
             except _Stale:
                 # Closed by the engine after the request was written: it may have read it. Only
                 # a request that can be replayed is sent again, once, on a new connection.
                 if method not in REPLAYABLE or body:
                     raise ConnectionBroken(_STALE) from None
-        return await self._exchange(await self._connect(), payload)
+        return await self._exchange(await self._connect(), payload, method)
 
     async def get(self, target: str, limit: int | None = None) -> tuple[int, bytes]:
         """A control-plane GET (health, model list, metrics): the status and the whole body, at
@@ -401,9 +411,9 @@ class Pool:
             return conn
         return None
 
-    async def _exchange(self, conn: _Conn, payload: bytes) -> Response:
+    async def _exchange(self, conn: _Conn, payload: bytes, method: str) -> Response:
         response = Response(conn, self)
-        conn.start(response)
+        conn.start(response, method)
         assert conn.transport is not None
         reused = conn.idle_since > 0
         conn.transport.write(payload)
