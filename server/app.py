@@ -20,7 +20,7 @@ import logging
 import posixpath
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import anthropic, guard
 from server.admission import Admission
-from server.asgi import Receive, Scope, Send, body_buffered, disconnect_hook
+from server.asgi import Message, Receive, Scope, Send, body_buffered, disconnect_hook
 from server.config import ProxyConfig
 from server.enginestats import EngineCacheStats
 from server.errors import (
@@ -348,6 +348,12 @@ class ProxyApp:
         self.fastapi = fastapi
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origin = (guard.cors_origin(self.proxy.guard, scope["headers"])
+                  if scope["type"] == "http" else None)
+        if origin is not None:
+            if scope["method"] == "OPTIONS" and await self.preflight(scope, send, origin):
+                return
+            send = self.with_cors(scope, send, origin)
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] in GENERATION_SCHEMAS):
             await self.proxy.generation(scope, receive, send)  # checks the head itself
@@ -358,6 +364,43 @@ class ProxyApp:
             await self.refuse(scope, send, refusal)
         else:
             await self.fastapi(scope, receive, send)
+
+    def lean_handler(self) -> Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]:
+        """What the lean front (server.front) calls for the generation routes: the proxy's own
+        handler, or with CORS first where --allowed-origins names any (bound at start-up, so
+        the hot path of a proxy without them pays nothing)."""
+        if not self.proxy.guard.allowed_origins:
+            return self.proxy.generation
+        return self.__call__
+
+    async def preflight(self, scope: Scope, send: Send, origin: bytes) -> bool:
+        """A CORS preflight from an allowed origin answered 204 (the Host check still applies;
+        no key is asked: browsers send none on a preflight). False: not a preflight."""
+        headers = guard.preflight(origin, scope["headers"])
+        if headers is None or guard.check_head(self.proxy.guard, scope["headers"]) is not None:
+            return False
+        await send({"type": "http.response.start", "status": 204, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+        return True
+
+    @staticmethod
+    def with_cors(scope: Scope, send: Send, origin: bytes) -> Send:
+        """``send`` adding the CORS headers to the response's start, and the same headers left
+        in the disconnect hook for the relay's downstream (server.asgi), which writes through
+        the protocol's own send. Added once, whichever path the response takes."""
+        extra = guard.cors_headers(origin)
+        hook = disconnect_hook(scope)
+        if hook is not None:
+            hook["response_headers"] = extra
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in message.get("headers", ())}
+                if b"access-control-allow-origin" not in names:
+                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        return send_with_cors
 
     async def refuse(self, scope: Scope, send: Send, exc: ProxyError) -> None:
         """A request the local-serving protections refuse, answered before any route runs,

@@ -61,6 +61,9 @@ class AsgiDownstream:
         self.watcher: asyncio.Task[None] | None = None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        extra = self.hook.get("response_headers") if self.hook is not None else None
+        if extra:  # the app's own (CORS for an allowed origin: server.app.ProxyApp.with_cors)
+            headers = [*headers, *extra]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def write(self, data: bytes) -> None:

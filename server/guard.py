@@ -17,7 +17,14 @@ local models have had exactly this hole (Ollama, llama.cpp, Jupyter closed it th
   Absent (curl, SDKs, agents): passes. The proxy's own origin (as the Host names it), a
   loopback origin on any port, a local app's scheme (Ollama's defaults: ``vscode-webview``,
   ``vscode-file``, ``app``, ``tauri``) and ``--allowed-origins`` pass; ``null`` (sandboxed
-  frames, ``file:``) and anything unparseable are refused. The proxy sends no CORS headers.
+  frames, ``file:``) and anything unparseable are refused.
+- CORS: a page from an origin in ``--allowed-origins`` (``*``: any) gets CORS headers on every
+  answer (``Access-Control-Allow-Origin`` its origin, ``Vary: Origin``, ``Retry-After`` and
+  ``X-Request-Id`` exposed) and its preflights (``OPTIONS`` with
+  ``Access-Control-Request-Method``) are answered 204 before any key is asked (browsers send
+  none on a preflight). Every other origin, the loopback ones and the proxy's own included,
+  gets no CORS header: a browser then keeps the answer from the page (same-origin pages need
+  none), and a keyless proxy still refuses it as above.
 - More than one ``Authorization``, ``x-api-key``, ``Host`` or ``Origin`` header is refused
   (400) on every route: which one counts would otherwise depend on the HTTP layer.
 - Media URLs in request bodies (every key ``url`` or ``*_url`` with a string value, anywhere:
@@ -214,6 +221,57 @@ def origin_allowed(pol: GuardPolicy, value: bytes, host: bytes | None) -> bool:
     own = split_host(host.decode("latin-1"))  # same origin: the page came from this proxy
     return own is not None and parts is not None and own[0] == parts[0] and (
         (own[1] or "80") == (parts[1] or ("443" if scheme == "https" else "80")))
+
+
+# -- CORS -----------------------------------------------------------------------------------
+
+CORS_METHODS = b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+CORS_EXPOSE = b"retry-after, x-request-id"
+CORS_MAX_AGE = b"600"  # seconds a browser may keep a preflight's answer
+_TOKEN_LIST = re.compile(rb"[ \t]*[!#$%&'*+.^_`|~0-9A-Za-z-]+([ \t]*,[ \t]*"
+                         rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+)*[ \t]*")
+
+
+def cors_origin(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The request's Origin when ``--allowed-origins`` names it (or is ``*``), else None: only
+    those pages get CORS headers. Free when no origin is allowed (the default)."""
+    if not pol.allowed_origins:
+        return None
+    origin = next((value for name, value in headers if name == b"origin"), None)
+    if origin is None:
+        return None
+    normal = normal_origin(origin.decode("latin-1"))
+    if normal is None or ("*" not in pol.allowed_origins and normal not in pol.allowed_origins):
+        return None
+    return origin.strip()  # as the browser sent it: it compares the two exactly
+
+
+def cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
+    """Added to every answer to a page from an allowed origin."""
+    return [(b"access-control-allow-origin", origin), (b"vary", b"origin"),
+            (b"access-control-expose-headers", CORS_EXPOSE)]
+
+
+def preflight(origin: bytes, headers: Iterable[tuple[bytes, bytes]]
+              ) -> list[tuple[bytes, bytes]] | None:
+    """A preflight's answer headers (status 204), or None when the request is no preflight
+    (an OPTIONS without Access-Control-Request-Method). The headers the page asks to send are
+    allowed when they are a list of header names; nothing else is echoed back."""
+    method = asked = None
+    for name, value in headers:
+        if name == b"access-control-request-method":
+            method = value
+        elif name == b"access-control-request-headers":
+            asked = value
+    if method is None:
+        return None
+    out = [*cors_headers(origin), (b"access-control-allow-methods", CORS_METHODS),
+           (b"access-control-max-age", CORS_MAX_AGE), (b"content-length", b"0")]
+    if asked is not None and _TOKEN_LIST.fullmatch(asked):
+        out.append((b"access-control-allow-headers", b", ".join(
+            t.strip().lower() for t in asked.split(b","))))
+    out[1] = (b"vary", b"origin, access-control-request-method, access-control-request-headers")
+    return out
 
 
 # -- media URLs in request bodies -----------------------------------------------------------

@@ -42,7 +42,7 @@ def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
                     on_stall=app.proxy.metrics.client_stalls.inc)
     settings: dict[str, Any] = dict(
         host=cfg.host, port=cfg.port, loop="uvloop", http=front_protocol(
-            app, app.proxy.generation, guarded_protocol(guards), guards, UvicornHost),
+            app, app.lean_handler(), guarded_protocol(guards), guards, UvicornHost),
         ws="none",  # no websockets are served: uvicorn must never switch a connection to one
         lifespan="on", access_log=False, log_level=cfg.log_level,
         timeout_graceful_shutdown=cfg.drain_timeout_s, server_header=False,
