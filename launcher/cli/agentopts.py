@@ -1,24 +1,17 @@
-"""`--workload agent --sessions S --context D` for plan and serve: the options, the host's free
-memory, and the agent plan made from them (launcher.planner.agent)."""
+"""`--workload agent --sessions S --context D` for plan, serve and tune: the options, read into
+the request's AgentAsk, and the host's free memory (the agent plan itself: launcher.planner.agent,
+made by launcher.pipeline.run)."""
 
 from __future__ import annotations
 
 import argparse
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
-from launcher.engine.extras import EngineExtras
-from launcher.engine.vllmflags import OptionalFlag
 from launcher.errors import PlanError
-from launcher.model.modelspec import ModelSpec
-from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
-from launcher.planner.plan import Plan, plan
-from launcher.planner.plantypes import Policy
-from launcher.probe.topology import Topology
+from launcher.planner.agent import AgentAsk
 
 AGENT = "agent"
 # loadgen's convention (--depth 8k,32K): k and m are ×1000, K and M ×1024
@@ -84,48 +77,6 @@ def agent_ask(args: argparse.Namespace) -> AgentAsk | None:
         raise PlanError("--workload agent needs --context D: the tokens each session keeps "
                         "(e.g. --context 32k)")
     return AgentAsk(s or 1, d, args.prompt, args.gen)
-
-
-def plan_with_agent(topo: Topology, model: ModelSpec, policy: Policy, ask: AgentAsk | None,
-                    env_free: int | None) -> tuple[Plan, AgentPlan | None]:
-    """The plan, and for an agent workload the agent plan it was made to serve: the layout and
-    KV size the agent plan chose, planned again so that the rest of the plan follows them."""
-    if ask is None:
-        return plan(topo, model, policy), None
-    base = plan(topo, model, replace(policy, concurrency=ask.sessions))
-    try:
-        ap = agent_plan(topo, model, policy, base, ask, env_free)
-    except ValueError as exc:
-        raise PlanError(str(exc)) from None
-    final = plan(topo, model, agent_policy(policy, ap))
-    # The FP8 KV cache is the agent plan's choice, not a flag of the user's: said once, by it.
-    own = "--kv-cache-dtype fp8 (your vLLM flag)"
-    kept = tuple(r for r in final.reasons if not (ap.kv_dtype_bytes == 1
-                                                   and policy.kv_cache_bytes == 2
-                                                   and r.startswith(own)))
-    return replace(final, reasons=(*kept, *ap.reasons)), ap
-
-
-def agent_extras(ap: AgentPlan | None, known: frozenset[str] | None) -> EngineExtras:
-    if ap is None:
-        return EngineExtras(known=known)
-    return EngineExtras(tuple(OptionalFlag(f.words, f.why) for f in ap.flags), known=known)
-
-
-def agent_json(ap: AgentPlan) -> dict[str, Any]:
-    """The agent plan for `plan --json`: the choice, every option and every layout's room."""
-    return {
-        "sessions": ap.ask.sessions, "context": ap.ask.context, "served_context": ap.context,
-        "choice": ap.choice, "layout": ap.room.layout, "kv_cache_dtype": ap.room.kv_dtype,
-        "kv_offloading_gib": ap.offload_gib,
-        "options": [{"name": o.name, "ok": o.ok, "reason": o.reason, "ttft_s": o.ttft_s}
-                    for o in ap.options],
-        "rooms": [{"layout": r.layout, "kv_cache_dtype": r.kv_dtype, "sessions_held": r.held,
-                   "sessions_per_replica": r.need, "ttft_cached_s": r.ttft_warm_s,
-                   "ttft_recomputed_s": r.ttft_cold_s, "host_copy_s": r.copy_s}
-                  for r in ap.rooms],
-        "flags": [list(f.words) for f in ap.flags],
-    }
 
 
 def free_memory(env: Mapping[str, str]) -> int | None:

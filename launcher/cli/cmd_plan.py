@@ -6,31 +6,15 @@ import argparse
 import json
 import os
 import shlex
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from launcher.cli import agentopts, argtypes, kerneltables, planopts
+from launcher.cli import argtypes, planopts
 from launcher.engine.enginecmd import NodePlace
-from launcher.engine.planfile import plan_to_json
-from launcher.engine.render import Rendered, render
-from launcher.engine.vllmflags import installed_engine_flags
-from launcher.model.modelspec import ModelSpec, load_model_spec
-from launcher.model.toolcalls import chat_template, tokenizer_tokens
-from launcher.planner.agent import AgentPlan
+from launcher.engine.planfile import agent_to_json, plan_to_json
+from launcher.engine.render import Rendered
+from launcher.pipeline.run import Planned, plan_and_render, render_at
 from launcher.planner.plan import Candidate, Plan
-from launcher.probe.topology import load_topology
-
-
-def make_agent_plan(args: argparse.Namespace) -> tuple[Plan, ModelSpec, AgentPlan | None]:
-    topo = load_topology(args.topology, os.environ)
-    model = load_model_spec(args.model, revision=args.revision)
-    ask = agentopts.agent_ask(args)
-    policy = replace(planopts.policy_from_args(args),
-                     kernels=kerneltables.cached(model, topo, os.environ))
-    chosen, ap = agentopts.plan_with_agent(topo, model, policy, ask,
-                                           agentopts.free_memory(os.environ) if ask else None)
-    return chosen, model, ap
 
 
 def add_parser(subparsers: Any) -> None:
@@ -51,42 +35,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.cli.cmd_serve import check_engine_group, engine_extras, resolve_model
-
-    place = planopts.node_place(args)
-    chosen, model, ap = make_agent_plan(args)
-    # the agent plan's flags, kept where the installed vLLM takes them (as serve does)
-    extras = engine_extras(args) + agentopts.agent_extras(ap, installed_engine_flags())
-    check_engine_group(chosen, place, args.ray_address)
-    model_ref, default_name = resolve_model(args.model)
-
-    def rendered_for(where: NodePlace | None) -> Rendered:
-        # the same builder `launcher serve` uses: what is printed here is what serve runs
-        return render(
-            chosen,
-            model_ref,
-            served_name=args.served_model_name or default_name,
-            host=args.host,
-            port=args.port,
-            extra_args=planopts.extra_args(args),
-            trust_remote_code=args.trust_remote_code,
-            ray_address=args.ray_address,
-            user_env=os.environ,
-            cpu_ids=planopts.cpu_ids(),
-            revision=args.revision,
-            tokenizer_tokens=tokenizer_tokens(model.path),
-            chat_template=chat_template(model.path),
-            custom_code=model.custom_code,
-            place=where,
-            extras=extras,
-        )
-
-    rendered = rendered_for(place)
-    nodes = node_commands(args, place, rendered_for)
+    engine = planopts.engine_request(args, host=args.host, port=args.port)
+    # the one way serve and tune take too: what is printed here is what serve runs
+    planned = plan_and_render(planopts.plan_request(args, engine), os.environ)
+    nodes = node_commands(args, planned)
     if args.json:
-        out = plan_to_json(chosen, rendered)
-        if ap is not None:
-            out["agent"] = agentopts.agent_json(ap)
+        out = plan_to_json(planned.plan, planned.rendered)
+        if planned.agent is not None:
+            out["agent"] = agent_to_json(planned.agent)
         if nodes:
             out["node_commands"] = [
                 {"node_rank": r, "serve": serve, "argv": list(e.argv), "env": e.env}
@@ -94,28 +50,27 @@ def run(args: argparse.Namespace) -> int:
             ]
         print(json.dumps(out, indent=1))
     else:
-        print(format_plan(chosen, rendered, prompt=args.prompt))
+        print(format_plan(planned.plan, planned.rendered, prompt=args.prompt))
         if nodes:
-            print(format_nodes(nodes, given=place is not None))
+            print(format_nodes(nodes, given=engine.place is not None))
     return 0
 
 
 PLACEHOLDER_HEAD = "HEAD"
 
 
-def node_commands(args: argparse.Namespace, place: NodePlace | None,
-                  rendered_for: Callable[[NodePlace | None], Rendered]
-                  ) -> list[tuple[list[str], Rendered]]:
+def node_commands(args: argparse.Namespace, planned: Planned) -> list[tuple[list[str], Rendered]]:
     """Per node of a group on vLLM's own executor: the `launcher serve` line a user types there
     (these options, its own --node-rank) and the vLLM command it runs. None on Ray or one node."""
     if args.nodes < 2 or args.ray_address:
         return []
-    base = place or NodePlace(args.nodes, 0, PLACEHOLDER_HEAD, args.master_port)
+    base = (planned.request.engine.place
+            or NodePlace(args.nodes, 0, PLACEHOLDER_HEAD, args.master_port))
     options = planopts.given_options(args, master_addr=base.master_addr)
     extra = list(planopts.extra_args(args))
     return [(["launcher", "serve", *options, "--node-rank", str(r), *(["--", *extra] if extra
                                                                       else [])],
-             rendered_for(replace(base, rank=r)))
+             render_at(planned, replace(base, rank=r)))
             for r in range(args.nodes)]
 
 

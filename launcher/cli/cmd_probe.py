@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
         topo = measure.measure_topology(topo, os.environ)
     if args.model:
-        from launcher.cli import kerneltables
         from launcher.model.modelspec import load_model_spec
+        from launcher.pipeline import kerneltables
 
         for line in kerneltables.measure(load_model_spec(args.model), topo, os.environ):
             print(line)

@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
-from launcher.cli import agentopts, argtypes, planopts
+from launcher.cli import argtypes, planopts
 from launcher.engine import supervise
-from launcher.engine.enginecmd import NodePlace
-from launcher.engine.extras import EngineExtras, media_protection
-from launcher.engine.launchspec import LaunchSpec, replica_specs
+from launcher.engine.launchspec import LaunchSpec
 from launcher.engine.serve import Supervision, run
-from launcher.errors import LauncherError, ModelError, PlanError
+from launcher.errors import LauncherError
 from launcher.model import tinymodel
-from launcher.planner.agent import AgentPlan
+from launcher.pipeline.requests import ServeRequest
 
 
 def add_parser(sub: Any) -> None:
@@ -97,27 +92,6 @@ def proxy_options(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(words)
 
 
-def engine_extras(args: argparse.Namespace) -> EngineExtras:
-    from launcher.engine.vllmflags import installed_engine_flags
-
-    domains = [d.strip() for d in (getattr(args, "allowed_media_domains", None) or "").split(",")
-               if d.strip()]
-    media = media_protection(domains, allow_internal=getattr(args, "allow_internal_media", False))
-    return replace(media, known=installed_engine_flags())
-
-
-ENGINE_KEY_ENV = "TOPOSERVE_ENGINE_API_KEY"
-
-
-def engine_key(env: Mapping[str, str], extra: Sequence[str] = ()) -> str:
-    """vLLM's key for this run: the user's own `-- --api-key K` (vLLM takes it over
-    VLLM_API_KEY, so the proxy must send that one), else TOPOSERVE_ENGINE_API_KEY where the user
-    wants to reach the engine directly too (loadgen against the engine's port), else a new
-    random one."""
-    return (planopts.last_value(extra, "--api-key") or env.get(ENGINE_KEY_ENV, "").strip()
-            or secrets.token_urlsafe(32))
-
-
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
     place = planopts.node_place(args)
@@ -170,155 +144,19 @@ def read_key_file(path: Path) -> list[str]:
         raise LauncherError(str(exc)) from None
 
 
-def resolve_model(ref: str | None) -> tuple[str, str]:
-    """(model reference for vLLM, served name). None means the embedded tiny model."""
-    if ref is None:
-        return str(tinymodel.ensure_tiny_model()), tinymodel.SERVED_NAME
-    path = Path(ref).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelError(f"{path} has no config.json: pass the directory that holds the "
-                             "model's config.json and weights")
-        return str(path.resolve()), path.resolve().name
-    if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
-        raise ModelError(f"model path {ref} does not exist: check the path, or pass a Hugging "
-                         "Face id such as meta-llama/Llama-3.3-70B-Instruct")
-    return ref, ref
+def serve_request(args: argparse.Namespace, keys: tuple[str, ...]) -> ServeRequest:
+    """serve's options, typed: the plan (or the saved one), its engine, the proxy before it."""
+    engine = planopts.engine_request(args, host=args.engine_host, port=args.engine_port)
+    plan = replace(planopts.plan_request(args, engine), saved_plan=args.plan,
+                   # --dry-run shows a saved plan made elsewhere, with a note, instead of refusing
+                   refuse_elsewhere=not args.dry_run)
+    return ServeRequest(plan, host=args.host, port=args.port, api_keys=keys,
+                        proxy_args=proxy_options(args))
 
 
 def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
     # Imported here so that `launcher serve --help` stays fast and NVML is touched only when used.
-    from launcher.engine.planfile import plan_from_json
-    from launcher.engine.render import render
-    from launcher.model.modelspec import load_model_spec
-    from launcher.model.toolcalls import chat_template, tokenizer_tokens
-    from launcher.probe.topology import load_topology
+    from launcher.pipeline.run import launch_spec, plan_and_render
 
-    model_ref, default_name = resolve_model(args.model)
-    served = args.served_model_name or default_name
-    model = load_model_spec(model_ref, revision=getattr(args, "revision", None))
-    extra = planopts.extra_args(args)
-    plan_notes: tuple[str, ...] = ()
-    agent: AgentPlan | None = None
-    if args.plan is not None:
-        saved = read_plan_file(args.plan)
-        chosen = plan_from_json(saved)
-        # A tuned plan carries the engine flags that won; flags given now come after and win.
-        extra = (*saved.get("vllm_extra_args", []), *extra)
-        elsewhere = plan_not_for_here(chosen, load_topology(args.topology, os.environ),
-                                      args.plan)
-        if elsewhere and not args.dry_run:
-            raise LauncherError(elsewhere)
-        plan_notes = (elsewhere,) if elsewhere else ()
-    else:
-        try:
-            ask = agentopts.agent_ask(args)
-            chosen, agent = agentopts.plan_with_agent(
-                load_topology(args.topology, os.environ), model, planopts.policy_from_args(args),
-                ask, agentopts.free_memory(os.environ) if ask else None)
-        except PlanError as exc:
-            if args.ray_address and args.nodes == 1 and (args.pp or 1) > 1:
-                # The topology is this node's: stages meant for the other nodes must be said.
-                raise PlanError(f"{exc}; on a Ray cluster say how many nodes the stages go to "
-                                f"with --nodes (e.g. --nodes {args.pp})") from exc
-            raise
-    place = planopts.node_place(args)
-    check_engine_group(chosen, place, args.ray_address)
-    engine_port = args.engine_port or supervise.free_port(args.engine_host, "--engine-host")
-    rendered = render(chosen, model_ref, served_name=served, host=args.engine_host,
-                      port=engine_port, extra_args=extra,
-                      trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,
-                      user_env=os.environ, cpu_ids=planopts.cpu_ids(),
-                      revision=getattr(args, "revision", None),
-                      tokenizer_tokens=tokenizer_tokens(model.path),
-                      chat_template=chat_template(model.path),
-                      custom_code=model.custom_code, place=place,
-                      extras=engine_extras(args) + agentopts.agent_extras(agent, None))
-    replicas = replica_specs(rendered.engines, supervise.reachable_host)
-    headless = place is not None and place.headless
-    return LaunchSpec(
-        model_ref=model_ref, served_name=served, host=args.host, port=args.port,
-        api_keys=keys, replicas=replicas, plan_info=plan_labels(chosen, served),
-        summary=summary_lines(chosen, replicas, model_ref, (*plan_notes, *rendered.notes)),
-        # A new key every run: only this run's proxy knows it, so a web page that finds
-        # vLLM's loopback port cannot drive it. A headless node serves no API.
-        engine_api_key=None if headless else engine_key(os.environ, extra),
-        proxy_args=proxy_options(args),
-    )
-
-
-def check_engine_group(chosen: Any, place: NodePlace | None, ray_address: str | None) -> None:
-    """One line, before anything starts, for a split the chosen way of spanning nodes cannot
-    run: Ray on the CPU build, or layer stages that do not divide over the nodes."""
-    if ray_address and chosen.engine == "cpu":
-        raise LauncherError(
-            "vLLM's CPU build cannot run on a Ray cluster (its CPU platform has no Ray device): "
-            "drop --ray-address and use vLLM's own multi-node executor, `launcher serve --nodes "
-            "N --node-rank R --master-addr HEAD` on every node (docs/deploy.md)")
-    if place is not None and (chosen.dp != 1 or chosen.pp % place.nodes):
-        raise LauncherError(
-            f"the plan (TP={chosen.tp} PP={chosen.pp} DP={chosen.dp}) does not split into "
-            f"{place.nodes} equal shares of layer stages: pass --pp as a multiple of --nodes "
-            "(the default is one stage per node) and no --dp")
-
-
-def plan_not_for_here(chosen: Any, topo: Any, path: Path) -> str | None:
-    """Why a saved plan cannot run on this machine (GPUs it names that NVML does not show),
-    or None. A plan for several nodes names one node's GPUs and is not checked here."""
-    if chosen.engine != "gpu" or getattr(chosen, "nodes", 1) > 1:
-        return None
-    here = sorted(g.index for g in topo.gpus)
-    missing = [g for g in chosen.gpus if g not in here]
-    if not missing:
-        return None
-    have = f"GPU {', '.join(map(str, here))}" if here else "no GPU NVML can read"
-    return (f"the plan {path} runs on GPU {', '.join(map(str, chosen.gpus))}, and this machine "
-            f"has {have}: plan here (`launcher plan --json > FILE`, or `launcher tune`) or "
-            "serve without --plan")
-
-
-def read_plan_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise LauncherError(f"cannot read the plan file {path}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise LauncherError(
-            f"the plan file {path} is not JSON ({exc.msg} at line {exc.lineno}): "
-            "write it with `launcher plan --json > FILE` or `launcher tune`"
-        ) from exc
-    if not isinstance(data, dict):
-        raise LauncherError(f"the plan file {path} does not hold a plan object")
-    return data
-
-
-def plan_labels(chosen: Any, served: str) -> dict[str, str]:
-    return {
-        "mode": str(chosen.mode), "tp": str(chosen.tp), "pp": str(chosen.pp),
-        "dp": str(chosen.dp), "engine": str(chosen.engine),
-        "transport": str(getattr(chosen, "transport", "none")), "model": served,
-        "gpus": ",".join(str(g) for g in chosen.gpus) or "cpu",
-    }
-
-
-def summary_lines(chosen: Any, replicas: Sequence[Any], model_ref: str,
-                  notes: Sequence[str] = ()) -> tuple[str, ...]:
-    lines = [f"[bold]Plan:[/] {chosen.mode} (tp={chosen.tp} pp={chosen.pp} dp={chosen.dp}, "
-             f"engine {chosen.engine}) for {model_ref}"]
-    lines += [f"  • {reason}" for reason in chosen.reasons]
-    pred = getattr(chosen, "predicted", None)
-    if pred is not None and chosen.engine != "cpu":
-        lines.append(f"  predicted: prefill {pred.prefill_tok_s:,.0f} tok/s, decode "
-                     f"{pred.decode_tok_s:,.1f} tok/s single stream, throughput "
-                     f"{pred.throughput_tok_s:,.0f} tok/s")
-    for r in replicas:
-        lines.append(f"  engine: {r.command.shell_line()}")
-    place = replicas[0].command.place if replicas else None
-    if place is not None and place.headless:
-        lines.append(f"  node {place.rank} of {place.nodes}: this node's share of the layers, "
-                     f"headless; the head at {place.master_addr} runs the proxy")
-    else:
-        lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
-    lines += [f"  note: {escape(n)}" for n in notes]  # a note quotes tokens like [TOOL_CALLS]
-    return tuple(lines)
-
+    request = serve_request(args, keys)
+    return launch_spec(plan_and_render(request.plan, os.environ), request)

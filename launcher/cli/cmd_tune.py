@@ -11,7 +11,6 @@ score each; the decisions (interval, early stop, finalists' re-run, the winner) 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -20,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,15 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.cli import argtypes, planopts
-from launcher.cli.cmd_serve import build_spec, collect_api_keys
+from launcher.cli.cmd_serve import collect_api_keys
 from launcher.engine.launchspec import LaunchSpec
+from launcher.engine.planfile import agent_to_json, plan_to_json
 from launcher.engine.serve import Runner, StopRequested, Supervision
 from launcher.errors import LauncherError
 from launcher.model import tinymodel
+from launcher.pipeline.requests import EngineRequest, ServeRequest
+from launcher.pipeline.run import Planned, launch_spec, plan_and_render
+from launcher.planner.plantypes import Workload
 from launcher.tune.loop import (
     OBJECTIVES,
     CandidateSpec,
@@ -144,15 +148,15 @@ def main(args: argparse.Namespace) -> int:
 
 def default_candidates(args: argparse.Namespace) -> list[CandidateSpec]:
     from launcher.model.modelspec import load_model_spec
-    from launcher.planner.plan import plan
+    from launcher.pipeline.run import choose, resolve_model
     from launcher.probe.topology import load_topology
 
     topo = load_topology(args.topology, os.environ)
     if not topo.gpus:
         return [parse_candidate(c) for c in CPU_DEFAULT_CANDIDATES]
-    model_ref = args.model or str(tinymodel.ensure_tiny_model())
-    chosen = plan(topo, load_model_spec(model_ref, revision=args.revision),
-                  planopts.policy_from_args(args))
+    request = planopts.plan_request(args, EngineRequest(extra_args=tune_extra_args(args)))
+    model = load_model_spec(resolve_model(args.model)[0], revision=args.revision)
+    chosen = choose(request, model, topo, os.environ).plan
     viable = [c for c in chosen.candidates if not c.rejected]
     workload = "interactive" if objective_of(args) == "interactive" else "throughput"
     ranked = sorted(viable, key=lambda c: _candidate_score(c, workload), reverse=True)
@@ -168,48 +172,34 @@ def _candidate_score(c: Any, workload: str) -> float:
     return float(pred.throughput_tok_s if workload == "throughput" else pred.decode_tok_s)
 
 
-def candidate_args(args: argparse.Namespace, cand: CandidateSpec) -> argparse.Namespace:
-    ns = copy.copy(args)
-    ns.tp, ns.pp, ns.dp = cand.tp, cand.pp, cand.dp
-    ns.extra = [*cand.vllm_args, *[a for a in (args.extra or []) if a != "--"]]
-    ns.served_model_name = None
-    ns.plan = None
-    ns.engine_port = None
-    ns.engine_host = "127.0.0.1"  # only the tune's loadgen talks to it, through the proxy
-    ns.concurrency = load_concurrency(args)
-    # the plan is sized for the load tune puts on it: one stream, or --concurrency of them
-    ns.workload = "interactive" if objective_of(args) == "interactive" else "throughput"
-    ns.trust_remote_code = False
-    ns.ray_address = None
-    return ns
+def tune_extra_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The vLLM flags after -- that every candidate gets."""
+    return tuple(a for a in (args.extra or []) if a != "--")
 
 
-def plan_json(ns: argparse.Namespace) -> dict[str, Any]:
-    """The candidate's plan as `launcher plan --json` would print it, plus its vLLM flags."""
-    from launcher.cli.cmd_serve import engine_extras, resolve_model
-    from launcher.engine.planfile import plan_to_json
-    from launcher.engine.render import render
-    from launcher.model.modelspec import load_model_spec
-    from launcher.model.toolcalls import chat_template, tokenizer_tokens
-    from launcher.planner.plan import plan
-    from launcher.probe.topology import load_topology
+def candidate_request(args: argparse.Namespace, cand: CandidateSpec,
+                      keys: tuple[str, ...]) -> ServeRequest:
+    """One candidate's start, typed: tune's options with the candidate's layout and flags, and
+    the plan sized for the load tune puts on it (one stream, or --concurrency of them)."""
+    # only the tune's loadgen talks to the engine, through the proxy: loopback, a free port
+    engine = EngineRequest(host="127.0.0.1", port=None,
+                           extra_args=(*cand.vllm_args, *tune_extra_args(args)),
+                           cpu_ids=planopts.cpu_ids())
+    base = planopts.plan_request(args, engine)
+    workload: Workload = "interactive" if objective_of(args) == "interactive" else "throughput"
+    policy = replace(base.policy, force_tp=cand.tp, force_pp=cand.pp, force_dp=cand.dp,
+                     concurrency=load_concurrency(args), workload=workload)
+    return ServeRequest(replace(base, policy=policy), host=args.host, port=args.port,
+                        api_keys=keys)
 
-    model_ref, served = resolve_model(ns.model)
-    model = load_model_spec(model_ref, revision=getattr(ns, "revision", None))
-    chosen = plan(load_topology(ns.topology, os.environ), model, planopts.policy_from_args(ns))
-    # rendered as build_spec renders the engine tune measured (pinned CPUs and all), so that
-    # the plan written is the command that was measured
-    rendered = render(chosen, model_ref, served_name=served, host="127.0.0.1", port=0,
-                      extra_args=ns.extra, user_env=os.environ,
-                      trust_remote_code=ns.trust_remote_code, ray_address=ns.ray_address,
-                      cpu_ids=planopts.cpu_ids(),
-                      revision=getattr(ns, "revision", None),
-                      tokenizer_tokens=tokenizer_tokens(model.path),
-                      chat_template=chat_template(model.path),
-                      custom_code=model.custom_code,
-                      extras=engine_extras(ns))  # the media limits build_spec gave the engine
-    data = plan_to_json(chosen, rendered)
-    data["vllm_extra_args"] = list(ns.extra)
+
+def tuned_plan_json(planned: Planned) -> dict[str, Any]:
+    """The candidate's plan as `launcher plan --json` prints it for the same options (the
+    command tune measured, rendered once), plus its vLLM flags for `serve --plan`."""
+    data = plan_to_json(planned.plan, planned.rendered)
+    if planned.agent is not None:
+        data["agent"] = agent_to_json(planned.agent)
+    data["vllm_extra_args"] = list(planned.extra_args)
     return data
 
 
@@ -241,12 +231,13 @@ class Tuner:
         args = self.args
         start_no = self.starts[cand.name] = self.starts.get(cand.name, 0) + 1
         self.console.rule(f"candidate {cand.name}" + ("" if first else f" (re-run {start_no - 1})"))
-        spec_args = candidate_args(args, cand)
-        spec = build_spec(spec_args, self.keys)
+        request = candidate_request(args, cand, self.keys)
+        planned = plan_and_render(request.plan, os.environ)
+        spec = launch_spec(planned, request)
         if first:
             for line in spec.summary:
                 self.console.print(line)
-            self.plans[cand.name] = plan_json(spec_args)
+            self.plans[cand.name] = tuned_plan_json(planned)
         earlier = others.get(cand.name) if not first else None
         rivals = intervals_of(self.verdicts({n: m for n, m in others.items() if n != cand.name}))
         log_dir = args.log_dir or tinymodel.default_cache_dir(os.environ) / "logs"

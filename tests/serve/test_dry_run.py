@@ -79,6 +79,30 @@ def test_a_saved_plan_is_served_as_saved(tmp_path: Path) -> None:
     assert "--max-num-seqs 3" in res.stdout
 
 
+def test_a_saved_agent_plan_is_served_with_the_agent_plans_engine_flags(tmp_path: Path) -> None:
+    # `plan --json --workload agent` prints a command with the agent plan's flags (KV offloading
+    # here); `serve --plan` of that file must start that command, not the plan without them
+    import os
+
+    pair = TOPOLOGIES / "2x3090-p2p-x16.nvml.json"
+    llama8b = REPO / "tests" / "fixtures" / "models" / "llama-3.1-8b"
+    plan = subprocess.run(
+        [sys.executable, "-m", "launcher", "plan", "--topology", str(pair), "--model",
+         str(llama8b), "--workload", "agent", "--sessions", "8", "--context", "64K", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TOPOSERVE_HOST_FREE_GIB": "256"})
+    assert plan.returncode == 0, plan.stderr
+    printed = json.loads(plan.stdout)
+    assert "--kv-offloading-size" in printed["argv"]
+    path = tmp_path / "agent-plan.json"
+    path.write_text(plan.stdout)
+    res = dry_run("--plan", str(path), "--model", str(llama8b))
+    assert res.returncode == 0, res.stderr
+    engine = next(ln for ln in res.stdout.splitlines() if "engine:" in ln)
+    flags = printed["argv"][printed["argv"].index("--kv-offloading-size"):][:4]
+    assert " ".join(flags) in engine
+
+
 def test_a_plan_file_that_is_not_json_is_a_one_line_error(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     path.write_text("{not json")

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli.cmd_serve import collect_api_keys, read_key_file, resolve_model
+from launcher.cli.cmd_serve import collect_api_keys, read_key_file
 from launcher.engine import failures, progress
 from launcher.engine.detect import engine_argv, engine_prefix, parse_version
 from launcher.engine.enginecmd import EngineCommand, replicas
 from launcher.engine.launchspec import replica_specs
 from launcher.engine.supervise import reachable_host
 from launcher.errors import LauncherError, ModelError
+from launcher.pipeline.run import resolve_model
 from tests.serve.standin_engine import SYMM_MEM_CRASH
 
 

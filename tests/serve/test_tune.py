@@ -128,24 +128,28 @@ def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_
 
 
 def test_the_plan_tune_writes_renders_the_command_plan_prints_for_the_same_options() -> None:
-    # tune measures the engine build_spec renders (pinned to this process's CPUs); the plan it
-    # writes must carry that same command, as `launcher plan --json` prints it
+    # tune plans and renders each candidate once (pinned to this process's CPUs) and writes
+    # that command: the one `launcher plan --json` prints for the same options and port
     import contextlib
     import io
+    import os
 
-    from launcher.cli.cmd_tune import candidate_args, plan_json
+    from launcher.cli.cmd_tune import candidate_request, tuned_plan_json
     from launcher.cli.main import build_parser, main
+    from launcher.pipeline.run import plan_and_render
 
     tiny = str(REPO / "tests" / "fixtures" / "models" / "llama-3.2-3b")
     cpu_only = str(REPO / "tests" / "fixtures" / "golden" / "cpu-only.toposerve.json")
     args = build_parser().parse_args(["tune", "--model", tiny, "--topology", cpu_only])
-    ns = candidate_args(args, parse_candidate("tp=2"))  # two CPU workers: pinned apart
-    tuned = plan_json(ns)
+    request = candidate_request(args, parse_candidate("tp=2"), ())  # two CPU workers
+    planned = plan_and_render(request.plan, os.environ)
+    tuned = tuned_plan_json(planned)
+    policy = request.plan.policy
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["plan", "--json", "--model", tiny, "--topology", cpu_only, "--tp", "2",
-                     "--workload", ns.workload, "--concurrency", str(ns.concurrency),
-                     "--port", "0"]) == 0
+                     "--workload", policy.workload, "--concurrency", str(policy.concurrency),
+                     "--port", str(planned.port)]) == 0
     printed = json.loads(out.getvalue())
     assert tuned["engines"] == printed["engines"]
     assert tuned["argv"] == printed["argv"]

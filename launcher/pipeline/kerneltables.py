@@ -1,7 +1,8 @@
 """Kernel tables for the commands: measured by `probe --measure --model M`, found by a plan.
 
 Composes the stages (the model's shape from :mod:`launcher.planner.kernelcost`, the timing
-and cache from :mod:`launcher.probe.kernelprobe`), which the layering lets only the CLI do.
+and cache from :mod:`launcher.probe.kernelprobe`), which the layering lets only the pipeline and
+the CLI above it do.
 A GPU machine's tables are timed on its first GPU of each name, for every TP degree its GPUs
 allow; a machine without GPUs times the CPU.
 """

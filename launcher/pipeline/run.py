@@ -1,0 +1,284 @@
+"""One way from a typed request to the engine: `plan`, `serve` (and its --dry-run and --plan FILE)
+and every candidate of `tune` go through :func:`plan_and_render`, so that the command `plan`
+prints is the one `serve` runs and the one `tune` measures and writes.
+
+    PlanRequest ─► model (ModelSpec) + topology ─► Plan (planned, or read from a plan file)
+                ─► EngineCommand(s) (engine/render) ─► Planned ─► LaunchSpec (serve, tune)
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from launcher.engine import supervise
+from launcher.engine.enginecmd import NodePlace
+from launcher.engine.extras import EngineExtras, media_protection
+from launcher.engine.launchspec import LaunchSpec, ReplicaSpec, replica_specs
+from launcher.engine.planfile import plan_from_json, saved_agent_flags, saved_extra_args
+from launcher.engine.render import Rendered, render
+from launcher.engine.vllmflags import OptionalFlag, installed_engine_flags, last_value
+from launcher.errors import LauncherError, ModelError, PlanError
+from launcher.model import tinymodel
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.model.toolcalls import chat_template, tokenizer_tokens
+from launcher.pipeline import kerneltables
+from launcher.pipeline.requests import PlanRequest, ServeRequest
+from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
+from launcher.planner.plan import Plan, plan
+from launcher.planner.plantypes import Policy
+from launcher.probe.topology import Topology, load_topology
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The plan a request gets, before any engine command: planned here, or read from a file."""
+
+    plan: Plan
+    agent: AgentPlan | None = None
+    # the agent plan's vLLM flags: from the agent plan made now, or the one a plan file saved
+    agent_flags: tuple[OptionalFlag, ...] = ()
+    saved_extra_args: tuple[str, ...] = ()  # the flags a tuned plan file won with
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A request planned and rendered: what `plan` prints, `serve` starts, `tune` measures."""
+
+    request: PlanRequest
+    chosen: Chosen
+    model: ModelSpec
+    model_ref: str  # what vLLM is given: an absolute folder, or the hub id
+    served_name: str
+    port: int  # vLLM's first port
+    extra_args: tuple[str, ...]  # the saved plan's vLLM flags, then the user's (which win)
+    extras: EngineExtras  # serve's optional flags: the media limits and the agent plan's
+    rendered: Rendered
+    env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def plan(self) -> Plan:
+        return self.chosen.plan
+
+    @property
+    def agent(self) -> AgentPlan | None:
+        return self.chosen.agent
+
+
+def plan_and_render(request: PlanRequest, env: Mapping[str, str]) -> Planned:
+    """The plan ``request`` asks for (or the saved one it names) and the engine command(s) that
+    run it. ``env``: the launcher's environment (NVML's CUDA_VISIBLE_DEVICES, the cache, the
+    user's VLLM_* settings)."""
+    model_ref, default_name = resolve_model(request.model)
+    model = load_model_spec(model_ref, revision=request.revision)
+    topo = load_topology(request.topology, env)
+    chosen = choose(request, model, topo, env)
+    engine = request.engine
+    check_engine_group(chosen.plan, engine.place, engine.ray_address)
+    port = engine.port if engine.port is not None else supervise.free_port(engine.host,
+                                                                            "--engine-host")
+    media = media_protection(engine.media_domains, allow_internal=engine.allow_internal_media)
+    # each optional flag kept only where the installed vLLM takes it
+    extras = replace(media, known=installed_engine_flags()) + EngineExtras(chosen.agent_flags)
+    planned = Planned(request, chosen, model, model_ref, engine.served_name or default_name,
+                      port, (*chosen.saved_extra_args, *engine.extra_args), extras,
+                      Rendered(()), env)
+    return replace(planned, rendered=render_at(planned, engine.place))
+
+
+def render_at(planned: Planned, place: NodePlace | None) -> Rendered:
+    """``planned``'s engine command(s) as the node at ``place`` runs them (its own, or another
+    node's of the group, for the lines `plan` prints per node)."""
+    engine, model = planned.request.engine, planned.model
+    rendered = render(
+        planned.plan, planned.model_ref, served_name=planned.served_name, host=engine.host,
+        port=planned.port, extra_args=planned.extra_args,
+        trust_remote_code=engine.trust_remote_code, ray_address=engine.ray_address,
+        user_env=planned.env, cpu_ids=engine.cpu_ids, revision=planned.request.revision,
+        tokenizer_tokens=tokenizer_tokens(model.path), chat_template=chat_template(model.path),
+        custom_code=model.custom_code, place=place, extras=planned.extras)
+    return replace(rendered, notes=(*planned.chosen.notes, *rendered.notes))
+
+
+def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
+           env: Mapping[str, str]) -> Chosen:
+    """The saved plan ``request`` names, or a new one planned for it."""
+    if request.saved_plan is not None:
+        return read_saved_plan(request.saved_plan, topo, refuse_elsewhere=request.refuse_elsewhere)
+    # this model's kernel tables kept on this machine (`probe --measure --model`): plan, serve
+    # and tune all plan with them, so that each runs the plan the others show
+    policy = replace(request.policy, kernels=kerneltables.cached(model, topo, env))
+    try:
+        chosen, ap = plan_with_agent(topo, model, policy, request.agent,
+                                     request.host_free_bytes)
+    except PlanError as exc:
+        if request.engine.ray_address and policy.nodes == 1 and (policy.force_pp or 1) > 1:
+            # The topology is this node's: stages meant for the other nodes must be said.
+            raise PlanError(f"{exc}; on a Ray cluster say how many nodes the stages go to "
+                            f"with --nodes (e.g. --nodes {policy.force_pp})") from exc
+        raise
+    flags = () if ap is None else tuple(OptionalFlag(f.words, f.why) for f in ap.flags)
+    return Chosen(chosen, ap, flags)
+
+
+def plan_with_agent(topo: Topology, model: ModelSpec, policy: Policy, ask: AgentAsk | None,
+                    env_free: int | None) -> tuple[Plan, AgentPlan | None]:
+    """The plan, and for an agent workload the agent plan it was made to serve: the layout and
+    KV size the agent plan chose, planned again so that the rest of the plan follows them."""
+    if ask is None:
+        return plan(topo, model, policy), None
+    base = plan(topo, model, replace(policy, concurrency=ask.sessions))
+    try:
+        ap = agent_plan(topo, model, policy, base, ask, env_free)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    final = plan(topo, model, agent_policy(policy, ap))
+    # The FP8 KV cache is the agent plan's choice, not a flag of the user's: said once, by it.
+    own = "--kv-cache-dtype fp8 (your vLLM flag)"
+    kept = tuple(r for r in final.reasons if not (ap.kv_dtype_bytes == 1
+                                                   and policy.kv_cache_bytes == 2
+                                                   and r.startswith(own)))
+    return replace(final, reasons=(*kept, *ap.reasons)), ap
+
+
+def read_saved_plan(path: Path, topo: Topology, *, refuse_elsewhere: bool) -> Chosen:
+    """A plan file (`launcher plan --json`, `launcher tune`) as the plan to serve: its plan,
+    the vLLM flags a tuned plan won with and the flags of the agent plan it was made for."""
+    saved = read_plan_file(path)
+    chosen = plan_from_json(saved)
+    elsewhere = plan_not_for_here(chosen, topo, path)
+    if elsewhere and refuse_elsewhere:
+        raise LauncherError(elsewhere)
+    return Chosen(chosen, None, saved_agent_flags(saved), saved_extra_args(saved),
+                  (elsewhere,) if elsewhere else ())
+
+
+def resolve_model(ref: str | None) -> tuple[str, str]:
+    """(model reference for vLLM, served name). None means the embedded tiny model."""
+    if ref is None:
+        return str(tinymodel.ensure_tiny_model()), tinymodel.SERVED_NAME
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} has no config.json: pass the directory that holds the "
+                             "model's config.json and weights")
+        return str(path.resolve()), path.resolve().name
+    if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
+        raise ModelError(f"model path {ref} does not exist: check the path, or pass a Hugging "
+                         "Face id such as meta-llama/Llama-3.3-70B-Instruct")
+    return ref, ref
+
+
+def check_engine_group(chosen: Plan, place: NodePlace | None, ray_address: str | None) -> None:
+    """One line, before anything starts, for a split the chosen way of spanning nodes cannot
+    run: Ray on the CPU build, or layer stages that do not divide over the nodes."""
+    if ray_address and chosen.engine == "cpu":
+        raise LauncherError(
+            "vLLM's CPU build cannot run on a Ray cluster (its CPU platform has no Ray device): "
+            "drop --ray-address and use vLLM's own multi-node executor, `launcher serve --nodes "
+            "N --node-rank R --master-addr HEAD` on every node (docs/deploy.md)")
+    if place is not None and (chosen.dp != 1 or chosen.pp % place.nodes):
+        raise LauncherError(
+            f"the plan (TP={chosen.tp} PP={chosen.pp} DP={chosen.dp}) does not split into "
+            f"{place.nodes} equal shares of layer stages: pass --pp as a multiple of --nodes "
+            "(the default is one stage per node) and no --dp")
+
+
+def plan_not_for_here(chosen: Plan, topo: Topology, path: Path) -> str | None:
+    """Why a saved plan cannot run on this machine (GPUs it names that NVML does not show),
+    or None. A plan for several nodes names one node's GPUs and is not checked here."""
+    if chosen.engine != "gpu" or chosen.nodes > 1:
+        return None
+    here = sorted(g.index for g in topo.gpus)
+    missing = [g for g in chosen.gpus if g not in here]
+    if not missing:
+        return None
+    have = f"GPU {', '.join(map(str, here))}" if here else "no GPU NVML can read"
+    return (f"the plan {path} runs on GPU {', '.join(map(str, chosen.gpus))}, and this machine "
+            f"has {have}: plan here (`launcher plan --json > FILE`, or `launcher tune`) or "
+            "serve without --plan")
+
+
+def read_plan_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise LauncherError(f"cannot read the plan file {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise LauncherError(
+            f"the plan file {path} is not JSON ({exc.msg} at line {exc.lineno}): "
+            "write it with `launcher plan --json > FILE` or `launcher tune`"
+        ) from exc
+    if not isinstance(data, dict):
+        raise LauncherError(f"the plan file {path} does not hold a plan object")
+    return data
+
+
+ENGINE_KEY_ENV = "TOPOSERVE_ENGINE_API_KEY"
+
+
+def engine_key(env: Mapping[str, str], extra: Sequence[str] = ()) -> str:
+    """vLLM's key for this run: the user's own `-- --api-key K` (vLLM takes it over
+    VLLM_API_KEY, so the proxy must send that one), else TOPOSERVE_ENGINE_API_KEY where the user
+    wants to reach the engine directly too (loadgen against the engine's port), else a new
+    random one."""
+    return (last_value(extra, "--api-key") or env.get(ENGINE_KEY_ENV, "").strip()
+            or secrets.token_urlsafe(32))
+
+
+def launch_spec(planned: Planned, request: ServeRequest) -> LaunchSpec:
+    """What `launcher serve` starts for ``planned``: its engines behind the proxy ``request``
+    asks for."""
+    replicas = replica_specs(planned.rendered.engines, supervise.reachable_host)
+    place = planned.request.engine.place
+    headless = place is not None and place.headless
+    return LaunchSpec(
+        model_ref=planned.model_ref, served_name=planned.served_name, host=request.host,
+        port=request.port, api_keys=request.api_keys, replicas=replicas,
+        plan_info=plan_labels(planned.plan, planned.served_name),
+        summary=summary_lines(planned.plan, replicas, planned.model_ref,
+                              planned.rendered.notes),
+        # A new key every run: only this run's proxy knows it, so a web page that finds
+        # vLLM's loopback port cannot drive it. A headless node serves no API.
+        engine_api_key=None if headless else engine_key(planned.env, planned.extra_args),
+        proxy_args=request.proxy_args,
+    )
+
+
+def plan_labels(chosen: Plan, served: str) -> dict[str, str]:
+    return {
+        "mode": str(chosen.mode), "tp": str(chosen.tp), "pp": str(chosen.pp),
+        "dp": str(chosen.dp), "engine": str(chosen.engine),
+        "transport": str(chosen.transport), "model": served,
+        "gpus": ",".join(str(g) for g in chosen.gpus) or "cpu",
+    }
+
+
+def summary_lines(chosen: Plan, replicas: Sequence[ReplicaSpec], model_ref: str,
+                  notes: Sequence[str] = ()) -> tuple[str, ...]:
+    lines = [f"[bold]Plan:[/] {chosen.mode} (tp={chosen.tp} pp={chosen.pp} dp={chosen.dp}, "
+             f"engine {chosen.engine}) for {model_ref}"]
+    lines += [f"  • {reason}" for reason in chosen.reasons]
+    pred = chosen.predicted
+    if chosen.engine != "cpu":
+        lines.append(f"  predicted: prefill {pred.prefill_tok_s:,.0f} tok/s, decode "
+                     f"{pred.decode_tok_s:,.1f} tok/s single stream, throughput "
+                     f"{pred.throughput_tok_s:,.0f} tok/s")
+    for r in replicas:
+        lines.append(f"  engine: {r.command.shell_line()}")
+    place = replicas[0].command.place if replicas else None
+    if place is not None and place.headless:
+        lines.append(f"  node {place.rank} of {place.nodes}: this node's share of the layers, "
+                     f"headless; the head at {place.master_addr} runs the proxy")
+    else:
+        lines.append("  proxy upstreams: " + " ".join(r.url for r in replicas))
+    lines += [f"  note: {escape(n)}" for n in notes]  # a note quotes tokens like [TOOL_CALLS]
+    return tuple(lines)
+
