@@ -11,8 +11,10 @@ last); only when every open connection is busy does it get a 503 with
 ``capped(cls, cap)`` is the server's protocol class with the cap in front of its
 ``connection_made``: the count is uvicorn's ``server_state.connections`` (every protocol
 adds itself there, a connection handed from one protocol to another included), and whether a
-connection is idle is asked of the protocol (``idle()``), or read from the two this proxy
-runs (server.front's and uvicorn's httptools one); a protocol it cannot read is busy.
+connection is idle is asked of the protocol's public ``idle()`` (server.front's and
+server.uvicorn_adapter's have one); a protocol without it is busy. Refusals and idle
+connections closed to make room are counted (``on_refused``, ``on_idle_closed``: the proxy's
+``toposerve_connections_refused_total`` and ``toposerve_idle_connections_closed_total``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from server.errors import error_body
@@ -57,21 +59,10 @@ def default_limit() -> int:
 
 
 def is_idle(proto: object) -> bool:
-    """No request in progress on ``proto``: nothing received of one, none being answered."""
+    """No request in progress on ``proto``, as its own public ``idle()`` says (server.front's
+    protocol and server.uvicorn_adapter's both have one); a protocol without one is busy."""
     own = getattr(proto, "idle", None)
-    if callable(own):
-        return bool(own())
-    try:
-        if hasattr(proto, "exchange"):  # server.front.FrontProtocol
-            return bool(proto.exchange is None and not proto.buf  # type: ignore[attr-defined]
-                        and proto.refused is None  # type: ignore[attr-defined]
-                        and not proto.handed_over)  # type: ignore[attr-defined]
-        cycle = proto.cycle  # type: ignore[attr-defined]  # uvicorn's httptools protocol
-        head = proto._head  # type: ignore[attr-defined]  # ... with server.front's HeadLimit
-        return bool((cycle is None or cycle.response_complete)
-                    and head.total == 0 and not head.done)
-    except AttributeError:
-        return False
+    return bool(own()) if callable(own) else False
 
 
 def _closing(proto: object) -> bool:
@@ -82,9 +73,11 @@ def _closing(proto: object) -> bool:
 class ConnectionCap:
     """Decides, per accepted connection, whether it is served (pure but for the closes)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_refused: Callable[[], None] = lambda: None,
+                 on_idle_closed: Callable[[], None] = lambda: None) -> None:
         self.limit = limit
         self.refused = 0
+        self.on_refused, self.on_idle_closed = on_refused, on_idle_closed
         self._logged_at = -LOG_EVERY_S
         # When each connection (by its transport's id) last received bytes or was accepted.
         self.active: dict[int, float] = {}
@@ -109,10 +102,12 @@ class ConnectionCap:
         idle = sorted((p for p in live if is_idle(p)), key=self._silent_since)
         for proto in idle[:len(live) - self.limit + 1]:
             proto.transport.close()
+            self.on_idle_closed()
         return len(idle) > len(live) - self.limit
 
     def note_refusal(self, now: float) -> None:
         self.refused += 1
+        self.on_refused()
         if now - self._logged_at >= LOG_EVERY_S:
             self._logged_at = now
             log.warning("%d open connections, all busy (--max-connections): new ones get 503 "

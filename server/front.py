@@ -480,6 +480,12 @@ class FrontProtocol(asyncio.Protocol):
         self.stall = StallTimer(self.loop, self.guards)
         self.refused: Refusal | None = None  # answered and closing: input dropped
 
+    def idle(self) -> bool:
+        """No request in progress: nothing received of one, none being answered, not refused
+        or handed to uvicorn's protocol (server.conncap closes idle connections first)."""
+        return (self.exchange is None and not self.buf and self.refused is None
+                and not self.handed_over)
+
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

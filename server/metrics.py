@@ -53,6 +53,14 @@ class ProxyMetrics:
         self.client_stalls = Counter("toposerve_client_stalls", "Clients disconnected because "
                                      "their socket took nothing for --client-stall-timeout",
                                      registry=r)
+        # --max-connections (server.conncap): new connections answered 503 because every open
+        # one was busy, and idle ones closed to make room
+        self.connections_refused = Counter(
+            "toposerve_connections_refused", "Connections answered 503 at accept: "
+            "--max-connections open, all busy", registry=r)
+        self.idle_connections_closed = Counter(
+            "toposerve_idle_connections_closed", "Idle client connections closed to make room "
+            "under --max-connections", registry=r)
         self.upstream_up = Gauge("toposerve_upstream_up", "1 while the engine replica is healthy",
                                  ["upstream"], registry=r)
         info = Gauge("toposerve_plan_info", "The plan in force", list(PLAN_LABELS), registry=r)

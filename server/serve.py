@@ -49,8 +49,10 @@ def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
         timeout_keep_alive=75, log_config=None,
         proxy_headers=False)  # X-Forwarded-* are not used: no middleware for them per request
     if isinstance(settings["http"], type):  # open connections capped at accept (conncap)
-        settings["http"] = capped(settings["http"],
-                                  ConnectionCap(cfg.max_connections or default_limit()))
+        metrics = app.proxy.metrics
+        settings["http"] = capped(settings["http"], ConnectionCap(
+            cfg.max_connections or default_limit(), on_refused=metrics.connections_refused.inc,
+            on_idle_closed=metrics.idle_connections_closed.inc))
     settings.update(overrides)
     return uvicorn.Config(app, **settings)
 

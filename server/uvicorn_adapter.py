@@ -194,6 +194,13 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             super().connection_made(transport)
             self._arm()
 
+        def idle(self) -> bool:
+            """No request in progress (server.conncap closes idle connections first): the
+            last response complete, no byte of a next head received, not refused."""
+            cycle = self.cycle  # uvicorn's private state, read here with the rest of it
+            return bool(self._refused is None and (cycle is None or cycle.response_complete)
+                        and self._head.total == 0 and not self._head.done)
+
         def data_received(self, data: bytes) -> None:
             if self._refused is not None:
                 self._refused.drop(data)

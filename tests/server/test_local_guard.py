@@ -327,6 +327,8 @@ def test_idle_connections_are_closed_to_make_room_for_a_new_client(
     finally:
         for s in idle:
             s.close()
+    assert wait_for(lambda: counter(p.url, "toposerve_idle_connections_closed_total") >= 13)
+    assert counter(p.url, "toposerve_connections_refused_total") == 0
 
 
 def test_past_the_cap_with_every_connection_busy_a_new_client_gets_503_at_once(
@@ -350,8 +352,10 @@ def test_past_the_cap_with_every_connection_busy_a_new_client_gets_503_at_once(
     finally:
         for s in busy:
             s.close()
-    # the busy ones gone, the proxy serves again
+    # the busy ones gone, the proxy serves again, and says how many it refused
     assert wait_for(lambda: raw(p.url, "GET", "/health", [("host", "127.0.0.1")])[0] == 200)
+    assert counter(p.url, "toposerve_connections_refused_total") >= 1  # retries may add some
+    assert counter(p.url, "toposerve_idle_connections_closed_total") == 0
 
 
 def test_kept_alive_connections_on_uvicorns_routes_are_idle_too(
@@ -370,6 +374,17 @@ def test_kept_alive_connections_on_uvicorns_routes_are_idle_too(
     finally:
         for s in kept:
             s.close()
+
+
+def counter(url: str, name: str) -> float:
+    """A sample of the proxy's /metrics, read over a new connection (0 when absent)."""
+    status, _, text = raw(url, "GET", "/metrics", [("host", "127.0.0.1")])
+    assert status == 200
+    assert isinstance(text, bytes)
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def _few_descriptors() -> None:

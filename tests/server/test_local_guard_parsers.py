@@ -185,7 +185,9 @@ class _Proto:
 def test_the_cap_closes_the_longest_silent_idle_connections_and_never_a_busy_one(
         limit: int, busy: list[bool]) -> None:
     protos = [_Proto(b) for b in busy]
-    cap = ConnectionCap(limit)
+    counted: list[str] = []
+    cap = ConnectionCap(limit, on_refused=lambda: counted.append("refused"),
+                        on_idle_closed=lambda: counted.append("closed"))
     for i, proto in enumerate(protos):  # each spoke last at second i
         cap.active[id(proto.transport)] = float(i)
     admitted = cap.admit(set(protos))
@@ -200,6 +202,24 @@ def test_the_cap_closes_the_longest_silent_idle_connections_and_never_a_busy_one
         idle = [p for p in protos if not p.busy]
         assert closed == idle[:len(closed)]  # the longest silent first
         assert admitted or len(closed) == len(idle)
+    assert counted == ["closed"] * len(closed)  # every close counted (a refusal is the caller's)
+
+
+class _PrivateOnly:
+    """A protocol with the attributes server.front's has, but no public idle()."""
+
+    exchange = None
+    buf = b""
+    refused = None
+    handed_over = False
+
+
+def test_the_cap_asks_a_protocol_its_public_idle_and_takes_one_without_it_as_busy() -> None:
+    from server.conncap import is_idle
+
+    assert is_idle(_Proto(busy=False))
+    assert not is_idle(_Proto(busy=True))
+    assert not is_idle(_PrivateOnly())  # nothing private is read any more
 
 
 def test_a_config_built_in_python_refuses_credentials_too() -> None:
