@@ -19,6 +19,9 @@
 #            where the plan does not choose offloading, the same flags are given by hand
 #            (--kv-offloading-backend native --kv-offloading-size GiB) and that is said
 #  depth32b  the Qwen2.5-32B shape at 0.9: its plan, then depth 0,8k,32k cached and cold
+#  agent09   the 8B's agent plan at 0.9 (all four sessions fit the GPU cache), served with
+#            --workload agent: the same soak with one session alone, then with four, which
+#            separates the cost of a turn at depth from the sessions' turns queueing together
 # Each step leaves $OUT/STEP.tgz (at most 8 files come back from one command) and lines in
 # $OUT/summary.txt. DEADLINE (epoch seconds) makes a step skip its long parts when time is short.
 set -uo pipefail
@@ -126,7 +129,7 @@ metrics() {  # the engine's cache and offloading counters
 }
 
 agent_run() {
-  lg "$1" --workload agent --sessions $SESS --soak-tokens $SOAK --turn-tokens $TURN --gen $AGEN \
+  lg "$1" --workload agent --sessions "${2:-$SESS}" --soak-tokens $SOAK --turn-tokens $TURN --gen $AGEN \
     --think 1 --metrics-url http://127.0.0.1:18100/metrics --gpu-sample 2
   metrics "$1-metrics.txt"
 }
@@ -203,6 +206,20 @@ for step in "$@"; do
         lg depth-cold --depth 0,8k,32k --depth-cold --prompt 512 --gen 64 --requests 3 --warmup 1
       fi
       stop depth32b ;;
+    agent09)
+      dir=$OUT/agent09-plan; mkdir -p "$dir"
+      base=(--model "$M8" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization 0.9)
+      agent=(--workload agent --sessions $SESS --context $SOAK --prompt $TURN --gen $AGEN)
+      plan agent4 "${base[@]}" "${agent[@]}"
+      timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
+      cat "$dir/predictions.txt" >>"$OUT/summary.txt"
+      (cd "$OUT" && tar czf agent09-plan.tgz agent09-plan && rm -rf agent09-plan)
+      serve agent09 "${base[@]}" "${agent[@]}" -- --load-format dummy --compilation-config "$COMPILE"
+      if [[ $ready == 1 ]]; then
+        agent_run agent-lone 1
+        agent_run agent-4 4
+      fi
+      stop agent09 ;;
   esac
 done
 say "done at $(date -u +%FT%TZ)"
