@@ -16,7 +16,8 @@ from launcher.errors import PlanError
 from launcher.planner.agent import AgentPlan
 from launcher.planner.costmodel import Prediction
 from launcher.planner.plan import Candidate, Plan, Scores
-from launcher.planner.plantypes import ENGINES, MODES, WORKLOADS
+from launcher.planner.plantypes import ENGINES, MODES, WORKLOADS, Rejection
+from launcher.probe.topology import TRANSPORTS
 
 C = TypeVar("C", bound=str)
 
@@ -152,9 +153,10 @@ def _cand_from(d: object) -> Candidate:
         pp=_count(d, "pp"),
         dp=_count(d, "dp"),
         gpus=_gpus(d),
-        transport=_text(d, "transport", "none"),
+        transport=_choice(d, "transport", TRANSPORTS, "none"),
         predicted=_pred_from(d.get("predicted")),
-        rejected=rejected if rejected is None else _text(d, "rejected"),
+        # a plan file keeps the reason's prose only
+        rejection=None if rejected is None else Rejection("recorded", text=_text(d, "rejected")),
         scores=Scores(**{k: _number(s, k) for k in Scores.__dataclass_fields__}) if s else None,
         max_model_len=limit if limit is None else _count(d, "max_model_len"),
         need_gib=_number(d, "need_gib"),
@@ -194,7 +196,7 @@ def plan_from_json(d: object) -> Plan:
             dp=dp,
             gpus=gpus,
             engine=engine,
-            transport=_text(d, "transport", "none"),
+            transport=_choice(d, "transport", TRANSPORTS, "none"),
             predicted=pred,
             reasons=_texts(d, "reasons"),
             candidates=tuple(_cand_from(c) for c in candidates),

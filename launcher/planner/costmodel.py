@@ -49,13 +49,14 @@ from launcher.probe.topology import (
     Gpu,
     Pair,
     Topology,
+    Transport,
     pair_link,
 )
 
 
 @dataclass(frozen=True)
 class Link:
-    transport: str  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net' | 'none'
+    transport: Transport
     gbs: float  # achieved one-direction bandwidth, GB/s
     latency_s: float
 

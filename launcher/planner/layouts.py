@@ -15,7 +15,14 @@ from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, memfit
 from launcher.planner.costmodel import Layout, Link, Prediction
 from launcher.planner.memfit import Fit
-from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Policy, gib, mode_name
+from launcher.planner.plantypes import (
+    MIN_CONTEXT,
+    Candidate,
+    Policy,
+    Rejection,
+    gib,
+    mode_name,
+)
 from launcher.probe.topology import Gpu, Topology
 
 # ---------------------------------------------------------------------------------- grouping
@@ -95,15 +102,13 @@ def shapes(n: int, policy: Policy) -> list[Shape]:
     return out
 
 
-def structural_reject(m: ModelSpec, s: Shape) -> str | None:
+def structural_reject(m: ModelSpec, s: Shape) -> Rejection | None:
     if m.num_heads % s.tp:
-        return f"TP={s.tp}: {m.num_heads} attention heads are not divisible by {s.tp}"
+        return Rejection("heads", tp=s.tp, count=m.num_heads)
     if m.num_kv_heads % s.tp and s.tp % m.num_kv_heads:
-        return (
-            f"TP={s.tp}: {m.num_kv_heads} KV heads can be neither split nor replicated over {s.tp}"
-        )
+        return Rejection("kv_heads", tp=s.tp, count=m.num_kv_heads)
     if s.pp > m.num_layers:
-        return f"PP={s.pp}: more stages than the {m.num_layers} layers"
+        return Rejection("layers", pp=s.pp, count=m.num_layers)
     return None
 
 
@@ -150,7 +155,7 @@ def best_candidate(
     blank = Candidate(mode, s.tp, s.pp, s.dp, (), "none")
     why = structural_reject(m, s)
     if why:
-        return replace(blank, rejected=why), None
+        return replace(blank, rejection=why), None
     best: tuple[tuple[tuple[float, float], float], Candidate, Layout] | None = None
     first_reject: Candidate | None = None
     for subset in _subsets(pool, k):
@@ -167,7 +172,7 @@ def best_candidate(
         if best is None or key > best[0]:
             best = (key, cand, lay)
     if best is None:
-        return (first_reject or replace(blank, rejected="no GPU set of this size")), None
+        return (first_reject or replace(blank, rejection=Rejection("no_gpu_set"))), None
     return best[1], best[2]
 
 
@@ -209,27 +214,17 @@ def evaluate(
         fit=f,
     )
     if util <= 0:
-        return replace(
-            cand,
-            rejected="no room left by other processes: "
-            f"{memfit.memory_in_use(used, policy.gpu_memory_utilization)} in use",
-        ), None
+        held = memfit.held_by_others(used, policy.gpu_memory_utilization)
+        return replace(cand, rejection=Rejection("no_room", held=held)), None
     if need > f.budget:
+        held = memfit.held_by_others(used, policy.gpu_memory_utilization)
         smallest = min(used, key=lambda g: g.memory_bytes)
-        held = (
-            f"; other processes hold {memfit.memory_in_use(used, policy.gpu_memory_utilization)}"
-            if util < policy.gpu_memory_utilization
-            else ""
-        )
-        return replace(
-            cand,
-            rejected=(
-                f"needs {gib(need)} GiB per GPU ({gib(f.weights)} weights + "
-                f"{gib(need - f.need_fixed)} KV for {wanted} tokens + "
-                f"{gib(f.overhead)} overhead), has {gib(f.budget)} GiB "
-                f"({util:g} × {gib(smallest.memory_bytes)} GiB of {smallest.name}{held})"
-            ),
-        ), None
+        return replace(cand, rejection=Rejection(
+            "memory", tp=s.tp, pp=s.pp, need_gib=gib(need), weights_gib=gib(f.weights),
+            kv_gib=gib(need - f.need_fixed), overhead_gib=gib(f.overhead), tokens=wanted,
+            have_gib=gib(f.budget), utilization=util,
+            lowered=util < policy.gpu_memory_utilization, card_gib=gib(smallest.memory_bytes),
+            card=smallest.name, held=held)), None
     pred = kernelcost.layout_prediction(
         m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
         max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,

@@ -309,15 +309,28 @@ def startable_utilization(gpus: Sequence[Gpu], asked: float) -> float:
     return max(util, 0.0)
 
 
+@dataclass(frozen=True)
+class Held:
+    """Memory other processes hold on a GPU (a desktop, another engine), as NVML read it."""
+
+    index: int
+    used_bytes: int
+    total_bytes: int
+
+    def describe(self) -> str:
+        return (f"GPU{self.index} {self.used_bytes / 2**30:.1f} of "
+                f"{self.total_bytes / 2**30:.1f} GiB")
+
+
+def held_by_others(gpus: Sequence[Gpu], util: float) -> tuple[Held, ...]:
+    """The GPUs among ``gpus`` that lack ``util`` × their memory free, with what is held."""
+    return tuple(Held(g.index, g.memory_used_bytes or 0, g.memory_bytes) for g in gpus
+                 if (free := _free_share(g)) is not None and free < util)
+
+
 def memory_in_use(gpus: Sequence[Gpu], util: float) -> str:
     """Which of ``gpus`` lack ``util`` × their memory free, and what other processes hold."""
-    held = []
-    for g in gpus:
-        free = _free_share(g)
-        if free is not None and free < util:
-            held.append(f"GPU{g.index} {(g.memory_used_bytes or 0) / 2**30:.1f} of "
-                        f"{g.memory_bytes / 2**30:.1f} GiB")
-    return ", ".join(held)
+    return ", ".join(h.describe() for h in held_by_others(gpus, util))
 
 
 @dataclass(frozen=True)

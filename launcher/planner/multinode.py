@@ -53,7 +53,7 @@ def _node_candidate(
     why = structural_reject(m, s)
     if why:
         gpus = tuple(g.index for g in node)
-        return Candidate(mode_name(s.tp, s.pp, 1), s.tp, s.pp, 1, gpus, "none", rejected=why)
+        return Candidate(mode_name(s.tp, s.pp, 1), s.tp, s.pp, 1, gpus, "none", rejection=why)
     ordered = order_replica(links, node, s.tp, len(node) // s.tp)
     cand, _ = evaluate(m, policy, links, [tuple(ordered) * policy.nodes], s, net)
     # the GPUs are those of each node; the pipeline's extra stages are on the other nodes

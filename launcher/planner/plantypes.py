@@ -1,4 +1,5 @@
-"""The planner's values: the policy asked for, candidates, the plan. Frozen, no logic."""
+"""The planner's values: the policy asked for, candidates, the plan. Frozen; the only logic
+is a rejection's reason rendered from its numbers."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from launcher.model.modelspec import GIB
-from launcher.planner import hardware
+from launcher.planner import hardware, memfit
 from launcher.planner.costmodel import Prediction
 from launcher.planner.memfit import Fit
 from launcher.probe.kernels import KernelTable
+from launcher.probe.topology import Transport
 
 # What a plan's free-text fields may hold; plan files and options are checked against these at
 # the edge (engine/planfile.py, cli/planopts.py), so code past it never meets another value.
@@ -69,6 +71,56 @@ class Scores:
     throughput: float  # 1.0 = the highest aggregate tok/s at the policy's concurrency
 
 
+# Why a candidate cannot run. "recorded": read back from a plan file, which keeps only the prose.
+RejectionKind = Literal["heads", "kv_heads", "layers", "no_gpu_set", "no_room", "memory",
+                        "recorded"]
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a candidate cannot run, as the numbers that decide it; :attr:`reason` says it."""
+
+    kind: RejectionKind
+    tp: int = 1
+    pp: int = 1
+    count: int = 0  # heads, KV heads or layers the shape cannot divide ("heads" ... "layers")
+    # "memory": per GPU, with the context asked for (``tokens``), against what vLLM may take
+    need_gib: float = 0.0
+    weights_gib: float = 0.0
+    kv_gib: float = 0.0
+    overhead_gib: float = 0.0
+    tokens: int = 0
+    have_gib: float = 0.0
+    utilization: float = 0.0  # the --gpu-memory-utilization the GPUs can start with
+    lowered: bool = False  # below the one asked for: other processes hold memory
+    card_gib: float = 0.0  # the smallest card, and its name
+    card: str = ""
+    held: tuple[memfit.Held, ...] = ()  # "no_room", "memory": what other processes hold
+    text: str = ""  # "recorded": the prose a plan file holds
+
+    @property
+    def reason(self) -> str:
+        held = ", ".join(h.describe() for h in self.held)
+        if self.kind == "heads":
+            return f"TP={self.tp}: {self.count} attention heads are not divisible by {self.tp}"
+        if self.kind == "kv_heads":
+            return (f"TP={self.tp}: {self.count} KV heads can be neither split nor replicated "
+                    f"over {self.tp}")
+        if self.kind == "layers":
+            return f"PP={self.pp}: more stages than the {self.count} layers"
+        if self.kind == "no_gpu_set":
+            return "no GPU set of this size"
+        if self.kind == "no_room":
+            return f"no room left by other processes: {held} in use"
+        if self.kind == "memory":
+            others = f"; other processes hold {held}" if self.lowered else ""
+            return (f"needs {self.need_gib} GiB per GPU ({self.weights_gib} weights + "
+                    f"{self.kv_gib} KV for {self.tokens} tokens + {self.overhead_gib} overhead), "
+                    f"has {self.have_gib} GiB ({self.utilization:g} × {self.card_gib} GiB of "
+                    f"{self.card}{others})")
+        return self.text
+
+
 @dataclass(frozen=True)
 class Candidate:
     mode: Mode
@@ -76,9 +128,9 @@ class Candidate:
     pp: int
     dp: int
     gpus: tuple[int, ...]  # ordered as vLLM ranks them: replica, then stage, then TP rank
-    transport: str
+    transport: Transport
     predicted: Prediction | None = None
-    rejected: str | None = None
+    rejection: Rejection | None = None
     scores: Scores | None = None
     max_model_len: int | None = None
     need_gib: float = 0.0  # per GPU, with the context asked for (or the minimum)
@@ -91,6 +143,11 @@ class Candidate:
     # before sizing).
     fit: Fit | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def rejected(self) -> str | None:
+        """Why it cannot run, in words (None: it can)."""
+        return None if self.rejection is None else self.rejection.reason
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -100,7 +157,7 @@ class Plan:
     dp: int
     gpus: tuple[int, ...]
     engine: EngineKind
-    transport: str  # 'nvlink' | 'p2p-pcie' | 'shm' | 'net' | 'none'
+    transport: Transport
     predicted: Prediction
     reasons: tuple[str, ...]
     candidates: tuple[Candidate, ...]

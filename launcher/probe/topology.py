@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal, get_args
 
 from launcher.errors import TopologyError
 from launcher.probe.topoparse import (
@@ -203,10 +204,22 @@ def pcie_link_name(g: Gpu) -> str:
     return f"{gen} {width}"
 
 
-def pair_link(p: Pair) -> str:
+# How NCCL joins GPUs: the planner's link names ("none": one GPU, or the CPU engine).
+Transport = Literal["nvlink", "p2p-pcie", "shm", "net", "none"]
+TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
+_TRANSPORT_NAMED: dict[str, Transport] = {t: t for t in TRANSPORTS}
+
+
+def transport_named(name: str) -> Transport | None:
+    """The transport ``name`` is (None for any other text): where a name is read from outside."""
+    return _TRANSPORT_NAMED.get(name)
+
+
+def pair_link(p: Pair) -> Transport:
     """How NCCL would join the pair, assumed from NVML (measured transport wins when present)."""
-    if p.measured is not None and p.measured.nccl_transport:
-        return p.measured.nccl_transport
+    measured = transport_named(p.measured.nccl_transport or "") if p.measured else None
+    if measured is not None:  # the topology reader took only these names (topoparse)
+        return measured
     if p.p2p_disabled_by_env:
         return "shm"
     if p.nvlinks > 0 and p.p2p_nvlink in ("OK", None):
