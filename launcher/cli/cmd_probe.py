@@ -47,10 +47,18 @@ def run(args: argparse.Namespace) -> int:
     if args.model and not args.measure:
         raise MeasureError("--model times a model's kernels: give it with --measure")
     topo = load_topology(args.topology, os.environ)
-    if args.measure and (topo.gpus or not args.model):
+    if args.measure and topo.gpus:
         from launcher.probe import measure  # torch only when asked
 
         topo = measure.measure_topology(topo, os.environ)
+    if args.measure and not topo.gpus and args.topology is None:
+        from launcher.pipeline import enginesteps
+        from launcher.probe.enginestep import EngineStepError
+
+        try:  # the CPU engine's own step cost, which the CPU plan adds to its arithmetic
+            print(enginesteps.measure(os.environ))
+        except EngineStepError as exc:
+            print(f"engine step not measured: {exc}")
     if args.model:
         from launcher.model.modelspec import load_model_spec
         from launcher.pipeline import kerneltables

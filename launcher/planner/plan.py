@@ -94,17 +94,19 @@ def _check_policy(m: ModelSpec, policy: Policy) -> None:
 
 
 def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
+    over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores)
     pred = costmodel.predict_cpu(
         m,
         policy.cpu_cores,
         prompt=policy.prompt_tokens,
         gen=policy.gen_tokens,
         concurrency=policy.streams,
+        step_overhead_s=over.seconds,
     )
     context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
     measured = kernelcost.cpu_prediction(
         m, policy.kernels, kv_bytes=policy.cpu_kv_cache_gib * GIB, prompt=policy.prompt_tokens,
-        gen=policy.gen_tokens, concurrency=policy.streams,
+        gen=policy.gen_tokens, concurrency=policy.streams, step_overhead=over,
     )
     if measured is not None:
         pred = measured[0]
@@ -138,6 +140,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
          f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} GB/s "
          "of DRAM bandwidth: ")
         + f"prefill {pred.prefill_tok_s:.0f} tok/s, decode {pred.decode_tok_s:.1f} tok/s",
+        *(() if measured is not None else (over.why,)),
         *split,
     )
     return Plan(
@@ -222,7 +225,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     if not any(c.predicted for c in cands):
         raise no_fit(topology, model, policy, cands)
     chosen = _choose(cands, policy.workload)
-    env, flags, why = settings(topology, chosen)
+    env, engine_settings, why = settings(topology, chosen)
     why += _user_memory_flags(policy, model)
     if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
         chosen_gpus = [g for g in topology.gpus if g.index in chosen.gpus]
@@ -234,7 +237,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
             "free them to get the rest"
         )
     if policy.nodes > 1:
-        flags = (*flags, "--distributed-executor-backend", "ray")
+        engine_settings = replace(engine_settings, distributed_backend="ray")
         why.append(
             f"{policy.nodes} nodes: TP={chosen.tp} inside each node, PP={chosen.pp} stages, "
             f"{policy.nodes - 1} of the hops over the network (~{policy.internode_gbs:.0f} GB/s "
@@ -290,5 +293,5 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         gpu_memory_utilization=chosen.gpu_memory_utilization,
         nodes=policy.nodes,
         env=env,
-        flags=flags,
+        settings=engine_settings,
     )

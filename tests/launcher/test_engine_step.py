@@ -1,0 +1,127 @@
+"""The engine step `probe --measure` times on a CPU-only machine: its record, its cache, and
+what the CPU plan makes of it (no engine here: the live measurement is in
+test_cpu_prediction.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.model.modelspec import load_model_spec
+from launcher.model.tinymodel import ensure_tiny_model
+from launcher.pipeline import enginesteps
+from launcher.planner import costmodel
+from launcher.planner.plan import Policy, plan
+from launcher.probe import enginestep
+from launcher.probe.enginestep import EngineStep, EngineStepError, StepKey
+from launcher.probe.topology import Topology
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
+
+
+def record(step_s: float, key: StepKey = KEY) -> EngineStep:
+    return EngineStep(key, step_s, (step_s, step_s * 1.1), 4_000_000, 8_000_000,
+                      "2026-12-02T03:00:00")
+
+
+def test_a_record_survives_its_json_and_the_cache(tmp_path: Path) -> None:
+    rec = record(0.009)
+    assert enginestep.from_json(json.loads(json.dumps(enginestep.to_json(rec)))) == rec
+    assert enginestep.save(tmp_path, rec) is not None
+    assert enginestep.load(tmp_path, KEY) == rec
+    other = StepKey(KEY.device, "0.33.0", KEY.torch)  # another vLLM: not this engine's step
+    assert enginestep.load(tmp_path, other) is None
+
+
+def test_a_damaged_cache_file_reads_as_no_measurement(tmp_path: Path) -> None:
+    path = enginestep.cache_path(tmp_path, KEY)
+    path.parent.mkdir(parents=True)
+    for junk in ("", "{", "[]", '{"version": 1}', json.dumps({**enginestep.to_json(record(0.01)),
+                                                            "step_s": -1})):
+        path.write_text(junk)
+        assert enginestep.load(tmp_path, KEY) is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner,
+                                                                max_size=6),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["version", "key", "step_s", "steps_s", "model_params",
+                                        "model_weight_bytes", "measured_at"]), JSON))
+@settings(max_examples=300)
+def test_any_saved_record_reads_or_is_refused_in_one_line(raw: dict[str, Any]) -> None:
+    good = enginestep.to_json(record(0.01))
+    merged = {**good, **raw}
+    try:
+        rec = enginestep.from_json(merged)
+    except EngineStepError as exc:
+        message = str(exc)
+    else:
+        message = ""
+        assert rec.step_s > 0
+        assert all(s > 0 for s in rec.steps_s)
+    assert "\n" not in message
+
+
+def test_steps_are_the_long_generation_less_the_short_over_the_steps_between() -> None:
+    assert enginestep.step_from_rounds([0.1, 0.2], [0.74, 0.84], 64) == pytest.approx([0.01, 0.01])
+
+
+def test_a_slower_engine_step_gives_a_slower_cpu_plan() -> None:
+    m = load_model_spec(str(ensure_tiny_model()))
+
+    def timed(step_s: float) -> EngineStep:  # as the pipeline keeps it for the embedded model
+        return replace(record(step_s), model_params=m.active_params,
+                       model_weight_bytes=int(costmodel.streamed_weight_bytes(m, 1)))
+
+    fast = plan(Topology(gpus=(), engine_step=timed(0.004)), m, Policy(cpu_cores=2))
+    slow = plan(Topology(gpus=(), engine_step=timed(0.012)), m, Policy(cpu_cores=2))
+    # The tiny model's own forward pass is the measured model's: its decode is the step itself.
+    assert 1 / fast.predicted.decode_tok_s == pytest.approx(0.004, rel=1e-6)
+    assert 1 / slow.predicted.decode_tok_s == pytest.approx(0.012, rel=1e-6)
+    assert any("timed on this machine" in r for r in slow.reasons)
+
+
+def test_the_overhead_is_the_step_less_the_measured_models_forward_pass() -> None:
+    over = costmodel.cpu_step_overhead(record(0.010), cores=2)
+    assert over.measured
+    forward = costmodel._cpu_forward_s(4_000_000, 8_000_000, 2)
+    assert over.seconds == pytest.approx(0.010 - forward)
+    # a step faster than the roofline's arithmetic (a machine quicker than assumed) is no
+    # negative overhead
+    assert costmodel.cpu_step_overhead(record(1e-5), cores=2).seconds == 0.0
+
+
+def run_plan(env: dict[str, str], *extra: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "plan", "--model", str(ensure_tiny_model(env)),
+         *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout
+
+
+def test_plan_uses_the_step_probe_kept_for_this_machine_but_not_for_a_saved_topology(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "TOPOSERVE_CACHE": str(tmp_path)}
+    rec = record(0.0125, enginesteps.key_here(env))
+    assert enginestep.save(tmp_path, rec) is not None
+    out = run_plan(env)
+    assert "engine step overhead 12.0 ms" in out or "timed on this machine" in out, out
+    topo = tmp_path / "cpu.json"
+    topo.write_text(json.dumps({"format": "toposerve-topology/1", "gpus": []}))
+    elsewhere = run_plan(env, "--topology", str(topo))
+    assert "timed on this machine" not in elsewhere, elsewhere
