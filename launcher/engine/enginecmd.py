@@ -54,7 +54,9 @@ class EngineCommand:
     place: NodePlace | None = None  # one node of several (vLLM's multi-node executor)
     disable_custom_all_reduce: bool = False
     compilation_config: Mapping[str, Any] = field(default_factory=dict)
-    layout_flags: tuple[str, ...] = ()  # other flags a plan's layout needs, as the planner wrote
+    # flags added beyond the plan's settings (serve's media limits, an agent plan's), each one
+    # the installed vLLM takes (render.py)
+    layout_flags: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()  # the user's own, always last
 

@@ -16,7 +16,14 @@ from launcher.errors import PlanError
 from launcher.planner.agent import AgentPlan
 from launcher.planner.costmodel import Prediction
 from launcher.planner.plan import Candidate, Plan, Scores
-from launcher.planner.plantypes import ENGINES, MODES, WORKLOADS, Rejection
+from launcher.planner.plantypes import (
+    BACKENDS,
+    ENGINES,
+    MODES,
+    WORKLOADS,
+    EngineSettings,
+    Rejection,
+)
 from launcher.probe.topology import TRANSPORTS
 
 C = TypeVar("C", bound=str)
@@ -69,7 +76,7 @@ def plan_to_json(plan: Plan, rendered: Rendered) -> dict[str, Any]:
         "env": dict(rendered.env),
         "engines": [{"argv": list(e.argv()), "env": dict(e.env)} for e in rendered.engines],
         "plan_env": dict(plan.env),
-        "flags": list(plan.flags),
+        "flags": list(settings_words(plan.settings)),
         "notes": list(rendered.notes),
         "candidates": [candidate_to_json(c) for c in plan.candidates],
     }
@@ -164,6 +171,35 @@ def _cand_from(d: object) -> Candidate:
     )
 
 
+def settings_words(s: EngineSettings) -> tuple[str, ...]:
+    """A plan's engine settings as a plan file keeps them: vLLM's words for each."""
+    words: tuple[str, ...] = ("--disable-custom-all-reduce",) if s.disable_custom_all_reduce else ()
+    if s.distributed_backend is not None:
+        words += ("--distributed-executor-backend", s.distributed_backend)
+    return words
+
+
+def _settings_from(words: tuple[str, ...]) -> EngineSettings:
+    """What :func:`settings_words` wrote; any other word is not a plan's (flags of the user's
+    own go in vllm_extra_args)."""
+    left = list(words)
+    no_custom = "--disable-custom-all-reduce" in left
+    left = [w for w in left if w != "--disable-custom-all-reduce"]
+    backend: str | None = None
+    if left[:1] == ["--distributed-executor-backend"] and len(left) >= 2:
+        backend, left = left[1], left[2:]
+    if left:
+        raise _BadPlan(f"flags holds {' '.join(left)!r}, which no plan sets: vLLM flags of your "
+                       "own go in vllm_extra_args")
+    chosen = None
+    if backend is not None:
+        chosen = next((b for b in BACKENDS if b == backend), None)
+        if chosen is None:
+            raise _BadPlan(f"--distributed-executor-backend must be one of "
+                           f"{', '.join(BACKENDS)}, not {backend!r}")
+    return EngineSettings(disable_custom_all_reduce=no_custom, distributed_backend=chosen)
+
+
 def plan_from_json(d: object) -> Plan:
     """Read back what :func:`plan_to_json` wrote (``launcher serve --plan FILE``); a PlanError
     in one line, naming the field, for anything else."""
@@ -207,7 +243,7 @@ def plan_from_json(d: object) -> Plan:
             gpu_memory_utilization=utilization,
             nodes=nodes,
             env=dict(env),
-            flags=_texts(d, "flags"),
+            settings=_settings_from(_texts(d, "flags")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(

@@ -52,9 +52,7 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
                    user_env: Mapping[str, str] | None = None) -> EngineCommand:
     """The one engine command that runs ``plan`` (before the split into replicas)."""
     env: dict[str, str] = {}
-    flags = list(plan.flags)
-    backend = _take_value(flags, "--distributed-executor-backend")
-    no_custom_ar = _take_switch(flags, "--disable-custom-all-reduce")
+    backend: str | None = plan.settings.distributed_backend
     if plan.engine == "gpu":
         # NVML numbers GPUs by PCI bus; CUDA does so only when told, so the indices agree.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -77,8 +75,9 @@ def engine_command(plan: Plan, model_ref: str, opts: EngineOptions,
         prefix_caching=True, chunked_prefill=True,
         tool_parser=choose_tool_parser(plan.family, opts.tokenizer_tokens, opts.chat_template)[0],
         trust_remote_code=opts.trust_remote_code,
-        distributed_backend=backend, disable_custom_all_reduce=no_custom_ar, place=opts.place,
-        layout_flags=tuple(flags), env=env, extra_args=opts.extra_args,
+        distributed_backend=backend,
+        disable_custom_all_reduce=plan.settings.disable_custom_all_reduce, place=opts.place,
+        env=env, extra_args=opts.extra_args,
     )
 
 
@@ -151,18 +150,3 @@ def _cpu_env(plan: Plan, cpu_ids: Sequence[int], user_env: Mapping[str, str],
             if per else "nobind")
     return env
 
-
-def _take_switch(flags: list[str], name: str) -> bool:
-    found = name in flags
-    while name in flags:
-        flags.remove(name)
-    return found
-
-
-def _take_value(flags: list[str], name: str) -> str | None:
-    if name in flags[:-1]:
-        i = flags.index(name)
-        value = flags[i + 1]
-        del flags[i:i + 2]
-        return value
-    return None

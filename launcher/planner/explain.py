@@ -9,7 +9,14 @@ from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit, whatif
 from launcher.planner.layouts import Links
-from launcher.planner.plantypes import MIN_CONTEXT, Candidate, Policy, gib, label
+from launcher.planner.plantypes import (
+    MIN_CONTEXT,
+    Candidate,
+    EngineSettings,
+    Policy,
+    gib,
+    label,
+)
 from launcher.probe.topology import ANCESTOR_RANK, Topology
 
 # ------------------------------------------------------------------------------ the settings
@@ -24,20 +31,22 @@ def _tp_pairs(topo: Topology, cand: Candidate) -> list[tuple[int, int]]:
     return out
 
 
-def settings(topo: Topology, cand: Candidate) -> tuple[dict[str, str], tuple[str, ...], list[str]]:
-    """Environment and vLLM flags the chosen layout needs on these links, each with its reason."""
+def settings(topo: Topology, cand: Candidate
+             ) -> tuple[dict[str, str], EngineSettings, list[str]]:
+    """Environment and vLLM settings the chosen layout needs on these links, each with its
+    reason."""
     env: dict[str, str] = {}
-    flags: list[str] = []
+    no_custom_all_reduce = False
     why: list[str] = []
     pairs = [topo.pair(a, b) for a, b in _tp_pairs(topo, cand)]
     if cand.tp > 1 and cand.transport == "shm":
-        flags.append("--disable-custom-all-reduce")
+        no_custom_all_reduce = True
         why.append(
             "--disable-custom-all-reduce: no P2P between the TP GPUs, and vLLM's custom "
             "all-reduce needs CUDA IPC between them; NCCL goes through host memory (SHM)"
         )
     elif cand.tp > 2 and not all(p.nvlinks > 0 for p in pairs):
-        flags.append("--disable-custom-all-reduce")
+        no_custom_all_reduce = True
         why.append(
             f"--disable-custom-all-reduce: TP={cand.tp} without NVLink between every pair; "
             "vLLM's custom all-reduce only works there on full NVLink"
@@ -61,7 +70,7 @@ def settings(topo: Topology, cand: Candidate) -> tuple[dict[str, str], tuple[str
                 "VLLM_SKIP_P2P_CHECK=0: GeForce cards with P2P granted (patched driver): "
                 "let vLLM verify that peer copies really arrive before trusting them"
             )
-    return env, tuple(flags), why
+    return env, EngineSettings(disable_custom_all_reduce=no_custom_all_reduce), why
 
 
 # ------------------------------------------------------------------------------------ reasons

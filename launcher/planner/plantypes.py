@@ -149,6 +149,21 @@ class Candidate:
         return None if self.rejection is None else self.rejection.reason
 
 
+# vLLM's --distributed-executor-backend values a plan may name ("ray": over nodes on Ray)
+DistributedBackend = Literal["ray", "mp"]
+BACKENDS: tuple[DistributedBackend, ...] = get_args(DistributedBackend)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the chosen layout needs of vLLM beyond its shape, typed: engine/render gives each
+    as its flag (explain.settings says why each is set)."""
+
+    # vLLM's custom all-reduce needs CUDA IPC between the TP GPUs (P2P, or NVLink everywhere)
+    disable_custom_all_reduce: bool = False
+    distributed_backend: DistributedBackend | None = None  # None: vLLM chooses
+
+
 @dataclass(frozen=True)
 class Plan:
     mode: Mode
@@ -168,7 +183,7 @@ class Plan:
     gpu_memory_utilization: float = 0.9
     nodes: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
-    flags: tuple[str, ...] = ()  # vLLM flags the layout needs (--disable-custom-all-reduce, ...)
+    settings: EngineSettings = EngineSettings()  # the vLLM settings the layout needs
 
 
 def mode_name(tp: int, pp: int, dp: int) -> Mode:

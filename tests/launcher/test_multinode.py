@@ -38,7 +38,7 @@ def test_tp_stays_inside_a_node_and_pp_spans_the_nodes(
     for c in p.candidates:
         assert c.tp <= per  # never TP across the network
         assert c.tp * c.pp == nodes * per
-    assert p.flags[-2:] == ("--distributed-executor-backend", "ray")
+    assert p.settings.distributed_backend == "ray"
     r = render(p, m.name, served_name=None, host="0.0.0.0", port=8000)
     assert r.argv[r.argv.index("--pipeline-parallel-size") + 1] == str(p.pp)
     assert "ray" in r.argv

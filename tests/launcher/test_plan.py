@@ -279,7 +279,9 @@ def test_a_small_display_card_beside_two_3090s_is_left_out_and_named() -> None:
 def test_link_settings(topo_name: str, model_name: str, env: dict[str, str], flag: bool) -> None:
     p = plan(T(topo_name), M(model_name), Policy())
     assert dict(p.env) == env
-    assert ("--disable-custom-all-reduce" in p.flags) == flag
+    assert p.settings.disable_custom_all_reduce == flag
+    argv = render(p, "m", served_name=None, host="127.0.0.1", port=8000).argv
+    assert ("--disable-custom-all-reduce" in argv) == flag
     if flag or env:
         assert any(k in r for r in p.reasons for k in [*env, "--disable-custom-all-reduce"])
 
