@@ -23,7 +23,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from launcher.engine import failures, kvrefusal, progress, supervise
+from launcher.engine import failures, kvrefusal, progress, supervise, vllm_keyguard
 from launcher.engine.detect import ENGINE_CMD_VAR, detect_engine, engine_argv, engine_prefix
 from launcher.engine.failures import Diagnosis
 from launcher.engine.launchspec import LaunchSpec, ReplicaSpec
@@ -103,6 +103,10 @@ class Runner:
         place = replica.command.place
         prefix = engine_prefix(os.environ, headless=place is not None and place.headless)
         argv = engine_argv(replica.argv, prefix)
+        if api_key:
+            # vLLM asks its key under /v1 and a few prefixes only (its /invocations generates
+            # without it): this asks it everywhere but the probes (vllm_keyguard.py)
+            argv += ["--middleware", vllm_keyguard.MIDDLEWARE]
         log = sup.log_dir / f"vllm-{replica.port}.log"
         return supervise.Child(f"vllm:{replica.port}", argv, env, log)
 

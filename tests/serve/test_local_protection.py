@@ -154,3 +154,12 @@ def test_vllms_own_port_refuses_requests_without_the_proxys_key(stack: Any) -> N
     assert httpx.get(stack.proxy_url + "/v1/models", timeout=30).status_code == 200
     # what the launcher's readiness check reads stays open
     assert httpx.get(stack.vllm_url + "/health", timeout=30).status_code == 200
+    # vLLM's SageMaker route generates, and vLLM's own key check leaves it (and /tokenize)
+    # open: the launcher's middleware (launcher/engine/vllm_keyguard.py) asks the key there too
+    body = {"model": stack.model, "prompt": "def f(", "max_tokens": 1}
+    for path, sent in (("/invocations", body), ("/tokenize", {"prompt": "hi"})):
+        assert httpx.post(stack.vllm_url + path, json=sent, timeout=60).status_code == 401
+    assert httpx.post(stack.vllm_url + "/invocations", json=body, headers=stack.engine_headers,
+                      timeout=120).status_code == 200
+    assert httpx.post(stack.proxy_url + "/invocations", json=body, timeout=120
+                      ).status_code == 200  # the proxy relays it with the key

@@ -282,7 +282,9 @@ def test_the_engine_runs_exactly_the_command_plan_prints(
     launch.append(run)
     run.wait_ready()
     (start,) = run.starts()
-    # engine.py starts `vllm serve MODEL ...` as the api_server module with --model MODEL
-    assert start["argv"] == ["--model", argv[2], *argv[3:]]
+    # engine.py starts `vllm serve MODEL ...` as the api_server module with --model MODEL; the
+    # one addition is the middleware that asks the run's key (set beside it, never printed)
+    assert start["argv"] == ["--model", argv[2], *argv[3:], "--middleware",
+                             "launcher.engine.vllm_keyguard.KeyGuard"]
     assert run.stop() == 0
     run.assert_nothing_left()
