@@ -106,8 +106,7 @@ class HeadRunner(Runner):
         nodes = self.group.identity.nodes
         self.console.print(f"Node link open on {group_port(self.group)}: waiting for "
                            f"{nodes - 1} more node(s) to join")
-        self.status.write("restarting", f"the {nodes}-node engine group is starting (waiting "
-                          f"for {nodes_named(range(1, nodes))} to join)")
+        self.status.write("restarting", f"the {nodes}-node engine group is starting")
         self.hub.set_epoch(1)
         super().start()
         self.status.clear()
