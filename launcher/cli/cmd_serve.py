@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from launcher.cli import argtypes, planopts
+from launcher.cli.apikeys import collect_api_keys
 from launcher.engine import supervise
 from launcher.engine.launchspec import LaunchSpec
 from launcher.engine.serve import Supervision, run
@@ -123,25 +123,6 @@ def main(args: argparse.Namespace) -> int:
     from launcher.engine import nodes
 
     return nodes.run_group(spec, sup, console)
-
-
-def collect_api_keys(flags: Sequence[str], path: Path | None,
-                     env: Mapping[str, str]) -> tuple[str, ...]:
-    keys = [k for k in flags if k]
-    keys += [k.strip() for k in env.get("TOPOSERVE_API_KEYS", "").split(",") if k.strip()]
-    if path is not None:
-        keys += read_key_file(path)
-    return tuple(dict.fromkeys(keys))
-
-
-def read_key_file(path: Path) -> list[str]:
-    """The file's keys, read exactly as the proxy reads them (topocommon.keyfile)."""
-    from topocommon import keyfile
-
-    try:
-        return keyfile.read_key_file(path)
-    except keyfile.KeyFileError as exc:
-        raise LauncherError(str(exc)) from None
 
 
 def serve_request(args: argparse.Namespace, keys: tuple[str, ...]) -> ServeRequest:

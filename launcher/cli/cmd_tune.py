@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.cli import argtypes, planopts
-from launcher.cli.cmd_serve import collect_api_keys
+from launcher.cli.apikeys import collect_api_keys
 from launcher.engine.launchspec import LaunchSpec
 from launcher.engine.planfile import agent_to_json, plan_to_json
 from launcher.engine.serve import Runner, StopRequested, Supervision

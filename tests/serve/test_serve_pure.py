@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli.cmd_serve import collect_api_keys, read_key_file
+from launcher.cli.apikeys import collect_api_keys, read_key_file
 from launcher.engine import failures, progress
 from launcher.engine.detect import engine_argv, engine_prefix, parse_version
 from launcher.engine.enginecmd import EngineCommand, replicas

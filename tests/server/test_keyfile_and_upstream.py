@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli.cmd_serve import read_key_file as launcher_reads
+from launcher.cli.apikeys import read_key_file as launcher_reads
 from launcher.errors import LauncherError
 from server.config import ConfigError, config_from_args
 from server.config import read_key_file as proxy_reads
