@@ -371,11 +371,10 @@ def replica_kv_budget(
     budget: float,
     weights: float,
     overhead: float,
-    offload: float = 0.0,
 ) -> float:
-    """KV bytes of one replica: what each GPU's budget leaves after its weights (less
-    ``offload`` bytes of them kept on the CPU) and the overhead, over all the KV shards."""
-    return max(0.0, budget - weights + offload - overhead) * kv_shards(m, tp, pp)
+    """KV bytes of one replica: what each GPU's budget leaves after its weights (those it
+    holds: less any offloaded to the CPU) and the overhead, over all the KV shards."""
+    return max(0.0, budget - weights - overhead) * kv_shards(m, tp, pp)
 
 
 def need_per_gpu(f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:

@@ -48,10 +48,8 @@ def _context(
     kv_bytes: int = 2,
     offload: float = 0.0,
 ) -> int:
-    f = memfit.fit(m, gpus, tp, pp, util, kv_bytes)
-    if offload:
-        room = memfit.replica_kv_budget(m, tp, pp, f.budget, f.weights, f.overhead, offload)
-        return memfit.planned_context(m, room, f.limits.batched_tokens, kv_bytes)
+    # the offloaded weights counted where every plan counts them: memfit.fit
+    f = memfit.fit(m, gpus, tp, pp, util, kv_bytes, offload)
     return f.context if f.kv_budget > 0 else 0
 
 
