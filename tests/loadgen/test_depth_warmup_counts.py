@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import urllib.request
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,16 @@ def test_a_tokenizer_count_mismatch_is_reported_and_the_figures_kept(
 # ---- --depth against the stand-in's simulated prefix cache ------------------------------
 
 
+@pytest.fixture(scope="module")
+def caching(tiny_model_path: str) -> Iterator[str]:
+    """One stand-in with the simulated prefix cache for the depth and soak tests below (each
+    start loads the tokenizer, ~10 s of CPU here). The only test that reads cache figures runs
+    first; its bounds hold whatever an earlier run left cached (the prime fills the context,
+    and a cold request's context is its own)."""
+    with spawn_standin("--tokenizer", tiny_model_path, "--cached-tokens", "--itl", "0.001") as url:
+        yield url
+
+
 def _depth_run(url: str, out: Path, *args: str) -> tuple[Any, dict[str, Any]]:
     result = run_cli(
         "--url", url, "--prompt", "32", "--gen", "4", "--requests", "3", "--no-progress",
@@ -244,46 +255,46 @@ def _depth_run(url: str, out: Path, *args: str) -> tuple[Any, dict[str, Any]]:
 
 
 def test_depth_requests_are_context_plus_new_tokens_with_the_context_cached_or_cold(
-    tiny_model_path: str, tmp_path: Path
+    caching: str, tiny_model_path: str, tmp_path: Path
 ) -> None:
-    standin = ("--tokenizer", tiny_model_path, "--cached-tokens", "--itl", "0.001")
-    with spawn_standin(*standin) as url:
-        result, data = _depth_run(url, tmp_path / "d.json", "--tokenizer", tiny_model_path,
-                                  "--depth", "0,512,1K")
-        assert result.returncode == 0, result.stderr
-        runs = data["runs"]
-        assert [r["depth"]["tokens"] for r in runs] == [0, 512, 1024]
-        for run in runs:
-            depth = run["depth"]["tokens"]
-            assert {r["prompt_tokens"] for r in run["requests"]} == {depth + 32}  # exact
-            assert run["depth"]["mode"] == "cached"
-            cached = {r["cached_tokens"] for r in run["requests"]}
-            # the stand-in caches whole 16-token blocks of what it has seen
-            assert all(depth - 16 <= c <= depth + 32 for c in cached) if depth else True
-            assert run["depth"]["prefill_new_tok_s"]["p50"] > 0
-        assert runs[0]["depth"]["prime"] is None  # nothing to cache at depth 0
-        assert runs[2]["depth"]["prime"]["prompt_tokens"] == 1024 + 32
-        assert "depth 1024, concurrency 1: context primed by one unmeasured" in result.stdout
-        assert "warm-up: 2 unmeasured requests before measuring each level" in result.stdout
+    url = caching
+    result, data = _depth_run(url, tmp_path / "d.json", "--tokenizer", tiny_model_path,
+                              "--depth", "0,512,1K")
+    assert result.returncode == 0, result.stderr
+    runs = data["runs"]
+    assert [r["depth"]["tokens"] for r in runs] == [0, 512, 1024]
+    for run in runs:
+        depth = run["depth"]["tokens"]
+        assert {r["prompt_tokens"] for r in run["requests"]} == {depth + 32}  # exact
+        assert run["depth"]["mode"] == "cached"
+        cached = {r["cached_tokens"] for r in run["requests"]}
+        # the stand-in caches whole 16-token blocks of what it has seen
+        assert all(depth - 16 <= c <= depth + 32 for c in cached) if depth else True
+        assert run["depth"]["prefill_new_tok_s"]["p50"] > 0
+    assert runs[0]["depth"]["prime"] is None  # nothing to cache at depth 0
+    assert runs[2]["depth"]["prime"]["prompt_tokens"] == 1024 + 32
+    assert "depth 1024, concurrency 1: context primed by one unmeasured" in result.stdout
+    assert "warm-up: 2 unmeasured requests before measuring each level" in result.stdout
 
-        cold, data = _depth_run(url, tmp_path / "c.json", "--tokenizer", tiny_model_path,
-                                "--depth", "1k", "--depth-cold")
-        assert cold.returncode == 0, cold.stderr
-        assert data["depth"]["prime"] is None
-        assert {r["prompt_tokens"] for r in data["requests"]} == {1032}
-        # a fresh context per request: at most the template's first block is shared
-        assert max(r["cached_tokens"] for r in data["requests"]) <= 16
+    cold, data = _depth_run(url, tmp_path / "c.json", "--tokenizer", tiny_model_path,
+                            "--depth", "1k", "--depth-cold")
+    assert cold.returncode == 0, cold.stderr
+    assert data["depth"]["prime"] is None
+    assert {r["prompt_tokens"] for r in data["requests"]} == {1032}
+    # a fresh context per request: at most the template's first block is shared
+    assert max(r["cached_tokens"] for r in data["requests"]) <= 16
 
-        too_deep = run_cli("--url", url, "--depth", "4k", "--tokenizer", tiny_model_path)
+    too_deep = run_cli("--url", url, "--depth", "4k", "--tokenizer", tiny_model_path)
     assert too_deep.returncode == 1
     assert "--depth 4000 (context + --prompt): model" in too_deep.stderr
     assert "shorter than --prompt 4512" in too_deep.stderr
 
 
-def test_depth_runs_are_pushed_with_a_depth_label(tiny_model_path: str, tmp_path: Path) -> None:
-    out = tmp_path / "d.json"
+def test_depth_runs_are_pushed_with_a_depth_label(
+    caching: str, tiny_model_path: str, tmp_path: Path
+) -> None:
+    out, url = tmp_path / "d.json", caching
     with (
-        spawn_standin("--tokenizer", tiny_model_path, "--cached-tokens", "--itl", "0.001") as url,
         pushgateway(tmp_path / "pgw") as pgw,
         prometheus(scrape_config({"pushgateway": [host_port(pgw)]}), tmp_path / "prom") as prom,
     ):
@@ -306,11 +317,10 @@ def test_depth_runs_are_pushed_with_a_depth_label(tiny_model_path: str, tmp_path
 
 
 def test_an_agent_soak_keeps_taking_turns_until_the_conversation_crosses_the_tokens_asked(
-    tiny_model_path: str, tmp_path: Path
+    caching: str, tiny_model_path: str, tmp_path: Path
 ) -> None:
-    out = tmp_path / "s.json"
+    out, url = tmp_path / "s.json", caching
     with (
-        spawn_standin("--tokenizer", tiny_model_path, "--cached-tokens", "--itl", "0.001") as url,
         pushgateway(tmp_path / "pgw") as pgw,
         prometheus(scrape_config({"pushgateway": [host_port(pgw)]}), tmp_path / "prom") as prom,
     ):
