@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from launcher.cli import argtypes, planopts
+from launcher.engine import nodesecret
 from launcher.engine.enginecmd import NodePlace
 from launcher.engine.planfile import agent_to_json, plan_to_json
 from launcher.engine.render import Rendered
@@ -84,6 +85,10 @@ def format_nodes(nodes: list[tuple[list[str], Rendered]], *, given: bool) -> str
     if not given:
         lines.append(f"note: replace {PLACEHOLDER_HEAD} with the head's address on the network "
                      "between the nodes (or pass --master-addr to this command)")
+    lines.append("note: the nodes prove a shared secret to each other: node 0 writes one on its "
+                 f"first start (to <cache>/{nodesecret.DEFAULT_NAME}, or --node-secret-file "
+                 f"PATH, or {nodesecret.SECRET_ENV}); give every other node the same before "
+                 "starting it")
     return "\n".join(lines)
 
 

@@ -103,6 +103,16 @@ def test_plan_without_the_heads_address_says_where_to_put_it(
     assert "replace HEAD with the head's address" in out
 
 
+def test_plan_says_the_other_nodes_need_the_heads_node_secret(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "plan", "--model", LLAMA70B, "--topology", FOUR_GPUS,
+                       "--nodes", "2", "--master-addr", "10.0.0.1")
+    assert code == 0
+    assert "node 0 writes one on its first start" in out
+    assert "--node-secret-file" in out
+
+
 def test_a_node_other_than_the_head_plans_its_share_headless_without_a_proxy(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
