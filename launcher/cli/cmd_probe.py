@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         try:  # the CPU engine's own step cost, which the CPU plan adds to its arithmetic
             print(enginesteps.measure(os.environ))
         except EngineStepError as exc:
-            print(f"engine step not measured: {exc}")
+            raise MeasureError(f"no GPU found, and the CPU engine's step could not be timed: "
+                               f"{exc}") from exc
     if args.model:
         from launcher.model.modelspec import load_model_spec
         from launcher.pipeline import kerneltables

@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 from launcher.cli.main import main
 from launcher.errors import MeasureError
 from launcher.model.modelspec import load_model_spec
+from launcher.pipeline import enginesteps
 from launcher.planner import costmodel, hardware
 from launcher.planner.plan import Policy, plan
 from launcher.probe import gpuperf, measure
+from launcher.probe.enginestep import EngineStepError
 from launcher.probe.gpuperf import GpuPerf, Sample
 from launcher.probe.measure import classify, measure_topology, parse_nccl_log, time_gemms
 from launcher.probe.topology import (
@@ -93,11 +95,21 @@ def test_measuring_without_a_gpu_says_so() -> None:
         measure_topology(Topology(gpus=()), {})
 
 
-def test_probe_measure_cli_without_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_probe_measure_without_gpu_that_cannot_time_the_engine_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without a GPU, --measure times the CPU engine's step (a real vLLM start: the stack test
+    # test_cpu_prediction.py runs it); here the worker's failure, as without vLLM installed.
+    def fails(env: object) -> str:
+        raise EngineStepError("the engine step measurement failed (exit 1): "
+                              "ModuleNotFoundError: No module named 'vllm'")
+
+    monkeypatch.setattr(enginesteps, "measure", fails)
     assert main(["probe", "--measure"]) == 6
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "no GPU found" in err
+    assert "no GPU found, and the CPU engine's step could not be timed" in err
+    assert "No module named 'vllm'" in err
 
 
 def test_measure_refuses_a_saved_topology(capsys: pytest.CaptureFixture[str]) -> None:
