@@ -14,9 +14,15 @@ its whole prefix again. This module decides, for the plan's candidate layouts:
   with its cost per turn: the prefix copied back over the GPU's PCIe link;
 - or whether only a shorter context fits;
 
-with a reason for each, and a predicted time to first token per turn at depth for each option:
-the cost model's prefill of the new tokens with the prefix cached (the attention over the cached
-prefix included), the copy from host memory, or the whole prefix recomputed.
+with a reason for each, and a predicted time to first token per turn at depth for each option.
+That figure is not one session's turn alone: the S sessions' turns run through the simulation of
+vLLM's scheduler (:func:`launcher.planner.schedsim.simulate_sessions`: its budget of batched
+tokens, chunked prefill, the sequence limit, the KV blocks and the prefix cache, with the
+offloading's host tier where there is one). Sessions with the same think time send their turns
+together and queue; where the KV room holds fewer prefixes than there are sessions, the pool
+evicts them before their next turn, which then recomputes its prefix or, with offloading, copies
+it back over PCIe while holding its blocks. The option's figure is the median session's time to
+first token at the asked depth, after ``WARM_TURNS`` turns that grew the conversations to it.
 """
 
 from __future__ import annotations
@@ -27,10 +33,20 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from launcher.model.modelspec import GIB, ModelSpec
-from launcher.planner import costmodel, hardware, memfit
+from launcher.planner import costmodel, hardware, kernelcost, memfit
 from launcher.planner.costmodel import Layout
 from launcher.planner.layouts import Links
 from launcher.planner.plantypes import Candidate, Plan, Policy, label
+from launcher.planner.schedsim import (
+    SchedulerLimits,
+    SessionsResult,
+    SimError,
+    StepBatch,
+    StepTimer,
+    Turn,
+    simulate_sessions,
+)
+from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Gpu, Topology
 
 # Share of the host's free memory the offloaded KV may take: the rest is for the OS, vLLM's own
@@ -44,6 +60,15 @@ FP8_MIN_CC = (8, 0)
 # Sessions up to this many are an interactive load: vLLM's interactivity mode (fine-grained
 # CUDA graphs up to 32 sequences) serves them; more and its throughput default is kept.
 INTERACTIVITY_MAX_SESSIONS = 32
+# Turns simulated before the one at the asked depth, each one turn shallower: enough for the
+# block pool to reach the steady state of sessions taking turns (which prefixes survive a turn
+# depends on the turn before; the first turn recomputes every prefix).
+WARM_TURNS = 3
+# The simulation's limit for one option (steps of vLLM's scheduler over all its turns): past it
+# (thousands of sessions, or long prefixes recomputed in many chunks) the plan answers with one
+# session's turn alone, and says so, rather than keep `launcher plan` busy for seconds.
+SIM_MAX_STEPS = 2000
+SIM_MAX_SESSIONS = 256  # per replica: each step's cost grows with the requests it holds
 
 OptionName = Literal["gpu", "fp8", "offload", "shorter"]
 
@@ -77,6 +102,8 @@ class Room:
     ttft_cold_s: float  # a turn whose prefix is recomputed
     copy_s: float  # the prefix copied from host memory to the replica's GPUs
     lay: Layout | None = field(default=None, compare=False, repr=False)  # None: the CPU engine
+    # vLLM's scheduler limits on the layout's cards (its defaults: memfit.vllm_defaults)
+    limits: memfit.EngineLimits | None = field(default=None, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -168,6 +195,107 @@ def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int) -> f
     return share / (min(costmodel.pcie_gbs(g) for g in gpus) * 1e9)
 
 
+@dataclass(frozen=True)
+class RooflineStep:
+    """The cost model's time of one scheduler step (a :class:`StepTimer`): a step holding prompt
+    chunks is a prefill of all its tokens whose attention spans the chunks' (query, key) pairs
+    plus one pair per cached token a decoder reads; a step of decoders alone is the cost model's
+    decode step at their mean context."""
+
+    m: ModelSpec
+    lay: Layout
+    # decode steps by (sequences, mean context to the block): a turn's hundreds of decode steps
+    # differ by a token of context each, and the cost model's card lookups are not free
+    _decode: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
+                                                  repr=False)
+    _prefill: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
+                                                   repr=False)
+
+    def step_s(self, batch: StepBatch) -> float:
+        if batch.prefill_tokens:  # likewise by tokens and mean keys per token to the block
+            t = batch.tokens
+            span = round((batch.prefill_pairs + batch.decode_context) / t / memfit.BLOCK_TOKENS)
+            if (t, span) not in self._prefill:
+                self._prefill[t, span] = costmodel.prefill_s(
+                    self.m, self.lay, t, t * span * memfit.BLOCK_TOKENS)
+            return self._prefill[t, span]
+        n = max(1, batch.decode_seqs)
+        key = (n, batch.decode_context // n // memfit.BLOCK_TOKENS)
+        if key not in self._decode:
+            self._decode[key] = costmodel.decode_step_s(self.m, self.lay, n,
+                                                        key[1] * memfit.BLOCK_TOKENS)
+        return self._decode[key]
+
+
+def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable]) -> StepTimer:
+    """This model's kernel table for the layout where one is kept (as the plan's own figures
+    use it), else the roofline."""
+    names = {g.name for st in lay.stages for g in st}
+    table = (kernelcost.table_for(tables, m, lay.tp, next(iter(names)))
+             if lay.pp == 1 and len(names) == 1 else None)
+    if table is None:
+        return RooflineStep(m, lay)
+    link = lay.tp_link
+    ar = (kernelcost.AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1
+          else kernelcost.AllReduce())
+    return kernelcost.step_cost(table, allreduce=ar,
+                                assumed_step_overhead_s=hardware.STEP_OVERHEAD_S).cost
+
+
+def agent_turns(ask: AgentAsk, context: int | None = None) -> tuple[Turn, ...]:
+    """The turns simulated: the conversation growing by a turn's new and answered tokens up to
+    the one whose history is ``context`` tokens (the asked depth by default)."""
+    d = ask.context if context is None else context
+    step = ask.turn_tokens + ask.gen_tokens
+    prompts = [d + ask.turn_tokens - i * step for i in range(WARM_TURNS, -1, -1)]
+    return tuple(Turn(p, ask.gen_tokens) for p in prompts if p >= ask.turn_tokens)
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """The S sessions' turns through the simulated scheduler on one room."""
+
+    turns: tuple[Turn, ...]
+    result: SessionsResult
+
+    @property
+    def ttft_s(self) -> float:
+        """The median session's time to first token of the last turn (at the asked depth)."""
+        return self.result.ttft(len(self.turns) - 1).p50
+
+    def line(self, ask: AgentAsk) -> str:
+        cells = []
+        for i, t in enumerate(self.turns):
+            hit = self.result.hit(i, t.prompt)
+            cells.append(f"{t.prompt - ask.turn_tokens:,}: {_ms(self.result.ttft(i).p50)} "
+                         f"({hit:.0%} cached)")
+        return "; ".join(cells)
+
+
+def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offload: bool,
+                  context: int | None = None, tables: Sequence[KernelTable] = (),
+                  limits: memfit.EngineLimits | None = None) -> Simulated | None:
+    """``sessions`` sessions' turns on one replica of ``r`` (None: a turn does not fit its KV
+    cache at all). ``offload``: a host tier holds every prefix, copied back over PCIe."""
+    assert r.lay is not None
+    if sessions > SIM_MAX_SESSIONS:
+        return None
+    lim_e = limits or r.limits or memfit.EngineLimits(8192, 256)
+    block = memfit.BLOCK_TOKENS
+    blocks = int(r.kv_budget_bytes // max(1, m.kv_bytes(block, r.kv_bytes)))
+    turns = agent_turns(ask, context)
+    try:
+        lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, max(1, blocks), block)
+        res = simulate_sessions(
+            lim, step_timer(m, r.lay, tables), turns, sessions,
+            host_copy_s_per_block=(host_copy_s(m, r.lay, block, r.kv_bytes) if offload
+                                   else None),
+            request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_steps=SIM_MAX_STEPS)
+    except SimError:
+        return None
+    return Simulated(turns, res)
+
+
 def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int) -> int:
     """Whole sessions of ``tokens`` a replica's KV memory holds, less memfit's margin."""
     per = m.kv_bytes(tokens, kv_dtype_bytes)
@@ -198,7 +326,8 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
                 held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes),
                 need=-(-ask.sessions // c.dp), kv_budget_bytes=c.fit.kv_budget,
                 ttft_warm_s=warm, ttft_cold_s=cold,
-                copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay))
+                copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay,
+                limits=c.fit.limits))
     return out
 
 
@@ -251,8 +380,19 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                f"{ask.turn_tokens} tokens and generates {ask.gen_tokens} "
                f"({ask.request_tokens:,} tokens a request)"]
     reasons += [f"  {r.layout} {r.kv_dtype}: holds {r.held} of the {r.need} session(s) per "
-                f"replica on its GPUs; turn TTFT at depth {_ms(r.ttft_warm_s)} cached, "
-                f"{_ms(r.ttft_cold_s)} recomputed" for r in all_rooms]
+                f"replica on its GPUs; one session's turn at depth alone "
+                f"{_ms(r.ttft_warm_s)} cached, {_ms(r.ttft_cold_s)} recomputed" for r in all_rooms]
+    sims: dict[str, Simulated | None] = {}
+
+    def sim(name: str, r: Room, alone: float, *, offload: bool = False,
+            context: int | None = None) -> float:
+        """The option's TTFT p50 at depth with the sessions taking turns together; where it is
+        not simulated, ``alone`` (one session's turn), said in the reasons."""
+        sims[name] = simulate_room(m, r, ask, r.need, offload=offload, context=context,
+                                   tables=policy.kernels)
+        got = sims[name]
+        return got.ttft_s if got is not None else alone
+
     options: list[Option] = []
     fit16 = [r for r in sixteen if r.fits]
     fit8 = [r for r in eight if r.fits]
@@ -263,13 +403,13 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         r = _best(fit16)
         options.append(Option("gpu", True, f"{r.layout} holds all {r.need} session(s) per "
                               "replica in its GPU cache: every turn after the first hits the "
-                              "prefix cache", r.ttft_warm_s))
+                              "prefix cache", sim("gpu", r, r.ttft_warm_s)))
     else:
         r = biggest16
         options.append(Option("gpu", False, f"the roomiest layout, {r.layout}, holds {r.held} "
                               f"of {r.need} session(s): with the sessions taking turns the LRU "
                               "cache evicts each prefix before its next turn, which is then "
-                              "recomputed", r.ttft_cold_s))
+                              "recomputed", sim("gpu", r, r.ttft_cold_s)))
     # 2. FP8 KV
     if not eight:
         options.append(Option("fp8", False, "FP8 KV cache: not proposed on these GPUs (compute "
@@ -280,13 +420,18 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         r = _best(fit8)
         options.append(Option("fp8", True, f"--kv-cache-dtype {r.kv_dtype}: one byte per KV "
                               f"element, {r.layout} then holds {r.held} session(s) per replica "
-                              "(FP8 KV costs a little accuracy on long contexts)", r.ttft_warm_s))
+                              "(FP8 KV costs a little accuracy on long contexts)",
+                              sim("fp8", r, r.ttft_warm_s)))
     else:
         r = max(eight, key=lambda x: x.held / x.need)
         options.append(Option("fp8", False, f"--kv-cache-dtype {r.kv_dtype}: even so "
                               f"{r.layout} holds {r.held} of {r.need} session(s)", None))
     # 3. KV offloading to host memory, on the layout that holds the most of them
     offload_room, offload_gib = _offload(m, sixteen + eight, ask, host_free_bytes, options)
+    if offload_room is not None:  # its figure: the sessions' turns with the host tier
+        last = options.pop()
+        options.append(replace(last, ttft_s=sim("offload", offload_room, last.ttft_s or 0.0,
+                                                offload=True)))
     # 4. a shorter context on the roomiest layout
     roomiest = max(all_rooms, key=lambda r: (shorter_context(m, r, ask), -r.ttft_warm_s))
     shorter = shorter_context(m, roomiest, ask)
@@ -296,7 +441,9 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                               f"{d:,}", None))
     elif shorter > 0:
         assert roomiest.lay is not None
-        warm_short = turn_ttft_s(m, roomiest.lay, shorter, ask.turn_tokens)[0]
+        warm_short = sim("shorter", roomiest,
+                         turn_ttft_s(m, roomiest.lay, shorter, ask.turn_tokens)[0],
+                         context=shorter)
         options.append(Option("shorter", True, f"--context {shorter:,} instead of {d:,}: "
                               f"{roomiest.layout} {roomiest.kv_dtype} holds {roomiest.need} "
                               "session(s) of that; the agent must compact its history sooner",
@@ -318,9 +465,21 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         raise ValueError(f"{s} session(s) do not fit any layout even with a short context: "
                          "ask for fewer --sessions")
     chosen = next(o for o in options if o.name == choice)
-    reasons += [f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
-                + (f"; turn TTFT at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None else "")
-                for o in options]
+    for o in options:
+        reasons.append(f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
+                       + (f"; turn TTFT p50 at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None
+                          else ""))
+        if o.name not in sims:
+            continue
+        got = sims[o.name]
+        if got is None:
+            reasons.append(f"    {o.name}: not simulated (more than {SIM_MAX_SESSIONS} sessions "
+                           f"a replica or {SIM_MAX_STEPS:,} scheduler steps, or a turn past the "
+                           "KV cache): one session's turn alone")
+        else:
+            reasons.append(f"    {o.name}: {len(got.result.turns[0])} session(s) a replica "
+                           "sending their turns together through a simulation of vLLM's "
+                           f"scheduler, TTFT p50 by depth: {got.line(ask)}")
     reasons.append(f"agent plan: {choice} on {room.layout} ({chosen.reason})")
     if room.dp > 1:
         reasons.append(f"{room.dp} replicas each keep their own sessions (the proxy's prefix "

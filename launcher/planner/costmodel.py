@@ -214,10 +214,14 @@ def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
     return 4.0 * m.num_layers * m.num_heads * m.head_dim * new_tokens * context
 
 
-def prefill_s(m: ModelSpec, lay: Layout, tokens: int) -> float:
-    """Time to prefill one prompt of ``tokens`` through one replica (no other load)."""
+def prefill_s(m: ModelSpec, lay: Layout, tokens: int, attn_pairs: float | None = None) -> float:
+    """Time to prefill one prompt of ``tokens`` through one replica (no other load); or, with
+    ``attn_pairs``, one step of ``tokens`` new tokens whose attention spans that many (query,
+    key) pairs (prompt chunks after a cached prefix, decoders: the scheduler simulation's)."""
     gpus = [g for stage in lay.stages for g in stage]
-    flops = 2.0 * m.active_params * tokens + _attention_flops(m, tokens, tokens) / 2  # causal
+    # causal: a prompt's token attends to the ones before it
+    pairs = tokens * tokens / 2 if attn_pairs is None else attn_pairs
+    flops = 2.0 * m.active_params * tokens + _attention_flops(m, 1, 1) * pairs
     compute = flops / (lay.tp * _prefill_flops_s(gpus))
     memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
     act = tokens * m.hidden_size * ACT_BYTES

@@ -24,12 +24,23 @@ rate). Requests are identical in shape; a shared prefix of ``shared_prefix`` tok
 prefix cache can hit. Not modelled: speculative decoding, priorities, several partial prefills
 with their own thresholds, blocks shared between requests (each request's cached prefix is
 counted in its own blocks: the cache is fuller here than in vLLM, never emptier).
+
+Sessions (:func:`simulate_sessions`, a coding agent's conversations): each session's next prompt
+begins with its previous one, so it hits what of that the block pool still holds. The pool is
+vLLM's free block queue with its cached content: a finished or preempted request's full blocks
+keep their tokens until taken for another request, and they are taken oldest freed first, a
+request's tail first (vllm/v1/core/block_pool.py, ``KVCacheManager.free`` frees in reverse
+order), so a session loses its prefix from the end, the session served longest ago first. With a
+host tier (vLLM's KV offloading, ``--kv-offloading-backend native``) every computed block is also
+kept in host memory; a prefix the GPUs lost is copied back (the request waits for the copy,
+holding its blocks, as vLLM's ``WAITING_FOR_REMOTE_KVS``; one copy at a time over the link)
+instead of recomputed.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -246,30 +257,89 @@ class _Req:
     outputs: int = 0
     cached: int = 0
     first: float = math.nan
+    session: int | None = None  # a conversation whose next prompt begins with this one
+    ready: float = 0.0  # a prefix being copied back from host memory arrives then
+    finished: float = math.nan
+
+
+@dataclass
+class _Pool:
+    """The free blocks: ``empty`` ones holding nothing and, per session, the leading blocks of
+    its last request still holding their tokens (oldest freed first: evicted first)."""
+
+    empty: int
+    cached: OrderedDict[int, int] = field(default_factory=OrderedDict)
+
+    @property
+    def free(self) -> int:
+        return self.empty + sum(self.cached.values())
+
+    def resident(self, session: int | None) -> int:
+        return self.cached.get(session, 0) if session is not None else 0
+
+    def take(self, n: int) -> bool:
+        """``n`` blocks for a request: empty ones first, then the oldest cached tails."""
+        if n > self.free:
+            return False
+        got = min(n, self.empty)
+        self.empty -= got
+        n -= got
+        while n:
+            oldest = next(iter(self.cached))
+            lost = min(n, self.cached[oldest])
+            self.cached[oldest] -= lost
+            n -= lost
+            if not self.cached[oldest]:
+                del self.cached[oldest]
+        return True
+
+    def claim(self, session: int, blocks: int) -> None:
+        """A request of ``session`` hits its first ``blocks``; the rest it does not reuse."""
+        held = self.cached.pop(session, 0)
+        self.empty += held - min(blocks, held)
+
+    def give(self, blocks: int, session: int | None, content: int) -> None:
+        content = min(content, blocks) if session is not None else 0
+        self.empty += blocks - content
+        if content:
+            self.empty += self.cached.pop(session, 0)  # type: ignore[arg-type]
+            self.cached[session] = content  # type: ignore[index]
 
 
 @dataclass
 class _Engine:
     lim: SchedulerLimits
-    free_blocks: int
+    pool: _Pool
     waiting: deque[_Req] = field(default_factory=deque)
     running: list[_Req] = field(default_factory=list)
     prefix_computed: int = 0  # the shared prefix's tokens in the prefix cache so far
     preemptions: int = 0
+    # KV offloading: session -> its blocks kept in host memory (None: no host tier), the copy
+    # back's seconds per block, when the link is next free, and the requests waiting for it
+    host: dict[int, int] | None = None
+    copy_s_per_block: float = 0.0
+    link_free: float = 0.0
+    loading: list[_Req] = field(default_factory=list)
+    copied_blocks: int = 0
+    now: float = 0.0
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.lim.block_size)
 
     def allocate(self, r: _Req, new: int) -> bool:
-        need = self.blocks_for(r.computed + new) - r.blocks
-        if need > self.free_blocks:
+        need = max(0, self.blocks_for(r.computed + new) - r.blocks)
+        if not self.pool.take(need):
             return False
-        self.free_blocks -= max(0, need)
-        r.blocks += max(0, need)
+        r.blocks += need
         return True
 
     def release(self, r: _Req) -> None:
-        self.free_blocks += r.blocks
+        """``r``'s blocks back to the pool; a session's full blocks keep their tokens (and are
+        kept in host memory too where there is a host tier)."""
+        content = min(r.computed, r.num_tokens) // self.lim.block_size
+        if r.session is not None and self.host is not None:
+            self.host[r.session] = max(self.host.get(r.session, 0), content)
+        self.pool.give(r.blocks, r.session, content if self.lim.prefix_caching else 0)
         r.blocks = 0
 
     def wanted(self, r: _Req) -> int:
@@ -285,7 +355,8 @@ class _Engine:
     def cache_hit(self, r: _Req, shared: int) -> int:
         if not self.lim.prefix_caching or r.computed:
             return 0
-        usable = min(shared, self.prefix_computed, r.num_tokens - 1)
+        # the shared part of prompts only (a shared prefix longer than the prompt is the prompt)
+        usable = min(shared, self.prefix_computed, r.prompt - 1)
         return usable // self.lim.block_size * self.lim.block_size
 
     def schedule(self, shared: int) -> dict[int, int]:
@@ -312,6 +383,14 @@ class _Engine:
             return chosen  # vLLM admits nobody in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.lim.max_num_seqs:
             r = self.waiting[0]
+            if r.session is not None:
+                placed = self.admit_session(r, budget)
+                if placed is None:
+                    break
+                if placed:
+                    chosen[id(r)] = placed
+                    budget -= placed
+                continue
             hit = self.cache_hit(r, shared)
             r.computed, r.cached = hit, max(r.cached, hit)
             if not self.lim.chunked_prefill and self.wanted(r) > budget:
@@ -326,6 +405,70 @@ class _Engine:
             chosen[id(r)] = new
             budget -= new
         return chosen
+
+    def admit_session(self, r: _Req, budget: int) -> int | None:
+        """Admits the next request of a session: its prefix from the GPU blocks still cached,
+        else (with a host tier) copied back from host memory, else recomputed. The new tokens
+        it computes this step (0: it waits for the copy); None: no room, it stays waiting."""
+        assert r.session is not None
+        if r.computed:  # its prefix came back from host memory: its blocks are held
+            new = self.chunk(r, budget)
+            if not self.allocate(r, new):
+                return None
+            self.waiting.popleft()
+            self.running.append(r)
+            return new
+        bs = self.lim.block_size
+        usable = (r.num_tokens - 1) // bs if self.lim.prefix_caching else 0
+        on_gpu = min(self.pool.resident(r.session), usable)
+        in_host = min(self.host.get(r.session, 0), usable) if self.host is not None else 0
+        copy = max(0, in_host - on_gpu)
+        if copy:
+            # A copy starts only where the rest of the prompt will fit too, besides what the
+            # copies already under way will need: copies holding blocks with nothing running
+            # would otherwise wait on each other for ever. (vLLM allocates a loading request's
+            # blocks for the copy alone; how it resolves that case is not modelled.)
+            rest = self.blocks_for(r.num_tokens) - on_gpu
+            if rest > self.pool.free - on_gpu - self.reserved():
+                return None
+            self.pool.claim(r.session, on_gpu)
+            self.pool.take(copy)
+            r.blocks = on_gpu + copy
+            r.computed = r.blocks * bs
+            r.cached = r.cached if r.outputs else max(r.cached, r.computed)
+            r.ready = max(self.now, self.link_free) + copy * self.copy_s_per_block
+            self.link_free = r.ready
+            self.copied_blocks += copy
+            self.waiting.popleft()
+            self.loading.append(r)
+            return 0
+        r.computed = on_gpu * bs
+        if not self.lim.chunked_prefill and self.wanted(r) > budget:
+            r.computed = 0
+            return None
+        new = self.chunk(r, budget)
+        need = self.blocks_for(r.computed + new) - on_gpu
+        if need > self.pool.free - on_gpu:
+            r.computed = 0
+            return None
+        self.pool.claim(r.session, on_gpu)
+        self.pool.take(need)
+        # usage's cached tokens are the first admission's (vLLM's num_cached_tokens)
+        r.blocks, r.cached = on_gpu + need, r.cached if r.outputs else max(r.cached, r.computed)
+        self.waiting.popleft()
+        self.running.append(r)
+        return new
+
+    def reserved(self) -> int:
+        """Blocks the requests copied back from host memory still need for their prompts."""
+        held = [*self.loading, *(w for w in self.waiting if w.session is not None and w.computed)]
+        return sum(max(0, self.blocks_for(x.num_tokens) - x.blocks) for x in held)
+
+    def copied(self) -> None:
+        """Requests whose prefix arrived from host memory go back to the front of the queue."""
+        for r in sorted((x for x in self.loading if x.ready <= self.now), key=lambda x: -x.ready):
+            self.loading.remove(r)
+            self.waiting.appendleft(r)
 
     def preempt(self, r: _Req, chosen: dict[int, int]) -> None:
         self.release(r)
@@ -350,6 +493,28 @@ def _batch(eng: _Engine, chosen: dict[int, int]) -> StepBatch:
     return StepBatch(int(pre), pairs, int(dec), int(ctx), int(sampled))
 
 
+def _advance(eng: _Engine, chosen: dict[int, int], now: float, shared: int) -> list[_Req]:
+    """After a step ending at ``now``: the chosen tokens are computed, requests whose prompt is
+    done sample a token; those that generated all theirs leave (returned)."""
+    finished = []
+    for r in list(eng.running):
+        new = chosen.get(id(r), 0)
+        r.computed += new
+        eng.prefix_computed = max(eng.prefix_computed, min(r.computed, shared))
+        if not new or r.computed < r.num_tokens:
+            continue
+        r.outputs += 1
+        r.num_tokens += 1
+        if r.outputs == 1:
+            r.first = now
+        if r.outputs >= r.gen:
+            r.finished = now
+            eng.running.remove(r)
+            eng.release(r)
+            finished.append(r)
+    return finished
+
+
 def simulate(
     lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0
 ) -> SimResult:
@@ -366,7 +531,7 @@ def simulate(
             f"a prompt of {work.prompt:,} tokens never fits one step of "
             f"{lim.max_num_batched_tokens:,} batched tokens without chunked prefill"
         )
-    eng = _Engine(lim, lim.kv_blocks)
+    eng = _Engine(lim, _Pool(lim.kv_blocks))
     # (send time, order) of requests not yet handed to the engine
     closed = work.rate is None
     first_wave = min(work.concurrency, work.total) if closed else work.total
@@ -386,26 +551,139 @@ def simulate(
         chosen = eng.schedule(work.shared_prefix)
         if not chosen:
             raise SimError("the scheduler could not place any request (KV cache too small)")
-        batch = _batch(eng, chosen)
-        now += timer.step_s(batch)
+        now += timer.step_s(_batch(eng, chosen))
         steps += 1
         most = max(most, len(eng.running))
-        for r in list(eng.running):
-            new = chosen.get(id(r), 0)
-            r.computed += new
-            eng.prefix_computed = max(eng.prefix_computed, min(r.computed, work.shared_prefix))
-            if not new or r.computed < r.num_tokens:
-                continue
-            r.outputs += 1
-            r.num_tokens += 1
-            if r.outputs == 1:
-                r.first = now
-            if r.outputs >= r.gen:
-                eng.running.remove(r)
-                eng.release(r)
-                done.append(RequestTiming(r.sent, r.first, now, r.gen, r.cached))
-                if closed and to_send:
-                    pending.append(now)
-                    to_send -= 1
+        for r in _advance(eng, chosen, now, work.shared_prefix):
+            done.append(RequestTiming(r.sent, r.first, now, r.gen, r.cached))
+            if closed and to_send:
+                pending.append(now)
+                to_send -= 1
     return SimResult(tuple(done), steps, eng.preemptions, most,
                      max(r.finished_s for r in done) - min(r.sent_s for r in done))
+
+
+# ---------------------------------------------------------------------------------- sessions
+
+
+def _fast_decode(eng: _Engine, timer: StepTimer, now: float) -> float:
+    """Steps in which nothing but the same decoders can run, taken at once: after a step that
+    admitted nobody and only decoded every running request, the next ones do the same until a
+    request finishes (blocks are freed), a copy from host memory arrives, or a decoder would
+    need a block that is not free (a preemption). Returns the time after them."""
+    left = min(r.gen - r.outputs for r in eng.running) - 1  # the last one goes step by step
+    if left < 1:
+        return now
+    bs = eng.lim.block_size
+    need = sum(max(0, -(-(r.computed + left) // bs) - r.blocks) for r in eng.running)
+    if need > eng.pool.free:
+        return now
+    arrives = min((r.ready for r in eng.loading), default=math.inf)
+    n = len(eng.running)
+    context = sum(r.computed for r in eng.running)
+    steps = 0
+    while steps < left and now < arrives:
+        now += timer.step_s(StepBatch(0, 0.0, n, context + n * (steps + 1), n))
+        steps += 1
+    for r in eng.running:
+        r.computed += steps
+        r.num_tokens += steps
+        r.outputs += steps
+        eng.allocate(r, 0)
+    return now
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of every session: its whole prompt (the conversation so far, which begins
+    with the session's previous prompt, and the turn's new tokens) and the tokens answered."""
+
+    prompt: int
+    gen: int
+
+    def __post_init__(self) -> None:
+        if self.prompt < 1 or self.gen < 1:
+            raise SimError(f"a turn needs a prompt and an answer: {self}")
+
+
+@dataclass(frozen=True)
+class SessionsResult:
+    turns: tuple[tuple[RequestTiming, ...], ...]  # per turn, the sessions' requests
+    preemptions: int
+    copied_blocks: int  # blocks copied back from host memory over the whole run
+
+    def ttft(self, turn: int) -> Percentiles:
+        return percentiles([r.ttft_s for r in self.turns[turn]])
+
+    def hit(self, turn: int, prompt: int) -> float:
+        """Share of the turn's prompt tokens the GPU cache or host memory supplied."""
+        rs = self.turns[turn]
+        return sum(r.cached_tokens for r in rs) / (prompt * len(rs))
+
+
+def simulate_sessions(
+    lim: SchedulerLimits,
+    timer: StepTimer,
+    turns: Sequence[Turn],
+    sessions: int,
+    *,
+    host_copy_s_per_block: float | None = None,
+    request_overhead_s: float = 0.0,
+    max_steps: int = 0,
+) -> SessionsResult:
+    """``sessions`` conversations through one replica, turn by turn: every session sends its
+    turn at the same moment (sessions with the same think time arrive together, the case in
+    which they queue), and the next turn starts once all have answered (the think time itself
+    is idle and not simulated). A session's prompt hits what of its previous request the block
+    pool still holds. ``host_copy_s_per_block`` not None: a host tier holding every block ever
+    computed (KV offloading sized for all sessions) from which a prefix the GPUs lost is copied
+    back at that many seconds per block, instead of recomputed. ``max_steps`` (0: no limit):
+    a SimError past that many scheduled steps, for callers that must answer quickly."""
+    if sessions < 1 or not turns:
+        raise SimError("sessions need at least one session and one turn")
+    for t in turns:
+        if -(-(t.prompt + t.gen) // lim.block_size) > lim.kv_blocks:
+            raise SimError(
+                f"one turn of {t.prompt + t.gen:,} tokens needs more than the KV cache's "
+                f"{lim.kv_blocks:,} blocks of {lim.block_size}"
+            )
+        if not lim.chunked_prefill and t.prompt > lim.max_num_batched_tokens:
+            raise SimError(
+                f"a prompt of {t.prompt:,} tokens never fits one step of "
+                f"{lim.max_num_batched_tokens:,} batched tokens without chunked prefill"
+            )
+    eng = _Engine(lim, _Pool(lim.kv_blocks), host=None if host_copy_s_per_block is None else {},
+                  copy_s_per_block=host_copy_s_per_block or 0.0)
+    out: list[tuple[RequestTiming, ...]] = []
+    now, steps = 0.0, 0
+    for t in turns:
+        sent = now
+        now += request_overhead_s
+        eng.now = now
+        eng.waiting.extend(_Req(sent, t.prompt, t.gen, t.prompt, session=i)
+                           for i in range(sessions))
+        done: list[_Req] = []
+        while len(done) < sessions:
+            eng.now = now
+            eng.copied()
+            steps += 1
+            if max_steps and steps > max_steps:
+                raise SimError(f"more than {max_steps:,} scheduler steps")
+            before, running = eng.preemptions, len(eng.running)
+            chosen = eng.schedule(0) if eng.waiting or eng.running else {}
+            if not chosen:
+                if eng.loading:  # nothing to compute until a copy arrives
+                    now = max(now, min(r.ready for r in eng.loading))
+                    continue
+                raise SimError("the scheduler could not place any request (KV cache too small)")
+            admitted = eng.preemptions == before and all(
+                id(r) in chosen for r in eng.running) and len(eng.running) == running
+            batch = _batch(eng, chosen)
+            now += timer.step_s(batch)
+            done += _advance(eng, chosen, now, 0)
+            if admitted and batch.decode_seqs == len(eng.running) == len(chosen):
+                now = _fast_decode(eng, timer, now)
+        order = sorted(done, key=lambda r: r.session or 0)
+        out.append(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
+                         for r in order))
+    return SessionsResult(tuple(out), eng.preemptions, eng.copied_blocks)

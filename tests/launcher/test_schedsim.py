@@ -15,9 +15,11 @@ from launcher.planner.schedsim import (
     SimError,
     StepBatch,
     TableStepCost,
+    Turn,
     Workload,
     percentiles,
     simulate,
+    simulate_sessions,
 )
 
 BIG = SchedulerLimits(max_num_batched_tokens=8192, max_num_seqs=256, kv_blocks=100_000)
@@ -167,3 +169,96 @@ def test_every_request_finishes_within_the_limits(lim: SchedulerLimits, work: Wo
         assert r.cached_tokens < work.prompt
     produced = sum(b.sampled for b in rec.batches)
     assert produced >= work.total * work.gen  # recomputed requests sample again
+
+
+# ------------------------------------------------------------------- sessions taking turns
+
+
+def conversation(turns: int, first: int = 2000, new: int = 4000, gen: int = 64) -> list[Turn]:
+    """A conversation growing by ``new`` tokens a turn (its answer kept in the history)."""
+    return [Turn(first + i * (new + gen), gen) for i in range(turns)]
+
+
+def test_sessions_the_cache_holds_hit_their_prefix_and_compute_only_the_new_tokens() -> None:
+    rec = Recorder(0.0, 1e-6)
+    turns = conversation(4)
+    res = simulate_sessions(BIG, rec, turns, 2)
+    for i in range(1, 4):
+        history = turns[i - 1].prompt + turns[i - 1].gen - 1  # what the last turn computed
+        for r in res.turns[i]:
+            assert r.cached_tokens == history // 16 * 16
+    # the last turn: both sessions' new tokens (and the partial blocks) in one step, nothing of
+    # the prefixes recomputed
+    last = [b for b in rec.batches if b.prefill_tokens][-1]
+    assert last.prefill_tokens <= 2 * (4064 + 16)
+    assert res.ttft(3).p50 < 2 * (4064 + 16) * 1e-6 + 1e-9
+
+
+def test_sessions_past_the_room_lose_their_prefixes_and_recompute_them() -> None:
+    room = SchedulerLimits(max_num_batched_tokens=8192, max_num_seqs=256,
+                           kv_blocks=-(-20_000 // 16))  # one 14k session, not two
+    rec = Recorder(0.0, 1e-6)
+    turns = conversation(4)
+    res = simulate_sessions(room, rec, turns, 3)
+    # evicted before their next turn: what is left is at most a part of the session served last
+    history = turns[2].prompt
+    hits = sorted(r.cached_tokens for r in res.turns[3])
+    assert hits[1] < history / 2
+    assert sum(hits) < history
+    held = simulate_sessions(BIG, Recorder(0.0, 1e-6), conversation(4), 3)
+    assert res.ttft(3).p50 > 2 * held.ttft(3).p50
+
+
+def test_a_host_tier_copies_the_lost_prefixes_back_instead_of_recomputing_them() -> None:
+    room = SchedulerLimits(max_num_batched_tokens=8192, max_num_seqs=256,
+                           kv_blocks=-(-20_000 // 16))
+    turns = conversation(4)
+    recompute = simulate_sessions(room, Recorder(0.0, 1e-6), turns, 3)
+    copy_s = 2e-6  # a block: cheaper than computing its 16 tokens at 1 us each
+    offload = simulate_sessions(room, Recorder(0.0, 1e-6), turns, 3,
+                                host_copy_s_per_block=copy_s)
+    assert offload.copied_blocks > 0
+    for r in offload.turns[3]:
+        assert r.cached_tokens >= (turns[2].prompt + turns[2].gen - 1) // 16 * 16
+        assert r.ttft_s >= (turns[2].prompt // 16) * copy_s  # it waited for its copy
+    assert offload.ttft(3).p50 < recompute.ttft(3).p50
+    free_copy = simulate_sessions(room, Recorder(0.0, 1e-6), turns, 3, host_copy_s_per_block=0.0)
+    assert free_copy.ttft(3).p50 < offload.ttft(3).p50
+
+
+def test_sessions_sending_together_queue_so_the_last_waits_longer_the_more_there_are() -> None:
+    last = []
+    for s in range(1, 7):
+        res = simulate_sessions(BIG, Recorder(0.002, 1e-6), conversation(3), s)
+        last.append(max(r.ttft_s for r in res.turns[2]))
+    assert last == sorted(last)
+    assert last[-1] > 3 * last[0]
+
+
+def test_fast_decoding_gives_the_same_timeline_as_stepping() -> None:
+    # one session: every decode step after the first is taken at once; the timeline must be
+    # what stepping gives (Recorder's steps are 10 ms fixed: gen steps after the prefill)
+    res = simulate_sessions(BIG, Recorder(0.01), [Turn(100, 50), Turn(300, 50)], 1,
+                            request_overhead_s=0.003)
+    for turn in res.turns:
+        (r,) = turn
+        assert r.ttft_s == pytest.approx(0.013)
+        assert r.finished_s - r.sent_s == pytest.approx(0.003 + 50 * 0.01)
+
+
+@given(st.integers(1, 6), st.integers(40, 4000), st.integers(1, 400), st.integers(1, 40),
+       st.sampled_from([None, 0.0, 1e-4]))
+def test_every_session_turn_finishes_and_hits_no_more_than_it_sent(
+        sessions: int, blocks: int, new: int, gen: int, copy: float | None) -> None:
+    lim = SchedulerLimits(max_num_batched_tokens=512, max_num_seqs=4, kv_blocks=blocks)
+    turns = [Turn(new + i * (new + gen), gen) for i in range(3)]
+    if -(-(turns[-1].prompt + gen) // 16) > blocks:
+        with pytest.raises(SimError, match="KV cache"):
+            simulate_sessions(lim, Recorder(), turns, sessions, host_copy_s_per_block=copy)
+        return
+    res = simulate_sessions(lim, Recorder(), turns, sessions, host_copy_s_per_block=copy)
+    for t, rs in zip(turns, res.turns, strict=True):
+        assert len(rs) == sessions
+        for r in rs:
+            assert 0 <= r.cached_tokens < t.prompt
+            assert r.sent_s < r.first_token_s <= r.finished_s
