@@ -51,7 +51,8 @@ def predicted(util: float, sessions: int, offload: bool) -> list[float]:
                                             force_pp=1, force_dp=1), ask, 125 * GIB)
     assert ap is not None
     r = next(x for x in ap.rooms if x.kv_dtype == "auto")
-    assert r.lay is not None and r.limits is not None
+    assert r.lay is not None
+    assert r.limits is not None
     block = 16
     lim = SchedulerLimits(r.limits.batched_tokens, r.limits.max_num_seqs,
                           int(r.kv_budget_bytes // m.kv_bytes(block, 2)), block)
