@@ -54,6 +54,11 @@ def test_vllm_cpu_refusal_is_restarted_at_its_own_length(
         str(tmp_path / "logs"),
         "--grace",
         "10",
+        # Both starts skip vLLM's torch.compile tracing (about a minute each on two cores, redone
+        # at every start: vLLM 0.32's CPU engine fails to load its own AOT cache). The refusal is
+        # vLLM's KV-cache check, made the same way either way; the compiled start is the stack's.
+        "--",
+        "--enforce-eager",
     ]
     with out.open("wb") as fh:
         proc = subprocess.Popen(
