@@ -6,6 +6,10 @@ vLLM sizes its KV cache at start-up (vllm/v1/worker/gpu_worker.py ``determine_av
                 − weights − peak activations of one profiling forward pass
                 − memory outside torch that grew meanwhile (cuBLAS, NCCL) − CUDA-graph estimate
 
+vLLM 0.26 logs each term on the H200 ("Actual usage is W GiB for weight, A GiB for peak
+activation, N GiB for non-torch memory"); every term below is modelled from its mechanism and
+checked against those logs (tests/launcher/test_kv_context.py, docs/planner.md).
+
 The profiling pass runs ``max_num_batched_tokens`` tokens (vLLM's default depends on the GPU:
 8,192 for the OpenAI server on a card of ≥ 70 GiB that is not an A100, 16,384 from 160 GiB,
 2,048 below; vllm/engine/arg_utils.py) and a sampler over ``max_num_seqs`` rows of logits. It
@@ -26,22 +30,33 @@ from dataclasses import dataclass
 from launcher.model.modelspec import GIB, KvGroup, ModelSpec
 from launcher.probe.topology import Gpu
 
-# Kept below the longest context the estimate admits, so that an estimate a few percent too
-# generous (activations, CUDA graphs, allocator slack) still starts. Measured on the lent H200
-# (docs/benchmarks.md): the estimate's KV memory against vLLM's own "Available KV cache memory".
-CONTEXT_MARGIN = 0.05
+# Kept below the longest context the estimate admits. The terms below are each a little above
+# what vLLM 0.26 logged, so the margin only has to cover what varies between two starts of the
+# same engine: the Qwen2.5-32B shape at 0.9 logged a peak activation of 1.53 and 1.59 GiB on two
+# starts (0.06 GiB, 0.1% of its KV cache), and the MoE's fused-MoE buffers 0.03 GiB (0.7% of its
+# 4.56 GiB) above the model. 2% keeps the plan within 5% of vLLM's longest context at 0.15.
+CONTEXT_MARGIN = 0.02
 BLOCK_TOKENS = 16  # vLLM's GPU block size (the CPU backend uses 128)
-# Memory outside torch's allocator that appears after vLLM's baseline snapshot: cuBLAS and
-# cuBLASLt workspaces, the sampler's and attention backend's buffers (~0.3-0.6 GiB in vLLM's
-# "non-torch memory" log lines), plus NCCL communicators and the custom all-reduce's IPC
-# buffers with TP/PP. Assumptions, checked against the H200 logs.
-NON_TORCH_BYTES = 0.5 * GIB
-PARALLEL_BYTES = 0.5 * GIB
-# vLLM subtracts an estimate of the CUDA graphs' memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
-# on by default): a pool per captured batch size, growing with the layers. Assumed: 0.25 GiB plus
-# 4 MiB per layer for the default capture sizes.
-CUDAGRAPH_BASE_BYTES = 0.25 * GIB
-CUDAGRAPH_LAYER_BYTES = 4 * 1024**2
+# Memory outside torch's allocator that grows during vLLM's profile (cuBLAS and cuBLASLt
+# workspaces, the attention backend's buffers): 0.22-0.24 GiB in every one-GPU start vLLM 0.26
+# logged on the H200. Under TP or PP the NCCL warm-up creates them before vLLM's baseline
+# snapshot, and 0.06-0.07 GiB is left (70B TP2 and PP2, 32B TP2).
+NON_TORCH_BYTES = 0.25 * GIB
+PARALLEL_NON_TORCH_BYTES = 0.1 * GIB
+# Under TP the custom all-reduce's buffers are allocated while the model loads and count in
+# vLLM's "weights": the Qwen2.5-32B shape at TP2 over NVLink loaded 29.30 GiB for 29.11 of
+# weights and rotary tables (the 70B at TP2 with the custom all-reduce off: 63.85 for 63.84).
+TP_BUFFER_BYTES = 0.2 * GIB
+# vLLM's estimate of the CUDA graphs' memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by
+# default): 0.09 GiB logged for the 48 layers of the Qwen3-30B-A3B shape (14 graphs of up to 64
+# tokens), so 2 MiB per layer on the stage. vLLM 0.26's newer model runner (the dense models'
+# logs) subtracted none; it is counted anyway, as which runner a model gets is not read here.
+CUDAGRAPH_LAYER_BYTES = 2 * 1024**2
+# What the profiling pass holds at its peak beyond the layer's own tensors (persistent input,
+# position and metadata buffers sized for the batched-token budget, the compiled graph's
+# workspaces): 0.09-0.17 GiB above the MLP's tensors in the dense one-GPU and TP starts logged
+# (8B, 32B, 32B TP2, 70B TP2, Gemma 3 27B).
+ACTIVATION_FIXED_BYTES = 0.2 * GIB
 
 
 @dataclass(frozen=True)
@@ -105,31 +120,43 @@ def kv_shards(m: ModelSpec, tp: int, pp: int) -> float:
 # ------------------------------------------------------------------------------ activations
 
 
-def activation_bytes(m: ModelSpec, tp: int, lim: EngineLimits) -> float:
+def activation_bytes(m: ModelSpec, tp: int, lim: EngineLimits, pp: int = 1) -> float:
     """Peak of vLLM's profiling run: one forward pass of ``batched_tokens`` tokens, then the
-    sampler over ``max_num_seqs`` rows; they run one after the other, so the larger counts."""
+    sampler over ``max_num_seqs`` rows; they run one after the other, so the larger counts.
+
+    The forward pass peaks inside the MLP (or attention, where that is wider), holding the
+    residual and the layer's input beside the MLP's tensors, all in bf16; with PP a later stage
+    also keeps the hidden states it received. Against vLLM 0.26's logged peaks: 8B 1.0 GiB
+    (0.93), 32B 1.64 (1.53-1.59), 32B TP2 1.0 (0.92), 70B TP2 1.1 (1.0), 70B PP2 1.89
+    (1.72-1.78), Gemma 3 27B 1.35 (1.3), Qwen3-30B-A3B 1.04 (0.87)."""
     t, h = lim.batched_tokens, m.hidden_size
-    qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp
+    # attention: the fused QKV output and the attention output beside it
+    attention = (m.num_heads * 2 + 2 * m.num_kv_heads) * m.head_dim / tp
     if m.num_experts:
         k = max(1, m.experts_per_token)
         inter = m.moe_intermediate_size or m.intermediate_size
-        # vLLM's fused MoE keeps three caches per routed token: gate+up, activation, down
-        mlp = k * (3 * inter / tp + h)
+        # vLLM 0.26's fused MoE: per routed token a workspace of the wider of gate+up and the
+        # hidden size, and one of the activation, plus the summed output. The workspace grows
+        # in steps and a freed step stays pinned by later small allocations (vLLM 0.32 stops
+        # that with a split limit in determine_available_memory), so it counts twice.
+        mlp = k * (2 * max(2 * inter / tp, h) + inter / tp) + h
     else:
         mlp = 3 * m.intermediate_size / tp  # gate+up output and the activation
-    forward = t * (mlp + qkv + 4 * h) * 2  # bf16: residual, normed input, attention output
+    received = h if pp > 1 else 0  # the previous stage's hidden states
+    forward = t * (2 * h + max(mlp, attention) + received) * 2
     sampler = lim.max_num_seqs * m.vocab_size * 4 * 2  # fp32 logits and their softmax
-    return max(forward, sampler)
+    return max(forward, sampler) + ACTIVATION_FIXED_BYTES
 
 
 def cudagraph_bytes(m: ModelSpec, pp: int) -> float:
-    return CUDAGRAPH_BASE_BYTES + CUDAGRAPH_LAYER_BYTES * m.num_layers * stage_share(m, pp)
+    return CUDAGRAPH_LAYER_BYTES * m.num_layers * stage_share(m, pp)
 
 
 def overhead_per_gpu(m: ModelSpec, tp: int, pp: int, lim: EngineLimits) -> float:
     """Everything vLLM takes from the budget besides weights and KV cache."""
-    par = PARALLEL_BYTES if tp * pp > 1 else 0.0
-    return NON_TORCH_BYTES + par + activation_bytes(m, tp, lim) + cudagraph_bytes(m, pp)
+    non_torch = PARALLEL_NON_TORCH_BYTES if tp * pp > 1 else NON_TORCH_BYTES
+    buffers = TP_BUFFER_BYTES if tp > 1 else 0.0
+    return non_torch + buffers + activation_bytes(m, tp, lim, pp) + cudagraph_bytes(m, pp)
 
 
 # ------------------------------------------------------------------------------ KV and context
@@ -333,11 +360,18 @@ def memory_in_use(gpus: Sequence[Gpu], util: float) -> str:
     return ", ".join(h.describe() for h in held_by_others(gpus, util))
 
 
+# vLLM's budget is utilization × the total CUDA reports (torch.cuda.mem_get_info), which leaves
+# out what the driver keeps: the H200 NVML reads as 140.40 GiB is 139.8 GiB to CUDA in every
+# vLLM log ("Free memory on device (139.29/139.8 GiB)"). Not measured on other cards: the same
+# amount is assumed there.
+CUDA_RESERVED_BYTES = int(0.61 * GIB)
+
+
 @dataclass(frozen=True)
 class Fit:
     budget: float  # bytes per GPU: gpu_memory_utilization × the smallest card
     weights: float  # on the fullest GPU
-    overhead: float  # activations, CUDA graphs, buffers outside torch
+    overhead: float  # activations, CUDA graphs, buffers outside torch, the driver's reserve
     kv_budget: float  # KV bytes of one replica, all its GPUs together
     context: int  # the context to plan: below the longest the estimate admits by the margin
     limits: EngineLimits
@@ -358,7 +392,8 @@ def fit(
     budget = smallest.memory_bytes * util  # vLLM sizes every worker like the smallest
     lim = vllm_defaults(smallest.memory_bytes, smallest.name)
     weights = max(0.0, weights_per_gpu(m, tp, pp) - offload)
-    over = overhead_per_gpu(m, tp, pp, lim)
+    # the budget is of the total CUDA reports: the driver's reserve leaves util × it out
+    over = overhead_per_gpu(m, tp, pp, lim) + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     context = planned_context(m, kv_budget, lim.batched_tokens, kv_dtype_bytes)
     return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes)
