@@ -76,7 +76,10 @@ def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_
 ) -> None:
     """The whole `launcher tune` on vLLM CPU: the two CPU candidates (equally fast at a 64-token
     prompt, so their intervals overlap and the finalists are re-run: four vLLM starts), two
-    measured rounds each after a warm-up, judged against a TTFT/TPOT SLO the tiny model meets."""
+    measured rounds each after a warm-up, judged against a TTFT/TPOT SLO the tiny model meets.
+    Every candidate gets `-- --enforce-eager` (flags after -- go to every candidate): without it
+    each of the four starts traces the model with torch.compile again (vLLM 0.32's CPU engine
+    fails to load its own AOT cache), 25 to 50 s each on two cores."""
     out = tmp_path / "plan.json"
     results = tmp_path / "results"
     res = subprocess.run(
@@ -84,7 +87,8 @@ def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_
          "--prompt", "64", "--gen", "16", "--concurrency", "2", "--requests", "4",
          "--repeats", "2", "--warmup", "1", "--reruns", "1",
          "--slo-ttft-ms", "60000", "--slo-tpot-ms", "10000", "--out", str(out),
-         "--log-dir", str(tmp_path / "logs"), "--results-dir", str(results)],
+         "--log-dir", str(tmp_path / "logs"), "--results-dir", str(results),
+         "--", "--enforce-eager"],
         cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -112,8 +116,11 @@ def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_
     assert ("default-start2-round2.json" in rounds) is rerun
     assert data["engine"] == "cpu"
     assert data["mode"] == "single"
+    # the winner's own flags, then the flags given to every candidate
     if best["candidate"] == "small-prefill-chunks":
-        assert data["vllm_extra_args"] == ["--max-num-batched-tokens", "256"]
+        assert data["vllm_extra_args"] == ["--max-num-batched-tokens", "256", "--enforce-eager"]
+    else:
+        assert data["vllm_extra_args"] == ["--enforce-eager"]
     table = res.stdout
     assert "launcher tune: measured through the proxy — objective slo" in table
     assert "TTFT ≤ 60000 ms and TPOT ≤ 10000 ms" in table
