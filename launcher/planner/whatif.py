@@ -8,6 +8,7 @@ weights, more GPUs like these as TP, and CPU offload of part of the weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -93,13 +94,16 @@ def options(
             break
     f = memfit.fit(m, used, tp, pp, util, kv_bytes)
     short = memfit.need_per_gpu(f, m, tp, pp, min(wanted, m.max_position_embeddings)) - f.budget
-    if short > 0:
-        gb = -(-short // GIB)
+    held = memfit.weights_per_gpu(m, tp, pp)
+    # Offloading can take no more than the weights a GPU holds: where even all of them leave
+    # the rest too big, no offload is offered; the whole GiB it is rounded up to is capped there.
+    if 0 < short <= held:
+        gb = min(float(-(-short // GIB)), math.floor(held / GIB * 10) / 10)
         ctx = _context(m, used, tp, pp, util, kv_bytes=kv_bytes, offload=gb * GIB)
         out.append(
             Option(
-                f"CPU offload of {gb:.0f} GiB of weights per GPU "
-                f"(`-- --cpu-offload-gb {gb:.0f}`; each step then streams them over PCIe)",
+                f"CPU offload of {gb:g} GiB of weights per GPU "
+                f"(`-- --cpu-offload-gb {gb:g}`; each step then streams them over PCIe)",
                 ctx,
             )
         )

@@ -391,7 +391,9 @@ def test_what_would_fit_names_each_option_with_the_context_it_gives() -> None:
     assert fp8_kv
     assert shorter
     assert int(fp8_kv.group(1)) > int(shorter.group(1))  # half the bytes per token: longer
-    assert re.search(r"--cpu-offload-gb \d+[^:]*: --max-model-len \d+", msg)
+    # 40.3 GiB needed per 24 GB card with 18.5 GiB of weights on each: offloading every weight
+    # still leaves the KV for 131,072 tokens too big, so no offload is offered
+    assert "--cpu-offload-gb" not in msg
     # the fewest cards that hold it: 4 since vLLM's own accounting is modelled (issue 22)
     assert re.search(r"4 GPUs like these as TP=4: --max-model-len 131072", msg)
 
