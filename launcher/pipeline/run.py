@@ -26,7 +26,7 @@ from launcher.engine.render import Rendered, render
 from launcher.engine.vllmflags import OptionalFlag, installed_engine_flags, last_value
 from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.model import tinymodel
-from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.model.modelspec import ModelSpec, find_config, load_model_spec
 from launcher.model.toolcalls import chat_template, tokenizer_tokens
 from launcher.pipeline import enginesteps, kerneltables
 from launcher.pipeline.requests import PlanRequest, ServeRequest
@@ -167,7 +167,10 @@ def resolve_model(ref: str | None) -> tuple[str, str]:
         return str(tinymodel.ensure_tiny_model()), tinymodel.SERVED_NAME
     path = Path(ref).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
+        # a file (a GGUF, a weights shard) is left to the model reader, which says what it is;
+        # so is a folder without config.json (one of GGUF files, say): its reason first
+        if path.is_dir() and not (path / "config.json").is_file():
+            find_config(str(path), {})
             raise ModelError(f"{path} has no config.json: pass the directory that holds the "
                              "model's config.json and weights")
         return str(path.resolve()), path.resolve().name
