@@ -93,7 +93,8 @@ def test_tool_requests_pass_through(stack: Any) -> None:
 def test_other_vllm_routes_pass_through(stack: Any, path: str) -> None:
     if path == "/tokenize":
         body = {"model": stack.model, "prompt": "hello world"}
-        direct = httpx.post(stack.vllm_url + path, json=body)
+        # vLLM's own port asks for its key on every route but probes (launcher serve's KeyGuard)
+        direct = httpx.post(stack.vllm_url + path, json=body, headers=stack.engine_headers)
         proxied = httpx.post(stack.proxy_url + path, json=body)
     else:
         direct = httpx.get(stack.vllm_url + path, headers=stack.engine_headers)
@@ -155,7 +156,8 @@ def read_to_end(sock: socket.socket) -> bytes:
 # 4,000 tokens before the client's close was seen, in every attempt.)
 @pytest.mark.parametrize("streamed", [True, False])
 def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -> None:
-    paused = httpx.post(stack.vllm_url + "/pause", params={"mode": "keep"}, timeout=30)
+    paused = httpx.post(stack.vllm_url + "/pause", params={"mode": "keep"}, timeout=30,
+                        headers=stack.engine_headers)
     assert paused.status_code == 200, (
         f"vLLM refused /pause ({paused.status_code}): start it with VLLM_SERVER_DEV_MODE=1")
     try:
@@ -171,7 +173,7 @@ def test_client_disconnect_aborts_the_vllm_request(stack: Any, streamed: bool) -
         assert wait_for(lambda: vllm_metric(stack, COMPLETIONS_ANSWERED) >= answered + 1, 30,
                         0.05), "vLLM never saw the leaving client's request end"
     finally:
-        httpx.post(stack.vllm_url + "/resume", timeout=30)
+        httpx.post(stack.vllm_url + "/resume", timeout=30, headers=stack.engine_headers)
     tail = read_to_end(staying)
     staying.close()
     assert b"data: [DONE]" in tail, f"the control stream did not finish: {tail[-300:]!r}"
