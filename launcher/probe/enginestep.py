@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.probe.kernels import write_cache_json
+
 FORMAT = 1
 WORKER_TIMEOUT_S = 600
 # Decode steps per timed generation and timed pairs: enough that the per-request costs the
@@ -120,15 +122,7 @@ def cache_path(cache_dir: Path, key: StepKey) -> Path:
 
 def save(cache_dir: Path, rec: EngineStep) -> Path | None:
     """Keep the measurement where a later plan finds it; None when the cache is not writable."""
-    path = cache_path(cache_dir, rec.key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(to_json(rec)))
-        tmp.replace(path)
-    except OSError:
-        return None
-    return path
+    return write_cache_json(cache_path(cache_dir, rec.key), to_json(rec))
 
 
 def load(cache_dir: Path, key: StepKey) -> EngineStep | None:

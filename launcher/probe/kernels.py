@@ -235,17 +235,22 @@ def cache_path(cache_dir: Path, key: TableKey) -> Path:
     return cache_dir / "kernels" / f"{key.digest()}.json"
 
 
-def save(cache_dir: Path, table: KernelTable) -> Path | None:
-    """Write the table where a later plan finds it; None when nothing can be kept there."""
-    path = cache_path(cache_dir, table.key)
+def write_cache_json(path: Path, data: object) -> Path | None:
+    """Write ``data`` to ``path`` whole or not at all (a reader never sees half a file); None
+    when the cache cannot be written. Kernel tables and engine steps are kept this way."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table_to_json(table)))
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:
         return None
     return path
+
+
+def save(cache_dir: Path, table: KernelTable) -> Path | None:
+    """Write the table where a later plan finds it; None when nothing can be kept there."""
+    return write_cache_json(cache_path(cache_dir, table.key), table_to_json(table))
 
 
 def load(cache_dir: Path, key: TableKey) -> KernelTable | None:
