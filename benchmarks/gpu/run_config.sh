@@ -5,7 +5,9 @@
 #   benchmarks/gpu/run_config.sh NAME MODEL_DIR "LAUNCHER ARGS" "SCENARIOS"
 #
 # SCENARIOS: space-separated from single (512->256, 1 stream), long (3584-token prompt),
-# c8 and c32 (512->256 at concurrency 8 / 32), proxyab (c32 direct to vLLM vs through the proxy).
+# c8 and c32 (512->256 at concurrency 8 / 32), proxyab (c32 direct to vLLM vs through the proxy),
+# long16 (16384-token prompts, 128 generated, one and four at once), depth (512 new tokens after
+# 0, 8k and 32k tokens of context, cached and cold).
 # Results: $OUT/NAME/*.json (loadgen), launcher.out, nccl.txt (the transports NCCL logged).
 # Run with PYTHONPATH holding vLLM (see benchmarks/gpu/BUNDLE.md); multicast stays off.
 set -uo pipefail
@@ -47,6 +49,12 @@ if [[ $ready == 1 ]]; then
     case $s in
       single) lg --prompt 512 --gen 256 --concurrency 1 --requests 3 --warmup 1 --json "$out/single.json" ;;
       long)   lg --prompt 3584 --gen 16 --concurrency 1 --requests 2 --warmup 1 --json "$out/long.json" ;;
+      long16)
+        lg --prompt 16384 --gen 128 --concurrency 1 --requests 2 --warmup 1 --json "$out/long16-c1.json"
+        lg --prompt 16384 --gen 128 --concurrency 4 --requests 8 --warmup 1 --json "$out/long16-c4.json" ;;
+      depth)
+        lg --depth 0,8k,32k --prompt 512 --gen 64 --requests 3 --warmup 1 --json "$out/depth-cached.json"
+        lg --depth 0,8k,32k --depth-cold --prompt 512 --gen 64 --requests 3 --warmup 1 --json "$out/depth-cold.json" ;;
       c8)     lg --prompt 512 --gen 256 --concurrency 8 --requests 24 --warmup 4 --json "$out/c8.json" ;;
       c32)
         # Two scrapes of the proxy's /metrics while the load runs: the GPU collector's NVLink and

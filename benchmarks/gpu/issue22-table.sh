@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 22's proof table on one lent H200: shapes the cost model was not fitted to, each started
+# once through `launcher serve` and measured with `loadgen` through the proxy (run_config.sh),
+# every figure predicted by `launcher plan --json` on the same machine before any measurement.
+#
+#   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
+#
+# STEP: predict | small | qwen7b | mla | awq | gemma | long8b
+#  predict  plans of every case below for each of its scenarios -> $OUT/predictions.jsonl
+#  small    Llama-3.2-1B shape (real 128k vocabulary): single, c32
+#  qwen7b   Qwen2.5-7B shape (real 152k vocabulary): single, c32
+#  mla      DeepSeek-V2-Lite shape (latent attention, 64 experts): single, c32
+#  awq      Qwen2.5-32B AWQ shape (4-bit weights): single, c32
+#  gemma    Gemma-3-27B shape (sliding window on 5 of 6 layers): single, c32, long16, depth
+#  long8b   Llama-3.1-8B shape: 16k-token prompts, one and four at once
+# All at --gpu-memory-utilization 0.9 on one GPU, random weights (--load-format dummy).
+set -uo pipefail
+M=benchmarks/gpu/models
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
+declare -A MODEL=([small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
+  [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
+  [long8b]=llama-3.1-8b-longctx-shape)
+declare -A SCEN=([small]="single c32" [qwen7b]="single c32" [mla]="single c32"
+  [awq]="single c32" [gemma]="single c32 long16 depth" [long8b]="long16")
+BASE=(--tp 1 --pp 1 --dp 1 --gpu-memory-utilization 0.9)
+
+# predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
+predict() {
+  local case=$1 scen=$2; shift 2
+  timeout 120 python3 -m launcher plan --json --model "$M/${MODEL[$case]}" "${BASE[@]}" "$@" 2>&1 |
+    python3 -c "
+import json, sys
+raw = sys.stdin.read()
+try:
+    d = json.loads(raw)
+except ValueError:
+    print(json.dumps({'case': '$case', 'scenario': '$scen', 'error': raw.strip()[-300:]})); sys.exit()
+out = {'case': '$case', 'scenario': '$scen', 'max_model_len': d['max_model_len'], **d['predicted']}
+if d.get('agent'):
+    out['agent_rooms'] = d['agent']['rooms']
+print(json.dumps(out))"
+}
+
+port=18500
+for step in "$@"; do
+  if [[ $step == predict ]]; then
+    for c in small qwen7b mla awq gemma long8b; do
+      for s in ${SCEN[$c]}; do
+        case $s in
+          single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;
+          c32)    predict "$c" c32 --prompt 512 --gen 256 --concurrency 32 & ;;
+          long16) predict "$c" long16-c1 --prompt 16384 --gen 128 --concurrency 1 &
+                  predict "$c" long16-c4 --prompt 16384 --gen 128 --concurrency 4 & ;;
+          depth)  # depth 0 is the single case's TTFT
+                  for d in 8000 32000; do
+                    predict "$c" "depth$d" --workload agent --sessions 1 --context "$d" --prompt 512 --gen 64 &
+                  done ;;
+        esac
+      done
+    done > "$OUT/predictions.jsonl"
+    wait
+    wc -l "$OUT/predictions.jsonl"
+    continue
+  fi
+  [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
+  port=$((port + 10))
+  PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step" \
+    "$M/${MODEL[$step]}" "${BASE[*]}" "${SCEN[$step]}"
+done
