@@ -13,7 +13,7 @@
 #  awq      Qwen2.5-32B AWQ shape (4-bit weights): single, c32
 #  gemma    Gemma-3-27B shape (sliding window on 5 of 6 layers): single, c32, long16, depth
 #  long8b   Llama-3.1-8B shape: 16k-token prompts, one and four at once
-# All at --gpu-memory-utilization 0.9 on one GPU, random weights (--load-format dummy).
+# One GPU, --gpu-memory-utilization 0.9 (long8b: 0.3), random weights (--load-format dummy).
 set -uo pipefail
 M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
@@ -24,12 +24,16 @@ declare -A MODEL=([small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [long8b]=llama-3.1-8b-longctx-shape)
 declare -A SCEN=([small]="single c32" [qwen7b]="single c32" [mla]="single c32"
   [awq]="single c32" [gemma]="single c32 long16 depth" [long8b]="long16")
-BASE=(--tp 1 --pp 1 --dp 1 --gpu-memory-utilization 0.9)
+# The 8B's long prompts need 4 x 16.5k tokens of KV: 0.3 holds ~300k and starts far sooner than
+# 0.9 (912k tokens, 219 s to ready on 2026-12-01).
+declare -A UTIL=([small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3)
+base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
 # predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
 predict() {
   local case=$1 scen=$2; shift 2
-  timeout 120 python3 -m launcher plan --json --model "$M/${MODEL[$case]}" "${BASE[@]}" "$@" 2>&1 |
+  # shellcheck disable=SC2046
+  timeout 120 python3 -m launcher plan --json --model "$M/${MODEL[$case]}" $(base "$case") "$@" 2>&1 |
     python3 -c "
 import json, sys
 raw = sys.stdin.read()
@@ -67,5 +71,5 @@ for step in "$@"; do
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
   port=$((port + 10))
   PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step" \
-    "$M/${MODEL[$step]}" "${BASE[*]}" "${SCEN[$step]}"
+    "$M/${MODEL[$step]}" "$(base "$step")" "${SCEN[$step]}"
 done

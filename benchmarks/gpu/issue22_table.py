@@ -1,0 +1,177 @@
+"""Issue 22's proof table: measured on the H200, predicted by toposerve before the run, and
+estimated by NVIDIA's aiconfigurator on the same config folder.
+
+    python benchmarks/gpu/issue22_table.py RESULTS_DIR [--aic /tmp/aic/bin/aiconfigurator]
+
+RESULTS_DIR holds what `benchmarks/gpu/issue22-table.sh predict CASE...` left: predictions.jsonl
+and one folder per case (the `.tgz` unpacked) with loadgen's JSON files. aiconfigurator (PyPI,
+in a venv of its own) is asked `cli estimate --backend vllm --system h200_sxm` with the same
+input/output lengths and batch; a case it cannot run prints its reason. Every percentage is
+against the measurement; the mean absolute error is over the figures both tools gave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+MODELS = Path(__file__).resolve().parent / "models"
+MODEL = {"small": "llama-3.2-1b-shape", "qwen7b": "qwen2.5-7b-shape",
+         "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
+         "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape"}
+LABEL = {"small": "Llama-3.2-1B", "qwen7b": "Qwen2.5-7B", "mla": "DeepSeek-V2-Lite (MLA MoE)",
+         "awq": "Qwen2.5-32B AWQ", "gemma": "Gemma-3-27B (sliding)", "long8b": "Llama-3.1-8B"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    case: str
+    name: str  # what is compared, with its unit
+    measured: float | None
+    toposerve: float | None
+    aic: float | str | None  # a str is aiconfigurator's reason for not estimating
+
+
+def load_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summary(folder: Path, name: str) -> dict | None:
+    d = load_json(folder / f"{name}.json")
+    if d is None:
+        return None
+    return d["summary"] if "summary" in d else d["runs"][0]["summary"]
+
+
+def depth_ttft(folder: Path, name: str) -> dict[int, float]:
+    d = load_json(folder / f"{name}.json")
+    if d is None:
+        return {}
+    return {int(r["depth"]["tokens"]): r["summary"]["ttft_s"]["p50"]
+            for r in d["runs"] if r.get("depth")}
+
+
+def aic(exe: str | None, case: str, isl: int, osl: int, batch: int) -> dict[str, float] | str:
+    if exe is None:
+        return "not run"
+    cmd = [exe, "cli", "estimate", "--model-path", str(MODELS / MODEL[case]), "--system",
+           "h200_sxm", "--backend", "vllm", "--isl", str(isl), "--osl", str(osl), "--batch-size",
+           str(batch), "--tp-size", "1", "--estimate-mode", "agg"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    text = out.stdout + out.stderr
+    fields = {}
+    for key, pat in (("ttft_ms", r"TTFT:\s+([0-9.]+) ms"), ("tpot_ms", r"TPOT:\s+([0-9.]+) ms"),
+                     ("tok_s", r"\n\s+tokens/s:\s+([0-9.,]+)")):
+        m = re.search(pat, text)
+        if m:
+            fields[key] = float(m.group(1).replace(",", ""))
+    if len(fields) < 3:
+        errs = [ln for ln in text.splitlines() if "rror" in ln]
+        reason = errs[-1] if errs else (text.strip().splitlines() or ["no output"])[-1]
+        return reason.split("Supported architectures")[0].strip()[:120]
+    return fields
+
+
+def figures(results: Path, exe: str | None) -> list[Figure]:
+    pred: dict[tuple[str, str], dict] = {}
+    for line in (results / "predictions.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        pred[(d["case"], d["scenario"])] = d
+    out: list[Figure] = []
+
+    def p(case: str, scen: str, key: str) -> float | None:
+        d = pred.get((case, scen))
+        return None if d is None or key not in d else float(d[key])
+
+    for case in MODEL:
+        folder = results / case
+        if not folder.is_dir():
+            continue
+        single, c32 = summary(folder, "single"), summary(folder, "c32")
+        if single is not None:
+            a = aic(exe, case, 512, 256, 1)
+            out.append(Figure(case, "prefill tok/s (512)", single["prefill_tok_s"]["p50"],
+                              p(case, "single", "prefill_tok_s"),
+                              a if isinstance(a, str) else 512 / (a["ttft_ms"] / 1000)))
+            out.append(Figure(case, "decode tok/s", single["decode_tok_s"]["p50"],
+                              p(case, "single", "decode_tok_s"),
+                              a if isinstance(a, str) else 1000 / a["tpot_ms"]))
+        if c32 is not None:
+            a = aic(exe, case, 512, 256, 32)
+            out.append(Figure(case, "32-stream tok/s", c32["output_tok_s"],
+                              p(case, "c32", "throughput_tok_s"),
+                              a if isinstance(a, str) else a["tok_s"]))
+        for n in (1, 4):
+            s = summary(folder, f"long16-c{n}")
+            if s is None:
+                continue
+            a = aic(exe, case, 16384, 128, n)
+            out.append(Figure(case, f"16k TTFT s, {n} at once", s["ttft_s"]["p50"],
+                              p(case, f"long16-c{n}", "ttft_s"),
+                              a if isinstance(a, str) else a["ttft_ms"] / 1000))
+            out.append(Figure(case, f"16k output tok/s, {n} at once", s["output_tok_s"],
+                              p(case, f"long16-c{n}", "throughput_tok_s"),
+                              a if isinstance(a, str) else a["tok_s"]))
+        for kind, key in (("cached", "ttft_cached_s"), ("cold", "ttft_recomputed_s")):
+            for depth, ttft in sorted(depth_ttft(folder, f"depth-{kind}").items()):
+                if depth == 0:
+                    continue
+                room = (pred.get((case, f"depth{depth}")) or {}).get("agent_rooms") or [{}]
+                predicted = room[0].get(key)
+                out.append(Figure(case, f"TTFT s at depth {depth} ({kind})", ttft,
+                                  None if predicted is None else float(predicted),
+                                  "no depth input"))
+    return out
+
+
+def err(x: float | str | None, m: float | None) -> str:
+    if not isinstance(x, float) or m is None:
+        return ""
+    return f" ({(x - m) / m:+.0%})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--aic", default=None, help="aiconfigurator executable (its own venv)")
+    args = ap.parse_args()
+    figs = figures(args.results, args.aic)
+    print("| case | figure | measured | toposerve | aiconfigurator |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    ours, theirs, ours_shared, n15 = [], [], [], 0
+    for f in figs:
+        def fmt(x: float | str | None) -> str:
+            if x is None:
+                return "—"
+            if isinstance(x, str):
+                return f"cannot: {x}" if x != "no depth input" else "—"
+            return f"{x:,.3f}" if x < 10 else f"{x:,.0f}"
+        print(f"| {LABEL[f.case]} | {f.name} | {fmt(f.measured)} | {fmt(f.toposerve)}"
+              f"{err(f.toposerve, f.measured)} | {fmt(f.aic)}{err(f.aic, f.measured)} |")
+        if f.measured and f.toposerve is not None:
+            e = abs(f.toposerve - f.measured) / f.measured
+            ours.append(e)
+            n15 += e <= 0.15
+            if isinstance(f.aic, float):
+                ours_shared.append(e)
+                theirs.append(abs(f.aic - f.measured) / f.measured)
+    if ours:
+        print(f"\ntoposerve: {len(ours)} figures, mean |error| {sum(ours) / len(ours):.1%}, "
+              f"{n15} within 15%")
+    if theirs:
+        print(f"shared with aiconfigurator ({len(theirs)} figures): toposerve "
+              f"{sum(ours_shared) / len(ours_shared):.1%}, aiconfigurator "
+              f"{sum(theirs) / len(theirs):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
