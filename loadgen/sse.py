@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from topocommon.sse import SseReader
+
 DONE = b"[DONE]"
 
 
@@ -36,42 +38,18 @@ class Chunk:
     done: bool = False  # the `[DONE]` sentinel
 
 
-def parse_sse_line(line: bytes) -> bytes | None:
-    """The payload of a `data:` line, or None for any other line (comment, event:, id:, blank)."""
-    if not line.startswith(b"data:"):
-        return None
-    payload = line[5:]
-    if payload.startswith(b" "):
-        payload = payload[1:]
-    return payload
-
-
 def timed_events(pieces: Iterable[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
-    """Join body pieces into (arrival time, data) events; a trailing unterminated event counts."""
+    """Join body pieces into (arrival time, data) events; a trailing unterminated event counts.
+
+    Read with the SSE reader the benchmark client shares (topocommon.sse: CR, LF and CRLF line
+    ends, split anywhere); an event's time is that of the piece that completed it."""
+    reader = SseReader()
     events: list[tuple[float, bytes]] = []
-    buffer = b""
-    data: list[bytes] = []
     last_t = 0.0
     for t, piece in pieces:
-        buffer += piece
-        *lines, buffer = buffer.split(b"\n")
-        for raw in lines:
-            line = raw[:-1] if raw.endswith(b"\r") else raw
-            if line:
-                payload = parse_sse_line(line)
-                if payload is not None:
-                    data.append(payload)
-            elif data:
-                events.append((t, b"\n".join(data)))
-                data = []
+        events += [(t, event.data) for event in reader.feed(piece)]
         last_t = t
-    if buffer:
-        payload = parse_sse_line(buffer.rstrip(b"\r"))
-        if payload is not None:
-            data.append(payload)
-    if data:
-        events.append((last_t, b"\n".join(data)))
-    return events
+    return events + [(last_t, event.data) for event in reader.finish()]
 
 
 def classify(payload: bytes) -> Chunk:

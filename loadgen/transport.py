@@ -1,13 +1,17 @@
-"""A minimal HTTP/1.1 client for streamed POSTs, built for timing accuracy.
+"""Loadgen's HTTP/1.1 client for streamed POSTs, built for timing accuracy, on the one client
+connection the proxy and the benchmark client use too (topocommon.http1).
 
 Each response body piece is stamped with `perf_counter()` inside `data_received`, the first
-Python code that runs when the socket becomes readable, and stored as raw bytes; nothing is
-decoded while the stream runs, and the waiting coroutine wakes once per response, not once
-per token. That keeps the loop's work per token to one C-level parse (httptools, the parser
-uvicorn uses) and one list append, so the loop stays responsive at thousands of streams.
+Python code that runs when the socket becomes readable (topocommon.http1.TimedConnection), and
+stored as raw bytes; nothing is decoded while the stream runs, and the waiting coroutine wakes
+once per response, not once per token. That keeps the loop's work per token to one C-level
+parse (httptools, the parser uvicorn uses) and one list append, so the loop stays responsive
+at thousands of streams. The shared connection bounds the response head, skips interim 1xx
+answers, drops trailers and reads close-delimited bodies; what is loadgen's own is here.
 
 Keep-alive connections are pooled; a pooled connection that the server closed while idle is
-replaced once, transparently, since the server never saw the request.
+replaced once, transparently, since the server never saw the request. (The proxy does not send
+a POST twice, since its client's request is not its own to repeat; a benchmark's is.)
 """
 
 from __future__ import annotations
@@ -16,12 +20,10 @@ import asyncio
 import ssl
 import time
 from dataclasses import dataclass
-from typing import cast
 from urllib.parse import urlsplit
 
-import httptools
-
 from loadgen.timing import RawRequest
+from topocommon import http1
 
 # Servers (uvicorn: 5 s) close idle keep-alive connections; do not reuse one near that age.
 _IDLE_REUSE_S = 3.0
@@ -63,78 +65,48 @@ def request_bytes(endpoint: Endpoint, path: str, body: bytes, api_key: str | Non
     return head.encode("latin-1") + body
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(http1.TimedConnection):
     """One keep-alive connection; records one response at a time."""
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.idle_since = time.perf_counter()
-        self._reset()
+    def begin(self) -> _Recorder:
+        recorder = _Recorder(self)
+        self.start(recorder, "POST")
+        return recorder
 
-    def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+
+class _Recorder:
+    """One response's arrival times and raw body pieces (a topocommon.http1.Reader)."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
         self.pieces: list[tuple[float, bytes]] = []
         self.status = 0
-        self.received = False
+        self.received = False  # any byte of an answer: the server saw the request
         self.complete = False
         self.keep_alive = False
-        self.t = 0.0
         self.t_done = 0.0
         self.t_headers: float | None = None
-        self.waiter: asyncio.Future[str | None] | None = None
+        self.waiter: asyncio.Future[str | None] = conn.loop.create_future()
 
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement the interface without subclassing asyncio.Transport.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.t = time.perf_counter()
-        self.received = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._finish(f"malformed HTTP response: {exc}")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if not self.complete:
-            self.t = time.perf_counter()
-            reason = f": {exc}" if exc else ""
-            self._finish(f"connection closed by server before the response ended{reason}")
-
-    # httptools callbacks
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.t_headers = self.t
+    def on_head(self, status: int, headers: http1.Headers, keep_alive: bool) -> None:
+        self.status, self.keep_alive, self.t_headers = status, keep_alive, self.conn.t
 
     def on_body(self, body: bytes) -> None:
-        self.pieces.append((self.t, body))
+        self.pieces.append((self.conn.t, body))
 
-    def on_message_complete(self) -> None:
+    def on_complete(self) -> None:
         self.complete = True
-        self.keep_alive = self.parser.should_keep_alive()
         self._finish(None)
 
+    def on_lost(self, error: http1.BadResponse | None) -> None:
+        self._finish(str(error) if error is not None
+                     else "connection closed by server before the response ended")
+
     def _finish(self, error: str | None) -> None:
-        self.t_done = self.t
-        if self.waiter is not None and not self.waiter.done():
+        self.t_done = self.conn.t
+        self.received = self.received or bool(self.conn.head_bytes) or self.status != 0
+        if not self.waiter.done():
             self.waiter.set_result(error)
-
-    # driving
-    def start(self, payload: bytes) -> tuple[float, asyncio.Future[str | None]]:
-        self._reset()
-        self.waiter = asyncio.get_running_loop().create_future()
-        assert self.transport is not None
-        sent = time.perf_counter()
-        self.transport.write(payload)
-        return sent, self.waiter
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
 
 
 class Client:
@@ -143,7 +115,7 @@ class Client:
     def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self._idle: list[_Connection] = []
+        self._idle: http1.IdleConnections[_Connection] = http1.IdleConnections(_IDLE_REUSE_S)
         self._ssl = ssl.create_default_context() if endpoint.tls else None
 
     async def send(self, index: int, payload: bytes, scheduled: float | None = None) -> RawRequest:
@@ -151,65 +123,60 @@ class Client:
         if isinstance(conn, str):
             now = time.perf_counter()
             return RawRequest(index, sent=now, done=now, error=conn, scheduled=scheduled)
-        raw = await self._exchange(index, conn, payload, scheduled)
-        if reused and not conn.received and raw.error is not None:
+        raw, received = await self._exchange(index, conn, payload, scheduled)
+        if reused and not received and raw.error is not None:
             # The server closed the idle connection as we wrote: it never saw this request.
             fresh, _ = await self._acquire(fresh=True)
             if isinstance(fresh, str):
                 return RawRequest(
                     index, sent=raw.sent, done=raw.done, error=fresh, scheduled=scheduled
                 )
-            raw = await self._exchange(index, fresh, payload, scheduled)
+            raw, _ = await self._exchange(index, fresh, payload, scheduled)
         return raw
 
     async def _exchange(
         self, index: int, conn: _Connection, payload: bytes, scheduled: float | None
-    ) -> RawRequest:
-        sent, waiter = conn.start(payload)
+    ) -> tuple[RawRequest, bool]:
+        rec = conn.begin()
+        assert conn.transport is not None
+        sent = time.perf_counter()
+        conn.transport.write(payload)
         try:
-            error = await asyncio.wait_for(waiter, self.timeout_s)
+            error = await asyncio.wait_for(rec.waiter, self.timeout_s)
         except TimeoutError:
-            conn.close()
+            conn.abort()
             error = f"timed out after {self.timeout_s:g} s (raise --timeout)"
-            conn.t_done = time.perf_counter()
+            rec.t_done = time.perf_counter()
         raw = RawRequest(
             index=index,
             sent=sent,
-            done=conn.t_done,
-            status=conn.status,
-            headers_at=conn.t_headers,
-            pieces=tuple(conn.pieces),
+            done=rec.t_done,
+            status=rec.status,
+            headers_at=rec.t_headers,
+            pieces=tuple(rec.pieces),
             error=error,
             scheduled=scheduled,
         )
-        self._release(conn)
-        return raw
+        conn.detach()
+        if rec.complete and rec.keep_alive and not conn.closed:
+            self._idle.put(conn)
+        else:
+            conn.abort()
+        return raw, rec.received
 
     async def _acquire(self, fresh: bool = False) -> tuple[_Connection | str, bool]:
-        now = time.perf_counter()
-        while self._idle and not fresh:
-            conn = self._idle.pop()
-            if not conn.closed and now - conn.idle_since < _IDLE_REUSE_S:
-                return conn, True
-            conn.close()
+        conn = None if fresh else self._idle.take()
+        if conn is not None:
+            return conn, True
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(
+            _, new = await loop.create_connection(
                 _Connection, self.endpoint.host, self.endpoint.port, ssl=self._ssl
             )
         except OSError as exc:
             where = f"{self.endpoint.host}:{self.endpoint.port}"
             return f"cannot connect to {where}: {exc.strerror or exc}", False
-        return conn, False
-
-    def _release(self, conn: _Connection) -> None:
-        if conn.complete and conn.keep_alive and not conn.closed:
-            conn.idle_since = time.perf_counter()
-            self._idle.append(conn)
-        else:
-            conn.close()
+        return new, False
 
     def close(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
+        self._idle.close()

@@ -11,14 +11,10 @@ Errors:
         ├── ResponseTooLarge      a non-streamed answer over ``Pool.max_response_bytes``
         └── BadResponse           not an HTTP answer the proxy can relay (see below)
 
-What mature clients do with a response head, done here as well (issue 25): the head (status
-line and headers, interim 1xx heads included) is bounded at ``MAX_HEAD_BYTES`` as it arrives,
-so an engine sending header lines forever, or one endless line, costs at most that much memory
-and parser time, and is a BadResponse at once instead of at the first-byte timeout; interim
-responses (100 Continue, 103 Early Hints) are skipped and the final one read; a 101, a status
-outside 100-599 or an unparsable head is a BadResponse; trailers after a chunked body are
-dropped (never headers of the relayed answer); a body delimited by the connection's close (no
-Content-Length, not chunked, e.g. an HTTP/1.0 answer) is complete at that close.
+The connection (reading the head within bounds, interim responses, trailers, close-delimited
+answers, HEAD) is the one loadgen and the benchmark client use too: topocommon.http1, where
+what each does with a response head is written. What is the proxy's own is here: the pool's
+replay rule, back-pressure on a slow client, the body limit, and the read-callback sink.
 
 Why hand-written rather than httpx/httpcore or aiohttp: measured side by side (issue 25,
 docs/benchmarks-proxy.md), both cost the 256-stream case far more TTFT than this client (bare
@@ -34,22 +30,18 @@ body): a POST the engine may have read is never sent twice (docs/proxy.md).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
-import httptools
+from topocommon import http1
 
 HIGH_WATER = 256 * 1024  # buffered bytes at which reading from the engine pauses (slow client)
 # An idle connection older than this is closed, not reused: uvicorn (vLLM's server) closes idle
 # keep-alive connections after 5 s, and a request written as that close crosses it is lost.
 IDLE_REUSE_S = 4.0
 REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
-# An engine's response head, interim ones included. vLLM's are a few hundred bytes; nginx's
-# default limit (proxy_buffer_size) is 4-8 KiB. Checked per read: the parser sees at most one
-# read (256 KiB under uvloop) past it.
-MAX_HEAD_BYTES = 64 * 1024
+MAX_HEAD_BYTES = http1.MAX_HEAD_BYTES
 
 
 class UpstreamError(Exception):
@@ -69,110 +61,13 @@ class ResponseTooLarge(ConnectionBroken):
 
 
 class BadResponse(ConnectionBroken):
-    """The engine's answer is not HTTP the proxy can relay (a head over MAX_HEAD_BYTES, a 101,
-    a status outside 100-599, bytes the parser refuses before the head ended)."""
+    """The engine's answer is not HTTP the proxy can relay (topocommon.http1.BadResponse: a
+    head over MAX_HEAD_BYTES, a 101, a status outside 100-599, bytes the parser refuses before
+    the head ended)."""
 
 
-class _Conn(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.closed = False
-        self.idle_since = 0.0
-        self.response: Response | None = None
-        self.in_head = False  # reading a response head (interim ones included)
-        self.head_bytes = 0
-        self.interim = False  # the message being parsed is a 1xx: its end is not the answer's
-        self.no_body = False  # the request was HEAD: the answer ends with its head
-        # Made by create_connection inside the loop; kept so that waiting for a response does
-        # not look the running loop up each time (that costs a getpid() system call in 3.11).
-        self.loop = asyncio.get_running_loop()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        response = self.response
-        if response is not None:
-            if response.status and response.close_delimited and not self.in_head:
-                response._complete()  # its body ends where the connection does
-            response._lost()
-
-    def start(self, response: Response, method: str = "GET") -> None:
-        self.response = response
-        self.in_head, self.head_bytes, self.interim = True, 0, False
-        self.no_body = method == "HEAD"
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._bad("the engine switched protocols (101) on a request that asked for none")
-            return
-        except httptools.HttpParserError as exc:
-            if self.in_head:
-                self._bad(f"the engine's response head is not valid HTTP/1.1 ({exc})")
-            else:
-                if self.response is not None:
-                    self.response._lost()
-                self.abort()
-            return
-        if self.in_head and self.response is not None:
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD_BYTES:
-                self._bad(f"the engine's response head is over {MAX_HEAD_BYTES} bytes")
-
-    def _bad(self, message: str) -> None:
-        if self.response is not None:
-            self.response._fail(BadResponse(message))
-        self.abort()
-
-    # httptools callbacks, forwarded to the response being read
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None and self.in_head:  # not trailers: they are dropped
-            self.response.headers.append((name.lower(), value))
-
-    def on_headers_complete(self) -> None:
-        response = self.response
-        if response is None:
-            return
-        status = self.parser.get_status_code()
-        if 100 <= status < 200:  # interim (101 raised HttpParserUpgrade): the final one follows
-            self.interim = True
-            response.headers.clear()
-            return
-        if not 200 <= status <= 599:
-            self._bad(f"the engine answered with status {status:03d}, not an HTTP status")
-            return
-        self.in_head = False
-        response.status = status
-        response.keep_alive = self.parser.should_keep_alive()
-        if self.no_body:
-            # An answer to HEAD has no body whatever its Content-Length says (RFC 9110 9.3.2),
-            # and httptools cannot be told so: it would wait for that many bytes until a
-            # timeout. Complete now; the connection is not reused, since its parser still
-            # expects them.
-            response.keep_alive = False
-            response._complete()
-            return
-        response._wake()
-
-    def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response._feed(body)
-
-    def on_message_complete(self) -> None:
-        if self.interim:
-            self.interim = False
-            return
-        if self.response is not None:
-            self.response._complete()
-
-    def abort(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
+class _Conn(http1.ClientConnection):
+    PEER = "the engine"
 
 
 class Response:
@@ -204,31 +99,23 @@ class Response:
         return None
 
     @property
-    def close_delimited(self) -> bool:
-        """The body ends when the connection closes (RFC 9112 6.3): no Content-Length, and no
-        chunked coding (an HTTP/1.0 answer, typically)."""
-        if self.status in (204, 304):
-            return False
-        for name, value in self.headers:
-            if name == b"content-length" or (
-                    name == b"transfer-encoding" and value.lower().rstrip().endswith(b"chunked")):
-                return False
-        return True
-
-    @property
     def content_type(self) -> bytes:
         for name, value in self.headers:
             if name == b"content-type":
                 return value.split(b";", 1)[0].strip().lower()
         return b""
 
-    # -- fed by the connection -------------------------------------------------------------
+    # -- fed by the connection (topocommon.http1.Reader) -------------------------------------
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    def _feed(self, body: bytes) -> None:
+    def on_head(self, status: int, headers: http1.Headers, keep_alive: bool) -> None:
+        self.status, self.headers, self.keep_alive = status, headers, keep_alive
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
         sink = self.sink
         if sink is not None and not self.chunks and sink(body):
             return
@@ -239,18 +126,16 @@ class Response:
             self.conn.transport.pause_reading()
         self._wake()
 
-    def _complete(self) -> None:
+    def on_complete(self) -> None:
         self.complete = True
         self._wake()
 
-    def _lost(self) -> None:
+    def on_lost(self, error: http1.BadResponse | None) -> None:
+        if error is not None:
+            self.error = self.error or BadResponse(str(error))
         if not self.complete:
             self.broken = True
         self._wake()
-
-    def _fail(self, error: UpstreamError) -> None:
-        self.error = self.error or error
-        self._lost()
 
     async def wait(self) -> None:
         """Until something changes: a chunk queued, the end, a break, or a ``_wake``."""
@@ -317,7 +202,7 @@ class Response:
     def finish(self) -> None:
         """Back to the pool when read to the end on a keep-alive connection, else closed (which
         is what makes the engine abort a request the client gave up on)."""
-        self.conn.response = None
+        self.conn.detach()
         self.sink = None
         if self.complete and self.keep_alive and not self.conn.closed and not self.chunks:
             self.pool.release(self.conn)
@@ -350,14 +235,13 @@ class Pool:
         self.netloc = parts.netloc
         self.connect_timeout_s = connect_timeout_s
         self.max_response_bytes = 64 * 1024 * 1024  # set from --max-response-bytes
-        self.idle: list[_Conn] = []
+        self.idle: http1.IdleConnections[_Conn] = http1.IdleConnections(IDLE_REUSE_S)
         self.connect = connect
         # the engine's own key (--upstream-api-key) on every request, control-plane GETs too
-        self.auth = f"authorization: Bearer {api_key}\r\n" if api_key else ""
+        self.auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
 
     def release(self, conn: _Conn) -> None:
-        conn.idle_since = time.monotonic()
-        self.idle.append(conn)
+        self.idle.put(conn)
 
     async def _connect(self) -> _Conn:
         try:
@@ -371,12 +255,8 @@ class Pool:
     async def request(self, method: str, target: str, headers: Sequence[tuple[str, str]],
                       body: bytes) -> Response:
         """Send a request; returns once the response headers arrived."""
-        head = [f"{method} {target} HTTP/1.1\r\nhost: {self.netloc}\r\n{self.auth}"]
-        head += [f"{k}: {v}\r\n" for k, v in headers]
-        if body or method in ("POST", "PUT", "PATCH"):
-            head.append(f"content-length: {len(body)}\r\n")
-        payload = "".join(head).encode("latin-1") + b"\r\n" + body
-        conn = self._reusable()
+        payload = http1.request_bytes(method, target, self.netloc, (*self.auth, *headers), body)
+        conn = self.idle.take()
         if conn is not None:
             try:
                 return await self._exchange(conn, payload, method)
@@ -397,20 +277,6 @@ class Pool:
             resp.finish()
         return resp.status, body
 
-    def _reusable(self) -> _Conn | None:
-        """The most recently pooled idle connection that is still open and young enough; the
-        others are closed (a closed one was never written to: nothing was sent on it)."""
-        now = time.monotonic()
-        while self.idle:
-            conn = self.idle.pop()
-            transport = conn.transport
-            if (conn.closed or transport is None or transport.is_closing()
-                    or now - conn.idle_since > IDLE_REUSE_S):
-                conn.abort()
-                continue
-            return conn
-        return None
-
     async def _exchange(self, conn: _Conn, payload: bytes, method: str) -> Response:
         response = Response(conn, self)
         conn.start(response, method)
@@ -420,25 +286,23 @@ class Pool:
         try:
             await response.wait_headers()
         except BadResponse:
-            conn.response = None
+            conn.detach()
             conn.abort()
             raise
         except ConnectionBroken:
-            conn.response = None
+            conn.detach()
             conn.abort()
-            if reused and not response.headers:
+            if reused and not conn.head_bytes:
                 raise _Stale(_STALE) from None
-            raise ConnectionBroken(_STALE if not response.headers else "broken") from None
+            raise ConnectionBroken(_STALE if not conn.head_bytes else "broken") from None
         except BaseException:
-            conn.response = None
+            conn.detach()
             conn.abort()
             raise
         return response
 
     def close(self) -> None:
-        for conn in self.idle:
-            conn.abort()
-        self.idle.clear()
+        self.idle.close()
 
 
 _STALE = "the engine closed the connection before answering"

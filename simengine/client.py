@@ -1,12 +1,14 @@
-"""A lean raw-asyncio streaming client that records arrival times, for benchmarks and timing tests.
+"""A lean streaming client that records arrival times, for benchmarks and timing tests.
 
-It speaks just enough HTTP/1.1 (one request per connection, chunked or sized bodies) to time
-Server-Sent Events without a heavyweight client library eating the cores it shares with the
-engine and the proxy. Token events are recognised by bytes, not JSON: a ``data:`` event is a
-token unless it is ``[DONE]``, a usage-only chunk (``"choices":[]``), an error or the bare role
-chunk (``"delta":{"role":"assistant","content":""}``). Named events (``event:`` then
-``data:``: /v1/messages, /v1/responses) are tokens when they are text deltas
-(``content_block_delta``, ``response.output_text.delta``); ``message_stop`` and
+One request per connection, on the HTTP/1.1 client connection the proxy and loadgen use
+(topocommon.http1: each read stamped before it is parsed, the head bounded, interim answers
+skipped, chunked, sized or close-delimited bodies), its events read by the SSE reader loadgen
+uses (topocommon.sse), so that timing Server-Sent Events costs the cores it shares with the
+engine and the proxy no heavyweight client library. Token events are recognised by bytes, not
+JSON: a ``data:`` event is a token unless it is ``[DONE]``, a usage-only chunk
+(``"choices":[]``), an error or the bare role chunk (``"delta":{"role":"assistant","content":""}``).
+Named events (``event:`` then ``data:``: /v1/messages, /v1/responses) are tokens when they are
+text deltas (``content_block_delta``, ``response.output_text.delta``); ``message_stop`` and
 ``response.completed`` end the stream as ``[DONE]`` does, and ``error`` is an error.
 """
 
@@ -20,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from topocommon.sse import SseReader
+from topocommon import http1
+from topocommon.sse import Event, SseReader
 
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
 _TOKEN_EVENTS = frozenset({b"content_block_delta", b"response.output_text.delta"})
@@ -56,35 +59,6 @@ def count_tokens(payload: bytes) -> int:
     return 1
 
 
-class _ChunkDecoder:
-    """Incremental HTTP/1.1 chunked-transfer decoder."""
-
-    def __init__(self) -> None:
-        self.buf = b""
-        self.need = -1
-        self.finished = False
-
-    def feed(self, data: bytes) -> bytes:
-        self.buf += data
-        out = []
-        while not self.finished:
-            if self.need < 0:
-                line, sep, rest = self.buf.partition(b"\r\n")
-                if not sep:
-                    break
-                self.need = int(line.split(b";")[0], 16)
-                self.buf = rest
-                if self.need == 0:
-                    self.finished = True
-                    break
-            if len(self.buf) < self.need + 2:
-                break
-            out.append(self.buf[: self.need])
-            self.buf = self.buf[self.need + 2:]
-            self.need = -1
-        return b"".join(out)
-
-
 # The timeout is a parameter (ASYNC109 would have the caller wrap the call) because running out
 # of time is a result here, a failed request that a benchmark counts, not an exception to handle.
 async def stream(url: str, body: dict[str, object], headers: Sequence[tuple[str, str]] = (),
@@ -92,10 +66,8 @@ async def stream(url: str, body: dict[str, object], headers: Sequence[tuple[str,
     """POST ``body`` to ``url`` and time every token event of the streamed answer."""
     parts = urlsplit(url)
     payload = json.dumps(body).encode()
-    head = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {parts.netloc}",
-            "content-type: application/json", f"content-length: {len(payload)}",
-            "connection: close", *(f"{k}: {v}" for k, v in headers)]
-    request = ("\r\n".join(head) + "\r\n\r\n").encode() + payload
+    request = http1.request_bytes("POST", parts.path or "/", parts.netloc, (
+        ("content-type", "application/json"), ("connection", "close"), *headers), payload)
     t_sent = time.perf_counter()
     try:
         async with asyncio.timeout(timeout):
@@ -106,50 +78,79 @@ async def stream(url: str, body: dict[str, object], headers: Sequence[tuple[str,
                             f"{type(exc).__name__}: {exc}", 0)
 
 
+class _Timer:
+    """Times one streamed answer's token events as its body arrives (a topocommon.http1.Reader,
+    called in the read callback: each piece carries the time its read was stamped)."""
+
+    def __init__(self, conn: http1.TimedConnection) -> None:
+        self.conn = conn
+        self.status = 0
+        self.times: list[float] = []
+        self.sse = SseReader()
+        self.first = b""  # the body's start, for an error answer's message
+        self.events = 0
+        self.done = False
+        self.error: str | None = None
+        self.ended: asyncio.Future[str | None] = conn.loop.create_future()
+
+    def on_head(self, status: int, headers: http1.Headers, keep_alive: bool) -> None:
+        self.status = status
+
+    def on_body(self, body: bytes) -> None:
+        if len(self.first) < 200:
+            self.first += body[:200]
+        self._events(self.sse.feed(body))
+
+    def _events(self, events: list[Event]) -> None:
+        now = self.conn.t
+        for event in events:
+            name, payload = event.name, event.data
+            self.events += 1
+            if name != b"message":  # named: /v1/messages, /v1/responses
+                self.done = self.done or name in _LAST_EVENTS
+                if name == b"error":
+                    self.error = payload.decode(errors="replace")
+                if name in _TOKEN_EVENTS:
+                    self.times.append(now)
+                continue
+            self.done = self.done or payload == b"[DONE]"
+            if payload.startswith(b'{"error"'):
+                self.error = payload.decode(errors="replace")
+            self.times.extend([now] * count_tokens(payload))
+
+    def on_complete(self) -> None:
+        self._events(self.sse.finish())
+        self._end(None)
+
+    def on_lost(self, error: http1.BadResponse | None) -> None:
+        self._events(self.sse.finish())
+        self._end(str(error) if error is not None else "stream ended before the last chunk")
+
+    def _end(self, error: str | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(error)
+
+
 async def _exchange(host: str, port: int, request: bytes, t_sent: float) -> StreamResult:
-    reader, writer = await asyncio.open_connection(host, port)
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(http1.TimedConnection, host, port)
+    assert isinstance(conn, http1.TimedConnection)
+    assert conn.transport is not None
+    timer = _Timer(conn)
+    conn.start(timer, "POST")
     try:
-        writer.write(request)
-        raw_head = await reader.readuntil(b"\r\n\r\n")
-        status = int(raw_head.split(b" ", 2)[1])
-        chunked = b"transfer-encoding: chunked" in raw_head.lower()
-        decoder = _ChunkDecoder() if chunked else None
-        times: list[float] = []
-        sse = SseReader()  # the SSE reader loadgen shares (topocommon.sse)
-        first = b""  # the body's start, for an error answer's message
-        events, done, error = 0, False, None
-        while True:
-            data = await reader.read(65536)
-            now = time.perf_counter()
-            if not data:
-                break
-            data = decoder.feed(data) if decoder else data
-            if len(first) < 200:
-                first += data[:200]
-            for event in sse.feed(data):
-                name, payload = event.name, event.data
-                events += 1
-                if name != b"message":  # named: /v1/messages, /v1/responses
-                    done = done or name in _LAST_EVENTS
-                    if name == b"error":
-                        error = payload.decode(errors="replace")
-                    if name in _TOKEN_EVENTS:
-                        times.append(now)
-                    continue
-                done = done or payload == b"[DONE]"
-                if payload.startswith(b'{"error"'):
-                    error = payload.decode(errors="replace")
-                times.extend([now] * count_tokens(payload))
-            if decoder is not None and decoder.finished:
-                break
-        if status != 200 and error is None:
-            error = f"HTTP {status}: {first[:200].decode(errors='replace')}"
-        elif decoder is not None and not decoder.finished and error is None:
-            error = "stream ended before the last chunk"
-        return StreamResult(status, t_sent, tuple(times), time.perf_counter(), done, error,
-                            events)
+        conn.transport.write(request)
+        broke = await timer.ended
+        error = timer.error
+        if timer.status != 200 and error is None:
+            error = (f"HTTP {timer.status}: {timer.first[:200].decode(errors='replace')}"
+                     if timer.status else broke)
+        elif broke is not None and error is None:
+            error = broke
+        return StreamResult(timer.status, t_sent, tuple(timer.times), time.perf_counter(),
+                            timer.done, error, timer.events)
     finally:
-        writer.close()
+        conn.abort()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -1,3 +1,4 @@
 """What the launcher, the proxy (server/) and loadgen share, so that none imports another's
-insides: hub access (hub), NVML calls and live GPU samples (nvml), and the API key file
-(keyfile). Depends on no other toposerve package."""
+insides: hub access (hub), NVML calls and live GPU samples (nvml), the API key file
+(keyfile), and the one HTTP/1.1 client connection (http1) and SSE reader (sse) of the proxy,
+loadgen and the benchmark client. Depends on no other toposerve package."""

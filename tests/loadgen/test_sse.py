@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.sse import Chunk, Usage, classify, parse_sse_line, timed_events
+from loadgen.sse import Chunk, Usage, classify, timed_events
 
 
 @pytest.mark.parametrize(
@@ -18,8 +18,14 @@ from loadgen.sse import Chunk, Usage, classify, parse_sse_line, timed_events
         (b"", None),
     ],
 )
-def test_parse_sse_line_returns_data_payload_only(line: bytes, payload: bytes | None) -> None:
-    assert parse_sse_line(line) == payload
+def test_only_data_lines_make_an_event(line: bytes, payload: bytes | None) -> None:
+    assert timed_events([(1.0, line + b"\n\n")]) == ([] if payload is None else [(1.0, payload)])
+
+
+def test_bare_cr_line_ends_keep_their_events() -> None:
+    # SSE allows CR alone; the old line splitter lost these tokens (issue 25)
+    pieces = [(1.0, b"data: a\r\rdata: b\r"), (2.0, b"\r")]
+    assert timed_events(pieces) == [(1.0, b"a"), (2.0, b"b")]
 
 
 def test_events_are_stamped_with_the_piece_that_completed_them() -> None:
