@@ -3,7 +3,10 @@
 * `RemoteCounter`: the target's own `/tokenize` (vLLM, the toposerve proxy): exact.
 * `LocalCounter`: a Hugging Face tokenizer given with `--tokenizer PATH_OR_HUB_ID`: exact when it
   is the served model's tokenizer; loaded with transformers' AutoTokenizer, which resolves a hub
-  id through huggingface_hub. As `topocommon.hub` does, HF_HOME / HF_HUB_CACHE,
+  id through huggingface_hub. A local directory whose tokenizer_config.json names transformers'
+  generic tokenizers class is loaded with that class directly: the one AutoTokenizer would pick
+  (see `_generic_class`), without AutoTokenizer's import of torch (over 5 s of every start).
+  As `topocommon.hub` does, HF_HOME / HF_HUB_CACHE,
   HF_TOKEN and HF_HUB_OFFLINE are read when the tokenizer is loaded (huggingface_hub reads them
   once, at its import); HF_ENDPOINT is still read at that import, which for the CLI is its start.
   Chat prompts are counted through the tokenizer's chat template (`add_generation_prompt`).
@@ -16,6 +19,8 @@ adds them) and `chat(messages)` (the templated conversation).
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -101,6 +106,8 @@ class LocalCounter:
 
 def load_tokenizer(name: str) -> LocalCounter:
     """AutoTokenizer.from_pretrained(name) -> LocalCounter; TokenizerError in one line."""
+    if not Path(name).exists() and not is_repo_id(name):  # said before transformers' slow import
+        raise TokenizerError(f"cannot load tokenizer {name!r} (no such directory): {_GIVE}")
     try:
         import transformers
     except ImportError:
@@ -109,16 +116,83 @@ def load_tokenizer(name: str) -> LocalCounter:
         ) from None
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # its advice on stderr is not loadgen's output
     try:
-        tok = _from_pretrained(transformers.AutoTokenizer, name)
+        if _generic_class(Path(name)):
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+            tok = TokenizersBackend.from_pretrained(name)
+        else:
+            tok = _from_pretrained(transformers.AutoTokenizer, name)
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not loadable"
         raise TokenizerError(
-            f"cannot load tokenizer {name!r} ({_first_line(exc)}): give a directory holding"
-            " tokenizer.json (or tokenizer_config.json), or a hub id reachable through"
-            " HF_ENDPOINT with HF_HUB_OFFLINE unset"
+            f"cannot load tokenizer {name!r} ({_first_line(exc)}): {_GIVE}"
         ) from None
     if not callable(tok):
         raise TokenizerError(f"{name!r} did not load as a tokenizer: give a tokenizer directory")
     return LocalCounter(tok, name)
+
+
+_GIVE = ("give a directory holding tokenizer.json (or tokenizer_config.json), or a hub id"
+         " reachable through HF_ENDPOINT with HF_HUB_OFFLINE unset")
+GENERIC_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def _generic_class(folder: Path) -> bool:
+    """True when AutoTokenizer would load ``folder`` with transformers' generic TokenizersBackend
+    (PreTrainedTokenizerFast is its alias): its tokenizer_config.json names that class, with no
+    remote code, no Mistral-format files, and no model type whose hub configs transformers
+    distrusts (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, for which it picks the model type's
+    own class). Anything unreadable or unknown: False, and AutoTokenizer decides."""
+    try:
+        tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        model_cfg = (json.loads((folder / "config.json").read_text())
+                     if (folder / "config.json").is_file() else {})
+    except (OSError, ValueError):
+        return False
+    if not (isinstance(tok_cfg, dict) and isinstance(model_cfg, dict)):
+        return False
+    if (tok_cfg.get("tokenizer_class") not in GENERIC_CLASSES or "auto_map" in tok_cfg
+            or "auto_map" in model_cfg or not (folder / "tokenizer.json").is_file()
+            or (folder / "tekken.json").exists()):
+        return False
+    model_type = model_cfg.get("model_type")
+    if model_type is None:
+        return True
+    distrusted = _distrusted_model_types()
+    return distrusted is not None and isinstance(model_type, str) and model_type not in distrusted
+
+
+def _distrusted_model_types() -> frozenset[str] | None:
+    """transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, read from its source: importing
+    the module that holds it imports torch, which is the cost avoided. None when not found."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(spec.origin).parent / "models" / "auto" / "tokenization_auto.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    target: ast.expr
+    value: ast.expr | None
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == _DISTRUSTED and value is not None:
+            try:
+                names = ast.literal_eval(value)
+            except ValueError:
+                return None
+            if isinstance(names, set) and all(isinstance(n, str) for n in names):
+                return frozenset(names)
+            return None
+    return None
+
+
+_DISTRUSTED = "MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS"
 
 
 def _from_pretrained(auto: Any, name: str) -> Any:

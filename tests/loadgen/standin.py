@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadgen.tokens import _generic_class
 from simengine.engine import stop_process
 
 READY = "standin listening on "
@@ -64,12 +65,23 @@ class Options:
     extra_prompt_tokens: int = 0  # added to usage.prompt_tokens
 
 
+def _load_tokenizer(name: str) -> Any:
+    """The class AutoTokenizer picks; a generic one without AutoTokenizer's torch import (over
+    5 s of each stand-in start), as loadgen loads it: test_tokenizer_fast_path.py shows both
+    ways count alike."""
+    if _generic_class(Path(name)):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(name)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
 class Engine:
     def __init__(self, opts: Options) -> None:
-        from transformers import AutoTokenizer
-
         self.opts = opts
-        self.tok = AutoTokenizer.from_pretrained(opts.tokenizer)
+        self.tok = _load_tokenizer(opts.tokenizer)
         self.word = self._single_token_word()
         self.history: deque[list[int]] = deque(maxlen=256)
         self.queries = 0
