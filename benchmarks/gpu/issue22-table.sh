@@ -5,14 +5,17 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | small | qwen7b | mla | awq | gemma | long8b
-#  predict  plans of every case below for each of its scenarios -> $OUT/predictions.jsonl
+# STEP: predict | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
+#  predict  plans of every case below (or of $PREDICT_CASES) for each of its scenarios
+#           -> $OUT/predictions.jsonl
 #  small    Llama-3.2-1B shape (real 128k vocabulary): single, c32
 #  qwen7b   Qwen2.5-7B shape (real 152k vocabulary): single, c32
 #  mla      DeepSeek-V2-Lite shape (latent attention, 64 experts): single, c32
 #  awq      Qwen2.5-32B AWQ shape (4-bit weights): single, c32
 #  gemma    Gemma-3-27B shape (sliding window on 5 of 6 layers): single, c32, long16, depth
 #  long8b   Llama-3.1-8B shape: 16k-token prompts, one and four at once
+#  qwen3    Qwen3-32B shape (q/k norms, 64 heads): single, c32, long16, depth
+#  small3b  Llama-3.2-3B shape: single, c32
 # One GPU, --gpu-memory-utilization 0.9 (long8b: 0.3), random weights (--load-format dummy).
 set -uo pipefail
 M=benchmarks/gpu/models
@@ -21,12 +24,14 @@ mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
 declare -A MODEL=([small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
-  [long8b]=llama-3.1-8b-longctx-shape)
+  [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
 declare -A SCEN=([small]="single c32" [qwen7b]="single c32" [mla]="single c32"
-  [awq]="single c32" [gemma]="single c32 long16 depth" [long8b]="long16")
+  [awq]="single c32" [gemma]="single c32 long16 depth" [long8b]="long16"
+  [qwen3]="single c32 long16 depth" [small3b]="single c32")
 # The 8B's long prompts need 4 x 16.5k tokens of KV: 0.3 holds ~300k and starts far sooner than
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
-declare -A UTIL=([small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3)
+declare -A UTIL=([small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
+  [qwen3]=0.9 [small3b]=0.9)
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
 # predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
@@ -50,7 +55,7 @@ print(json.dumps(out))"
 port=18500
 for step in "$@"; do
   if [[ $step == predict ]]; then
-    for c in small qwen7b mla awq gemma long8b; do
+    for c in ${PREDICT_CASES:-small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;

@@ -23,9 +23,11 @@ from pathlib import Path
 MODELS = Path(__file__).resolve().parent / "models"
 MODEL = {"small": "llama-3.2-1b-shape", "qwen7b": "qwen2.5-7b-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
-         "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape"}
+         "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
+         "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
 LABEL = {"small": "Llama-3.2-1B", "qwen7b": "Qwen2.5-7B", "mla": "DeepSeek-V2-Lite (MLA MoE)",
-         "awq": "Qwen2.5-32B AWQ", "gemma": "Gemma-3-27B (sliding)", "long8b": "Llama-3.1-8B"}
+         "awq": "Qwen2.5-32B AWQ", "gemma": "Gemma-3-27B (sliding)", "long8b": "Llama-3.1-8B",
+         "qwen3": "Qwen3-32B", "small3b": "Llama-3.2-3B"}
 
 
 @dataclass(frozen=True)
