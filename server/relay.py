@@ -572,9 +572,16 @@ class _Stream:
             return False
         guard = self.guard
         if guard.streaming and self.rules.plain_token(data):
-            # The per-token case, inlined: what process() does for it, minus the Scan.
+            # The per-token case, inlined: what process() and _Timing.tokens(1) do for it,
+            # minus the Scan and a call.
             guard.last = guard.loop.time()
-            self.timing.tokens(1)
+            timing = self.timing
+            now = time.perf_counter()
+            if timing.last is None:
+                timing.ttft.observe(now - self.call.t_start)
+            else:
+                timing.itl.observe(now - timing.last)
+            timing.last = now
             writer.write(data)
             return True
         try:
@@ -594,6 +601,8 @@ class _Stream:
 
 class _Timing:
     """TTFT and inter-token gaps of one stream, observed as token events pass."""
+
+    __slots__ = ("call", "itl", "last", "ttft")
 
     def __init__(self, route_metrics: RouteMetrics, call: Call) -> None:
         self.call = call

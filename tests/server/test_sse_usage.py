@@ -122,6 +122,30 @@ def test_plain_token_shortcut_agrees_with_feed(spaced: bool) -> None:
                         assert (scan.forward, scan.tokens, scan.usage) == (data, 1, None)
 
 
+def _plain_on_bytes(data: bytes, keep_last: bool) -> bool:
+    """plain_token's tests as they were written on the bytes (before they ran on the text)."""
+    return (data[-3:] == b"}\n\n" and data[:7] == b"data: {" and b"\n\n" not in data[:-2]
+            and b"usage" not in data and b'"role"' not in data and data[7:14] != b'"error"'
+            and (keep_last or b'"finish_reason":null' in data or b"finish_reason" not in data))
+
+
+_PIECES = st.sampled_from([b"data: {", b"}\n\n", b"\n\n", b"usage", b'"role"', b'"error"',
+                           b"finish_reason", b'"finish_reason":null', b"\r", b"\xff\xfe", b"x"])
+
+
+@settings(max_examples=400)
+@given(parts=st.lists(st.one_of(_PIECES, st.binary(max_size=8)), max_size=8),
+       strip=st.booleans())
+def test_plain_token_on_the_text_is_the_same_test_as_on_the_bytes(
+        parts: list[bytes], strip: bool) -> None:
+    data = b"".join(parts)
+    inspector = SseInspector(strip)
+    assert inspector.plain_token(data) == _plain_on_bytes(data, not strip)
+    if inspector.plain_token(data):
+        scan = SseInspector(strip).feed(data)
+        assert (scan.forward, scan.tokens, scan.usage, scan.malformed) == (data, 1, None, False)
+
+
 @pytest.mark.parametrize(("event", "tokens"), [
     (b'data:{"choices":[{"index":0,"delta":{"content":"x"}}]}', 1),  # no space after data:
     (b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}', 0),
