@@ -515,22 +515,51 @@ def _advance(eng: _Engine, chosen: dict[int, int], now: float, shared: int) -> l
     return finished
 
 
+def _check_request(lim: SchedulerLimits, prompt: int, gen: int, what: str) -> None:
+    """A request (or a session's turn) the replica can never run, as a SimError."""
+    if -(-(prompt + gen) // lim.block_size) > lim.kv_blocks:
+        raise SimError(
+            f"one {what} of {prompt + gen:,} tokens needs more than the KV cache's "
+            f"{lim.kv_blocks:,} blocks of {lim.block_size}"
+        )
+    if not lim.chunked_prefill and prompt > lim.max_num_batched_tokens:
+        # vLLM refuses this configuration at start-up (max_num_batched_tokens < max_model_len)
+        raise SimError(
+            f"a prompt of {prompt:,} tokens never fits one step of "
+            f"{lim.max_num_batched_tokens:,} batched tokens without chunked prefill"
+        )
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One scheduler step as run: when it ended, what it computed, the requests that ran in it
+    and those that finished."""
+
+    now: float
+    batch: StepBatch
+    chosen: dict[int, int]  # request id -> new tokens
+    ran: tuple[_Req, ...]
+    finished: list[_Req]
+
+
+def _step(eng: _Engine, timer: StepTimer, now: float, shared: int) -> _Step | None:
+    """One step of the replica from ``now``: schedule, time the batch, advance; None when the
+    scheduler placed nothing (the caller says why, or waits for a copy from host memory)."""
+    chosen = eng.schedule(shared)
+    if not chosen:
+        return None
+    ran = tuple(eng.running)
+    batch = _batch(eng, chosen)
+    end = now + timer.step_s(batch)
+    return _Step(end, batch, chosen, ran, _advance(eng, chosen, end, shared))
+
+
 def simulate(
     lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0
 ) -> SimResult:
     """Run ``work`` through one replica of vLLM's scheduler; ``request_overhead_s`` is added to
     each request's way in (API server, tokenizer, IPC) before the scheduler sees it."""
-    if -(-(work.prompt + work.gen) // lim.block_size) > lim.kv_blocks:
-        raise SimError(
-            f"one request of {work.prompt + work.gen:,} tokens needs more than the KV cache's "
-            f"{lim.kv_blocks:,} blocks of {lim.block_size}"
-        )
-    if not lim.chunked_prefill and work.prompt > lim.max_num_batched_tokens:
-        # vLLM refuses this configuration at start-up (max_num_batched_tokens < max_model_len)
-        raise SimError(
-            f"a prompt of {work.prompt:,} tokens never fits one step of "
-            f"{lim.max_num_batched_tokens:,} batched tokens without chunked prefill"
-        )
+    _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
     # (send time, order) of requests not yet handed to the engine
     closed = work.rate is None
@@ -548,13 +577,13 @@ def simulate(
         if not eng.running and not eng.waiting:
             now = pending[0] + request_overhead_s  # idle until the next request arrives
             continue
-        chosen = eng.schedule(work.shared_prefix)
-        if not chosen:
+        step = _step(eng, timer, now, work.shared_prefix)
+        if step is None:
             raise SimError("the scheduler could not place any request (KV cache too small)")
-        now += timer.step_s(_batch(eng, chosen))
+        now = step.now
         steps += 1
-        most = max(most, len(eng.running))
-        for r in _advance(eng, chosen, now, work.shared_prefix):
+        most = max(most, len(step.ran))
+        for r in step.finished:
             done.append(RequestTiming(r.sent, r.first, now, r.gen, r.cached))
             if closed and to_send:
                 pending.append(now)
@@ -642,16 +671,7 @@ def simulate_sessions(
     if sessions < 1 or not turns:
         raise SimError("sessions need at least one session and one turn")
     for t in turns:
-        if -(-(t.prompt + t.gen) // lim.block_size) > lim.kv_blocks:
-            raise SimError(
-                f"one turn of {t.prompt + t.gen:,} tokens needs more than the KV cache's "
-                f"{lim.kv_blocks:,} blocks of {lim.block_size}"
-            )
-        if not lim.chunked_prefill and t.prompt > lim.max_num_batched_tokens:
-            raise SimError(
-                f"a prompt of {t.prompt:,} tokens never fits one step of "
-                f"{lim.max_num_batched_tokens:,} batched tokens without chunked prefill"
-            )
+        _check_request(lim, t.prompt, t.gen, "turn")
     eng = _Engine(lim, _Pool(lim.kv_blocks), host=None if host_copy_s_per_block is None else {},
                   copy_s_per_block=host_copy_s_per_block or 0.0)
     out: list[tuple[RequestTiming, ...]] = []
@@ -670,18 +690,17 @@ def simulate_sessions(
             if max_steps and steps > max_steps:
                 raise SimError(f"more than {max_steps:,} scheduler steps")
             before, running = eng.preemptions, len(eng.running)
-            chosen = eng.schedule(0) if eng.waiting or eng.running else {}
-            if not chosen:
+            step = _step(eng, timer, now, 0) if eng.waiting or eng.running else None
+            if step is None:
                 if eng.loading:  # nothing to compute until a copy arrives
                     now = max(now, min(r.ready for r in eng.loading))
                     continue
                 raise SimError("the scheduler could not place any request (KV cache too small)")
             admitted = eng.preemptions == before and all(
-                id(r) in chosen for r in eng.running) and len(eng.running) == running
-            batch = _batch(eng, chosen)
-            now += timer.step_s(batch)
-            done += _advance(eng, chosen, now, 0)
-            if admitted and batch.decode_seqs == len(eng.running) == len(chosen):
+                id(r) in step.chosen for r in step.ran) and len(step.ran) == running
+            now = step.now
+            done += step.finished
+            if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
                 now = _fast_decode(eng, timer, now)
         order = sorted(done, key=lambda r: r.session or 0)
         out.append(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
