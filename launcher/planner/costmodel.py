@@ -262,17 +262,18 @@ def predict(
     prompt: int,
     gen: int,
     concurrency: int,
+    kv_sequences: int,
     max_num_seqs: int = 256,
     batched_tokens: int = 8192,
 ) -> Prediction:
-    """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen)."""
+    """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen);
+    ``kv_sequences``: how many such requests one replica's KV cache holds at once, as the
+    memory fit counts them (memfit.sequences_held: this module sizes no memory)."""
     ttft = prefill_s(m, lay, prompt) + REQUEST_OVERHEAD_S
     ctx_mid = prompt + gen // 2
     tpot = decode_step_s(m, lay, 1, ctx_mid)
     per_replica = max(1, -(-concurrency // lay.dp))
-    # (spec_from_config refuses a model that caches nothing per token: this never divides by 0)
-    fits = max(1, int(lay.kv_budget_bytes // m.kv_bytes(prompt + gen)))
-    batch = min(per_replica, fits, max_num_seqs)
+    batch = min(per_replica, max(1, kv_sequences), max_num_seqs)
     # While ``batch`` requests run to completion the replica does their prefills and gen steps.
     # The prompts of streams started together are prefilled together, ``batched_tokens`` per
     # step (chunked prefill): a step's fixed per-layer costs and, for a mixture-of-experts, its

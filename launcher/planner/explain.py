@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from launcher.errors import PlanError
-from launcher.model.modelspec import ModelSpec
+from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import hardware, memfit, whatif
 from launcher.planner.layouts import Links
 from launcher.planner.plantypes import (
@@ -16,7 +16,9 @@ from launcher.planner.plantypes import (
     Policy,
     gib,
     label,
+    shape_label,
 )
+from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import ANCESTOR_RANK, Topology
 
 # ------------------------------------------------------------------------------ the settings
@@ -156,6 +158,82 @@ def describe_choice(c: Candidate, cands: Sequence[Candidate], policy: Policy) ->
     return out
 
 
+def describe_speed_source(table: KernelTable | None) -> tuple[str, ...]:
+    """The plan's line on the kernel table its chosen candidate was predicted from (none when
+    the roofline predicted: the plan's other reasons say what that assumed)."""
+    if table is None:
+        return ()
+    return (f"speed from this model's kernel table, measured {table.measured_at} on "
+            f"{table.key.device} ({table.method}), through a simulation of vLLM's scheduler; "
+            f"engine step overhead {'measured' if table.engine_step_s is not None else 'assumed'}",)
+
+
+def user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
+    """What the user's own vLLM flags changed in the sizing, said as such."""
+    out = []
+    if policy.fp8_weights and m.quantization == "fp8":
+        out.append(f"--quantization fp8 (your vLLM flag): weights quantized to FP8 at load, "
+                   f"{m.weight_bytes / GIB:.1f} GiB")
+    if policy.kv_cache_bytes == 1:
+        out.append("--kv-cache-dtype fp8 (your vLLM flag): one byte per KV element, twice the "
+                   "context in the same memory")
+    if policy.cpu_offload_gib:
+        out.append(f"--cpu-offload-gb {policy.cpu_offload_gib:g} (your vLLM flag): that much "
+                   "of each GPU's weights stays in CPU memory and crosses PCIe at every step; "
+                   "the speeds above do not include that")
+    return out
+
+
+def describe_plan(topo: Topology, links: Links, m: ModelSpec, policy: Policy, chosen: Candidate,
+                  cands: Sequence[Candidate], why: Sequence[str],
+                  node_note: Sequence[str]) -> tuple[str, ...]:
+    """A GPU plan's reasons, from the chosen candidate and the others as the search left them:
+    the machine, the model, the choice, the settings' ``why``, the user's memory flags, a
+    lowered utilization, the nodes (``node_note``: multinode.per_node_note), the speed source,
+    the rejected layouts and the context."""
+    out = [*why, *user_memory_flags(policy, m)]
+    if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
+        out.append(
+            f"--gpu-memory-utilization {chosen.gpu_memory_utilization:g} instead of "
+            f"{policy.gpu_memory_utilization:g}: other processes hold "
+            f"{', '.join(h.describe() for h in chosen.held)} (a desktop, "
+            "another engine?), and vLLM starts only if that share of each GPU is free; "
+            "free them to get the rest"
+        )
+    if policy.nodes > 1:
+        out.append(
+            f"{policy.nodes} nodes: TP={chosen.tp} inside each node, PP={chosen.pp} stages, "
+            f"{policy.nodes - 1} of the hops over the network (~{policy.internode_gbs:.0f} GB/s "
+            "assumed); vLLM's own multi-node executor (serve --node-rank --master-addr), or Ray "
+            "with --ray-address"
+        )
+        out += node_note
+    rejected = [
+        f"rejected {label(c) if c.gpus else shape_label(c)}: {c.rejected}"
+        for c in cands
+        if c.rejected
+    ]
+    assert chosen.max_model_len is not None
+    return (
+        *describe_topology(topo, links, chosen.gpus),
+        *topo.notes,
+        describe_model(m),
+        *describe_choice(chosen, cands, policy),
+        *out,
+        *describe_speed_source(chosen.kernel_table),
+        *rejected,
+        f"max_model_len {chosen.max_model_len}: "
+        + (
+            "asked for"
+            if policy.max_model_len
+            else "the model's own limit, which the KV cache holds"
+            if chosen.max_model_len >= m.max_position_embeddings
+            else "the longest context the estimated KV cache holds, less a "
+            f"{memfit.CONTEXT_MARGIN:.0%} margin (vLLM's own sizing may differ by a few percent)"
+        ),
+    )
+
+
 # ----------------------------------------------------------------------------------- no fit
 
 
@@ -180,7 +258,7 @@ def no_fit(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candida
         gpus = [g for g in topo.gpus if g.index in biggest.gpus]
         msg += (
             f", at --gpu-memory-utilization {util:g}: other processes hold "
-            f"{memfit.memory_in_use(gpus, policy.gpu_memory_utilization)}; with that freed, "
+            f"{', '.join(h.describe() for h in biggest.held)}; with that freed, "
             f"{policy.gpu_memory_utilization:g} would give "
             f"{gib(min(g.memory_bytes for g in gpus) * policy.gpu_memory_utilization)} GiB per GPU"
         )

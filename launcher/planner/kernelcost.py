@@ -251,9 +251,10 @@ def layout_prediction(
     prompt: int,
     gen: int,
     concurrency: int,
-) -> Prediction | None:
-    """A GPU candidate's prediction from its kernel table; None where there is none (the
-    roofline then predicts) or the layout has pipeline stages (left to the roofline)."""
+) -> tuple[Prediction, KernelTable] | None:
+    """A GPU candidate's prediction from its kernel table, with the table; None where there is
+    none (the roofline then predicts) or the layout has pipeline stages (left to the
+    roofline)."""
     names = {g.name for stage in lay.stages for g in stage}
     if lay.pp != 1 or len(names) != 1:
         return None
@@ -268,7 +269,7 @@ def layout_prediction(
         assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
         request_overhead_s=hardware.REQUEST_OVERHEAD_S, allreduce=ar, dp=lay.dp,
     )
-    return pred
+    return pred, table
 
 
 def cpu_prediction(
@@ -289,14 +290,3 @@ def cpu_prediction(
         if step_overhead is not None and step_overhead.measured else None,
         request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_graph_tokens=0,
     )
-
-
-def speed_source(tables: Sequence[KernelTable], used: bool) -> tuple[str, ...]:
-    """The plan's line on a kernel table it used (none when the roofline predicted: the
-    plan's other reasons say what that assumed)."""
-    if not used:
-        return ()
-    t = tables[0]
-    return (f"speed from this model's kernel table, measured {t.measured_at} on "
-            f"{t.key.device} ({t.method}), through a simulation of vLLM's scheduler; engine "
-            f"step overhead {'measured' if t.engine_step_s is not None else 'assumed'}",)

@@ -201,6 +201,10 @@ def evaluate(
     wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
     need = memfit.need_per_gpu(f, m, s.tp, s.pp, wanted)
     gpus = tuple(g.index for grp in groups for g in grp)
+    # what other processes hold, each GPU once in bus order (the nodes of a multi-node group
+    # repeat one node's GPUs)
+    held = memfit.held_by_others(sorted({g.index: g for g in used}.values(),
+                                        key=lambda g: g.index), policy.gpu_memory_utilization)
     cand = Candidate(
         mode_name(s.tp, s.pp, s.dp),
         s.tp,
@@ -212,12 +216,11 @@ def evaluate(
         budget_gib=gib(f.budget),
         gpu_memory_utilization=util,
         fit=f,
+        held=held,
     )
     if util <= 0:
-        held = memfit.held_by_others(used, policy.gpu_memory_utilization)
         return replace(cand, rejection=Rejection("no_room", held=held)), None
     if need > f.budget:
-        held = memfit.held_by_others(used, policy.gpu_memory_utilization)
         smallest = min(used, key=lambda g: g.memory_bytes)
         return replace(cand, rejection=Rejection(
             "memory", tp=s.tp, pp=s.pp, need_gib=gib(need), weights_gib=gib(f.weights),
@@ -225,16 +228,21 @@ def evaluate(
             have_gib=gib(f.budget), utilization=util,
             lowered=util < policy.gpu_memory_utilization, card_gib=gib(smallest.memory_bytes),
             card=smallest.name, held=held)), None
-    pred = kernelcost.layout_prediction(
+    measured = kernelcost.layout_prediction(
         m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
         max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,
         concurrency=policy.streams,
-    ) or costmodel.predict(
+    )
+    if measured is not None:
+        return replace(cand, predicted=measured[0], kernel_table=measured[1],
+                       max_model_len=policy.max_model_len or f.context), lay
+    pred = costmodel.predict(
         m,
         lay,
         prompt=policy.prompt_tokens,
         gen=policy.gen_tokens,
         concurrency=policy.streams,
+        kv_sequences=memfit.sequences_held(m, f, policy.prompt_tokens + policy.gen_tokens),
         max_num_seqs=policy.max_num_seqs,
         batched_tokens=f.limits.batched_tokens,
     )

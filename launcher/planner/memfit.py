@@ -19,6 +19,11 @@ layer holds ``window − 1 + max_num_batched_tokens`` tokens, not just its windo
 
 Everything here is an estimate of those figures, so the context the planner sets keeps
 ``CONTEXT_MARGIN`` below the longest one the estimate admits.
+
+How many requests run at once is this module's too: the KV pool's blocks (``pool_blocks``, kept
+on the ``Fit``) over the blocks one request takes (``request_blocks``), as vLLM counts its
+"maximum concurrency" (``sequences_held``). The cost model batches that many; it sizes no
+memory of its own.
 """
 
 from __future__ import annotations
@@ -275,6 +280,46 @@ def cpu_context(
     )
 
 
+def pool_blocks(
+    m: ModelSpec, kv_bytes: float, kv_dtype_bytes: int = 2, block: int = BLOCK_TOKENS
+) -> int:
+    """The blocks of vLLM's shared KV pool in ``kv_bytes``: with one page size for every layer
+    type a block spans one layer of each (padded) group, ``num_blocks = kv_bytes // (block ×
+    bytes per token and layer × group size)`` (kv_cache_utils.py
+    ``get_kv_cache_config_from_groups``); with several page sizes, one block of every layer."""
+    groups = vllm_groups(m)
+    if not groups:
+        return 0
+    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
+        per = sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups)
+    else:
+        size = min(n for _, n in groups) if len(groups) > 1 else groups[0][1]
+        per = block * groups[0][0].bytes_per_token(kv_dtype_bytes) * size
+    return int(kv_bytes // per) if per else 0
+
+
+def request_blocks(
+    m: ModelSpec,
+    tokens: int,
+    batched_tokens: int,
+    kv_dtype_bytes: int = 2,
+    block: int = BLOCK_TOKENS,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
+) -> int:
+    """The blocks of :func:`pool_blocks`'s pool one request of ``tokens`` takes: whole blocks per
+    group, a sliding-window group only its window's (:func:`layer_blocks`)."""
+    groups = vllm_groups(m)
+    if not groups:
+        return 0
+    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
+        per = sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups)
+        need = request_kv_bytes(m, tokens, batched_tokens, kv_dtype_bytes, block, in_flight)
+        return -(-need // per)
+    size = min(n for _, n in groups) if len(groups) > 1 else groups[0][1]
+    return sum((layers // size if len(groups) > 1 else 1)
+               * layer_blocks(g, tokens, batched_tokens, block, in_flight) for g, layers in groups)
+
+
 def kv_pool_tokens(
     m: ModelSpec,
     kv_bytes: float,
@@ -285,26 +330,18 @@ def kv_pool_tokens(
     kv_dtype_bytes: int = 2,
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
-    """The token capacity vLLM logs ("KV cache size: N tokens") for ``kv_bytes`` of cache.
-
-    One block of the shared pool spans one layer of each (padded) group: ``num_blocks =
-    kv_bytes // (block × bytes per token and layer × group size)``, and the capacity is
+    """The token capacity vLLM logs ("KV cache size: N tokens") for ``kv_bytes`` of cache:
     ``num_blocks / blocks one max_model_len request takes × max_model_len``
-    (kv_cache_utils.py ``get_kv_cache_config_from_groups``, ``get_kv_cache_capacity``)."""
+    (kv_cache_utils.py ``get_kv_cache_capacity``)."""
     groups = vllm_groups(m)
     if not groups:
         return 0
     if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
         need = request_kv_bytes(m, max_model_len, batched_tokens, kv_dtype_bytes, block, in_flight)
         return int(kv_bytes / need * max_model_len) if need else 0
-    sizes = [n for _, n in groups]
-    size = min(sizes) if len(groups) > 1 else sizes[0]
-    page = block * groups[0][0].bytes_per_token(kv_dtype_bytes)
-    num_blocks = int(kv_bytes // (page * size))
-    per_request = 0
-    for g, layers in groups:
-        n = layers // size if len(groups) > 1 else 1
-        per_request += n * layer_blocks(g, max_model_len, batched_tokens, block, in_flight)
+    per_request = request_blocks(m, max_model_len, batched_tokens, kv_dtype_bytes, block,
+                                 in_flight)
+    num_blocks = pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     return int(num_blocks / per_request * max_model_len)
 
 
@@ -376,6 +413,8 @@ class Fit:
     context: int  # the context to plan: below the longest the estimate admits by the margin
     limits: EngineLimits
     kv_dtype_bytes: int = 2  # 1 under --kv-cache-dtype fp8
+    kv_blocks: int = 0  # blocks of vLLM's KV pool in ``kv_budget`` (pool_blocks)
+    offload: float = 0.0  # bytes of each GPU's weights kept in CPU memory (--cpu-offload-gb)
 
     @property
     def need_fixed(self) -> float:
@@ -396,7 +435,8 @@ def fit(
     over = overhead_per_gpu(m, tp, pp, lim) + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     context = planned_context(m, kv_budget, lim.batched_tokens, kv_dtype_bytes)
-    return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes)
+    blocks = pool_blocks(m, kv_budget, kv_dtype_bytes)
+    return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes, blocks, offload)
 
 
 def replica_kv_budget(
@@ -417,3 +457,11 @@ def need_per_gpu(f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:
     margin kept on the KV part."""
     kv = request_kv_bytes(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
     return f.need_fixed + kv / (1 - CONTEXT_MARGIN) / kv_shards(m, tp, pp)
+
+
+def sequences_held(m: ModelSpec, f: Fit, tokens: int) -> int:
+    """How many requests of ``tokens`` the fit's KV cache holds at once: the pool's blocks over
+    the blocks one of them takes (block rounding, sliding windows and the batches in flight as
+    vLLM's scheduler counts them), at least one (a fit holds its context)."""
+    per = request_blocks(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
+    return max(1, f.kv_blocks // per) if per else 1

@@ -14,13 +14,7 @@ from dataclasses import replace
 from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, memfit, whatif
-from launcher.planner.explain import (
-    describe_choice,
-    describe_model,
-    describe_topology,
-    no_fit,
-    settings,
-)
+from launcher.planner.explain import describe_model, describe_plan, no_fit, settings
 from launcher.planner.layouts import Links, Shape, best_candidate, shapes, structural_reject
 from launcher.planner.multinode import multinode_candidates, per_node_note
 from launcher.planner.plantypes import (
@@ -30,9 +24,7 @@ from launcher.planner.plantypes import (
     Plan,
     Policy,
     Scores,
-    label,
     mode_name,
-    shape_label,
 )
 from launcher.probe.topology import Gpu, Topology
 
@@ -94,6 +86,13 @@ def _check_policy(m: ModelSpec, policy: Policy) -> None:
 
 
 def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
+    # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
+    # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
+    tp, pp = policy.force_tp or 1, policy.force_pp or 1
+    why = structural_reject(m, Shape(tp, pp, 1))
+    if why:
+        raise PlanError(f"{why}; ask for a split the model allows")
+    context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
     over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores)
     pred = costmodel.predict_cpu(
         m,
@@ -103,19 +102,12 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         concurrency=policy.streams,
         step_overhead_s=over.seconds,
     )
-    context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
     measured = kernelcost.cpu_prediction(
         m, policy.kernels, kv_bytes=policy.cpu_kv_cache_gib * GIB, prompt=policy.prompt_tokens,
         gen=policy.gen_tokens, concurrency=policy.streams, step_overhead=over,
     )
     if measured is not None:
         pred = measured[0]
-    # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
-    # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
-    tp, pp = policy.force_tp or 1, policy.force_pp or 1
-    why = structural_reject(m, Shape(tp, pp, 1))
-    if why:
-        raise PlanError(f"{why}; ask for a split the model allows")
     split = [
         f"TP={tp} PP={pp} as asked: {tp * pp} CPU worker processes; the prediction is "
         "for one worker (the split is not modelled on the CPU)"
@@ -162,22 +154,6 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
     )
 
 
-def _user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
-    """What the user's own vLLM flags changed in the sizing, said as such."""
-    out = []
-    if policy.fp8_weights and m.quantization == "fp8":
-        out.append(f"--quantization fp8 (your vLLM flag): weights quantized to FP8 at load, "
-                   f"{m.weight_bytes / GIB:.1f} GiB")
-    if policy.kv_cache_bytes == 1:
-        out.append("--kv-cache-dtype fp8 (your vLLM flag): one byte per KV element, twice the "
-                   "context in the same memory")
-    if policy.cpu_offload_gib:
-        out.append(f"--cpu-offload-gb {policy.cpu_offload_gib:g} (your vLLM flag): that much "
-                   "of each GPU's weights stays in CPU memory and crosses PCIe at every step; "
-                   "the speeds above do not include that")
-    return out
-
-
 def _best_on_one_node(
     model: ModelSpec, policy: Policy, links: Links, usable: Sequence[Gpu]
 ) -> Candidate | None:
@@ -215,66 +191,27 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         )
     links = Links(topology)
     if policy.nodes > 1:
+        # the best layout on one node first (the same search), for replicas per node against
+        # the split over nodes
+        one = _best_on_one_node(model, policy, links, usable)
         cands = multinode_candidates(topology, model, policy, links)
+        node_note = per_node_note(model, policy, one)
     else:
         cands = [
             best_candidate(model, policy, links, usable, s)[0]
             for s in shapes(len(usable), policy)
         ]
+        node_note = []
     cands = _with_scores(cands)
     if not any(c.predicted for c in cands):
         raise no_fit(topology, model, policy, cands)
     chosen = _choose(cands, policy.workload)
     env, engine_settings, why = settings(topology, chosen)
-    why += _user_memory_flags(policy, model)
-    if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
-        chosen_gpus = [g for g in topology.gpus if g.index in chosen.gpus]
-        why.append(
-            f"--gpu-memory-utilization {chosen.gpu_memory_utilization:g} instead of "
-            f"{policy.gpu_memory_utilization:g}: other processes hold "
-            f"{memfit.memory_in_use(chosen_gpus, policy.gpu_memory_utilization)} (a desktop, "
-            "another engine?), and vLLM starts only if that share of each GPU is free; "
-            "free them to get the rest"
-        )
     if policy.nodes > 1:
         engine_settings = replace(engine_settings, distributed_backend="ray")
-        why.append(
-            f"{policy.nodes} nodes: TP={chosen.tp} inside each node, PP={chosen.pp} stages, "
-            f"{policy.nodes - 1} of the hops over the network (~{policy.internode_gbs:.0f} GB/s "
-            "assumed); vLLM's own multi-node executor (serve --node-rank --master-addr), or Ray "
-            "with --ray-address"
-        )
-        why += per_node_note(model, policy, _best_on_one_node(model, policy, links, usable))
-    rejected = [
-        f"rejected {label(c) if c.gpus else shape_label(c)}: {c.rejected}"
-        for c in cands
-        if c.rejected
-    ]
+    reasons = describe_plan(topology, links, model, policy, chosen, cands, why, node_note)
     assert chosen.predicted is not None
     assert chosen.max_model_len is not None
-    reasons = (
-        *describe_topology(topology, links, chosen.gpus),
-        *topology.notes,
-        describe_model(model),
-        *describe_choice(chosen, cands, policy),
-        *why,
-        *kernelcost.speed_source(
-            policy.kernels,
-            policy.nodes == 1 and chosen.pp == 1
-            and kernelcost.table_for(policy.kernels, model, chosen.tp,
-                                     topology.gpu(chosen.gpus[0]).name) is not None,
-        ),
-        *rejected,
-        f"max_model_len {chosen.max_model_len}: "
-        + (
-            "asked for"
-            if policy.max_model_len
-            else "the model's own limit, which the KV cache holds"
-            if chosen.max_model_len >= model.max_position_embeddings
-            else "the longest context the estimated KV cache holds, less a "
-            f"{memfit.CONTEXT_MARGIN:.0%} margin (vLLM's own sizing may differ by a few percent)"
-        ),
-    )
     return Plan(
         mode=chosen.mode,
         tp=chosen.tp,

@@ -142,6 +142,11 @@ class Candidate:
     # alternatives read it instead of fitting again (None: read from a plan file, or rejected
     # before sizing).
     fit: Fit | None = field(default=None, compare=False, repr=False)
+    # what other processes hold on these GPUs below the asked utilization, as read when the
+    # candidate was sized (explain says it from here)
+    held: tuple[memfit.Held, ...] = field(default=(), compare=False, repr=False)
+    # the kernel table the prediction came from (None: the roofline's)
+    kernel_table: KernelTable | None = field(default=None, compare=False, repr=False)
 
     @property
     def rejected(self) -> str | None:

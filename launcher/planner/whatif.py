@@ -92,13 +92,17 @@ def options(
         if ctx >= min(wanted, m.max_position_embeddings):
             out.append(Option(f"{k} GPUs like these as TP={k}", ctx))
             break
-    f = memfit.fit(m, used, tp, pp, util, kv_bytes)
+    # the candidate's own fit, as the plan judged it (with any --cpu-offload-gb given already)
+    f = best.fit
+    if f is None:
+        return out
     short = memfit.need_per_gpu(f, m, tp, pp, min(wanted, m.max_position_embeddings)) - f.budget
-    held = memfit.weights_per_gpu(m, tp, pp)
+    held = f.weights
     # Offloading can take no more than the weights a GPU holds: where even all of them leave
     # the rest too big, no offload is offered; the whole GiB it is rounded up to is capped there.
     if 0 < short <= held:
-        gb = min(float(-(-short // GIB)), math.floor(held / GIB * 10) / 10)
+        more = min(float(-(-short // GIB)), math.floor(held / GIB * 10) / 10)
+        gb = round(f.offload / GIB + more, 1)
         ctx = _context(m, used, tp, pp, util, kv_bytes=kv_bytes, offload=gb * GIB)
         out.append(
             Option(
