@@ -52,6 +52,20 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=tokens, metavar="D",
                    help="--workload agent: the prefix each session keeps, in tokens (64k = "
                    "64000, 64K = 65536): what a turn's first token waits on")
+    p.add_argument("--think", type=think_seconds, metavar="SECONDS", default=1.0,
+                   help="--workload agent: seconds between a session's answer and its next "
+                   "turn, the sessions starting that far apart over one of them, as loadgen "
+                   "--think sends them (default 1); 0: each sends again at once")
+
+
+def think_seconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"a think time from 0 to 86400 s, not {text!r}")
+    return value
 
 
 def host_free_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -76,7 +90,7 @@ def agent_ask(args: argparse.Namespace) -> AgentAsk | None:
     if d is None:
         raise PlanError("--workload agent needs --context D: the tokens each session keeps "
                         "(e.g. --context 32k)")
-    return AgentAsk(s or 1, d, args.prompt, args.gen)
+    return AgentAsk(s or 1, d, args.prompt, args.gen, getattr(args, "think", 1.0))
 
 
 def free_memory(env: Mapping[str, str]) -> int | None:

@@ -39,6 +39,7 @@ instead of recomputed.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -595,11 +596,12 @@ def simulate(
 # ---------------------------------------------------------------------------------- sessions
 
 
-def _fast_decode(eng: _Engine, timer: StepTimer, now: float) -> float:
+def _fast_decode(eng: _Engine, timer: StepTimer, now: float, until: float = math.inf) -> float:
     """Steps in which nothing but the same decoders can run, taken at once: after a step that
     admitted nobody and only decoded every running request, the next ones do the same until a
-    request finishes (blocks are freed), a copy from host memory arrives, or a decoder would
-    need a block that is not free (a preemption). Returns the time after them."""
+    request finishes (blocks are freed), a copy from host memory arrives, a new request arrives
+    (at ``until``), or a decoder would need a block that is not free (a preemption). Returns
+    the time after them."""
     left = min(r.gen - r.outputs for r in eng.running) - 1  # the last one goes step by step
     if left < 1:
         return now
@@ -607,7 +609,7 @@ def _fast_decode(eng: _Engine, timer: StepTimer, now: float) -> float:
     need = sum(max(0, -(-(r.computed + left) // bs) - r.blocks) for r in eng.running)
     if need > eng.pool.free:
         return now
-    arrives = min((r.ready for r in eng.loading), default=math.inf)
+    arrives = min(min((r.ready for r in eng.loading), default=math.inf), until)
     n = len(eng.running)
     context = sum(r.computed for r in eng.running)
     steps = 0
@@ -659,50 +661,93 @@ def simulate_sessions(
     host_copy_s_per_block: float | None = None,
     request_overhead_s: float = 0.0,
     max_steps: int = 0,
+    think_s: float | None = None,
+    overhead_s_per_prompt_token: float = 0.0,
 ) -> SessionsResult:
-    """``sessions`` conversations through one replica, turn by turn: every session sends its
-    turn at the same moment (sessions with the same think time arrive together, the case in
-    which they queue), and the next turn starts once all have answered (the think time itself
-    is idle and not simulated). A session's prompt hits what of its previous request the block
-    pool still holds. ``host_copy_s_per_block`` not None: a host tier holding every block ever
-    computed (KV offloading sized for all sessions) from which a prefix the GPUs lost is copied
-    back at that many seconds per block, instead of recomputed. ``max_steps`` (0: no limit):
-    a SimError past that many scheduled steps, for callers that must answer quickly."""
+    """``sessions`` conversations through one replica, turn by turn. When they send:
+
+    - ``think_s`` None: every session sends its turn at the same moment, and the next turn
+      starts once all have answered (sessions with the same think time arriving together, the
+      case in which they queue most; the think time itself is idle and not simulated);
+    - ``think_s`` a number of seconds: as loadgen's agent workload sends them
+      (loadgen/runner.py ``drive_sessions``): session i sends its first turn i/sessions of a
+      think time after the start, and each later turn ``think_s`` after its previous answer
+      ended, whatever the other sessions do; so they overlap where their turns are long.
+
+    A session's prompt hits what of its previous request the block pool still holds.
+    ``host_copy_s_per_block`` not None: a host tier holding every block ever computed (KV
+    offloading sized for all sessions) from which a prefix the GPUs lost is copied back at that
+    many seconds per block, instead of recomputed. A request reaches the scheduler
+    ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is sent (the
+    API server's and the host's work on it). ``max_steps`` (0: no limit): a SimError past that
+    many scheduled steps, for callers that must answer quickly."""
     if sessions < 1 or not turns:
         raise SimError("sessions need at least one session and one turn")
+    if think_s is not None and not (math.isfinite(think_s) and think_s >= 0):
+        raise SimError(f"a think time must be a finite number of seconds, 0 or more: {think_s}")
     for t in turns:
         _check_request(lim, t.prompt, t.gen, "turn")
     eng = _Engine(lim, _Pool(lim.kv_blocks), host=None if host_copy_s_per_block is None else {},
                   copy_s_per_block=host_copy_s_per_block or 0.0)
-    out: list[tuple[RequestTiming, ...]] = []
+
+    def way_in(k: int) -> float:
+        return request_overhead_s + overhead_s_per_prompt_token * turns[k].prompt
+
+    # (time it reaches the scheduler, send time, session, turn) of the requests on their way
+    pending: list[tuple[float, float, int, int]] = []
+
+    def send(at: float, i: int, k: int) -> None:
+        heapq.heappush(pending, (at + way_in(k), at, i, k))
+
+    for i in range(sessions):
+        send(0.0 if think_s is None else think_s * i / sessions, i, 0)
+    turn_of: dict[int, int] = {}
+    done: list[list[_Req]] = [[] for _ in turns]
+    finished = 0
     now, steps = 0.0, 0
-    for t in turns:
-        sent = now
-        now += request_overhead_s
+    while finished < sessions * len(turns):
+        while pending and pending[0][0] <= now:
+            _, sent, i, k = heapq.heappop(pending)
+            r = _Req(sent, turns[k].prompt, turns[k].gen, turns[k].prompt, session=i)
+            turn_of[id(r)] = k
+            eng.waiting.append(r)
+        arrival = pending[0][0] if pending else math.inf
         eng.now = now
-        eng.waiting.extend(_Req(sent, t.prompt, t.gen, t.prompt, session=i)
-                           for i in range(sessions))
-        done: list[_Req] = []
-        while len(done) < sessions:
-            eng.now = now
-            eng.copied()
-            steps += 1
-            if max_steps and steps > max_steps:
-                raise SimError(f"more than {max_steps:,} scheduler steps")
-            before, running = eng.preemptions, len(eng.running)
-            step = _step(eng, timer, now, 0) if eng.waiting or eng.running else None
-            if step is None:
-                if eng.loading:  # nothing to compute until a copy arrives
-                    now = max(now, min(r.ready for r in eng.loading))
-                    continue
-                raise SimError("the scheduler could not place any request (KV cache too small)")
-            admitted = eng.preemptions == before and all(
-                id(r) in step.chosen for r in step.ran) and len(step.ran) == running
-            now = step.now
-            done += step.finished
-            if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
-                now = _fast_decode(eng, timer, now)
-        order = sorted(done, key=lambda r: r.session or 0)
-        out.append(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
-                         for r in order))
-    return SessionsResult(tuple(out), eng.preemptions, eng.copied_blocks)
+        eng.copied()
+        if not eng.waiting and not eng.running:
+            # idle until a copy from host memory or the next request arrives
+            now = max(now, min(min((r.ready for r in eng.loading), default=math.inf), arrival))
+            if math.isinf(now):
+                raise SimError("no session has a request left to send")  # never: a bug here
+            continue
+        steps += 1
+        if max_steps and steps > max_steps:
+            raise SimError(f"more than {max_steps:,} scheduler steps")
+        before, running = eng.preemptions, len(eng.running)
+        step = _step(eng, timer, now, 0)
+        if step is None:
+            if eng.loading:  # nothing to compute until a copy arrives
+                now = max(now, min(r.ready for r in eng.loading))
+                continue
+            raise SimError("the scheduler could not place any request (KV cache too small)")
+        admitted = eng.preemptions == before and all(
+            id(r) in step.chosen for r in step.ran) and len(step.ran) == running
+        now = step.now
+        for r in step.finished:
+            k = turn_of.pop(id(r))
+            done[k].append(r)
+            finished += 1
+            assert r.session is not None
+            if k + 1 == len(turns):
+                continue
+            if think_s is not None:
+                send(now + think_s, r.session, k + 1)
+            elif len(done[k]) == sessions:  # the last of the turn: all send the next one
+                for i in range(sessions):
+                    send(now, i, k + 1)
+        if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
+            until = pending[0][0] if pending else math.inf
+            now = _fast_decode(eng, timer, now, until)
+    out = tuple(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
+                      for r in sorted(rs, key=lambda r: r.session or 0)) for rs in done)
+    return SessionsResult(out, eng.preemptions, eng.copied_blocks)
