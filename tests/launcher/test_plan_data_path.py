@@ -4,8 +4,9 @@ one `launcher serve --dry-run` of fixture models on fixture topologies.
 
 - The stages: the planner modules the orchestrators (pipeline/run.py and planner/plan.py) hand
   the data to, in the order they do, are the documented ones, none twice.
-- No call-back: no planner module is entered again while a call into it is still under way
-  (the old ``explain.no_fit(replan=...)``, ``multinode`` calling ``plan()``).
+- No call-back: no planner module's function is entered again while a call into that module is
+  still under way (the old ``explain.no_fit(replan=...)``, ``multinode`` calling ``plan()``);
+  the methods of a value handed down (a scheduler simulation's step timer) are its own.
 - No recomputation: no memory fit is made twice with the same inputs (the old ``explain`` and
   ``whatif`` fitting every candidate again).
 """
@@ -71,7 +72,9 @@ def traced(argv: list[str]) -> Trace:
         if (caller in ORCHESTRATORS and callee not in NOT_STAGES
                 and (not t.stages or t.stages[-1] != stage)):
             t.stages.append(stage)
-        if active[callee]:
+        # A value handed down with its behaviour (schedsim's StepTimer, a Links table) is called
+        # where it was handed: its methods are not a return to the module that made it.
+        if active[callee] and "." not in frame.f_code.co_qualname:
             t.reentries.append(f"{caller} -> {callee}.{frame.f_code.co_name}, while "
                                + " -> ".join(m for _, m in entered))
         entered.append((frame, callee))
