@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.probe import enginestep, kernelprobe, measure
+from launcher.probe import kernelprobe, measure
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,19 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--shape", type=Path, required=True)
     k.add_argument("--key", required=True)
     k.add_argument("--out", type=Path, required=True)
-    e = sub.add_parser("engine-step")
-    e.add_argument("--model", type=Path, required=True)
-    e.add_argument("--out", type=Path, required=True)
-    e.add_argument("--max-model-len", type=int, required=True)
-    e.add_argument("--kv-cache-gib", type=float, required=True)
     args: Any = p.parse_args(argv)
     if args.what == "copy":
         measure.copy_worker(args.out)
     elif args.what == "gemm":
         measure.gemm_worker(args.out, args.device, args.tiny)
-    elif args.what == "engine-step":
-        enginestep.worker(args.model, args.out, max_model_len=args.max_model_len,
-                          kv_cache_gib=args.kv_cache_gib)
     elif args.what == "kernels":
         kernelprobe.gpu_table_worker(args.shape, args.key, args.out)
     else:

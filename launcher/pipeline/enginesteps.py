@@ -1,25 +1,32 @@
-"""The engine's decode step on this machine: timed by `probe --measure` where there is no GPU,
+"""The CPU engine's costs on this machine: timed by `probe --measure` where there is no GPU,
 attached to this machine's topology when planning here.
 
-Composes the stages (the embedded model from :mod:`launcher.model`, the timing and cache from
+Composes the stages (the embedded model from :mod:`launcher.model`, its plan and engine command
+from :mod:`launcher.planner` and :mod:`launcher.engine`, the timing and cache from
 :mod:`launcher.probe.enginestep`), which the layering lets only the pipeline and the CLI do.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
+from launcher.engine import supervise
+from launcher.engine.detect import engine_argv, engine_prefix
+from launcher.engine.render import render
 from launcher.model.modelspec import load_model_spec
 from launcher.model.tinymodel import default_cache_dir, ensure_tiny_model
 from launcher.planner.costmodel import streamed_weight_bytes
-from launcher.planner.plantypes import CPU_KV_CACHE_GIB
+from launcher.planner.plan import Policy, plan
 from launcher.probe import enginestep, kernelprobe, kernels
 from launcher.probe.topology import Topology
 
-# The context the step is timed at: the embedded model's whole window, as serve gives it.
-MAX_MODEL_LEN = 4096
+# How long the engine may take to start: 1-3 minutes on two busy cores, compiling its graph.
+START_TIMEOUT_S = 600.0
+SERVED_NAME = "toposerve-engine-step"
 
 
 def key_here(env: Mapping[str, str]) -> enginestep.StepKey:
@@ -37,17 +44,64 @@ def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
     return topo if step is None else replace(topo, engine_step=step)
 
 
-def measure(env: Mapping[str, str]) -> str:
-    """Time the CPU engine's decode step here (the real vLLM engine on the embedded model) and
-    keep it; the line to print."""
+def _vocab(model: Path) -> int:
+    try:
+        vocab = json.loads((model / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        vocab = None
+    return vocab if isinstance(vocab, int) and vocab > 8 else 1000
+
+
+def _started(model: Path, env: Mapping[str, str], log: Path) -> tuple[supervise.Child, str]:
+    """The embedded model's engine as `serve` runs it here (its plan's command, this
+    interpreter's vLLM), on a free loopback port; raises :class:`EngineStepError` (one line)
+    when it does not come up."""
+    spec = load_model_spec(str(model))
+    p = plan(Topology(gpus=()), spec, Policy(cpu_cores=os.cpu_count() or 1))
+    port = supervise.free_port()
+    cmd = render(p, str(model), served_name=SERVED_NAME, host="127.0.0.1", port=port,
+                 user_env=env).engines[0]
+    child = supervise.Child("engine-step", engine_argv(cmd.argv(), engine_prefix(env)),
+                            {**env, **cmd.env, "VLLM_TARGET_DEVICE": "cpu"}, log)
+    try:
+        child.start()
+    except OSError as exc:  # the cache's log folder not writable, no such interpreter
+        raise enginestep.EngineStepError(f"cannot start the engine to time: {exc}") from None
+    up = supervise.wait_until(lambda: supervise.http_ok(f"{cmd.url}/health"), START_TIMEOUT_S,
+                              abort=lambda: not child.alive())
+    if not up:
+        tail = " | ".join(child.log_tail(4000).strip().splitlines()[-3:])
+        child.stop(10.0)
+        why = (f"exited with {child.exit_code()}" if child.exit_code() is not None
+               else f"was not up after {START_TIMEOUT_S:.0f} s")
+        raise enginestep.EngineStepError(f"the engine to time {why}: {tail[:300]}")
+    return child, cmd.url
+
+
+def measure(env: Mapping[str, str], served: enginestep.Served | None = None) -> str:
+    """Time the CPU engine here as loadgen measures it (the real vLLM OpenAI server on the
+    embedded model: ``served`` when one is up, else one started for it) and keep the figures;
+    the line to print."""
     path = ensure_tiny_model(env)
     spec = load_model_spec(str(path))
-    run_env = {**env, "VLLM_TARGET_DEVICE": "cpu"}
-    rec, kept = enginestep.measure(
-        key_here(env), path, default_cache_dir(env), run_env, params=spec.active_params,
-        weight_bytes=int(streamed_weight_bytes(spec, 1)), max_model_len=MAX_MODEL_LEN,
-        kv_cache_gib=CPU_KV_CACHE_GIB)
+    cache = default_cache_dir(env)
+    child = None
+    if served is None:
+        log = cache / "engine-step" / "engine.log"
+        child, url = _started(path, env, log)
+        served = enginestep.Served(url, SERVED_NAME)
+    try:
+        timed = enginestep.time_served(served, _vocab(path))
+    finally:
+        if child is not None:
+            child.stop(10.0)
+    rec = enginestep.record(key_here(env), timed, params=spec.active_params,
+                            weight_bytes=int(streamed_weight_bytes(spec, 1)))
+    kept = enginestep.save(cache, rec)
     where = f"kept in {kept}" if kept else "not kept (the cache cannot be written)"
-    return (f"engine decode step on {rec.key.device} (vLLM {rec.key.vllm}): "
+    fixed, per_token = rec.prefill_fixed_s or 0.0, rec.prefill_token_s or 0.0
+    return (f"engine on {rec.key.device} (vLLM {rec.key.vllm}), served and streamed: decode step "
             f"{rec.step_s * 1e3:.2f} ms median of {len(rec.steps_s)} rounds "
-            f"({min(rec.steps_s) * 1e3:.2f}-{max(rec.steps_s) * 1e3:.2f} ms); {where}")
+            f"({min(rec.steps_s) * 1e3:.2f}-{max(rec.steps_s) * 1e3:.2f} ms); first token "
+            f"{fixed * 1e3:.1f} ms + {per_token * 1e6:.1f} us per prompt token; {where}")
+

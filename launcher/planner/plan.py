@@ -101,6 +101,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         gen=policy.gen_tokens,
         concurrency=policy.streams,
         step_overhead_s=over.seconds,
+        prefill=over.prefill,
     )
     measured = kernelcost.cpu_prediction(
         m, policy.kernels, kv_bytes=policy.cpu_kv_cache_gib * GIB, prompt=policy.prompt_tokens,

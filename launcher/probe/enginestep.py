@@ -1,45 +1,53 @@
-"""The engine's own cost of a decode step, timed on this machine with the real vLLM engine.
+"""The CPU engine's own costs, timed on this machine through the path loadgen measures.
 
-Below a few hundred million parameters a decode step is not arithmetic: it is the engine's host
-work (scheduling, preparing inputs, launching a layer's operations, sampling, handing the token
-to the front end). That cost follows the machine (its cores, its clock, what else runs), so a
-constant fitted on one machine was off by a factor of 2.6 on the same machine a day later. So
-`launcher probe --measure` starts vLLM itself (offline, in a process of its own, on the embedded
-tiny model, with the serve path's engine settings), times decode steps as the difference between
-a long and a short generation of the same cached prompt, and keeps the median step; the planner
-then takes the engine's step overhead from it: the measured step less what the roofline gives
-the tiny model's own forward pass.
+Below a few hundred million parameters neither a decode step nor a short prefill is arithmetic:
+a decode step is the engine's host work (scheduling, preparing inputs, launching a layer's
+operations, sampling) plus the OpenAI server's per token (the hop from the engine core to the API
+server, detokenizing, one SSE event), and a prompt's time to first token is a request's fixed
+cost (HTTP, scheduling, the first event) plus a per-token rate. All of it follows the machine
+(its cores, its clock, what else runs): a constant fitted on one machine was off by 2.6x on the
+same machine a day later. vLLM's offline ``LLM`` (what this timed before) has no API server, so
+its step left out the server's per-token work that every served token pays.
 
-Pure parts (the record, its JSON and cache key) need nothing; vLLM is imported only by the
-worker, which :func:`measure` runs as ``python -m launcher.cli.measure_worker engine-step``.
+So `launcher probe --measure` starts the engine as `serve` does (vLLM's OpenAI server on the
+embedded tiny model, :mod:`launcher.pipeline.enginesteps`) and :func:`time_served` times it as
+loadgen does: streamed completions of token-id prompts, every body piece stamped as it arrives;
+the decode step is (last token - first token) / (completion tokens - 1), the prefill a line
+through the time to first token of a short and a long prompt; medians of ROUNDS rounds. The
+planner then takes the engine's overheads from it: the measured step less what the roofline gives
+the tiny model's own forward pass, and the prefill's per-token rate as this CPU's rate.
+
+Pure parts (the record, its JSON and cache key, the stream's timing) need nothing; the timing
+talks HTTP to an engine that is already up (serve's, or the one the pipeline starts for it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
-import signal
+import random
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from launcher.probe.kernels import write_cache_json
 
-FORMAT = 1
-WORKER_TIMEOUT_S = 600
-# Decode steps per timed generation and timed pairs: enough that the per-request costs the
-# difference cancels are small beside them, few enough to finish in seconds on a CPU.
-STEPS = 64
-ROUNDS = 5
-PROMPT_TOKENS = 256
+FORMAT = 2  # 1 was the offline engine's step, without the server's per-token work
+# Tokens per timed generation and rounds: enough gaps that one late event moves the mean little,
+# few enough that a round takes about a second on two busy cores.
+STEPS = 128
+ROUNDS = 7
+# The two prompts the prefill line goes through: a request's fixed cost, and past loadgen's
+# default 512 so that prompts up to it are read between the points.
+SHORT_PROMPT = 16
+LONG_PROMPT = 1024
+REQUEST_TIMEOUT_S = 120.0
 
 
 class EngineStepError(ValueError):
@@ -65,6 +73,10 @@ class EngineStep:
     model_params: int
     model_weight_bytes: int
     measured_at: str
+    # time to first token = prefill_fixed_s + prompt tokens x prefill_token_s (medians); None
+    # in a record made without them (the planner then assumes its prefill)
+    prefill_fixed_s: float | None = None
+    prefill_token_s: float | None = None
 
     @property
     def spread(self) -> float:
@@ -106,6 +118,7 @@ def from_json(raw: Any) -> EngineStep:
     steps = raw.get("steps_s")
     if not isinstance(steps, list) or not steps or len(steps) > 1000:
         raise EngineStepError("steps_s is not a non-empty list")
+    fixed, per_token = raw.get("prefill_fixed_s"), raw.get("prefill_token_s")
     return EngineStep(
         key,
         _num(raw.get("step_s"), "step_s", 60.0),
@@ -113,6 +126,8 @@ def from_json(raw: Any) -> EngineStep:
         int(_num(raw.get("model_params"), "model_params", 1e13)),
         int(_num(raw.get("model_weight_bytes"), "model_weight_bytes", 1e14)),
         _text(raw.get("measured_at"), "measured_at"),
+        None if fixed is None else _num(fixed, "prefill_fixed_s", 60.0),
+        None if per_token is None else _num(per_token, "prefill_token_s", 1.0),
     )
 
 
@@ -134,92 +149,131 @@ def load(cache_dir: Path, key: StepKey) -> EngineStep | None:
     return rec if rec.key == key else None
 
 
+
+
 # ---------------------------------------------------------------------------------- timing
-def step_from_rounds(short_s: list[float], long_s: list[float], steps: int) -> list[float]:
-    """Per-step time of each round: the long generation less the short one, over the steps
-    between them (prompt, scheduling of the request and the first token cancel out)."""
-    return [max(1e-6, (lo - sh) / steps) for sh, lo in zip(short_s, long_s, strict=True)]
+@dataclass(frozen=True)
+class Served:
+    """An engine that serves the embedded model: its root URL, served name and key headers."""
+
+    url: str
+    model: str
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
-def worker(model: Path, out: Path, *, max_model_len: int, kv_cache_gib: float,
-           steps: int = STEPS, rounds: int = ROUNDS) -> None:
-    """Run in a process of its own: start vLLM's offline engine on ``model`` and time it."""
-    import random
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed completion as loadgen reads it: when it was sent, when each event that
+    carried tokens arrived, and the completion tokens the server's usage reports."""
 
-    from vllm import LLM, SamplingParams  # the engine itself, only in this worker
-    from vllm.inputs import TokensPrompt
+    sent: float
+    token_times: tuple[float, ...]
+    completion_tokens: int | None
 
-    kw: dict[str, Any] = {"model": str(model), "max_model_len": max_model_len,
-                          "enable_prefix_caching": True, "seed": 0}
-    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu" or not _has_cuda():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
-    else:
-        kw["gpu_memory_utilization"] = 0.1
-    llm = LLM(**kw)
-    cfg = llm.llm_engine.model_config.hf_config
-    vocab = int(getattr(cfg, "vocab_size", 1000))
-    rng = random.Random(0)
-    prompt = TokensPrompt(prompt_token_ids=[rng.randrange(5, vocab) for _ in
-                                            range(min(PROMPT_TOKENS, max_model_len // 2))])
+    @property
+    def ttft_s(self) -> float:
+        return self.token_times[0] - self.sent
 
-    def gen(n: int) -> float:
-        sp = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True)
-        t = time.perf_counter()
-        llm.generate([prompt], sp, use_tqdm=False)
-        return time.perf_counter() - t
-
-    gen(2), gen(steps + 2)  # warm-up: the first steps of a fresh engine are slower
-    short, long_ = [], []
-    for _ in range(rounds):
-        short.append(gen(2))
-        long_.append(gen(steps + 2))
-    out.write_text(json.dumps({"steps_s": step_from_rounds(short, long_, steps)}))
+    @property
+    def step_s(self) -> float:
+        """loadgen's decode, as a step: (last token - first token) / (completion tokens - 1)."""
+        tokens = self.completion_tokens or len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / max(1, tokens - 1)
 
 
-def _has_cuda() -> bool:
+def read_stream(sent: float, pieces: Iterable[tuple[float, bytes]]) -> Streamed:
+    """The token events of an SSE body given as (arrival time, bytes) pieces; an event is
+    stamped with the piece that completed it. Events that are not JSON are skipped."""
+    times: list[float] = []
+    tokens: int | None = None
+    buffer = b""
+    for t, piece in pieces:
+        buffer += piece
+        *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                try:
+                    body = json.loads(line[5:])
+                except ValueError:
+                    continue
+                if not isinstance(body, dict):
+                    continue
+                if isinstance(body.get("choices"), list) and body["choices"]:
+                    times.append(t)
+                usage = body.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                    tokens = usage["completion_tokens"]
+    return Streamed(sent, tuple(times), tokens)
+
+
+def prefill_line(short_s: float, long_s: float, short: int = SHORT_PROMPT,
+                 long: int = LONG_PROMPT) -> tuple[float, float]:
+    """(fixed, per token): the line through the time to first token of two prompt lengths. A
+    long prompt no slower than the short one (noise) is a fixed cost with no per-token part."""
+    per_token = max(1e-9, (long_s - short_s) / (long - short))
+    return max(1e-6, short_s - short * per_token), per_token
+
+
+def _stream(client: httpx.Client, served: Served, ids: list[int], gen: int) -> Streamed:
+    body = {"model": served.model, "prompt": ids, "max_tokens": gen, "min_tokens": gen,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    pieces: list[tuple[float, bytes]] = []
+    sent = time.perf_counter()
+    with client.stream("POST", f"{served.url}/v1/completions", json=body,
+                       headers=dict(served.headers)) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            raise EngineStepError(f"the engine answered HTTP {resp.status_code} to a timed "
+                                  f"request: {resp.text[:200]!r}")
+        for piece in resp.iter_raw():
+            pieces.append((time.perf_counter(), piece))
+    got = read_stream(sent, pieces)
+    if got.completion_tokens != gen or not got.token_times:
+        raise EngineStepError(f"a timed request got {got.completion_tokens} tokens, not {gen} "
+                              "(the engine did not honour min_tokens/ignore_eos)")
+    return got
+
+
+@dataclass(frozen=True)
+class Timed:
+    steps_s: tuple[float, ...]  # each round's decode step
+    short_ttft_s: tuple[float, ...]  # each round's time to first token, SHORT_PROMPT tokens
+    long_ttft_s: tuple[float, ...]  # and LONG_PROMPT tokens
+
+
+def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int = STEPS,
+                seed: int = 0) -> Timed:
+    """Time a running engine as loadgen does, one stream at a time: per round a short prompt
+    (time to first token) and a long one that then generates ``steps`` + 1 tokens (its time to
+    first token and its decode step). Every prompt is new token ids, so that nothing comes
+    from the prefix cache. :class:`EngineStepError` (one line) when the engine fails a request."""
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:  # above the few special ids a vocabulary starts with
+        return [rng.randrange(min(5, vocab - 1), vocab) for _ in range(n)]
+
+    short, long_, step = [], [], []
     try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            for _ in range(2):  # a fresh engine's first requests are slow
+                _stream(client, served, ids(LONG_PROMPT), 8)
+            for _ in range(rounds):
+                short.append(_stream(client, served, ids(SHORT_PROMPT), 2).ttft_s)
+                got = _stream(client, served, ids(LONG_PROMPT), steps + 1)
+                long_.append(got.ttft_s)
+                step.append(max(1e-6, got.step_s))
+    except httpx.HTTPError as exc:
+        raise EngineStepError(f"a timed request to {served.url} failed: "
+                              f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    return Timed(tuple(step), tuple(short), tuple(long_))
 
 
-def measure(key: StepKey, model: Path, cache_dir: Path, env: Mapping[str, str], *,
-            params: int, weight_bytes: int, max_model_len: int, kv_cache_gib: float,
-            now: str | None = None) -> tuple[EngineStep, Path | None]:
-    """Time the engine's decode step in a worker process and keep it."""
-    workdir = cache_dir / "engine-step"
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EngineStepError(f"cannot write under {workdir}: {exc.strerror}") from exc
-    out = workdir / f"{key.digest()}.new.json"
-    cmd = [sys.executable, "-m", "launcher.cli.measure_worker", "engine-step", "--model",
-           str(model), "--out", str(out), "--max-model-len", str(max_model_len),
-           "--kv-cache-gib", f"{kv_cache_gib:g}"]
-    # A session of its own: the engine's own processes go with the worker on a timeout.
-    proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=WORKER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise EngineStepError(
-            f"the engine step measurement took over {WORKER_TIMEOUT_S} s") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything the engine left behind
-    try:
-        raw = json.loads(out.read_text())
-        steps = tuple(_num(s, "a round's step", 60.0) for s in raw["steps_s"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        tail = " | ".join(err.decode(errors="replace").strip().splitlines()[-3:])
-        raise EngineStepError(
-            f"the engine step measurement failed (exit {proc.returncode}): {tail[:300]}"
-        ) from exc
-    finally:
-        out.unlink(missing_ok=True)
-    rec = EngineStep(key, statistics.median(steps), steps, params, weight_bytes,
-                     now or time.strftime("%Y-%m-%dT%H:%M:%S"))
-    return rec, save(cache_dir, rec)
+def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int,
+           now: str | None = None) -> EngineStep:
+    """The kept measurement: medians of the rounds."""
+    fixed, per_token = prefill_line(statistics.median(timed.short_ttft_s),
+                                    statistics.median(timed.long_ttft_s))
+    return EngineStep(key, statistics.median(timed.steps_s), timed.steps_s, params, weight_bytes,
+                      now or time.strftime("%Y-%m-%dT%H:%M:%S"), fixed, per_token)
