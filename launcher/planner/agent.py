@@ -18,8 +18,10 @@ with a reason for each, and a predicted time to first token per turn at depth fo
 That figure is not one session's turn alone: the S sessions' turns run through the simulation of
 vLLM's scheduler (:func:`launcher.planner.schedsim.simulate_sessions`: its budget of batched
 tokens, chunked prefill, the sequence limit, the KV blocks and the prefix cache, with the
-offloading's host tier where there is one). Sessions with the same think time send their turns
-together and queue; where the KV room holds fewer prefixes than there are sessions, the pool
+offloading's host tier where there is one). The sessions send as loadgen's agent workload does
+(``AgentAsk.think_s``): staggered over one think time, each turn a think time after the
+session's previous answer, so they overlap where turns take long and queue where they overlap;
+where the KV room holds fewer prefixes than there are sessions, the pool
 evicts them before their next turn, which then recomputes its prefix or, with offloading, copies
 it back over PCIe while holding its blocks. The option's figure is the median session's time to
 first token at the asked depth, after ``WARM_TURNS`` turns that grew the conversations to it.
@@ -79,6 +81,10 @@ class AgentAsk:
     context: int  # the prefix each keeps, in tokens (the depth a turn starts at)
     turn_tokens: int = 512  # new tokens a turn adds (the user's message, tool output)
     gen_tokens: int = 256
+    # seconds between a session's answer and its next turn (the agent's tool, the user reading),
+    # the sessions starting staggered over one of them, as loadgen --workload agent --think
+    # sends them; None: every session sends each turn at the same moment (the worst case)
+    think_s: float | None = 1.0
 
     @property
     def request_tokens(self) -> int:
@@ -173,17 +179,24 @@ def layout_of(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> L
     return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget)
 
 
-def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int) -> tuple[float, float]:
-    """(warm, cold) time to first token of a turn of ``new`` tokens after ``depth`` tokens: warm
-    with the prefix in the cache (the cost model's prefill of the new tokens, plus what their
-    attention over the cached prefix adds: the model's own prefill difference less that of the
-    new tokens alone), cold with the prefix recomputed too."""
-    fresh = costmodel.prefill_s(m, lay, new)
-    extra = (costmodel.prefill_s(m, lay, depth + new) - costmodel.prefill_s(m, lay, depth)
-             - (fresh - costmodel.prefill_s(m, lay, 0)))
-    warm = fresh + max(0.0, extra) + hardware.REQUEST_OVERHEAD_S
-    cold = costmodel.prefill_s(m, lay, depth + new) + hardware.REQUEST_OVERHEAD_S
-    return warm, cold
+def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
+                batched_tokens: int = 8192) -> tuple[float, float]:
+    """(warm, cold) time to first token of one session's turn of ``new`` tokens after ``depth``
+    tokens, alone on the replica: warm with the prefix in the cache (the new tokens' GEMMs and
+    their attention over the cached prefix: costmodel.prefill_at_depth_s), cold with the whole
+    prompt recomputed in the engine's chunks (its attention quadratic in the prompt); each
+    plus the request's way in (:func:`request_overhead_s`)."""
+    warm = costmodel.prefill_at_depth_s(m, lay, new, depth, batched_tokens)
+    cold = costmodel.prefill_at_depth_s(m, lay, depth + new, 0, batched_tokens)
+    way_in = request_overhead_s(depth + new)
+    return warm + way_in, cold + way_in
+
+
+def request_overhead_s(prompt: int) -> float:
+    """A request's way to the engine before its first step: a fixed cost (API server, IPC, the
+    first token's way back: hardware.REQUEST_OVERHEAD_S, assumed) and the host's handling of
+    every prompt token, cached or not (costmodel.PROMPT_TOKEN_HOST_S, timed on a CPU)."""
+    return hardware.REQUEST_OVERHEAD_S + prompt * costmodel.PROMPT_TOKEN_HOST_S
 
 
 def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int) -> float:
@@ -216,8 +229,8 @@ class RooflineStep:
             t = batch.tokens
             span = round((batch.prefill_pairs + batch.decode_context) / t / memfit.BLOCK_TOKENS)
             if (t, span) not in self._prefill:
-                self._prefill[t, span] = costmodel.prefill_s(
-                    self.m, self.lay, t, t * span * memfit.BLOCK_TOKENS)
+                self._prefill[t, span] = costmodel.prefill_step_s(
+                    self.m, self.lay, t, pairs=t * span * memfit.BLOCK_TOKENS)
             return self._prefill[t, span]
         n = max(1, batch.decode_seqs)
         key = (n, batch.decode_context // n // memfit.BLOCK_TOKENS)
@@ -290,7 +303,8 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
             lim, step_timer(m, r.lay, tables), turns, sessions,
             host_copy_s_per_block=(host_copy_s(m, r.lay, block, r.kv_bytes) if offload
                                    else None),
-            request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_steps=SIM_MAX_STEPS)
+            request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_steps=SIM_MAX_STEPS,
+            think_s=ask.think_s, overhead_s_per_prompt_token=costmodel.PROMPT_TOKEN_HOST_S)
     except SimError:
         return None
     return Simulated(turns, res)
@@ -319,7 +333,8 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
         if base_bytes == 2 and fp8 is not None:
             dtypes.append((fp8, 1))
         lay = layout_of(c, topo, links, c.fit.kv_budget)
-        warm, cold = turn_ttft_s(m, lay, ask.context, ask.turn_tokens)
+        warm, cold = turn_ttft_s(m, lay, ask.context, ask.turn_tokens,
+                                 c.fit.limits.batched_tokens)
         for name, nbytes in dtypes:
             out.append(Room(
                 layout=label(c), tp=c.tp, pp=c.pp, dp=c.dp, kv_dtype=name,
@@ -337,6 +352,14 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
 def _best(rs: Sequence[Room]) -> Room:
     """The fastest warm turn; between equals, the fewer GPUs per replica, then more room."""
     return min(rs, key=lambda r: (round(r.ttft_warm_s, 4), r.tp * r.pp, -r.held))
+
+
+def _arrivals(ask: AgentAsk) -> str:
+    if ask.think_s is None:
+        return "sending each turn at the same moment (the worst case)"
+    return (f"sending a turn {ask.think_s:g} s after their previous answer, started "
+            f"{ask.think_s / max(1, ask.sessions):g} s apart (assumed, as loadgen --think sends "
+            "them)")
 
 
 def _ms(s: float) -> str:
@@ -386,7 +409,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
 
     def sim(name: str, r: Room, alone: float, *, offload: bool = False,
             context: int | None = None) -> float:
-        """The option's TTFT p50 at depth with the sessions taking turns together; where it is
+        """The option's TTFT p50 at depth with the sessions taking their turns; where it is
         not simulated, ``alone`` (one session's turn), said in the reasons."""
         sims[name] = simulate_room(m, r, ask, r.need, offload=offload, context=context,
                                    tables=policy.kernels)
@@ -478,8 +501,8 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                            "KV cache): one session's turn alone")
         else:
             reasons.append(f"    {o.name}: {len(got.result.turns[0])} session(s) a replica "
-                           "sending their turns together through a simulation of vLLM's "
-                           f"scheduler, TTFT p50 by depth: {got.line(ask)}")
+                           f"{_arrivals(ask)} through a simulation of vLLM's scheduler, TTFT "
+                           f"p50 by depth: {got.line(ask)}")
     reasons.append(f"agent plan: {choice} on {room.layout} ({chosen.reason})")
     if room.dp > 1:
         reasons.append(f"{room.dp} replicas each keep their own sessions (the proxy's prefix "

@@ -214,24 +214,147 @@ def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
     return 4.0 * m.num_layers * m.num_heads * m.head_dim * new_tokens * context
 
 
+# ----------------------------------------------------------------- attention over the context
+
+# FlashAttention's softmax takes one exponential per (query, key, query head) on the GPU's
+# special-function units, which run far below its tensor cores: an H100 SXM has 3.9 TFLOPS of
+# exponentials against 989 of BF16 matmul (FlashAttention-3 paper, Shah et al. 2024, section
+# 3), so one exponential costs as long as 256 matmul FLOPs. Assumed for every card (no other
+# card's figure is in the table), and not overlapped with the matmuls (FlashAttention-2's
+# schedule, which vLLM runs before Hopper; FlashAttention-3 overlaps part of it, so on Hopper
+# this is the slow side). With head_dim 128 it makes attention 1.5x its matmuls' time.
+EXP_FLOP_EQUIVALENT = 256.0
+# The host's cost of a prompt's length before its first step, paid whether or not the prefix is
+# cached: the proxy's JSON parse, vLLM's request parse and validation, the IPC to the engine
+# core and the prefix cache's sha256 over every block. benchmarks/host_prompt_cost.py times
+# those with vLLM's own functions: 0.66-1.22 us per token (median 1.04, six runs of 8k and 32k
+# ids on this project's 2-core build machine, loaded). A server's host differs: an assumption,
+# not fitted to any GPU run (docs/benchmarks-loadgen.md says what it was compared with).
+PROMPT_TOKEN_HOST_S = 1.0e-6
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """Attention of ``tokens`` new tokens after ``depth`` tokens already in the KV cache, all
+    layers of one replica together: the work that grows with the context, besides the GEMMs."""
+
+    flops: float  # QK^T and PV matmuls
+    exps: float  # softmax exponentials: one per (query, key, query head)
+    kv_bytes: float  # the attended keys' KV read from memory, once per step
+
+
+def causal_pairs(tokens: int, depth: int, window: int | None = None) -> float:
+    """(query, key) pairs of ``tokens`` new tokens at positions depth+1 … depth+tokens, each
+    attending to itself and every earlier token, or to the last ``window`` of them."""
+    if tokens <= 0:
+        return 0.0
+    full = tokens * depth + tokens * (tokens + 1) / 2
+    if window is None or depth + tokens <= window:
+        return full
+    if depth >= window:
+        return float(tokens * window)
+    # queries up to position ``window`` see all before them, the later ones ``window`` each
+    return (window * (window + 1) - depth * (depth + 1)) / 2 + (depth + tokens - window) * window
+
+
+def attention_work(m: ModelSpec, tokens: int, depth: int = 0, *, pairs: float | None = None,
+                   kv_dtype_bytes: int = 2) -> AttentionWork:
+    """The attention of ``tokens`` new tokens after ``depth`` cached ones, from the model's own
+    attention shape: per KV group (full or sliding-window layers, each with its head_dim), the
+    query heads' QK^T and PV over the keys each query attends to, capped by the window; MLA
+    (``KvGroup.latent``) attends in its latent space (kv_lora_rank + rope dims per head, the
+    absorbed form vLLM decodes with: an upper bound for its prefill, which up-projects the
+    cached latents instead), and reads the latent cache, not per-head K and V. GQA shares one
+    KV head among several query heads: the FLOPs count query heads, the bytes KV heads. With
+    ``pairs`` (a scheduler step's chunks and decoders summed) the pairs are given and the keys
+    read per query are their mean. Layers that share another layer's KV cache (Gemma 4) attend
+    like the first group's."""
+    groups = m.kv_groups
+    spare = m.num_layers - sum(g.layers for g in groups)
+    flops = exps = kv = 0.0
+    for i, g in enumerate(groups):
+        layers = g.layers + (max(0, spare) if i == 0 else 0)
+        if pairs is None:
+            n = causal_pairs(tokens, depth, g.window)
+            keys = float(min(depth + tokens, g.window or depth + tokens))
+        else:
+            n = min(pairs, tokens * g.window) if g.window else pairs
+            keys = min(pairs / max(1, tokens), float(g.window or pairs))
+        # QK^T over the key dim, PV over the value dim (MLA: both the latent, see above)
+        flops += layers * 2.0 * m.num_heads * (g.head_dim + g.head_dim) * n
+        exps += layers * m.num_heads * n
+        kv += layers * g.bytes_per_token(kv_dtype_bytes) * keys
+    return AttentionWork(flops, exps, kv)
+
+
+def attention_s(m: ModelSpec, lay: Layout, work: AttentionWork) -> float:
+    """The attention kernels' time on one replica: matmuls and exponentials at the card's
+    prefill rate over the TP group, or the KV read at its memory rate, whichever is longer
+    (a stage after another: PP adds no speed to one step)."""
+    gpus = [g for stage in lay.stages for g in stage]
+    compute = (work.flops + EXP_FLOP_EQUIVALENT * work.exps) / (lay.tp * _prefill_flops_s(gpus))
+    # TP ranks read their KV heads' share; MLA's one latent per token is on every rank whole
+    shards = 1 if any(g.latent for g in m.kv_groups) else min(lay.tp, max(1, m.num_kv_heads))
+    memory = work.kv_bytes / (shards * _mem_bytes_s(gpus))
+    return max(compute, memory)
+
+
 def prefill_s(m: ModelSpec, lay: Layout, tokens: int, attn_pairs: float | None = None) -> float:
     """Time to prefill one prompt of ``tokens`` through one replica (no other load); or, with
     ``attn_pairs``, one step of ``tokens`` new tokens whose attention spans that many (query,
-    key) pairs (prompt chunks after a cached prefix, decoders: the scheduler simulation's)."""
+    key) pairs. Its attention is the old, coarser term (the causal pairs' matmul FLOPs folded
+    into the GEMMs at the prefill rate): the plain plan's prefill, which the golden plans keep;
+    :func:`prefill_step_s` is the one that follows the context (turns at depth, the agent
+    plan's scheduler steps)."""
     gpus = [g for stage in lay.stages for g in stage]
     # causal: a prompt's token attends to the ones before it
     pairs = tokens * tokens / 2 if attn_pairs is None else attn_pairs
     flops = 2.0 * m.active_params * tokens + _attention_flops(m, 1, 1) * pairs
     compute = flops / (lay.tp * _prefill_flops_s(gpus))
     memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
+    return _prefill_layers_s(m, lay, tokens, max(compute, memory))
+
+
+def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
+                   pairs: float | None = None) -> float:
+    """One engine step prefilling ``tokens`` new tokens after ``depth`` tokens already cached,
+    alone on one replica; or, with ``pairs``, a step of ``tokens`` new tokens whose attention
+    spans that many (query, key) pairs (prompt chunks after a cached prefix, decoders: the
+    scheduler simulation's). The GEMMs are bound by arithmetic or by the weights' read; the
+    attention kernels run after them in each layer, over the context (:func:`attention_work`:
+    the model's heads, head_dim, windows and MLA latent; :func:`attention_s`)."""
+    gpus = [g for stage in lay.stages for g in stage]
+    attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
+    compute = 2.0 * m.active_params * tokens / (lay.tp * _prefill_flops_s(gpus))
+    memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
+    return _prefill_layers_s(m, lay, tokens, max(compute, memory) + attn)
+
+
+def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float) -> float:
+    """A prefill step whose arithmetic takes ``work_s`` over the TP group: with its
+    all-reduces, PP hops, per-layer launches and the step's overhead."""
     act = tokens * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
     # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, the eager
     # kernels' own cost) against the host's launching of it, whichever is longer
-    gpu_layer = (max(compute, memory) + comm) / m.num_layers + EAGER_LAYER_S
+    gpu_layer = (work_s + comm) / m.num_layers + EAGER_LAYER_S
     layer = max(gpu_layer, EAGER_HOST_LAYER_S) + (MOE_LAYER_PREFILL_S if m.num_experts else 0.0)
     return m.num_layers * layer + hops + STEP_OVERHEAD_S
+
+
+def prefill_at_depth_s(m: ModelSpec, lay: Layout, new: int, depth: int = 0,
+                       batched_tokens: int = 8192) -> float:
+    """``new`` tokens prefilled after ``depth`` cached tokens, alone on one replica, as vLLM's
+    chunked prefill runs them: ``batched_tokens`` a step, each chunk attending to the cached
+    prefix and the chunks before it (a cold prompt of D + P tokens is ``new`` = D + P at depth
+    0). Each step pays its own fixed costs (per-layer launches, the step overhead)."""
+    total, start, chunk = 0.0, depth, max(1, batched_tokens)
+    while start < depth + new:
+        n = min(chunk, depth + new - start)
+        total += prefill_step_s(m, lay, n, depth=start)
+        start += n
+    return total
 
 
 def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
