@@ -357,9 +357,10 @@ def _best(rs: Sequence[Room]) -> Room:
 def _arrivals(ask: AgentAsk) -> str:
     if ask.think_s is None:
         return "sending each turn at the same moment (the worst case)"
+    if ask.sessions == 1:
+        return f"sending a turn {ask.think_s:g} s after its previous answer (--think)"
     return (f"sending a turn {ask.think_s:g} s after their previous answer, started "
-            f"{ask.think_s / max(1, ask.sessions):g} s apart (assumed, as loadgen --think sends "
-            "them)")
+            f"{ask.think_s / ask.sessions:g} s apart (as loadgen --think sends them)")
 
 
 def _ms(s: float) -> str:
