@@ -15,6 +15,8 @@ from launcher.engine.enginecmd import NodePlace
 from launcher.engine.planfile import agent_to_json, plan_to_json
 from launcher.engine.render import Rendered
 from launcher.pipeline.run import Planned, plan_and_render, render_at
+from launcher.planner.costmodel import Prediction
+from launcher.planner.loadsim import SimulatedPrediction
 from launcher.planner.plan import Candidate, Plan
 
 
@@ -108,6 +110,15 @@ def _cand_row(c: Candidate, chosen: Plan) -> str:
     )
 
 
+def _load_line(p: Prediction) -> list[str]:
+    if not isinstance(p, SimulatedPrediction):
+        return []
+    return [f"under load ({p.load_concurrency} streams, simulated scheduler): TTFT p50 "
+            f"{p.ttft_p50_s * 1e3:.0f} ms, p90 {p.ttft_p90_s * 1e3:.0f} ms; TPOT p50 "
+            f"{p.tpot_p50_s * 1e3:.1f} ms; {p.sim_throughput_tok_s:.0f} tok/s aggregate "
+            "simulated"]
+
+
 def format_plan(chosen: Plan, rendered: Rendered, prompt: int = 512) -> str:
     p = chosen.predicted
     lines = [
@@ -121,6 +132,7 @@ def format_plan(chosen: Plan, rendered: Rendered, prompt: int = 512) -> str:
         f"decode {p.decode_tok_s:.1f} tok/s (one stream), "
         f"{p.throughput_tok_s:.0f} tok/s aggregate; "
         f"max_model_len {chosen.max_model_len}",
+        *_load_line(p),
         "",
         "why:",
         *(f"  - {r}" for r in chosen.reasons),

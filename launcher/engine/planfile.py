@@ -15,6 +15,7 @@ from launcher.engine.vllmflags import OptionalFlag
 from launcher.errors import PlanError
 from launcher.planner.agent import AgentPlan
 from launcher.planner.costmodel import Prediction
+from launcher.planner.loadsim import SimulatedPrediction
 from launcher.planner.plan import Candidate, Plan, Scores
 from launcher.planner.plantypes import (
     BACKENDS,
@@ -131,11 +132,20 @@ def _pred_from(d: object) -> Prediction | None:
     missing = [k for k in Prediction.__dataclass_fields__ if k not in d]
     if missing:
         raise _BadPlan(f"predicted lacks {', '.join(missing)}")
-    return Prediction(prefill_tok_s=_number(d, "prefill_tok_s"),
+    pred = Prediction(prefill_tok_s=_number(d, "prefill_tok_s"),
                       decode_tok_s=_number(d, "decode_tok_s"),
                       throughput_tok_s=_number(d, "throughput_tok_s"),
                       ttft_s=_number(d, "ttft_s"), e2e_s=_number(d, "e2e_s"),
                       batch=_count(d, "batch", low=0))
+    load = [k for k in SimulatedPrediction.__dataclass_fields__
+            if k not in Prediction.__dataclass_fields__]
+    if not any(k in d for k in load):
+        return pred  # no simulated load (a plan of an earlier release, a kernel table's, PP)
+    return SimulatedPrediction(
+        **asdict(pred), ttft_p50_s=_number(d, "ttft_p50_s"), ttft_p90_s=_number(d, "ttft_p90_s"),
+        tpot_p50_s=_number(d, "tpot_p50_s"),
+        load_concurrency=_count(d, "load_concurrency"), load_requests=_count(d, "load_requests"),
+        sim_throughput_tok_s=_number(d, "sim_throughput_tok_s"))
 
 
 def _gpus(d: Mapping[str, Any]) -> tuple[int, ...]:

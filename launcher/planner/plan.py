@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, ModelSpec
-from launcher.planner import costmodel, hardware, kernelcost, memfit, whatif
+from launcher.planner import costmodel, hardware, kernelcost, loadsim, memfit, whatif
 from launcher.planner.explain import describe_model, describe_plan, no_fit, settings
 from launcher.planner.layouts import Links, Shape, best_candidate, shapes, structural_reject
 from launcher.planner.multinode import multinode_candidates, per_node_note
@@ -206,11 +206,15 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     cands = _with_scores(cands)
     if not any(c.predicted for c in cands):
         raise no_fit(topology, model, policy, cands)
-    chosen = _choose(cands, policy.workload)
+    picked = _choose(cands, policy.workload)
+    # the chosen layout's load at the asked concurrency, through the simulated scheduler
+    chosen, load = loadsim.chosen_under_load(model, policy, links, topology, picked)
+    cands = [chosen if c is picked else c for c in cands]
     env, engine_settings, why = settings(topology, chosen)
     if policy.nodes > 1:
         engine_settings = replace(engine_settings, distributed_backend="ray")
-    reasons = describe_plan(topology, links, model, policy, chosen, cands, why, node_note)
+    reasons = (*describe_plan(topology, links, model, policy, chosen, cands, why, node_note),
+               *load)
     assert chosen.predicted is not None
     assert chosen.max_model_len is not None
     return Plan(

@@ -1,0 +1,149 @@
+"""Load on the roofline: the requested workload through the simulated scheduler. Pure.
+
+A one-request figure says nothing of what ``--concurrency N`` streams see: four 16k-token
+prompts sent together go through vLLM's batched-token budget one chunk after another, so the
+last one's first token comes about four prefills later (H200, Gemma-3-27B shape: TTFT p50 3.09 s
+measured against 1.43 s for one request). Where no kernel table was measured, this times each
+step of :mod:`launcher.planner.schedsim` with the roofline's own terms
+(:class:`RooflineStep`) and runs the plan's workload (``--prompt``, ``--gen``,
+``--concurrency``) under the layout's scheduler limits (the memory fit's batched-token budget
+and KV blocks, the policy's ``max_num_seqs``): TTFT p50/p90 and TPOT p50 at that concurrency.
+
+Single-stream prefill and decode stay the closed formulas' (:func:`costmodel.predict`), and so
+does the aggregate throughput (docs/planner.md, "Load through the simulated scheduler", compares
+both against every recorded H200 run). Pipeline-parallel layouts are not simulated: vLLM keeps
+``pp`` micro-batches in flight, one step per stage at a time, which one step after another
+cannot represent; their plans keep the closed formula and say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from launcher.model.modelspec import ModelSpec
+from launcher.planner import costmodel, hardware, memfit
+from launcher.planner.costmodel import Layout, Prediction
+from launcher.planner.layouts import Links, Shape
+from launcher.planner.layouts import _layout as layout_of
+from launcher.planner.memfit import BLOCK_TOKENS, Fit
+from launcher.planner.plantypes import Candidate, Policy
+from launcher.planner.schedsim import (
+    SchedulerLimits,
+    SimError,
+    StepBatch,
+    Turn,
+    percentiles,
+    simulate_sessions,
+)
+from launcher.probe.topology import Topology
+
+
+@dataclass(frozen=True)
+class SimulatedPrediction(Prediction):
+    """The cost model's figures with the load the scheduler simulation gives at
+    ``load_concurrency`` streams (``load_requests`` requests sent at once)."""
+
+    ttft_p50_s: float
+    ttft_p90_s: float
+    tpot_p50_s: float
+    load_concurrency: int
+    load_requests: int
+    sim_throughput_tok_s: float  # the simulation's own aggregate, beside the closed formula's
+
+
+@dataclass
+class RooflineStep:
+    """A scheduler step timed by the roofline's terms (:mod:`launcher.planner.costmodel`).
+
+    A step of decoders only is :func:`costmodel.decode_step_s` at their mean context (the
+    weights and their KV read, the step overhead, TP all-reduces); a step with prompt chunks is
+    :func:`costmodel.prefill_s` of all its tokens (chunks and decoders together: one eager
+    forward) whose attention spans the chunks' (query, key) pairs and each decoder's context.
+    Steps of the same shape recur (the prompt chunks of a closed loop): each is timed once."""
+
+    m: ModelSpec
+    lay: Layout
+    _seen: dict[tuple[int, float, int, int], float] = field(default_factory=dict, repr=False)
+
+    def step_s(self, batch: StepBatch) -> float:
+        key = (batch.prefill_tokens, batch.prefill_pairs, batch.decode_seqs,
+               batch.decode_context)
+        if key not in self._seen:
+            pre, pairs, seqs, context = key
+            self._seen[key] = (
+                costmodel.decode_step_s(self.m, self.lay, max(1, seqs), context // max(1, seqs))
+                if pre == 0 else costmodel.prefill_s(self.m, self.lay, pre + seqs, pairs + context))
+        return self._seen[key]
+
+
+def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:
+    """The replica's scheduler: the fit's batched-token budget, ``max_num_seqs``, and its KV
+    pool (``f.kv_blocks``) in blocks of :data:`BLOCK_TOKENS` tokens of every layer. A pool block
+    spans one layer of each group, so with sliding-window groups one request takes fewer than
+    its tokens' blocks (:func:`memfit.request_blocks`): the pool is counted here in the
+    simulation's blocks (a request of ``tokens`` takes ⌈tokens / 16⌉), scaled so that it holds
+    as many such requests as the fit does."""
+    per = memfit.request_blocks(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
+    plain = -(-tokens // BLOCK_TOKENS)
+    blocks = f.kv_blocks * plain // per if per else f.kv_blocks
+    return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, max(1, blocks), BLOCK_TOKENS)
+
+
+def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
+               concurrency: int, max_num_seqs: int) -> tuple[Prediction, tuple[str, ...]]:
+    """``pred`` (the closed formulas') with the load of ``concurrency`` streams from the
+    simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
+    where the layout has pipeline stages or the workload cannot run."""
+    if lay.pp > 1:
+        return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
+                      "layouts (vLLM keeps a micro-batch per stage in flight, which the "
+                      "step-by-step scheduler simulation does not represent); throughput from "
+                      "the closed formula",)
+    per_replica = max(1, -(-concurrency // lay.dp))
+    try:
+        lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
+        # the streams' requests sent at one moment (sessions of one turn: no prefix shared),
+        # the steps in which the same decoders only advance taken together
+        wave = simulate_sessions(lim, RooflineStep(m, lay), [Turn(prompt, gen)], per_replica,
+                                 request_overhead_s=hardware.REQUEST_OVERHEAD_S)
+    except SimError as e:
+        return pred, (f"load at the requested concurrency: not simulated ({e})",)
+    (requests,) = wave.turns
+    busy = min(lay.dp, -(-concurrency // per_replica))
+    ttft = percentiles([r.ttft_s for r in requests])
+    tpot = percentiles([r.tpot_s for r in requests])
+    span = max(r.finished_s for r in requests) - min(r.sent_s for r in requests)
+    out = SimulatedPrediction(
+        **{k: getattr(pred, k) for k in Prediction.__dataclass_fields__},
+        ttft_p50_s=ttft.p50, ttft_p90_s=ttft.p90, tpot_p50_s=tpot.p50,
+        load_concurrency=concurrency, load_requests=busy * per_replica,
+        sim_throughput_tok_s=busy * per_replica * gen / span)
+    replicas = f" on each of {busy} replicas" if busy > 1 else ""
+    return out, (
+        f"under load ({per_replica} request(s) of {prompt}→{gen} sent at once{replicas}), "
+        f"from the simulated vLLM scheduler (budget {lim.max_num_batched_tokens} batched "
+        f"tokens, chunked prefill, max_num_seqs {lim.max_num_seqs}, the fit's KV blocks; each "
+        f"step timed by the roofline's terms): TTFT p50 {_ms(ttft.p50)}, p90 {_ms(ttft.p90)}; "
+        f"TPOT p50 {_ms(tpot.p50)}",)
+
+
+def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology,
+                      c: Candidate) -> tuple[Candidate, tuple[str, ...]]:
+    """The chosen candidate with its load at the policy's concurrency (the closed formulas
+    rank every candidate; only the chosen one is simulated, which keeps `launcher plan` as fast
+    as before), and the plan's line on it. Left as it is where its prediction came from a
+    kernel table (simulated there already), it spans nodes, or it was not sized."""
+    if c.predicted is None or c.fit is None or c.kernel_table is not None or policy.nodes > 1:
+        return c, ()
+    by_index = {g.index: g for g in topo.gpus}
+    k = c.tp * c.pp
+    groups = [tuple(by_index[i] for i in c.gpus[r * k:(r + 1) * k]) for r in range(c.dp)]
+    lay = layout_of(links, groups, Shape(c.tp, c.pp, c.dp), m, c.fit, None)
+    pred, why = under_load(m, lay, c.fit, c.predicted, prompt=policy.prompt_tokens,
+                           gen=policy.gen_tokens, concurrency=policy.streams,
+                           max_num_seqs=policy.max_num_seqs)
+    return replace(c, predicted=pred), why
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"

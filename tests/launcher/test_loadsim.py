@@ -1,0 +1,134 @@
+"""The roofline plan's load at the asked concurrency, through the simulated scheduler
+(launcher/planner/loadsim.py): requests sent together wait for each other's prompt chunks."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from launcher.engine.planfile import plan_from_json, plan_to_json
+from launcher.engine.render import render
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.planner import costmodel, hardware
+from launcher.planner.layouts import Links, Shape, best_candidate
+from launcher.planner.loadsim import RooflineStep, SimulatedPrediction
+from launcher.planner.plan import Plan, Policy, plan
+from launcher.planner.schedsim import SchedulerLimits, StepBatch, Workload, simulate
+from launcher.probe.topology import Topology, load_topology
+from tests.launcher.paths import H200, REPO, TOPOLOGIES
+
+MODELS = REPO / "benchmarks" / "gpu" / "models"
+FIXTURE = REPO / "tests" / "fixtures" / "h200-load.json"
+
+
+def spec(name: str) -> ModelSpec:
+    return load_model_spec(str(MODELS / name))
+
+
+def topology(kind: str = "nvlink") -> Topology:
+    if kind == "nvlink":
+        return load_topology(str(H200), {})
+    return load_topology(str(TOPOLOGIES / "h200x2-p2p-disabled.toposerve.json"), {})
+
+
+def one_gpu_plan(model: str, *, prompt: int, gen: int, concurrency: int, util: float = 0.9,
+                 tp: int = 1, pp: int = 1, kind: str = "nvlink") -> Plan:
+    return plan(topology(kind), spec(model), Policy(
+        workload="throughput", concurrency=concurrency, prompt_tokens=prompt, gen_tokens=gen,
+        force_tp=tp, force_pp=pp, force_dp=1, gpu_memory_utilization=util))
+
+
+def loaded(p: Plan) -> SimulatedPrediction:
+    assert isinstance(p.predicted, SimulatedPrediction), p.reasons
+    return p.predicted
+
+
+def test_four_long_prompts_at_once_wait_for_each_others_chunks() -> None:
+    # 4 x 16k tokens through an 8,192-token budget: the last prompt's first token comes about
+    # eight chunks in, not after its own two (H200: 3.09 s p50 against 1.38 s alone)
+    p = one_gpu_plan("gemma-3-27b-shape", prompt=16384, gen=128, concurrency=4)
+    got = loaded(p)
+    assert got.ttft_p50_s > 1.4 * got.ttft_s
+    assert got.ttft_p90_s > got.ttft_p50_s
+    assert got.load_concurrency == 4
+    assert any("simulated vLLM scheduler" in r for r in p.reasons)
+
+
+def test_thirty_two_streams_wait_longer_for_a_first_token_than_one() -> None:
+    one = loaded(one_gpu_plan("qwen2.5-7b-shape", prompt=512, gen=256, concurrency=1))
+    many = loaded(one_gpu_plan("qwen2.5-7b-shape", prompt=512, gen=256, concurrency=32))
+    assert many.ttft_p50_s > 3 * one.ttft_p50_s
+    assert many.tpot_p50_s > one.tpot_p50_s
+    # one request alone: the closed formula's single-stream figures, which stay as they were
+    assert one.ttft_p50_s == pytest.approx(one.ttft_s, rel=0.01)
+    assert 1 / one.tpot_p50_s == pytest.approx(one.decode_tok_s, rel=0.05)
+
+
+def test_a_step_is_timed_by_the_roofline_terms() -> None:
+    m = spec("qwen2.5-7b-shape")
+    cand, lay = best_candidate(m, Policy(force_tp=1, force_pp=1, force_dp=1),
+                               Links(topology()), topology().gpus, Shape(1, 1, 1))
+    assert lay is not None
+    step = RooflineStep(m, lay)
+    assert step.step_s(StepBatch(decode_seqs=8, decode_context=8 * 600)) == \
+        costmodel.decode_step_s(m, lay, 8, 600)
+    assert step.step_s(StepBatch(prefill_tokens=512, prefill_pairs=512 * 513 / 2)) == \
+        costmodel.prefill_s(m, lay, 512, 512 * 513 / 2)
+    # a lone prompt inside the budget: one step, the closed formula's time to first token
+    lim = SchedulerLimits(8192, 256, 100_000)
+    run = simulate(lim, step, Workload(512, 4), request_overhead_s=hardware.REQUEST_OVERHEAD_S)
+    assert cand.predicted is not None
+    assert run.ttft.p50 == pytest.approx(cand.predicted.ttft_s, rel=1e-6)
+
+
+def test_pipeline_parallel_keeps_the_closed_formula_and_says_so() -> None:
+    p = one_gpu_plan("llama-3.3-70b-shape", prompt=512, gen=256, concurrency=32, pp=2)
+    assert not isinstance(p.predicted, SimulatedPrediction)
+    assert any("not simulated for pipeline-parallel" in r for r in p.reasons)
+
+
+def test_a_plan_file_keeps_the_load_figures() -> None:
+    p = one_gpu_plan("llama-3.1-8b-longctx-shape", prompt=16384, gen=128, concurrency=4,
+                     util=0.3)
+    d = plan_to_json(p, render(p, "m", served_name=None, host="h", port=1))
+    back = plan_from_json(json.loads(json.dumps(d)))
+    got = loaded(back)
+    assert got.ttft_p50_s == pytest.approx(loaded(p).ttft_p50_s, abs=1e-4)
+    assert got.load_requests == 4
+    # a plan file of an earlier release, without them, reads as before
+    for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "load_concurrency", "load_requests",
+              "sim_throughput_tok_s"):
+        del d["predicted"][k]
+    assert not isinstance(plan_from_json(d).predicted, SimulatedPrediction)
+
+
+# ------------------------------------------------------------------ the recorded H200 runs
+
+CASES: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
+# The bound the recorded runs support (docs/planner.md, "Load through the simulated
+# scheduler"): the simulated TTFT p50 within a factor of 2.5 of loadgen's, and nearer to it than
+# the one-request TTFT every plan gave before wherever more than one stream ran. Its known
+# bias: at 32 streams of 512 tokens on one GPU it is 40-55% low (vLLM's front end lets the
+# first arrival run a step alone, which puts the rest a step later).
+FACTOR = 2.5
+
+
+def _log_err(pred: float, measured: float) -> float:
+    return abs(math.log(pred / measured))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["source"].split("results/")[1] for c in CASES])
+def test_recorded_h200_load_within_the_bound(case: dict[str, Any]) -> None:
+    p = one_gpu_plan(case["model"], prompt=case["prompt"], gen=case["gen"],
+                     concurrency=case["concurrency"], util=case["gpu_memory_utilization"],
+                     tp=case["tp"], kind=case["topology"])
+    got, seen = loaded(p), case["measured"]
+    assert _log_err(got.ttft_p50_s, seen["ttft_p50_s"]) < math.log(FACTOR)
+    if seen["tpot_p50_s"] is not None:
+        assert _log_err(got.tpot_p50_s, seen["tpot_p50_s"]) < math.log(FACTOR)
+    if case["concurrency"] > 1:
+        assert _log_err(got.ttft_p50_s, seen["ttft_p50_s"]) < _log_err(got.ttft_s,
+                                                                        seen["ttft_p50_s"])
