@@ -3,17 +3,18 @@
 A one-request figure says nothing of what ``--concurrency N`` streams see: four 16k-token
 prompts sent together go through vLLM's batched-token budget one chunk after another, so the
 last one's first token comes about four prefills later (H200, Gemma-3-27B shape: TTFT p50 3.09 s
-measured against 1.43 s for one request). Where no kernel table was measured, this times each
-step of :mod:`launcher.planner.schedsim` with the roofline's own terms
-(:class:`RooflineStep`) and runs the plan's workload (``--prompt``, ``--gen``,
-``--concurrency``) under the layout's scheduler limits (the memory fit's batched-token budget
-and KV blocks, the policy's ``max_num_seqs``): TTFT p50/p90 and TPOT p50 at that concurrency.
+measured against 1.43 s for one request). This times each step of
+:mod:`launcher.planner.schedsim` with the roofline's own terms (:class:`RooflineStep`), or with
+the kernel table the candidate was predicted from (:func:`kernelcost.step_cost`), and runs the
+plan's workload (``--prompt``, ``--gen``, ``--concurrency``) under the layout's scheduler limits
+(the memory fit's batched-token budget and KV blocks, the policy's ``max_num_seqs``): TTFT
+p50/p90 and TPOT p50 at that concurrency.
 
 Single-stream prefill and decode stay the closed formulas' (:func:`costmodel.predict`), and so
-does the aggregate throughput (docs/planner.md, "Load through the simulated scheduler", compares
-both against every recorded H200 run). Pipeline-parallel layouts are not simulated: vLLM keeps
-``pp`` micro-batches in flight, one step per stage at a time, which one step after another
-cannot represent; their plans keep the closed formula and say so.
+does the roofline's aggregate throughput (docs/planner.md, "Load through the simulated
+scheduler", compares both against every recorded H200 run). Pipeline-parallel layouts are not
+simulated: vLLM keeps ``pp`` micro-batches in flight, one step per stage at a time, which one
+step after another cannot represent; their plans keep the closed formula and say so.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.costmodel import Layout, Prediction
+from launcher.planner.kernelcost import AllReduce, step_cost
 from launcher.planner.layouts import Links, Shape
 from launcher.planner.layouts import _layout as layout_of
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
@@ -31,10 +33,12 @@ from launcher.planner.schedsim import (
     SchedulerLimits,
     SimError,
     StepBatch,
+    TableStepCost,
     Turn,
     percentiles,
     simulate_sessions,
 )
+from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
 
 
@@ -90,10 +94,12 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> Sc
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
-               concurrency: int, max_num_seqs: int) -> tuple[Prediction, tuple[str, ...]]:
+               concurrency: int, max_num_seqs: int,
+               table: KernelTable | None = None) -> tuple[Prediction, tuple[str, ...]]:
     """``pred`` (the closed formulas') with the load of ``concurrency`` streams from the
     simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
-    where the layout has pipeline stages or the workload cannot run."""
+    where the layout has pipeline stages or the workload cannot run. With the kernel ``table``
+    the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them."""
     if lay.pp > 1:
         return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
                       "layouts (vLLM keeps a micro-batch per stage in flight, which the "
@@ -104,7 +110,8 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
         # the streams' requests sent at one moment (sessions of one turn: no prefix shared),
         # the steps in which the same decoders only advance taken together
-        wave = simulate_sessions(lim, RooflineStep(m, lay), [Turn(prompt, gen)], per_replica,
+        timer = RooflineStep(m, lay) if table is None else _table_step(table, lay)
+        wave = simulate_sessions(lim, timer, [Turn(prompt, gen)], per_replica,
                                  request_overhead_s=hardware.REQUEST_OVERHEAD_S)
     except SimError as e:
         return pred, (f"load at the requested concurrency: not simulated ({e})",)
@@ -119,11 +126,12 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         load_concurrency=concurrency, load_requests=busy * per_replica,
         sim_throughput_tok_s=busy * per_replica * gen / span)
     replicas = f" on each of {busy} replicas" if busy > 1 else ""
+    source = "the roofline's terms" if table is None else "the measured kernel table"
     return out, (
         f"under load ({per_replica} request(s) of {prompt}→{gen} sent at once{replicas}), "
         f"from the simulated vLLM scheduler (budget {lim.max_num_batched_tokens} batched "
         f"tokens, chunked prefill, max_num_seqs {lim.max_num_seqs}, the fit's KV blocks; each "
-        f"step timed by the roofline's terms): TTFT p50 {_ms(ttft.p50)}, p90 {_ms(ttft.p90)}; "
+        f"step timed by {source}): TTFT p50 {_ms(ttft.p50)}, p90 {_ms(ttft.p90)}; "
         f"TPOT p50 {_ms(tpot.p50)}",)
 
 
@@ -132,8 +140,9 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
     """The chosen candidate with its load at the policy's concurrency (the closed formulas
     rank every candidate; only the chosen one is simulated, which keeps `launcher plan` as fast
     as before), and the plan's line on it. Left as it is where its prediction came from a
-    kernel table (simulated there already), it spans nodes, or it was not sized."""
-    if c.predicted is None or c.fit is None or c.kernel_table is not None or policy.nodes > 1:
+    kernel table, its steps are timed by the table (its throughput stays kernelcost's own
+    simulation's). Left as it is where it spans nodes or was not sized."""
+    if c.predicted is None or c.fit is None or policy.nodes > 1:
         return c, ()
     by_index = {g.index: g for g in topo.gpus}
     k = c.tp * c.pp
@@ -141,8 +150,16 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
     lay = layout_of(links, groups, Shape(c.tp, c.pp, c.dp), m, c.fit, None)
     pred, why = under_load(m, lay, c.fit, c.predicted, prompt=policy.prompt_tokens,
                            gen=policy.gen_tokens, concurrency=policy.streams,
-                           max_num_seqs=policy.max_num_seqs)
+                           max_num_seqs=policy.max_num_seqs, table=c.kernel_table)
     return replace(c, predicted=pred), why
+
+
+def _table_step(table: KernelTable, lay: Layout) -> TableStepCost:
+    """The step cost :func:`kernelcost.layout_prediction` predicted the candidate with."""
+    link = lay.tp_link
+    ar = AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
+    return step_cost(table, allreduce=ar,
+                     assumed_step_overhead_s=hardware.STEP_OVERHEAD_S).cost
 
 
 def _ms(s: float) -> str:

@@ -132,3 +132,20 @@ def test_recorded_h200_load_within_the_bound(case: dict[str, Any]) -> None:
     if case["concurrency"] > 1:
         assert _log_err(got.ttft_p50_s, seen["ttft_p50_s"]) < _log_err(got.ttft_s,
                                                                         seen["ttft_p50_s"])
+
+
+def test_a_kernel_tables_plan_times_its_load_with_the_table() -> None:
+    from launcher.planner.kernelcost import step_shape
+    from tests.launcher.test_kernels import table_like
+
+    m = spec("qwen2.5-7b-shape")
+    name = topology().gpus[0].name
+
+    def with_table(scale: float) -> Plan:
+        tables = tuple(table_like(step_shape(m, tp), name, scale) for tp in (1, 2))
+        return plan(topology(), m, Policy(workload="throughput", concurrency=32, kernels=tables,
+                                          force_tp=1, force_pp=1, force_dp=1))
+
+    fast, slow = with_table(0.1), with_table(1.0)
+    assert any("timed by the measured kernel table" in r for r in fast.reasons)
+    assert loaded(slow).ttft_p50_s > loaded(fast).ttft_p50_s
