@@ -140,7 +140,10 @@ def _pred_from(d: object) -> Prediction | None:
     load = [k for k in SimulatedPrediction.__dataclass_fields__
             if k not in Prediction.__dataclass_fields__]
     if not any(k in d for k in load):
-        return pred  # no simulated load (a plan of an earlier release, a kernel table's, PP)
+        return pred  # no simulated load (a plan of an earlier release, a pipeline's)
+    missing = [k for k in load if k not in d]
+    if missing:
+        raise _BadPlan(f"predicted lacks {', '.join(missing)}")
     return SimulatedPrediction(
         **asdict(pred), ttft_p50_s=_number(d, "ttft_p50_s"), ttft_p90_s=_number(d, "ttft_p90_s"),
         tpot_p50_s=_number(d, "tpot_p50_s"),

@@ -8,9 +8,12 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.engine.planfile import plan_from_json, plan_to_json
 from launcher.engine.render import render
+from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner import costmodel, hardware
 from launcher.planner.layouts import Links, Shape, best_candidate
@@ -149,3 +152,37 @@ def test_a_kernel_tables_plan_times_its_load_with_the_table() -> None:
     fast, slow = with_table(0.1), with_table(1.0)
     assert any("timed by the measured kernel table" in r for r in fast.reasons)
     assert loaded(slow).ttft_p50_s > loaded(fast).ttft_p50_s
+
+
+LOAD_KEYS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "load_concurrency", "load_requests",
+             "sim_throughput_tok_s")
+_PLAN = one_gpu_plan("qwen2.5-7b-shape", prompt=512, gen=256, concurrency=8)
+_SAVED = plan_to_json(_PLAN, render(_PLAN, "m", served_name=None, host="h", port=1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(LOAD_KEYS),
+                       st.none() | st.booleans() | st.integers(-5, 10**6)
+                       | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=5)
+                       | st.lists(st.integers(), max_size=2)))
+def test_a_plan_files_load_figures_read_back_or_are_refused_in_one_line(
+        load: dict[str, object]) -> None:
+    d = json.loads(json.dumps(_SAVED))
+    for k in LOAD_KEYS:
+        del d["predicted"][k]
+    d["predicted"].update(load)
+
+    def fine(k: str, v: object) -> bool:
+        if isinstance(v, bool):
+            return False
+        if k.startswith("load_"):
+            return isinstance(v, int) and v >= 1
+        return isinstance(v, (int, float)) and math.isfinite(v)
+
+    if load and not (len(load) == len(LOAD_KEYS) and all(fine(k, v) for k, v in load.items())):
+        with pytest.raises(PlanError, match="|".join(LOAD_KEYS)) as e:
+            plan_from_json(d)
+        assert "\n" not in str(e.value)
+        return
+    got = plan_from_json(d).predicted
+    assert isinstance(got, SimulatedPrediction) == bool(load)
