@@ -15,7 +15,7 @@
 #  gemma    Gemma-3-27B shape (sliding window on 5 of 6 layers): single, c32, long16, depth
 #  long8b   Llama-3.1-8B shape: 16k-token prompts, one and four at once
 #  qwen3    Qwen3-32B shape (q/k norms, 64 heads): single, c32, long16, depth
-#  small3b  Llama-3.2-3B shape: single, c32
+#  small3b  Llama-3.2-3B shape: single, c32, long16, depth
 # One GPU, --gpu-memory-utilization 0.9 (long8b: 0.3), random weights (--load-format dummy).
 set -uo pipefail
 M=benchmarks/gpu/models
@@ -27,7 +27,7 @@ declare -A MODEL=([small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
 declare -A SCEN=([small]="single c32" [qwen7b]="single c32" [mla]="single c32"
   [awq]="single c32" [gemma]="single c32 long16 depth" [long8b]="long16"
-  [qwen3]="single c32 long16 depth" [small3b]="single c32")
+  [qwen3]="single c32 long16 depth" [small3b]="single c32 long16 depth")
 # The 8B's long prompts need 4 x 16.5k tokens of KV: 0.3 holds ~300k and starts far sooner than
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 declare -A UTIL=([small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
