@@ -31,7 +31,7 @@ declare -A SCEN=([small]="single c32" [qwen7b]="single c32" [mla]="single c32"
 # The 8B's long prompts need 4 x 16.5k tokens of KV: 0.3 holds ~300k and starts far sooner than
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 declare -A UTIL=([small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
-  [qwen3]=0.9 [small3b]=0.9)
+  [qwen3]=0.9 [small3b]=0.3)
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
 # predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
