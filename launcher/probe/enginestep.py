@@ -6,8 +6,9 @@ operations, sampling) plus the OpenAI server's per token (the hop from the engin
 server, detokenizing, one SSE event), and a prompt's time to first token is a request's fixed
 cost (HTTP, scheduling, the first event) plus a per-token rate. All of it follows the machine
 (its cores, its clock, what else runs): a constant fitted on one machine was off by 2.6x on the
-same machine a day later. vLLM's offline ``LLM`` (what this timed before) has no API server, so
-its step left out the server's per-token work that every served token pays.
+same machine a day later. This timed vLLM's offline ``LLM`` before: its step came within 2% of
+the served one when both were timed in the same minutes, but it timed no prefill, and it needed an
+engine of its own, so a test could not time the engine it served from.
 
 So `launcher probe --measure` starts the engine as `serve` does (vLLM's OpenAI server on the
 embedded tiny model, :mod:`launcher.pipeline.enginesteps`) and :func:`time_served` times it as

@@ -51,10 +51,10 @@ def loadgen_figures(stack: Any) -> tuple[float, float, float]:
 def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadgen_measures(
     stack: Any, tmp_path: Path
 ) -> None:
-    """`probe --measure`'s timing (through the served engine, as loadgen reads it: the offline
-    engine it timed before left out the API server's per-token work) taken on the stack's
-    engine, the plan made from what it kept, and loadgen's default run, round by round: prefill,
-    decode and output throughput each within 25%. No other engine is started."""
+    """`probe --measure`'s timing (through the served engine, as loadgen reads it) taken on the
+    stack's engine, the plan made from what it kept, and loadgen's default run, round by round:
+    prefill, decode and output throughput each within 25%. No other engine is started (timing
+    one engine and serving from another minutes later read 1.7x apart on this loaded machine)."""
     cache = tmp_path / "cache"  # a cache of its own: a real measurement kept here stays
     cache.mkdir()
     (cache / "models").symlink_to(Path(stack.model_path).parent)
