@@ -73,6 +73,13 @@ SIM_MAX_STEPS = 2000
 SIM_MAX_SESSIONS = 256  # per replica: each step's cost grows with the requests it holds
 
 OptionName = Literal["gpu", "fp8", "offload", "shorter"]
+# vLLM's scheduler limits where a room was made without its cards' (vllm_defaults on 80 GB+)
+DEFAULT_LIMITS = memfit.EngineLimits(8192, 256)
+# The sessions a cache holds are counted between turns: no batch of theirs in flight, so a
+# sliding-window layer keeps its window's blocks (memfit.layer_blocks with in_flight 0), not
+# the window plus two batches of prompt chunks that vLLM's start-up check reserves for a
+# running request (that worst case would count a quarter of Gemma 3's sessions at 32K).
+AT_REST = 0
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,10 @@ class Room:
     ttft_cold_s: float  # a turn whose prefix is recomputed
     copy_s: float  # the prefix copied from host memory to the replica's GPUs
     lay: Layout | None = field(default=None, compare=False, repr=False)  # None: the CPU engine
-    # vLLM's scheduler limits on the layout's cards (its defaults: memfit.vllm_defaults)
+    # vLLM's scheduler limits on the layout's cards (its defaults: memfit.vllm_defaults; the
+    # CPU engine's: memfit.CPU_BATCHED_TOKENS)
     limits: memfit.EngineLimits | None = field(default=None, compare=False, repr=False)
+    block: int = field(default=memfit.BLOCK_TOKENS, compare=False, repr=False)  # CPU: 128
 
     @property
     def fits(self) -> bool:
@@ -118,6 +127,21 @@ class Room:
     @property
     def kv_bytes(self) -> int:
         return 1 if self.kv_dtype.startswith("fp8") else 2
+
+    @property
+    def batched_tokens(self) -> int:
+        return (self.limits or DEFAULT_LIMITS).batched_tokens
+
+    def sessions(self, m: ModelSpec, tokens: int) -> int:
+        """Whole requests of ``tokens`` one replica's KV cache holds (:func:`sessions_held`)."""
+        return sessions_held(m, self.kv_budget_bytes, tokens, self.kv_bytes,
+                             self.batched_tokens, block=self.block)
+
+    def request_bytes(self, m: ModelSpec, tokens: int) -> int:
+        """The KV bytes one session of ``tokens`` keeps between turns in this cache (memfit's
+        blocks, :data:`AT_REST`)."""
+        return memfit.request_kv_bytes(m, tokens, self.batched_tokens, self.kv_bytes,
+                                       self.block, AT_REST)
 
 
 @dataclass(frozen=True)
@@ -293,12 +317,17 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
     assert r.lay is not None
     if sessions > SIM_MAX_SESSIONS:
         return None
-    lim_e = limits or r.limits or memfit.EngineLimits(8192, 256)
+    lim_e = limits or r.limits or DEFAULT_LIMITS
     block = memfit.BLOCK_TOKENS
-    blocks = int(r.kv_budget_bytes // max(1, m.kv_bytes(block, r.kv_bytes)))
     turns = agent_turns(ask, context)
+    # memfit's pool at the room's element size, counted in the simulation's blocks for the
+    # longest turn (sliding windows and block rounding as vLLM counts them)
+    pool = memfit.pool_blocks(m, r.kv_budget_bytes, r.kv_bytes, block)
+    longest = max(t.prompt + t.gen for t in turns)
+    blocks = memfit.scheduler_blocks(m, pool, longest, lim_e.batched_tokens, r.kv_bytes, block,
+                                     AT_REST)
     try:
-        lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, max(1, blocks), block)
+        lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block)
         res = simulate_sessions(
             lim, step_timer(m, r.lay, tables), turns, sessions,
             host_copy_s_per_block=(host_copy_s(m, r.lay, block, r.kv_bytes) if offload
@@ -310,10 +339,15 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
     return Simulated(turns, res)
 
 
-def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int) -> int:
-    """Whole sessions of ``tokens`` a replica's KV memory holds, less memfit's margin."""
-    per = m.kv_bytes(tokens, kv_dtype_bytes)
-    return int(kv_budget * (1 - memfit.CONTEXT_MARGIN) // per) if per else 0
+def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int,
+                  batched_tokens: int, *, block: int = memfit.BLOCK_TOKENS) -> int:
+    """Whole sessions of ``tokens`` a replica's KV memory holds between turns, less memfit's
+    margin: the pool's blocks over the blocks one session keeps, as memfit counts them for any
+    element size (:func:`memfit.pool_blocks`, :func:`memfit.request_blocks`: block rounding,
+    vLLM's padded layer groups, sliding windows; :data:`AT_REST`)."""
+    per = memfit.request_blocks(m, tokens, batched_tokens, kv_dtype_bytes, block, AT_REST)
+    pool = memfit.pool_blocks(m, kv_budget * (1 - memfit.CONTEXT_MARGIN), kv_dtype_bytes, block)
+    return pool // per if per else 0
 
 
 def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate],
@@ -338,7 +372,8 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
         for name, nbytes in dtypes:
             out.append(Room(
                 layout=label(c), tp=c.tp, pp=c.pp, dp=c.dp, kv_dtype=name,
-                held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes),
+                held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes,
+                                   c.fit.limits.batched_tokens),
                 need=-(-ask.sessions // c.dp), kv_budget_bytes=c.fit.kv_budget,
                 ttft_warm_s=warm, ttft_cold_s=cold,
                 copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay,
@@ -370,11 +405,9 @@ def _ms(s: float) -> str:
 def shorter_context(m: ModelSpec, r: Room, ask: AgentAsk) -> int:
     """The longest prefix of which ``r.need`` sessions fit the room (0: none)."""
     lo, hi = 0, ask.context
-    budget = r.kv_budget_bytes * (1 - memfit.CONTEXT_MARGIN) / max(1, r.need)
-    nbytes = 1 if r.kv_dtype.startswith("fp8") else 2
-    while lo < hi:
+    while lo < hi:  # the sessions held shrink as the prefix grows: bisect
         mid = (lo + hi + 1) // 2
-        if m.kv_bytes(mid + ask.turn_tokens + ask.gen_tokens, nbytes) <= budget:
+        if r.sessions(m, mid + ask.turn_tokens + ask.gen_tokens) >= max(1, r.need):
             lo = mid
         else:
             hi = mid - 1
@@ -539,12 +572,11 @@ def _offload(m: ModelSpec, rs: Sequence[Room], ask: AgentAsk, host_free_bytes: i
     # 16-bit first: offloading trades PCIe time, not accuracy
     r = min(usable, key=lambda x: (x.kv_dtype.startswith("fp8"), -x.held / x.need,
                                    x.ttft_warm_s + x.copy_s))
-    nbytes = 1 if r.kv_dtype.startswith("fp8") else 2
     # The host tier is assumed to keep a copy of every block as it is computed (vLLM's native
     # backend stores them on the way, then serves hits from host memory) and to evict by LRU
     # itself: holding fewer prefixes than there are sessions taking turns, it would miss every
     # time too. So it is sized for all of them.
-    want = r.need * m.kv_bytes(ask.context, nbytes)
+    want = r.need * r.request_bytes(m, ask.context)
     room = HOST_OFFLOAD_SHARE * host_free_bytes / r.dp
     gib = math.ceil(want * 1.1 / GIB)
     if gib * GIB > room:
@@ -584,9 +616,13 @@ def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology)
     cold = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.context + ask.turn_tokens,
                                  gen=1, concurrency=1, step_overhead_s=over.seconds,
                                  prefill=over.prefill).ttft_s
-    held = sessions_held(m, budget, ask.request_tokens, 2)
-    room = Room("", 1, 1, 1, "auto", held, ask.sessions, budget, warm, cold, 0.0)
-    need_gib = math.ceil(ask.sessions * m.kv_bytes(ask.request_tokens)
+    # the CPU engine's blocks of 128 tokens and its batched tokens
+    room = Room("", 1, 1, 1, "auto", 0, ask.sessions, budget, warm, cold, 0.0,
+                limits=memfit.EngineLimits(memfit.CPU_BATCHED_TOKENS, 256),
+                block=memfit.CPU_BLOCK_TOKENS)
+    held = room.sessions(m, ask.request_tokens)
+    room = replace(room, held=held)
+    need_gib = math.ceil(ask.sessions * room.request_bytes(m, ask.request_tokens)
                          / (1 - memfit.CONTEXT_MARGIN) / GIB * 10) / 10
     options = [
         Option("gpu", room.fits, f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) "

@@ -24,9 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.model.modelspec import ModelSpec
-from launcher.planner import hardware
+from launcher.planner import hardware, memfit
 from launcher.planner.costmodel import CpuStepOverhead, Layout, Prediction
-from launcher.planner.memfit import BLOCK_TOKENS, CPU_BATCHED_TOKENS, CPU_BLOCK_TOKENS
+from launcher.planner.memfit import (
+    BLOCK_TOKENS,
+    CPU_BATCHED_TOKENS,
+    CPU_BATCHES_IN_FLIGHT,
+    CPU_BLOCK_TOKENS,
+    GPU_BATCHES_IN_FLIGHT,
+)
 from launcher.planner.schedsim import SchedulerLimits, SimResult, TableStepCost, Workload, simulate
 from launcher.probe.kernels import (
     DECODE_BATCH,
@@ -187,12 +193,6 @@ def predict(
                           many.output_tok_s, one.ttft_s, many)
 
 
-def kv_blocks(m: ModelSpec, kv_bytes: float, block: int) -> int:
-    """Blocks of ``block`` tokens the KV memory holds (every layer's share of a block)."""
-    per_block = m.kv_bytes(block) or 1
-    return max(1, int(kv_bytes // per_block))
-
-
 def as_prediction(
     m: ModelSpec,
     table: KernelTable,
@@ -210,14 +210,22 @@ def as_prediction(
     dp: int = 1,
     max_graph_tokens: int = 512,
     measured_step_overhead: tuple[float, str] | None = None,
+    kv_dtype_bytes: int = 2,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> tuple[Prediction, tuple[str, ...]]:
     """The cost model's :class:`Prediction` from a kernel table, through the simulated
-    scheduler; ``dp`` replicas share the streams. With the sources said."""
+    scheduler; ``dp`` replicas share the streams. With the sources said. The KV pool is
+    memfit's (:func:`memfit.pool_blocks` of ``kv_bytes``, counted in the simulation's blocks
+    for a request of ``prompt + gen``: sliding windows and block rounding as vLLM counts
+    them)."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=max_graph_tokens,
                    measured_step_overhead=measured_step_overhead)
     per_replica = max(1, -(-concurrency // max(1, dp)))
-    lim = SchedulerLimits(batched_tokens, max_num_seqs, kv_blocks(m, kv_bytes, block), block)
+    pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
+    blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
+                                     block, in_flight)
+    lim = SchedulerLimits(batched_tokens, max_num_seqs, blocks, block)
     p = predict(kc.cost, lim, prompt=prompt, gen=gen, concurrency=per_replica,
                 request_overhead_s=request_overhead_s)
     busy = min(max(1, dp), -(-concurrency // per_replica))
@@ -251,10 +259,11 @@ def layout_prediction(
     prompt: int,
     gen: int,
     concurrency: int,
+    kv_dtype_bytes: int = 2,
 ) -> tuple[Prediction, KernelTable] | None:
     """A GPU candidate's prediction from its kernel table, with the table; None where there is
     none (the roofline then predicts) or the layout has pipeline stages (left to the
-    roofline)."""
+    roofline). ``kv_dtype_bytes``: the fit's KV element size (1 under FP8 KV)."""
     names = {g.name for stage in lay.stages for g in stage}
     if lay.pp != 1 or len(names) != 1:
         return None
@@ -268,6 +277,7 @@ def layout_prediction(
         max_num_seqs=max_num_seqs, prompt=prompt, gen=gen, concurrency=concurrency,
         assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
         request_overhead_s=hardware.REQUEST_OVERHEAD_S, allreduce=ar, dp=lay.dp,
+        kv_dtype_bytes=kv_dtype_bytes,
     )
     return pred, table
 
@@ -289,4 +299,5 @@ def cpu_prediction(
         measured_step_overhead=(step_overhead.seconds, step_overhead.why)
         if step_overhead is not None and step_overhead.measured else None,
         request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_graph_tokens=0,
+        in_flight=CPU_BATCHES_IN_FLIGHT,
     )

@@ -231,7 +231,7 @@ def evaluate(
     measured = kernelcost.layout_prediction(
         m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
         max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,
-        concurrency=policy.streams,
+        concurrency=policy.streams, kv_dtype_bytes=f.kv_dtype_bytes,
     )
     if measured is not None:
         return replace(cand, predicted=measured[0], kernel_table=measured[1],

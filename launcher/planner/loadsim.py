@@ -86,11 +86,10 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> Sc
     spans one layer of each group, so with sliding-window groups one request takes fewer than
     its tokens' blocks (:func:`memfit.request_blocks`): the pool is counted here in the
     simulation's blocks (a request of ``tokens`` takes ⌈tokens / 16⌉), scaled so that it holds
-    as many such requests as the fit does."""
-    per = memfit.request_blocks(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
-    plain = -(-tokens // BLOCK_TOKENS)
-    blocks = f.kv_blocks * plain // per if per else f.kv_blocks
-    return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, max(1, blocks), BLOCK_TOKENS)
+    as many such requests as the fit does (:func:`memfit.scheduler_blocks`)."""
+    blocks = memfit.scheduler_blocks(m, f.kv_blocks, tokens, f.limits.batched_tokens,
+                                     f.kv_dtype_bytes)
+    return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, blocks, BLOCK_TOKENS)
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,

@@ -320,6 +320,24 @@ def request_blocks(
                * layer_blocks(g, tokens, batched_tokens, block, in_flight) for g, layers in groups)
 
 
+def scheduler_blocks(
+    m: ModelSpec,
+    kv_blocks: int,
+    tokens: int,
+    batched_tokens: int,
+    kv_dtype_bytes: int = 2,
+    block: int = BLOCK_TOKENS,
+    in_flight: int = GPU_BATCHES_IN_FLIGHT,
+) -> int:
+    """The pool of :func:`pool_blocks` counted in the scheduler simulation's blocks, in which a
+    request of ``tokens`` takes ⌈tokens / block⌉: a pool block spans one layer of each group, so
+    with sliding-window groups one request takes fewer than its tokens' blocks
+    (:func:`request_blocks`); the pool is scaled so that it holds as many such requests."""
+    per = request_blocks(m, tokens, batched_tokens, kv_dtype_bytes, block, in_flight)
+    plain = -(-tokens // block)
+    return max(1, kv_blocks * plain // per if per else kv_blocks)
+
+
 def kv_pool_tokens(
     m: ModelSpec,
     kv_bytes: float,

@@ -22,7 +22,7 @@ from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, load_model_spec
 from launcher.pipeline.run import plan_with_agent
 from launcher.planner import costmodel, memfit, whatif
-from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype, sessions_held
+from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype
 from launcher.planner.plan import Plan, Policy
 from launcher.probe.topology import load_topology
 from tests.conftest import REPO
@@ -130,9 +130,26 @@ def test_a_70b_on_the_pair_needs_a_shorter_context_and_gets_one_that_holds_the_s
     assert ap.choice == "shorter"
     assert 0 < ap.context < 65536
     ask = AgentAsk(4, ap.context)
-    assert sessions_held(m, ap.room.kv_budget_bytes, ask.request_tokens,
-                         ap.kv_dtype_bytes) >= ap.room.need
+    assert ap.room.sessions(m, ask.request_tokens) >= ap.room.need
     assert chosen.max_model_len >= ask.request_tokens
+
+
+def test_a_sliding_window_room_holds_the_sessions_memfits_block_pool_holds() -> None:
+    """Gemma 3's rooms count sessions in vLLM's blocks, as memfit does: its 52 sliding layers
+    are padded to 60 in the pool and each keeps its window's blocks, so one H200 holds fewer
+    16K sessions than the plain byte count (every layer's tokens, no blocks) says."""
+    m = load_model_spec(model("gemma-3-27b"))
+    _, ap = agent(str(H200), "gemma-3-27b", 4, 16000)
+    tokens = ap.ask.request_tokens
+    fewer = 0
+    for r in ap.rooms:
+        assert r.limits is not None
+        kv = r.kv_budget_bytes * (1 - memfit.CONTEXT_MARGIN)
+        pool = memfit.pool_blocks(m, kv, r.kv_bytes)
+        per = memfit.request_blocks(m, tokens, r.limits.batched_tokens, r.kv_bytes, in_flight=0)
+        assert r.held == pool // per
+        fewer += r.held < int(kv // m.kv_bytes(tokens, r.kv_bytes))
+    assert fewer == len(ap.rooms)
 
 
 def test_a_32b_class_4_bit_model_on_the_pair_fits_four_24k_sessions_with_fp8() -> None:
@@ -332,7 +349,7 @@ def test_any_sessions_and_context_give_an_agent_plan_or_one_line(
         return
     m = load_model_spec(model(name))
     served = AgentAsk(sessions, ap.context).request_tokens
-    held = sessions_held(m, ap.room.kv_budget_bytes, served, ap.kv_dtype_bytes)
+    held = ap.room.sessions(m, served)
     assert held >= ap.room.need or (ap.choice == "offload" and held >= 1)
     assert 0 < ap.context <= context
     assert chosen.tp * chosen.pp * chosen.dp <= 2

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.model.modelspec import load_model_spec
+from launcher.planner import memfit
 from launcher.planner.kernelcost import (
     AllReduce,
     as_prediction,
-    kv_blocks,
     predict,
     step_cost,
     step_shape,
@@ -264,9 +264,22 @@ def test_replicas_share_the_streams_and_add_up() -> None:
     assert any("assumed" in s for s in sources)
 
 
-def test_kv_blocks_count_every_layer() -> None:
-    m = load_model_spec(str(MODELS / "llama-3.1-8b"))  # 128 KiB a token over 32 layers
-    assert kv_blocks(m, 2**30, 16) == 2**30 // (16 * 128 * 1024)
+def test_the_kernel_path_runs_as_many_requests_as_memfits_pool_holds() -> None:
+    """The KV pool of a prediction from a kernel table is memfit's: Gemma 3's 52 sliding layers
+    are padded to 60 and, with two 8,192-token batches in flight past their window, keep all of
+    a 4,011-token request, so 4 GiB holds one such request, not the three a count of every
+    layer's tokens would run."""
+    m = load_model_spec(str(MODELS / "gemma-3-27b"))
+    kw: dict[str, Any] = {"kv_bytes": 4 * 2**30, "block": 16, "batched_tokens": 8192,
+                          "max_num_seqs": 256, "prompt": 4000, "gen": 11, "concurrency": 8,
+                          "assumed_step_overhead_s": 1e-3, "request_overhead_s": 3e-3}
+    pool = memfit.pool_blocks(m, kw["kv_bytes"])
+    assert pool // memfit.request_blocks(m, 4011, 8192) == 1
+    pred, _ = as_prediction(m, synthetic_table(), **kw)
+    assert pred.batch == 1
+    llama = load_model_spec(str(MODELS / "llama-3.1-8b"))  # every layer full: 16 in 8 GiB
+    pred, _ = as_prediction(llama, synthetic_table(), **{**kw, "kv_bytes": 8 * 2**30})
+    assert pred.batch == 8
 
 
 # --------------------------------------------------------------------------- in the planner
