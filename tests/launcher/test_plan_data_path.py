@@ -103,19 +103,20 @@ def free_port() -> int:
 
 
 CASES = {
-    # one node: the search, then the explanation
+    # one node: the search, the chosen layout's load (simulated), then the explanation
     "plan": (["plan", "--json", "--topology", topo("2x3090-desktop-on-gpu0"),
               "--model", model("llama-3.1-8b"), "--workload", "throughput"],
-             ["layouts", "explain"]),
+             ["layouts", "loadsim", "explain"]),
     # serve goes the same way (its --dry-run stops before starting anything)
     "serve": (["serve", "--dry-run", "--topology", topo("2x3090-p2p-x16"),
                "--model", model("mistral-7b")],
-              ["layouts", "explain"]),
+              ["layouts", "loadsim", "explain"]),
     # several nodes: one node's search first, then the split over the nodes, then the words
     "nodes": (["plan", "--json", "--topology", topo("2x3090-p2p-x16"),
                "--model", model("llama-3.3-70b-awq"), "--nodes", "2"],
-              ["layouts", "multinode", "explain"]),
-    # nothing fits: the search, then the explanation, which asks what would fit
+              ["layouts", "multinode", "loadsim", "explain"]),
+    # nothing fits: the search, then the explanation, which asks what would fit (no load to
+    # simulate)
     "no fit": (["plan", "--json", "--topology", topo("2x3090-gt1030-display"),
                 "--model", model("llama-3.3-70b")],
                ["layouts", "explain"]),
