@@ -287,15 +287,22 @@ def pool_blocks(
     type a block spans one layer of each (padded) group, ``num_blocks = kv_bytes // (block ×
     bytes per token and layer × group size)`` (kv_cache_utils.py
     ``get_kv_cache_config_from_groups``); with several page sizes, one block of every layer."""
-    groups = vllm_groups(m)
-    if not groups:
-        return 0
-    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
-        per = sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups)
-    else:
-        size = min(n for _, n in groups) if len(groups) > 1 else groups[0][1]
-        per = block * groups[0][0].bytes_per_token(kv_dtype_bytes) * size
+    per, _ = _pool_block(vllm_groups(m), kv_dtype_bytes, block)
     return int(kv_bytes // per) if per else 0
+
+
+def _pool_block(
+    groups: list[tuple[KvGroup, int]], kv_dtype_bytes: int, block: int
+) -> tuple[int, int | None]:
+    """One block of vLLM's pool: its bytes, and how many layers of each group it spans (None
+    where the layer types' page sizes differ: then a block is one block of every layer, and a
+    request's blocks are counted from its bytes)."""
+    if not groups:
+        return 0, None
+    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
+        return sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups), None
+    size = min(n for _, n in groups) if len(groups) > 1 else groups[0][1]
+    return block * groups[0][0].bytes_per_token(kv_dtype_bytes) * size, size
 
 
 def request_blocks(
@@ -311,11 +318,10 @@ def request_blocks(
     groups = vllm_groups(m)
     if not groups:
         return 0
-    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
-        per = sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups)
+    per, size = _pool_block(groups, kv_dtype_bytes, block)
+    if size is None:
         need = request_kv_bytes(m, tokens, batched_tokens, kv_dtype_bytes, block, in_flight)
         return -(-need // per)
-    size = min(n for _, n in groups) if len(groups) > 1 else groups[0][1]
     return sum((layers // size if len(groups) > 1 else 1)
                * layer_blocks(g, tokens, batched_tokens, block, in_flight) for g, layers in groups)
 
