@@ -42,10 +42,15 @@ CASES = {
 }
 
 
-def aic(exe: str, model: str, tp: int, quant: str, batch: int) -> dict[str, float] | str:
+def aic(exe: str, model: str, tp: int, quant: str | None, batch: int, isl: int = 512,
+        osl: int = 256) -> dict[str, float] | str:
+    """aiconfigurator's TTFT, TPOT (ms) and tokens/s for ``batch`` requests of ``isl`` -> ``osl``
+    (``quant`` None: its own reading of the config), or the line saying why it cannot."""
     cmd = [exe, "cli", "estimate", "--model-path", str(MODELS / model), "--system", "h200_sxm",
-           "--backend", "vllm", "--isl", "512", "--osl", "256", "--batch-size", str(batch),
-           "--tp-size", str(tp), "--estimate-mode", "agg", "--gemm-quant-mode", quant]
+           "--backend", "vllm", "--isl", str(isl), "--osl", str(osl), "--batch-size", str(batch),
+           "--tp-size", str(tp), "--estimate-mode", "agg"]
+    if quant is not None:
+        cmd += ["--gemm-quant-mode", quant]
     if "a3b" in model:  # a mixture-of-experts: experts split as the attention is
         cmd += ["--moe-tp-size", str(tp), "--moe-ep-size", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)

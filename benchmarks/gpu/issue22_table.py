@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-MODELS = Path(__file__).resolve().parent / "models"
+import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
+
 MODEL = {"small": "llama-3.2-1b-shape", "qwen7b": "qwen2.5-7b-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
@@ -62,24 +61,11 @@ def depth_ttft(folder: Path, name: str) -> dict[int, float]:
 
 
 def aic(exe: str | None, case: str, isl: int, osl: int, batch: int) -> dict[str, float] | str:
+    """aiconfigurator's estimate on one GPU (aic_compare.aic), its refusal shortened."""
     if exe is None:
         return "not run"
-    cmd = [exe, "cli", "estimate", "--model-path", str(MODELS / MODEL[case]), "--system",
-           "h200_sxm", "--backend", "vllm", "--isl", str(isl), "--osl", str(osl), "--batch-size",
-           str(batch), "--tp-size", "1", "--estimate-mode", "agg"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    text = out.stdout + out.stderr
-    fields = {}
-    for key, pat in (("ttft_ms", r"TTFT:\s+([0-9.]+) ms"), ("tpot_ms", r"TPOT:\s+([0-9.]+) ms"),
-                     ("tok_s", r"\n\s+tokens/s:\s+([0-9.,]+)")):
-        m = re.search(pat, text)
-        if m:
-            fields[key] = float(m.group(1).replace(",", ""))
-    if len(fields) < 3:
-        errs = [ln for ln in text.splitlines() if "rror" in ln]
-        reason = errs[-1] if errs else (text.strip().splitlines() or ["no output"])[-1]
-        return reason.split("Supported architectures")[0].strip()[:120]
-    return fields
+    got = aic_compare.aic(exe, MODEL[case], 1, None, batch, isl, osl)
+    return got.split("Supported architectures")[0].strip()[:120] if isinstance(got, str) else got
 
 
 def figures(results: Path, exe: str | None) -> list[Figure]:
