@@ -22,6 +22,12 @@
 #  agent09   the 8B's agent plan at 0.9 (all four sessions fit the GPU cache), served with
 #            --workload agent: the same soak with one session alone, then with four, which
 #            separates the cost of a turn at depth from the sessions' turns queueing together
+#  soak32b   the Qwen3-32B shape (40,960 positions: room past 32k) at $U32, where the 16-bit
+#            GPU cache holds about one of the four soaked sessions: its agent plan first, then
+#            served plain (16-bit KV, no offload): the agent soak, 512->256 single, depth
+#            0,8k,32k cached and cold, 32 streams (the later ones skipped when time is short)
+#  offload32b the same shape and utilisation served with its agent plan (`--workload agent`);
+#            offloading given by hand, as in offload8b, where the plan chose otherwise: the soak
 # Each step leaves $OUT/STEP.tgz (at most 8 files come back from one command) and lines in
 # $OUT/summary.txt. DEADLINE (epoch seconds) makes a step skip its long parts when time is short.
 set -uo pipefail
@@ -31,8 +37,12 @@ export PYTHONPATH=/root/site:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 NCCL_NVLS_ENABLE
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 M8=benchmarks/gpu/models/llama-3.1-8b-longctx-shape
 M32=benchmarks/gpu/models/qwen2.5-32b-shape
+Q32=benchmarks/gpu/models/qwen3-32b-shape
 U=${U:-0.15}
+U32=${U32:-0.55}
 SESS=4 SOAK=34000 TURN=4000 AGEN=64
+# The 32B's turns add 8,000 tokens (5 turns to 34k): its recomputed turns take seconds each.
+TURN32=8000
 COMPILE='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64]}'
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 560 ))}
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -129,7 +139,7 @@ metrics() {  # the engine's cache and offloading counters
 }
 
 agent_run() {
-  lg "$1" --workload agent --sessions "${2:-$SESS}" --soak-tokens $SOAK --turn-tokens $TURN --gen $AGEN \
+  lg "$1" --workload agent --sessions "${2:-$SESS}" --soak-tokens $SOAK --turn-tokens "${3:-$TURN}" --gen $AGEN \
     --think 1 --metrics-url http://127.0.0.1:18100/metrics --gpu-sample 2
   metrics "$1-metrics.txt"
 }
@@ -220,6 +230,50 @@ for step in "$@"; do
         agent_run agent-4 4
       fi
       stop agent09 ;;
+    soak32b)
+      dir=$OUT/soak32b-plan; mkdir -p "$dir"
+      base=(--model "$Q32" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$U32")
+      agent=(--workload agent --sessions $SESS --context $SOAK --prompt $TURN32 --gen $AGEN)
+      plan agent4 "${base[@]}" "${agent[@]}" &
+      plan single512 "${base[@]}" --prompt 512 --gen 256 &
+      plan c32 "${base[@]}" --prompt 512 --gen 256 --concurrency 32 &
+      for d in 8000 32000; do
+        plan "depth$d" "${base[@]}" --workload agent --sessions 1 --context $d --prompt 512 --gen 64 &
+      done
+      wait
+      timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
+      sort -o "$dir/predictions.txt" "$dir/predictions.txt"
+      cat "$dir/predictions.txt" >>"$OUT/summary.txt"
+      grep -E "option|agent plan|TTFT p50 by depth" "$dir/agent4.txt" | tee -a "$OUT/summary.txt"
+      (cd "$OUT" && tar czf soak32b-plan.tgz soak32b-plan && rm -rf soak32b-plan)
+      serve soak32b "${base[@]}" -- --load-format dummy --compilation-config "$COMPILE"
+      if [[ $ready == 1 ]]; then
+        lg single --prompt 512 --gen 256 --concurrency 1 --requests 3 --warmup 1
+        agent_run agent-gpu-only $SESS $TURN32
+        lg depth-cached --depth 0,8k,32k --prompt 512 --gen 64 --requests 3 --warmup 1
+        lg depth-cold --depth 0,8k,32k --depth-cold --prompt 512 --gen 64 --requests 3 --warmup 1
+        lg c32 --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 8
+      fi
+      stop soak32b ;;
+    offload32b)
+      dir=$OUT/offload32b-plan; mkdir -p "$dir"
+      base=(--model "$Q32" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$U32")
+      agent=(--workload agent --sessions $SESS --context $SOAK --prompt $TURN32 --gen $AGEN)
+      plan agent4 "${base[@]}" "${agent[@]}"
+      timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
+      choice=$(python3 -c "import json; print(json.load(open('$dir/agent4.json'))['agent']['choice'])")
+      say "offload32b: the agent plan chose '$choice'"; cat "$dir/predictions.txt" >>"$OUT/summary.txt"
+      (cd "$OUT" && tar czf offload32b-plan.tgz offload32b-plan && rm -rf offload32b-plan)
+      if [[ $choice == offload ]]; then
+        serve offload32b "${base[@]}" "${agent[@]}" -- --load-format dummy --compilation-config "$COMPILE"
+      else
+        # 4 x 38k tokens x 256 KiB (16-bit KV of 64 layers x 8 heads x 128), +10%: 41 GiB.
+        say "offload32b: offloading given by hand (--kv-offloading-size 41)"
+        serve offload32b "${base[@]}" -- --load-format dummy --compilation-config "$COMPILE" \
+          --kv-offloading-backend native --kv-offloading-size 41
+      fi
+      if [[ $ready == 1 ]]; then agent_run agent-offload $SESS $TURN32; fi
+      stop offload32b ;;
   esac
 done
 say "done at $(date -u +%FT%TZ)"
