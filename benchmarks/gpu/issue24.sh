@@ -42,7 +42,7 @@ U=${U:-0.15}
 U32=${U32:-0.55}
 SESS=4 SOAK=34000 TURN=4000 AGEN=64
 # The 32B's turns add 8,000 tokens (5 turns to 34k): its recomputed turns take seconds each.
-TURN32=8000
+TURN32=8000  # the plan's --context is the prefix before the last turn: $SOAK - $TURN32
 COMPILE='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64]}'
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 560 ))}
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -233,7 +233,7 @@ for step in "$@"; do
     soak32b)
       dir=$OUT/soak32b-plan; mkdir -p "$dir"
       base=(--model "$Q32" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$U32")
-      agent=(--workload agent --sessions $SESS --context $SOAK --prompt $TURN32 --gen $AGEN)
+      agent=(--workload agent --sessions $SESS --context $((SOAK - TURN32)) --prompt $TURN32 --gen $AGEN)
       plan agent4 "${base[@]}" "${agent[@]}" &
       plan single512 "${base[@]}" --prompt 512 --gen 256 &
       plan c32 "${base[@]}" --prompt 512 --gen 256 --concurrency 32 &
@@ -258,7 +258,7 @@ for step in "$@"; do
     offload32b)
       dir=$OUT/offload32b-plan; mkdir -p "$dir"
       base=(--model "$Q32" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$U32")
-      agent=(--workload agent --sessions $SESS --context $SOAK --prompt $TURN32 --gen $AGEN)
+      agent=(--workload agent --sessions $SESS --context $((SOAK - TURN32)) --prompt $TURN32 --gen $AGEN)
       plan agent4 "${base[@]}" "${agent[@]}"
       timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
       choice=$(python3 -c "import json; print(json.load(open('$dir/agent4.json'))['agent']['choice'])")
