@@ -5,8 +5,9 @@ from 2,001 to 34,033 prompt tokens by 4,004 a turn, 64 answered, at --gpu-memory
 
     python benchmarks/gpu/issue24_agentsim.py [RESULTS_DIR]
 
-The prediction is the plan's own machinery (launcher.planner.agent.simulate_room's scheduler,
-step timer and host copy) on the turns loadgen sent, planned for the H200 fixture the docs use
+The prediction is the plan's own machinery (launcher.planner.agent.simulate_turns: the
+scheduler, step timer and host copy, the sessions arriving as loadgen sent them) on the turns
+loadgen sent, planned for the H200 fixture the docs use
 (tests/fixtures/topologies/h200x2-nvlink.nvml.json, one GPU) with 125 GiB of free host memory.
 """
 
@@ -19,10 +20,10 @@ from pathlib import Path
 
 from launcher.model.modelspec import GIB, load_model_spec
 from launcher.pipeline.run import plan_with_agent
-from launcher.planner import agent, hardware
+from launcher.planner import agent
 from launcher.planner.agent import AgentAsk
 from launcher.planner.plantypes import Policy
-from launcher.planner.schedsim import SchedulerLimits, Turn, simulate_sessions
+from launcher.planner.schedsim import Turn
 from launcher.probe.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,7 @@ RUNS = {  # (utilization, sessions, offload): the measured run's file
     (0.15, 4, True): "offload8b/agent-offload.json",
 }
 TURNS = [Turn(2001 + i * 4004, 64) for i in range(9)]
+THINK_S = 1.0  # the runs' --think (loadgen's default)
 
 
 def measured(path: Path) -> list[float]:
@@ -51,15 +53,11 @@ def predicted(util: float, sessions: int, offload: bool) -> list[float]:
                                             force_pp=1, force_dp=1), ask, 125 * GIB)
     assert ap is not None
     r = next(x for x in ap.rooms if x.kv_dtype == "auto")
-    assert r.lay is not None
-    assert r.limits is not None
-    block = 16
-    lim = SchedulerLimits(r.limits.batched_tokens, r.limits.max_num_seqs,
-                          int(r.kv_budget_bytes // m.kv_bytes(block, 2)), block)
-    res = simulate_sessions(
-        lim, agent.step_timer(m, r.lay, ()), TURNS, sessions,
-        host_copy_s_per_block=agent.host_copy_s(m, r.lay, block, 2) if offload else None,
-        request_overhead_s=hardware.REQUEST_OVERHEAD_S)
+    # the sessions as loadgen sent them (--think 1: staggered, a think time after each answer;
+    # the answers resent as text; one system prompt), through the agent plan's own simulation
+    res = agent.simulate_turns(m, r, TURNS, sessions, think_s=THINK_S, offload=offload,
+                               max_steps=0,
+                               common_tokens=agent.loadgen_common_tokens(TURNS[0].prompt))
     return [res.ttft(i).p50 for i in range(len(TURNS))]
 
 

@@ -20,7 +20,11 @@ vLLM's scheduler (:func:`launcher.planner.schedsim.simulate_sessions`: its budge
 tokens, chunked prefill, the sequence limit, the KV blocks and the prefix cache, with the
 offloading's host tier where there is one). The sessions send as loadgen's agent workload does
 (``AgentAsk.think_s``): staggered over one think time, each turn a think time after the
-session's previous answer, so they overlap where turns take long and queue where they overlap;
+session's previous answer, so they overlap where turns take long and queue where they overlap.
+Their turns carry what loadgen's carry (loadgen/agent.py): each resends the previous answer as a
+text of its length, not the model's own tokens, so the prefix cache matches the previous prompt
+and a turn computes its new tokens and the answer again; the sessions' first turns begin with
+one system prompt (``AgentAsk.common_tokens``), cached across sessions;
 where the KV room holds fewer prefixes than there are sessions, the pool
 evicts them before their next turn, which then recomputes its prefix or, with offloading, copies
 it back over PCIe while holding its blocks. The option's figure is the median session's time to
@@ -92,6 +96,10 @@ class AgentAsk:
     # the sessions starting staggered over one of them, as loadgen --workload agent --think
     # sends them; None: every session sends each turn at the same moment (the worst case)
     think_s: float | None = 1.0
+    # the first tokens of every session's conversation, the same in all (an agent's system
+    # prompt: loadgen's is a quarter of the first turn, :func:`loadgen_common_tokens`), which
+    # a session's first turn finds cached once another session sent them; 0: none assumed
+    common_tokens: int = 0
 
     @property
     def request_tokens(self) -> int:
@@ -223,12 +231,17 @@ def request_overhead_s(prompt: int) -> float:
     return hardware.REQUEST_OVERHEAD_S + prompt * costmodel.PROMPT_TOKEN_HOST_S
 
 
-def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int) -> float:
-    """The prefix's KV copied from host memory to one replica: each GPU loads its own share over
-    its own PCIe link (NVML's negotiated generation and width, at the planner's PCIe
-    efficiency), so the slowest link sets the time."""
+def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int,
+                batched_tokens: int = DEFAULT_LIMITS.batched_tokens) -> float:
+    """The prefix's KV copied from host memory to one replica: the blocks vLLM holds for it
+    (memfit's block model between turns, :data:`AT_REST`: whole blocks, vLLM's padded layer
+    groups, a sliding-window layer only its window's), each GPU loading its own share over its
+    own PCIe link (NVML's negotiated generation and width, at the planner's PCIe efficiency),
+    so the slowest link sets the time."""
     gpus = [g for st in lay.stages for g in st]
-    share = m.kv_bytes(depth, kv_dtype_bytes) / max(1, len(gpus))
+    moved = memfit.request_kv_bytes(m, depth, batched_tokens, kv_dtype_bytes,
+                                    memfit.BLOCK_TOKENS, AT_REST)
+    share = moved / max(1, len(gpus))
     return share / (min(costmodel.pcie_gbs(g) for g in gpus) * 1e9)
 
 
@@ -317,26 +330,58 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
     assert r.lay is not None
     if sessions > SIM_MAX_SESSIONS:
         return None
-    lim_e = limits or r.limits or DEFAULT_LIMITS
-    block = memfit.BLOCK_TOKENS
     turns = agent_turns(ask, context)
+    common = min(ask.common_tokens, turns[0].prompt)
+    try:
+        res = simulate_turns(m, r, turns, sessions, think_s=ask.think_s, offload=offload,
+                             common_tokens=common, tables=tables, limits=limits)
+    except SimError:
+        return None
+    return Simulated(turns, res)
+
+
+def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, *,
+                   think_s: float | None, offload: bool, common_tokens: int = 0,
+                   tables: Sequence[KernelTable] = (),
+                   limits: memfit.EngineLimits | None = None, max_steps: int = SIM_MAX_STEPS,
+                   timer: StepTimer | None = None,
+                   request_overhead_s: float = hardware.REQUEST_OVERHEAD_S) -> SessionsResult:
+    """``sessions`` sessions sending ``turns`` as loadgen's agent workload sends them, through
+    the simulation of one replica of ``r``'s scheduler: the one path of the agent plan's
+    figures and of their checks against loadgen's runs. Each turn resends the previous answer
+    as other tokens (only the previous prompt is cached, loadgen/agent.py); the first turns
+    begin with ``common_tokens`` shared by every session. ``timer``: the step's cost (default:
+    the layout's, :func:`step_timer`; the CPU engine's: :class:`CpuStep`); ``offload``: a host
+    tier holds every prefix, copied back over PCIe. A SimError where a turn does not fit the
+    KV cache or the simulation passes ``max_steps`` (0: no limit)."""
+    lim_e = limits or r.limits or DEFAULT_LIMITS
+    block = r.block
     # memfit's pool at the room's element size, counted in the simulation's blocks for the
     # longest turn (sliding windows and block rounding as vLLM counts them)
     pool = memfit.pool_blocks(m, r.kv_budget_bytes, r.kv_bytes, block)
     longest = max(t.prompt + t.gen for t in turns)
     blocks = memfit.scheduler_blocks(m, pool, longest, lim_e.batched_tokens, r.kv_bytes, block,
                                      AT_REST)
-    try:
-        lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block)
-        res = simulate_sessions(
-            lim, step_timer(m, r.lay, tables), turns, sessions,
-            host_copy_s_per_block=(host_copy_s(m, r.lay, block, r.kv_bytes) if offload
-                                   else None),
-            request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_steps=SIM_MAX_STEPS,
-            think_s=ask.think_s, overhead_s_per_prompt_token=costmodel.PROMPT_TOKEN_HOST_S)
-    except SimError:
-        return None
-    return Simulated(turns, res)
+    per_block = None
+    if offload:  # what vLLM moves for the longest turn, over the simulation's blocks of it
+        assert r.lay is not None
+        per_block = (host_copy_s(m, r.lay, longest, r.kv_bytes, lim_e.batched_tokens)
+                     / -(-longest // block))
+    if timer is None:
+        assert r.lay is not None
+        timer = step_timer(m, r.lay, tables)
+    lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block)
+    return simulate_sessions(
+        lim, timer, turns, sessions, host_copy_s_per_block=per_block,
+        request_overhead_s=request_overhead_s, max_steps=max_steps, think_s=think_s,
+        overhead_s_per_prompt_token=costmodel.PROMPT_TOKEN_HOST_S,
+        common_tokens=common_tokens, answers_cached=False)
+
+
+def loadgen_common_tokens(first_prompt: int) -> int:
+    """The system prompt loadgen's agent workload opens every session with: a quarter of the
+    first turn's tokens (loadgen/agent.py ``build_conversations``; tests hold the two equal)."""
+    return max(1, first_prompt // 4)
 
 
 def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int,

@@ -323,6 +323,11 @@ class _Engine:
     loading: list[_Req] = field(default_factory=list)
     copied_blocks: int = 0
     now: float = 0.0
+    # Sessions: whether a session's next prompt reuses its previous answer's KV (False: the
+    # answer comes back as other tokens, so only the previous prompt's blocks match), and the
+    # tokens every session's first prompt begins with (an agent's system prompt)
+    answers_cached: bool = True
+    common: int = 0
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.lim.block_size)
@@ -337,7 +342,8 @@ class _Engine:
     def release(self, r: _Req) -> None:
         """``r``'s blocks back to the pool; a session's full blocks keep their tokens (and are
         kept in host memory too where there is a host tier)."""
-        content = min(r.computed, r.num_tokens) // self.lim.block_size
+        content = min(r.computed, r.num_tokens if self.answers_cached else r.prompt)
+        content //= self.lim.block_size
         if r.session is not None and self.host is not None:
             self.host[r.session] = max(self.host.get(r.session, 0), content)
         self.pool.give(r.blocks, r.session, content if self.lim.prefix_caching else 0)
@@ -422,8 +428,11 @@ class _Engine:
         bs = self.lim.block_size
         usable = (r.num_tokens - 1) // bs if self.lim.prefix_caching else 0
         on_gpu = min(self.pool.resident(r.session), usable)
+        # the blocks it finds: its own, or at least the common first tokens another session's
+        # request left (those it takes as new blocks: each request counts its own here)
+        hit = max(on_gpu, min(self.common_resident(), usable))
         in_host = min(self.host.get(r.session, 0), usable) if self.host is not None else 0
-        copy = max(0, in_host - on_gpu)
+        copy = max(0, in_host - hit)
         if copy:
             # A copy starts only where the rest of the prompt will fit too, besides what the
             # copies already under way will need: copies holding blocks with nothing running
@@ -433,8 +442,8 @@ class _Engine:
             if rest > self.pool.free - on_gpu - self.reserved():
                 return None
             self.pool.claim(r.session, on_gpu)
-            self.pool.take(copy)
-            r.blocks = on_gpu + copy
+            self.pool.take(hit - on_gpu + copy)
+            r.blocks = hit + copy
             r.computed = r.blocks * bs
             r.cached = r.cached if r.outputs else max(r.cached, r.computed)
             r.ready = max(self.now, self.link_free) + copy * self.copy_s_per_block
@@ -443,7 +452,7 @@ class _Engine:
             self.waiting.popleft()
             self.loading.append(r)
             return 0
-        r.computed = on_gpu * bs
+        r.computed = hit * bs
         if not self.lim.chunked_prefill and self.wanted(r) > budget:
             r.computed = 0
             return None
@@ -459,6 +468,17 @@ class _Engine:
         self.waiting.popleft()
         self.running.append(r)
         return new
+
+    def common_resident(self) -> int:
+        """Whole blocks of the sessions' common first tokens in the GPU cache. Every session's
+        prompt begins with them, so a running request or a cached prefix of as many blocks holds
+        them; and being in every prefix they are the last an LRU pool evicts."""
+        if not self.common:
+            return 0
+        bs = self.lim.block_size
+        held = max((*(r.computed // bs for r in (*self.running, *self.loading)),
+                    *self.pool.cached.values()), default=0)
+        return min(self.common // bs, held)
 
     def reserved(self) -> int:
         """Blocks the requests copied back from host memory still need for their prompts."""
@@ -663,6 +683,8 @@ def simulate_sessions(
     max_steps: int = 0,
     think_s: float | None = None,
     overhead_s_per_prompt_token: float = 0.0,
+    common_tokens: int = 0,
+    answers_cached: bool = True,
 ) -> SessionsResult:
     """``sessions`` conversations through one replica, turn by turn. When they send:
 
@@ -674,21 +696,30 @@ def simulate_sessions(
       think time after the start, and each later turn ``think_s`` after its previous answer
       ended, whatever the other sessions do; so they overlap where their turns are long.
 
-    A session's prompt hits what of its previous request the block pool still holds.
-    ``host_copy_s_per_block`` not None: a host tier holding every block ever computed (KV
-    offloading sized for all sessions) from which a prefix the GPUs lost is copied back at that
-    many seconds per block, instead of recomputed. A request reaches the scheduler
-    ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is sent (the
-    API server's and the host's work on it). ``max_steps`` (0: no limit): a SimError past that
-    many scheduled steps, for callers that must answer quickly."""
+    A session's prompt hits what of its previous request the block pool still holds: its prompt
+    and its answer where ``answers_cached`` (the answer resent as the model's own tokens), only
+    its prompt where not (loadgen resends a fixed text of the answer's length, so the answer's
+    blocks never match and are computed again with the turn's new tokens). ``common_tokens``:
+    the first tokens of every session's first prompt are the same (an agent's system prompt, as
+    loadgen's agent workload sends it): a first turn finds them cached once another session's
+    request holds them. ``host_copy_s_per_block`` not None: a host tier holding every block
+    ever computed (KV offloading sized for all sessions) from which a prefix the GPUs lost is
+    copied back at that many seconds per block, instead of recomputed. A request reaches the
+    scheduler ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is
+    sent (the API server's and the host's work on it). ``max_steps`` (0: no limit): a SimError
+    past that many scheduled steps, for callers that must answer quickly."""
     if sessions < 1 or not turns:
         raise SimError("sessions need at least one session and one turn")
     if think_s is not None and not (math.isfinite(think_s) and think_s >= 0):
         raise SimError(f"a think time must be a finite number of seconds, 0 or more: {think_s}")
+    if not 0 <= common_tokens <= turns[0].prompt:
+        raise SimError(f"the sessions' common first tokens ({common_tokens}) must be within "
+                       f"the first prompt of {turns[0].prompt}")
     for t in turns:
         _check_request(lim, t.prompt, t.gen, "turn")
     eng = _Engine(lim, _Pool(lim.kv_blocks), host=None if host_copy_s_per_block is None else {},
-                  copy_s_per_block=host_copy_s_per_block or 0.0)
+                  copy_s_per_block=host_copy_s_per_block or 0.0,
+                  answers_cached=answers_cached, common=common_tokens)
 
     def way_in(k: int) -> float:
         return request_overhead_s + overhead_s_per_prompt_token * turns[k].prompt

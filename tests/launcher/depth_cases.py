@@ -15,10 +15,10 @@ from typing import Any
 
 from launcher.model.modelspec import GIB, ModelSpec, spec_from_config
 from launcher.pipeline.run import plan_with_agent
-from launcher.planner import agent, costmodel, hardware, memfit
+from launcher.planner import agent
 from launcher.planner.agent import AgentAsk, Room
 from launcher.planner.plantypes import Policy
-from launcher.planner.schedsim import SchedulerLimits, Turn, simulate_sessions
+from launcher.planner.schedsim import Turn
 from launcher.probe.topology import load_topology
 from tests.launcher.paths import H200, REPO
 
@@ -73,8 +73,10 @@ def depth_cases() -> list[Case]:
 
 
 def soak_ttft_s(run: Any, think_s: float | None) -> list[float]:
-    """The run's turns through the agent plan's own simulation (its room's scheduler limits and
-    KV blocks, its step timer, the host copy where it offloaded), median session per turn."""
+    """The run's turns through the agent plan's own simulation (agent.simulate_turns: its room's
+    scheduler limits and KV blocks, its step timer, the host copy where it offloaded, loadgen's
+    turns: the answers resent as text, the system prompt common to the sessions), median
+    session per turn."""
     name = "llama-3.1-8b-longctx-shape"
     m = spec(name)
     turns = [Turn(run["first_prompt"] + i * run["turn_tokens"], run["gen"])
@@ -82,17 +84,9 @@ def soak_ttft_s(run: Any, think_s: float | None) -> list[float]:
     last = turns[-1].prompt - run["turn_tokens"]
     r = room(name, run["gpu_memory_utilization"],
              AgentAsk(run["sessions"], last, run["turn_tokens"], run["gen"]))
-    assert r.lay is not None
-    assert r.limits is not None
-    block = memfit.BLOCK_TOKENS
-    lim = SchedulerLimits(r.limits.batched_tokens, r.limits.max_num_seqs,
-                          int(r.kv_budget_bytes // m.kv_bytes(block, r.kv_bytes)), block)
-    res = simulate_sessions(
-        lim, agent.step_timer(m, r.lay, ()), turns, run["sessions"],
-        host_copy_s_per_block=(agent.host_copy_s(m, r.lay, block, r.kv_bytes)
-                               if run["offload"] else None),
-        request_overhead_s=hardware.REQUEST_OVERHEAD_S, think_s=think_s,
-        overhead_s_per_prompt_token=costmodel.PROMPT_TOKEN_HOST_S)
+    res = agent.simulate_turns(m, r, turns, run["sessions"], think_s=think_s,
+                               offload=run["offload"], max_steps=0,
+                               common_tokens=agent.loadgen_common_tokens(run["first_prompt"]))
     return [res.ttft(i).p50 for i in range(len(turns))]
 
 
