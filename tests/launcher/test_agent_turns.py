@@ -1,0 +1,104 @@
+"""The agent plan's simulated turns carry what loadgen's agent workload sends (issue 24): the
+previous answer comes back as other tokens and is computed again, one system prompt opens every
+session and is cached across them, and a prefix copied back from host memory is the blocks vLLM
+holds for it (memfit's block model: Gemma's sliding windows and padded layer groups)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from launcher.model.modelspec import load_model_spec
+from launcher.planner import agent, costmodel, memfit
+from launcher.planner.schedsim import SchedulerLimits, SimError, TableStepCost, Turn
+from launcher.planner.schedsim import simulate_sessions as sessions_sim
+from launcher.probe.topology import load_topology
+from loadgen.agent import build_conversations
+from loadgen.config import Config
+from loadgen.tokens import Messages
+from tests.launcher.paths import H200, model
+
+STEP = TableStepCost(tokens=(1, 8192), forward_s=(0.01, 0.08))
+ROOMY = SchedulerLimits(8192, 256, 100_000, 16)
+
+
+class WordCounter:
+    """A tokenizer of one token a word, with a Llama-3-like template: BOS, four tokens of
+    header a message, three of generation prompt."""
+
+    source = "tokenizer"
+    exact = True
+
+    def text(self, prompt: str) -> int:
+        return len(prompt.split())
+
+    def chat(self, messages: Messages) -> int:
+        return 1 + sum(4 + len(m["content"].split()) for m in messages) + 3
+
+
+def test_a_resent_answer_is_computed_again_and_only_the_previous_prompt_is_cached() -> None:
+    turns = [Turn(2000 + i * 4064, 64) for i in range(3)]
+    text = sessions_sim(ROOMY, STEP, turns, 2, think_s=1.0, answers_cached=False)
+    own = sessions_sim(ROOMY, STEP, turns, 2, think_s=1.0)
+    for k in (1, 2):
+        for r in text.turns[k]:
+            assert r.cached_tokens == turns[k - 1].prompt // 16 * 16
+        for r in own.turns[k]:  # the model's own answer resent: it hits too
+            assert r.cached_tokens == (turns[k - 1].prompt + 63) // 16 * 16
+        assert text.ttft(k).p50 > own.ttft(k).p50
+
+
+def test_a_system_prompt_common_to_the_sessions_is_cached_for_the_later_first_turns() -> None:
+    turns = [Turn(2000, 64), Turn(6064, 64)]
+    res = sessions_sim(ROOMY, STEP, turns, 4, think_s=1.0, common_tokens=500,
+                       answers_cached=False)
+    first = res.turns[0]
+    assert first[0].cached_tokens == 0  # the first session computes it
+    assert [r.cached_tokens for r in first[1:]] == [496] * 3  # whole blocks of it
+    alone = sessions_sim(ROOMY, STEP, turns, 4, think_s=1.0, answers_cached=False)
+    assert all(r.cached_tokens == 0 for r in alone.turns[0])
+    assert res.ttft(0).p50 < alone.ttft(0).p50
+    # the second turn hits its own previous prompt, system prompt included
+    assert [r.cached_tokens for r in res.turns[1]] == [2000] * 4
+    with pytest.raises(SimError, match="common first tokens"):
+        sessions_sim(ROOMY, STEP, turns, 4, common_tokens=2001)
+
+
+def test_the_planner_mirrors_loadgens_agent_conversation() -> None:
+    """loadgen's conversations, built with a tokenizer of one token a word: the system prompt
+    common to the sessions is the planner's loadgen_common_tokens (and the BOS token before
+    it), each turn resends the previous messages (the cache's match) and adds the answer as a
+    text of --gen tokens less its header, which the simulated turns compute again."""
+    first, gen = 2000, 64
+    cfg = Config(workload="agent", chat=True, sessions=2, turns=3, gen=gen, seed=7)
+    convs, counts = build_conversations(WordCounter(), cfg, (first, 10_000))
+    system = convs[0][0][0]
+    assert system["role"] == "system"
+    assert all(c[0][0] == system for c in convs)
+    common = 1 + 4 + len(system["content"].split())
+    assert common - 1 == agent.loadgen_common_tokens(first)
+    for conv, row in zip(convs, counts, strict=True):
+        assert row[0] == first
+        for before, after in itertools.pairwise(conv):
+            assert after[:len(before)] == before  # the previous prompt is the new one's start
+            answer = after[len(before)]
+            assert answer["role"] == "assistant"
+            assert 4 + len(answer["content"].split()) == gen  # the answer's tokens as text
+
+
+def test_a_prefix_copied_from_host_memory_is_the_blocks_vllm_holds_for_it() -> None:
+    g = load_topology(str(H200), {}).gpus[0]
+    one = costmodel.Layout(1, 1, 1, ((g,),), costmodel.NO_LINK, costmodel.NO_LINK, 1e11)
+    rate = costmodel.pcie_gbs(g) * 1e9
+    llama = load_model_spec(model("llama-3.1-8b"))
+    assert agent.host_copy_s(llama, one, 32_000, 2) == pytest.approx(
+        llama.kv_bytes(32_000) / rate)  # whole blocks, no window: the plain bytes
+    gemma = load_model_spec(model("gemma-3-27b"))
+    moved = agent.host_copy_s(gemma, one, 32_000, 2) * rate
+    at_rest = memfit.request_kv_bytes(gemma, 32_000, agent.DEFAULT_LIMITS.batched_tokens, 2,
+                                      memfit.BLOCK_TOKENS, agent.AT_REST)
+    assert moved == pytest.approx(at_rest)
+    # vLLM pads Gemma 3's 52 sliding layers to 60 (groups of its 10 full layers' size), each
+    # holding its window's blocks and one more: more than the model's plain KV bytes
+    assert moved > 1.02 * gemma.kv_bytes(32_000)
