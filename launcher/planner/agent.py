@@ -277,6 +277,34 @@ class RooflineStep:
         return self._decode[key]
 
 
+@dataclass(frozen=True)
+class CpuStep:
+    """The CPU engine's scheduler step (a :class:`StepTimer`) from what ``probe --measure``
+    timed on the served engine here (costmodel.cpu_step_overhead): the engine's own cost of a
+    step, and the arithmetic of every token the step computes (prompt chunks and decoders) at
+    the prefill rate timed here, as costmodel.predict_cpu times one request's."""
+
+    m: ModelSpec
+    cores: int
+    over: costmodel.CpuStepOverhead
+
+    def step_s(self, batch: StepBatch) -> float:
+        flops = self.over.prefill.flops_s if self.over.prefill else None
+        tokens = max(1, batch.prefill_tokens + batch.decode_seqs)
+        # the CPU roofline predict_cpu uses (DRAM- or arithmetic-bound)
+        forward = costmodel._cpu_forward_s(self.m.active_params,
+                                           costmodel.streamed_weight_bytes(self.m, 1),
+                                           self.cores, tokens, flops)
+        return self.over.seconds + forward
+
+    @property
+    def way_in_s(self) -> float:
+        """A request's time before its first step: the timed first token's fixed cost less
+        the step it includes (the per-token host cost is the simulation's own)."""
+        fixed = self.over.prefill.first_token_s if self.over.prefill else 0.0
+        return max(0.0, fixed - self.over.seconds)
+
+
 def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable]) -> StepTimer:
     """This model's kernel table for the layout where one is kept (as the plan's own figures
     use it), else the roofline."""
@@ -470,7 +498,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                          f"tokens, past {m.name}'s limit of {m.max_position_embeddings}; "
                          f"at most --context {max(0, longest)}")
     if base.engine == "cpu":
-        return _cpu_agent_plan(m, policy, ask, topo)
+        return cpu_agent_plan(m, policy, ask, topo)
     all_rooms = rooms(topo, m, policy, base.candidates, ask)
     if not all_rooms:
         raise ValueError("no layout of the plan fits the model on the GPUs")
@@ -639,6 +667,20 @@ def _offload(m: ModelSpec, rs: Sequence[Room], ask: AgentAsk, host_free_bytes: i
     return r, float(gib)
 
 
+def _cpu_simulated(m: ModelSpec, room: Room, ask: AgentAsk, timer: CpuStep) -> Simulated | None:
+    """The sessions' turns on the CPU engine (None: too many to simulate, or past its cache)."""
+    if ask.sessions > SIM_MAX_SESSIONS:
+        return None
+    turns = agent_turns(ask)
+    try:
+        res = simulate_turns(m, room, turns, ask.sessions, think_s=ask.think_s, offload=False,
+                             common_tokens=min(ask.common_tokens, turns[0].prompt), timer=timer,
+                             request_overhead_s=timer.way_in_s)
+    except SimError:
+        return None
+    return Simulated(turns, res)
+
+
 def agent_policy(policy: Policy, ap: AgentPlan) -> Policy:
     """The policy that plans the agent plan's layout: its shape forced, its KV element size,
     and a context that holds a whole turn at the served depth."""
@@ -649,10 +691,12 @@ def agent_policy(policy: Policy, ap: AgentPlan) -> Policy:
                    kv_cache_bytes=ap.kv_dtype_bytes, concurrency=ap.ask.sessions)
 
 
-def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) -> AgentPlan:
+def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) -> AgentPlan:
     """The CPU engine: its KV cache is host memory already (VLLM_CPU_KVCACHE_SPACE), so there is
     nothing to offload to; FP8 KV is not proposed (vLLM's CPU attention is not measured with it
-    here). The sessions fit that cache or the cache must grow, or the context shrink."""
+    here). The sessions fit that cache or the cache must grow, or the context shrink. Where
+    ``probe --measure`` timed the served engine here, the sessions' turns go through the
+    scheduler's simulation with its timed step (:class:`CpuStep`); else one turn alone."""
     budget = policy.cpu_kv_cache_gib * GIB
     over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores)
     warm = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.turn_tokens, gen=1,
@@ -667,13 +711,15 @@ def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology)
                 block=memfit.CPU_BLOCK_TOKENS)
     held = room.sessions(m, ask.request_tokens)
     room = replace(room, held=held)
+    sim = _cpu_simulated(m, room, ask, CpuStep(m, policy.cpu_cores, over)) if (
+        over.measured and over.prefill is not None) else None
     need_gib = math.ceil(ask.sessions * room.request_bytes(m, ask.request_tokens)
                          / (1 - memfit.CONTEXT_MARGIN) / GIB * 10) / 10
     options = [
         Option("gpu", room.fits, f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) "
                f"holds {held} of {ask.sessions} session(s)"
                + ("" if room.fits else f"; VLLM_CPU_KVCACHE_SPACE={need_gib:g} would hold them"),
-               warm if room.fits else cold),
+               sim.ttft_s if sim is not None else warm if room.fits else cold),
         Option("fp8", False, "FP8 KV cache: not proposed on the CPU engine", None),
         Option("offload", False, "KV offloading: the CPU engine's cache is host memory already",
                None),
@@ -690,6 +736,11 @@ def _cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology)
     reasons += [f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
                 + (f"; turn TTFT at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None else "")
                 for o in options]
+    reasons.append(f"    gpu: {ask.sessions} session(s) {_arrivals(ask)} through a simulation "
+                   f"of vLLM's scheduler with the engine step timed here, TTFT p50 by depth: "
+                   f"{sim.line(ask)}" if sim is not None else
+                   "    gpu: one session's turn alone (the engine step is not timed here: "
+                   "`launcher probe --measure`)")
     flags = [FlagWish(("--performance-mode", "interactivity"),
                       f"{ask.sessions} session(s): latency first")
              ] if ask.sessions <= INTERACTIVITY_MAX_SESSIONS else []

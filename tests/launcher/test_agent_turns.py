@@ -6,14 +6,18 @@ holds for it (memfit's block model: Gemma's sliding windows and padded layer gro
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
-from launcher.model.modelspec import load_model_spec
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.model.tinymodel import ensure_tiny_model
 from launcher.planner import agent, costmodel, memfit
+from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import SchedulerLimits, SimError, TableStepCost, Turn
 from launcher.planner.schedsim import simulate_sessions as sessions_sim
-from launcher.probe.topology import load_topology
+from launcher.probe import enginestep
+from launcher.probe.topology import Topology, load_topology
 from loadgen.agent import build_conversations
 from loadgen.config import Config
 from loadgen.tokens import Messages
@@ -102,3 +106,32 @@ def test_a_prefix_copied_from_host_memory_is_the_blocks_vllm_holds_for_it() -> N
     # vLLM pads Gemma 3's 52 sliding layers to 60 (groups of its 10 full layers' size), each
     # holding its window's blocks and one more: more than the model's plain KV bytes
     assert moved > 1.02 * gemma.kv_bytes(32_000)
+
+
+def timed_cpu(m: ModelSpec) -> Topology:
+    """A CPU machine on which `probe --measure` timed the engine: a 4 ms step, a first token of
+    12 ms + 30 us per prompt token (the tiny model's figures on two cores)."""
+    key = enginestep.StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
+    step = enginestep.EngineStep(key, 0.004, (0.004,), m.active_params,
+                                 int(costmodel.streamed_weight_bytes(m, 1)), "now", 0.012, 30e-6)
+    return Topology(gpus=(), engine_step=step)
+
+
+def test_the_cpu_agent_plan_simulates_the_sessions_with_the_engine_step_timed_here() -> None:
+    m = load_model_spec(str(ensure_tiny_model()))
+    ask = agent.AgentAsk(3, 2000, 300, 16, think_s=0.3, common_tokens=200)
+    timed = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, timed_cpu(m))
+    assert any("simulation of vLLM's scheduler with the engine step timed here" in r
+               for r in timed.reasons), timed.reasons
+    gpu = next(o for o in timed.options if o.name == "gpu")
+    assert gpu.ttft_s is not None
+    # staggered sessions at the CPU engine's speed overlap little: near one turn alone,
+    # which the timed line gives as 12 ms + 316 new tokens' arithmetic (less than cold)
+    assert timed.room.ttft_warm_s * 0.9 < gpu.ttft_s < timed.room.ttft_cold_s
+    together = agent.cpu_agent_plan(m, Policy(cpu_cores=2), replace(ask, think_s=None),
+                                    timed_cpu(m))
+    queued = next(o for o in together.options if o.name == "gpu").ttft_s
+    assert queued is not None
+    assert queued > gpu.ttft_s  # sent at once, the sessions queue
+    untimed = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, Topology(gpus=()))
+    assert any("one session's turn alone" in r for r in untimed.reasons)
