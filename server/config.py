@@ -72,6 +72,8 @@ class ProxyConfig:
     max_connections: int | None = None
     # Where the launcher says why no engine answers (server.enginestatus); None: nowhere.
     engine_status_file: str | None = None
+    # Processes serving the port (server.workers); the limits above are totals over them.
+    workers: int = 1
 
     def __post_init__(self) -> None:
         # Also for configs built in Python: a password in an engine URL would show in /ready,
@@ -213,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a file the launcher writes when its engines are down on purpose (a "
                         "multi-node group missing a node, or restarting): its reason becomes the "
                         "503's message (server/enginestatus.py)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="proxy processes sharing the port (SO_REUSEPORT; default 1): more "
+                   "than one where the host has the cores and bursts are large; the limits "
+                   "are totals split among them (docs/proxy.md, Workers)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -293,7 +299,7 @@ _SECONDS = ("connect_timeout", "first_byte_timeout", "idle_timeout", "body_timeo
             "header_timeout", "client_stall_timeout", "gpu_interval", "queue_timeout",
             "health_interval")
 _AT_LEAST_ONE = ("max_body_bytes", "max_header_line_bytes", "max_header_bytes", "max_messages",
-                 "max_json_fields", "max_response_bytes", "max_in_flight")
+                 "max_json_fields", "max_response_bytes", "max_in_flight", "workers")
 _AT_LEAST_ZERO = ("max_queue", "affinity_slack")
 
 
@@ -367,4 +373,4 @@ def config_from_args(argv: Sequence[str] | None = None,
         drain_timeout_s=a.drain_timeout, log_level=a.log_level,
         allowed_hosts=_names(a.allowed_hosts), allowed_origins=_names(a.allowed_origins),
         allow_internal_media=a.allow_internal_media, max_connections=a.max_connections,
-        engine_status_file=a.engine_status_file)
+        engine_status_file=a.engine_status_file, workers=a.workers)

@@ -58,6 +58,10 @@ from server.errors import error_body
 
 log = logging.getLogger("toposerve")
 GENERATION_PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions"})
+# A streamed response's head is held this long for the stream's first chunk (Exchange._start):
+# past it the head goes out alone, so a client sees the 200 within this of the engine's head
+# even while the engine is still reading a long prompt.
+HEAD_HOLD_S = 1.0
 HIGH_WATER = 64 * 1024  # unread request bytes at which reading pauses (as uvicorn does)
 _STATUS_LINES = {int(s): b"HTTP/1.1 %d %s\r\n" % (s, s.phrase.encode()) for s in http.HTTPStatus}
 _HEAD_END = b"\r\n\r\n"  # httptools (llhttp, strict) ends a head only at the first CRLFCRLF
@@ -259,9 +263,9 @@ class Exchange:
     ``receive`` and ``send`` follow the ASGI messages the relay uses; ``ready``/``write`` let
     the relay's read callback write a token event straight to the socket (server.relay)."""
 
-    __slots__ = ("body", "chunked", "disconnected", "keep_alive", "more_body", "proto",
-                 "remaining", "response_complete", "response_started", "taken", "transport",
-                 "waiter")
+    __slots__ = ("body", "chunked", "disconnected", "head", "head_timer", "keep_alive",
+                 "more_body", "proto", "remaining", "response_complete", "response_started",
+                 "taken", "transport", "waiter")
 
     def __init__(self, proto: FrontProtocol, keep_alive: bool) -> None:
         self.proto = proto
@@ -276,6 +280,9 @@ class Exchange:
         self.chunked = False
         self.remaining = 0
         self.disconnected = False
+        # A chunked (streamed) response's head, held for its first chunk (flush_head)
+        self.head: bytes | None = None
+        self.head_timer: asyncio.TimerHandle | None = None
 
     # -- fed by the protocol ---------------------------------------------------------------
 
@@ -314,10 +321,31 @@ class Exchange:
 
     def write(self, data: bytes) -> None:
         """One body chunk of a started chunked response, written at once."""
+        head = self.head
+        if head is not None:
+            self._held_out()
+            self.transport.write(b"%b%x\r\n%b\r\n" % (head, len(data), data))
+            return
         self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def flush_head(self) -> None:
+        """The held head goes out alone: no chunk came within HEAD_HOLD_S, or the response
+        ends without one."""
+        head = self.head
+        if head is not None:
+            self._held_out()
+            if not self.disconnected:
+                self.transport.write(head)
+
+    def _held_out(self) -> None:
+        self.head = None
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
 
     def abort(self) -> None:
         """The response cannot be completed: the connection is cut."""
+        self._held_out()
         self.keep_alive = False
         self.transport.abort()
 
@@ -340,6 +368,9 @@ class Exchange:
             data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
             if not more:
                 data += b"0\r\n\r\n"
+            if self.head is not None and (data or not more):
+                data = self.head + data
+                self._held_out()
         else:
             if len(body) > self.remaining:
                 raise RuntimeError("response longer than its content-length")
@@ -380,6 +411,14 @@ class Exchange:
         else:
             self.chunked = True
             parts.append(b"transfer-encoding: chunked\r\n")
+            parts.append(b"\r\n")
+            # A stream's head waits for its first chunk and goes out in the same write: one
+            # send, and one wake-up of the client, fewer per request. The engine sends its head
+            # at once and its first event after the prefill, so without the hold a burst's
+            # heads are written while the burst's later requests still wait to be forwarded.
+            self.head = b"".join(parts)
+            self.head_timer = self.proto.loop.call_later(HEAD_HOLD_S, self.flush_head)
+            return
         parts.append(b"\r\n")
         self.transport.write(b"".join(parts))
 
@@ -713,6 +752,7 @@ class FrontProtocol(asyncio.Protocol):
             log.error("lean HTTP path: %s: %s", type(exc).__name__, exc)
         if ex.response_complete or ex.disconnected:
             return
+        ex.flush_head()  # a started answer ends as it did without the hold: head, then close
         if not ex.response_started:
             ex.keep_alive = False
             body = json.dumps(error_body("internal error in the proxy; see its log",

@@ -13,7 +13,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from server.config import PLAN_LABELS
 
@@ -27,6 +29,13 @@ KNOWN_ROUTES = frozenset({
     "/classify", "/score", "/rerank", "/v1/rerank", "/version",
 })
 MAX_MODEL_LABELS = 32
+# With --workers N, what a scrape of one worker shows of the others (merge_worker_metrics):
+# families that describe the proxy's own work (requests, in flight, queued, latencies, tokens,
+# errors, refusals) are each worker's share and are summed; these describe state every worker
+# sees alike (the engines' health and their own counters, the plan, the GPUs) and come from one
+# worker, the answering one where it has them.
+WORKER_SHARED_PREFIXES = ("toposerve_upstream_up", "toposerve_plan_info", "toposerve_gpu_",
+                          "toposerve_engine_")
 
 
 class ProxyMetrics:
@@ -263,3 +272,44 @@ class GpuCollector(Collector):
                 if value is not None:
                     family.add_metric([str(s.index), str(s.name)], float(value))
             yield family
+
+
+def merge_worker_metrics(texts: Iterable[str], configured: int) -> list[Metric]:
+    """One exposition for all workers from each worker's own (the answering worker's first):
+    the rule above, plus ``toposerve_workers`` (configured) and ``toposerve_workers_scraped``
+    (how many of them this answer counts: one too busy to answer in time is left out)."""
+    merged: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    scraped = 0
+    for text in texts:
+        scraped += 1
+        for family in text_string_to_metric_families(text):
+            target = merged.get(family.name)
+            if target is None:
+                target = merged[family.name] = Metric(family.name, family.documentation,
+                                                      family.type, family.unit)
+                values[family.name] = {}
+            elif family.name.startswith(WORKER_SHARED_PREFIXES):
+                continue  # one worker speaks for all
+            into = values[family.name]
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                into[key] = into.get(key, 0.0) + sample.value
+    for name, metric in merged.items():
+        metric.samples = [Sample(sample_name, dict(labels), value)
+                          for (sample_name, labels), value in values[name].items()]
+    workers = GaugeMetricFamily("toposerve_workers", "Proxy worker processes (--workers)",
+                                value=configured)
+    counted = GaugeMetricFamily("toposerve_workers_scraped", "Workers whose metrics this "
+                                "answer sums (one busy past the wait is left out)", value=scraped)
+    return [*merged.values(), workers, counted]
+
+
+class MetricList:
+    """Families already collected, in the shape ``generate_latest`` reads."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

@@ -9,7 +9,9 @@ a client that stops reading cut off; SIGTERM drains in-flight requests for
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -21,6 +23,7 @@ from server.conncap import ConnectionCap, capped, default_limit
 from server.front import Guards, front_protocol
 from server.guard import exposure_line
 from server.uvicorn_adapter import UvicornHost, guarded_protocol
+from server.workers import Seat, listeners, split_limits, supervise
 
 log = logging.getLogger("toposerve")
 
@@ -33,8 +36,9 @@ def security_warnings(cfg: ProxyConfig) -> list[str]:
             "TOPOSERVE_API_KEYS), or bind to 127.0.0.1."]
 
 
-def uvicorn_config(cfg: ProxyConfig, **overrides: Any) -> uvicorn.Config:
-    app = create_app(cfg)
+def uvicorn_config(cfg: ProxyConfig, seat: Seat | None = None,
+                   **overrides: Any) -> uvicorn.Config:
+    app = create_app(cfg, seat=seat)
     guards = Guards(header_timeout_s=cfg.header_timeout_s,
                     max_header_line_bytes=cfg.max_header_line_bytes,
                     max_header_bytes=cfg.max_header_bytes,
@@ -68,4 +72,20 @@ def run(cfg: ProxyConfig) -> None:
     exposed = exposure_line(cfg.host, cfg.port, bool(cfg.api_keys), cfg.loopback_only)
     if exposed:
         log.info("%s", exposed)
-    uvicorn.Server(uvicorn_config(cfg)).run()
+    if cfg.workers <= 1:
+        uvicorn.Server(uvicorn_config(cfg)).run()
+        return
+    try:
+        sockets = listeners(cfg.host, cfg.port, cfg.workers)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", cfg.host, cfg.port, exc)
+        sys.exit(1)
+    # the port chosen when 0 was asked for: the Host check (server.guard) names it
+    share = dataclasses.replace(split_limits(cfg, cfg.workers), port=sockets[0].getsockname()[1])
+    log.info("%d worker processes on port %d (per worker: --max-in-flight %d, --max-queue %d)",
+             cfg.workers, sockets[0].getsockname()[1], share.max_in_flight, share.max_queue)
+
+    def serve(seat: Seat, sock: socket.socket) -> None:
+        uvicorn.Server(uvicorn_config(share, seat)).run(sockets=[sock])
+
+    sys.exit(supervise(sockets, serve, cfg.drain_timeout_s + 5.0))
