@@ -68,9 +68,9 @@ def aic(exe: str | None, case: str, isl: int, osl: int, batch: int) -> dict[str,
     return got.split("Supported architectures")[0].strip()[:120] if isinstance(got, str) else got
 
 
-def figures(results: Path, exe: str | None) -> list[Figure]:
+def figures(results: Path, exe: str | None, predictions: Path | None = None) -> list[Figure]:
     pred: dict[tuple[str, str], dict] = {}
-    for line in (results / "predictions.jsonl").read_text().splitlines():
+    for line in (predictions or results / "predictions.jsonl").read_text().splitlines():
         d = json.loads(line)
         pred[(d["case"], d["scenario"])] = d
     out: list[Figure] = []
@@ -138,8 +138,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path)
     ap.add_argument("--aic", default=None, help="aiconfigurator executable (its own venv)")
+    ap.add_argument("--predictions", type=Path, default=None,
+                    help="the plans' JSON lines (default: RESULTS/predictions.jsonl)")
     args = ap.parse_args()
-    figs = figures(args.results, args.aic)
+    figs = figures(args.results, args.aic, args.predictions)
     print("| case | figure | measured | toposerve | aiconfigurator |")
     print("| --- | --- | ---: | ---: | ---: |")
     ours, theirs, ours_shared, n15 = [], [], [], 0
