@@ -282,11 +282,15 @@ class CpuStep:
     """The CPU engine's scheduler step (a :class:`StepTimer`) from what ``probe --measure``
     timed on the served engine here (costmodel.cpu_step_overhead): the engine's own cost of a
     step, and the arithmetic of every token the step computes (prompt chunks and decoders) at
-    the prefill rate timed here, as costmodel.predict_cpu times one request's."""
+    the prefill rate timed here, as costmodel.predict_cpu times one request's; ``pair_s``:
+    seconds per (query, key) pair of attention over the context, where it was timed (a prompt
+    after a cached context against the same prompt alone; ``probe --measure`` does not time it,
+    so the plan has 0 and its turns at depth are the slow side's floor)."""
 
     m: ModelSpec
     cores: int
     over: costmodel.CpuStepOverhead
+    pair_s: float = 0.0
 
     def step_s(self, batch: StepBatch) -> float:
         flops = self.over.prefill.flops_s if self.over.prefill else None
@@ -295,7 +299,8 @@ class CpuStep:
         forward = costmodel._cpu_forward_s(self.m.active_params,
                                            costmodel.streamed_weight_bytes(self.m, 1),
                                            self.cores, tokens, flops)
-        return self.over.seconds + forward
+        pairs = batch.prefill_pairs + batch.decode_context
+        return self.over.seconds + forward + self.pair_s * pairs
 
     @property
     def way_in_s(self) -> float:
