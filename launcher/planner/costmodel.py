@@ -11,7 +11,11 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   tokens route to (``experts_touched``), and 4-bit weights at batch 1 at half the rate
   (``weight_stream_efficiency``). A step costs the larger of compute and memory.
 - fixed costs: an eager prefill layer takes at least ``EAGER_HOST_LAYER_S``; MoE layers add
-  their kernels' cost; every step ``STEP_OVERHEAD_S``, every request ``REQUEST_OVERHEAD_S``.
+  their kernels' cost; every step ``STEP_OVERHEAD_S``.
+- the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
+  end's work for its sequences (a fixed part and a part per sequence, in processes beside the
+  GPU's: the longer of the two counts), and a request pays a fixed cost and one per prompt token
+  on its way in.
 - tensor parallel: two all-reduces per layer of ``tokens × hidden`` activations, each costing
   ``latency + 2(n-1)/n · bytes / link`` on the slowest link of the group (NVLink, P2P over PCIe
   at the negotiated width, or NCCL's SHM bounce through host memory).
@@ -39,8 +43,9 @@ from launcher.planner.hardware import (
     MOE_LAYER_DECODE_S,
     MOE_LAYER_PREFILL_S,
     QUANT_B1_EFFICIENCY,
-    REQUEST_OVERHEAD_S,
+    SERVER_HOST,
     STEP_OVERHEAD_S,
+    HostProfile,
 )
 from launcher.planner.memfit import embedding_bytes, kv_shards, stage_share
 from launcher.probe.enginestep import EngineStep
@@ -86,6 +91,7 @@ class Layout:
     tp_link: Link
     pp_link: Link  # the slowest hop between consecutive stages
     kv_budget_bytes: float  # KV-cache memory of one replica, all its GPUs together
+    host: HostProfile = SERVER_HOST  # the serving host's work around the GPUs'
 
 
 # --------------------------------------------------------------------------------------- links
@@ -225,12 +231,8 @@ def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
 # this is the slow side). With head_dim 128 it makes attention 1.5x its matmuls' time.
 EXP_FLOP_EQUIVALENT = 256.0
 # The host's cost of a prompt's length before its first step, paid whether or not the prefix is
-# cached: the proxy's JSON parse, vLLM's request parse and validation, the IPC to the engine
-# core and the prefix cache's sha256 over every block. benchmarks/host_prompt_cost.py times
-# those with vLLM's own functions: 0.66-1.22 us per token (median 1.04, six runs of 8k and 32k
-# ids on this project's 2-core build machine, loaded). A server's host differs: an assumption,
-# not fitted to any GPU run (docs/benchmarks-loadgen.md says what it was compared with).
-PROMPT_TOKEN_HOST_S = 1.0e-6
+# cached: the host profile's (hardware.SERVER_HOST.prompt_token_s, where its source is said).
+PROMPT_TOKEN_HOST_S = SERVER_HOST.prompt_token_s
 
 
 @dataclass(frozen=True)
@@ -299,40 +301,27 @@ def attention_s(m: ModelSpec, lay: Layout, work: AttentionWork) -> float:
     return max(compute, memory)
 
 
-def prefill_s(m: ModelSpec, lay: Layout, tokens: int, attn_pairs: float | None = None) -> float:
-    """Time to prefill one prompt of ``tokens`` through one replica (no other load); or, with
-    ``attn_pairs``, one step of ``tokens`` new tokens whose attention spans that many (query,
-    key) pairs. Its attention is the old, coarser term (the causal pairs' matmul FLOPs folded
-    into the GEMMs at the prefill rate): the plain plan's prefill, which the golden plans keep;
-    :func:`prefill_step_s` is the one that follows the context (turns at depth, the agent
-    plan's scheduler steps)."""
-    gpus = [g for stage in lay.stages for g in stage]
-    # causal: a prompt's token attends to the ones before it
-    pairs = tokens * tokens / 2 if attn_pairs is None else attn_pairs
-    flops = 2.0 * m.active_params * tokens + _attention_flops(m, 1, 1) * pairs
-    compute = flops / (lay.tp * _prefill_flops_s(gpus))
-    memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
-    return _prefill_layers_s(m, lay, tokens, max(compute, memory))
-
-
 def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
-                   pairs: float | None = None) -> float:
+                   pairs: float | None = None, sequences: int = 1) -> float:
     """One engine step prefilling ``tokens`` new tokens after ``depth`` tokens already cached,
     alone on one replica; or, with ``pairs``, a step of ``tokens`` new tokens whose attention
     spans that many (query, key) pairs (prompt chunks after a cached prefix, decoders: the
     scheduler simulation's). The GEMMs are bound by arithmetic or by the weights' read; the
     attention kernels run after them in each layer, over the context (:func:`attention_work`:
-    the model's heads, head_dim, windows and MLA latent; :func:`attention_s`)."""
+    the model's heads, head_dim, windows and MLA latent; :func:`attention_s`). The plain
+    plan's prefill and the scheduler simulation's steps are this one model too. A step never
+    takes less than the host's front end needs for its ``sequences`` (:class:`HostProfile`)."""
     gpus = [g for stage in lay.stages for g in stage]
     attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
     compute = 2.0 * m.active_params * tokens / (lay.tp * _prefill_flops_s(gpus))
     memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
-    return _prefill_layers_s(m, lay, tokens, max(compute, memory) + attn)
+    return max(_prefill_layers_s(m, lay, tokens, max(compute, memory) + attn),
+               lay.host.step_floor_s(sequences))
 
 
 def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float) -> float:
     """A prefill step whose arithmetic takes ``work_s`` over the TP group: with its
-    all-reduces, PP hops, per-layer launches and the step's overhead."""
+    all-reduces, PP hops, per-layer launches and the engine core's overhead."""
     act = tokens * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
@@ -358,7 +347,11 @@ def prefill_at_depth_s(m: ModelSpec, lay: Layout, new: int, depth: int = 0,
 
 
 def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
-    """One decode step that advances ``batch`` sequences of ``context`` tokens by one token."""
+    """One decode step that advances ``batch`` sequences of ``context`` tokens by one token:
+    the GPUs' work with the engine core's overhead, or the host's front end's work for the
+    ``batch`` sequences (:class:`HostProfile`), whichever is longer. A small model's step is
+    the host's (the Llama-3.2-1B shape on an H200: 2.04 ms at one stream, 3.24 ms at 32,
+    against 0.62 and 0.78 ms of GPU work)."""
     gpus = [g for stage in lay.stages for g in stage]
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     share = stage_share(m, lay.pp)
@@ -375,7 +368,14 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     stage = max(memory, compute) + comm + moe + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
-    return lay.pp * stage + STEP_OVERHEAD_S
+    return max(lay.pp * stage + STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
+
+
+def request_host_s(host: HostProfile, prompt: int) -> float:
+    """What a request's first token pays the host besides the engine's steps: its way in (the
+    fixed part and its prompt's length: parse, validation, IPC, the prefix cache's hashing;
+    paid cached or not) and the first token's way out (:meth:`HostProfile.request_fixed_s`)."""
+    return host.request_fixed_s + prompt * host.prompt_token_s
 
 
 def predict(
@@ -392,7 +392,9 @@ def predict(
     """Single-stream figures and aggregate throughput at ``concurrency`` streams (prompt → gen);
     ``kv_sequences``: how many such requests one replica's KV cache holds at once, as the
     memory fit counts them (memfit.sequences_held: this module sizes no memory)."""
-    ttft = prefill_s(m, lay, prompt) + REQUEST_OVERHEAD_S
+    # the prompt in the engine's batched-token chunks (one prefill model: prefill_step_s), after
+    # the request's way in through the host
+    ttft = prefill_at_depth_s(m, lay, prompt, 0, batched_tokens) + request_host_s(lay.host, prompt)
     ctx_mid = prompt + gen // 2
     tpot = decode_step_s(m, lay, 1, ctx_mid)
     per_replica = max(1, -(-concurrency // lay.dp))
@@ -401,9 +403,13 @@ def predict(
     # The prompts of streams started together are prefilled together, ``batched_tokens`` per
     # step (chunked prefill): a step's fixed per-layer costs and, for a mixture-of-experts, its
     # read of (nearly) every expert are paid per chunk, not per prompt.
+    # Each chunk holds its share of the prompts' causal (query, key) pairs (a prompt attends to
+    # itself only) and of the sequences that sample at its end.
     total = batch * prompt
     chunks = -(-total // max(1, batched_tokens))
-    prefills = chunks * prefill_s(m, lay, -(-total // chunks))
+    prefills = chunks * prefill_step_s(m, lay, -(-total // chunks),
+                                       pairs=batch * causal_pairs(prompt, 0) / chunks,
+                                       sequences=-(-batch // chunks))
     cycle = prefills + gen * decode_step_s(m, lay, batch, ctx_mid)
     busy = min(lay.dp, -(-concurrency // batch))  # fewer streams than replicas leave some idle
     throughput = busy * batch * gen / cycle

@@ -185,7 +185,9 @@ DEFAULT_INTERNODE_GBS = 100 / 8 * NETWORK_EFFICIENCY
 # bandwidth on large GEMVs. The prefill fraction is per card (hardware.GpuModel.prefill_mfu).
 MEM_EFFICIENCY = 0.8
 MFU_DECODE = 0.35  # batched decode GEMMs are skinny: lower utilisation than prefill
-STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with CUDA graphs
+# The engine core's own work in a step, in series with the GPU's (scheduling, preparing the
+# inputs, launching the CUDA graph, waiting for and sampling the logits): assumed.
+STEP_OVERHEAD_S = 1.0e-3
 # A prompt longer than the largest captured CUDA graph runs eagerly: every layer's kernels
 # (and its all-reduces under TP) are launched from the host, which adds a fixed cost per layer
 # on top of the arithmetic. Fitted, with hardware.GpuModel.prefill_mfu, to ten prefills
@@ -196,10 +198,67 @@ STEP_OVERHEAD_S = 1.0e-3  # scheduler, sampling and launch per engine step with 
 # all-reduce, showed the same gap, so it is a cost per layer.
 EAGER_LAYER_S = 0.2e-3
 ACT_BYTES = 2  # bf16/fp16 activations on the wire
-# A request's fixed cost on the way to its first token besides the forward pass: the API server
-# tokenizes and hands it to the engine core over IPC, and the first token comes back through the
-# output processor and the proxy. Assumed (not fitted): 3 ms.
-REQUEST_OVERHEAD_S = 3.0e-3
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """The serving host's CPU work around the GPU's: ONE model for every host term the cost
+    model has (costmodel.decode_step_s, prefill_step_s, the TTFT's way in, the agent plan's).
+
+    vLLM's front end (the API server's output processing, detokenising, one stream event per
+    sequence, then the proxy's forwarding) runs in processes of its own, beside the engine core
+    and the GPU: a step lasts the longer of the GPU's work (with the engine core's serial
+    ``STEP_OVERHEAD_S``) and the front end's ``step_s + sequences x seq_step_s``. A request pays
+    ``request_s + prompt tokens x prompt_token_s`` on its way in (parse, validation, tokenising,
+    IPC, the prefix cache's hashing), cached or not, and its first token's way out through the
+    front end (one step of it for one sequence): :meth:`request_fixed_s` with the way in."""
+
+    step_s: float  # (a) the front end's fixed work per engine step
+    seq_step_s: float  # (b) per sequence in the step (output processing, detokenise, one event)
+    request_s: float  # (c) per request on its way in, besides its prompt's length
+    prompt_token_s: float  # per prompt token on the way in, cached or not
+    source: str  # the reason line: where these figures come from
+
+    def step_floor_s(self, sequences: float) -> float:
+        """The front end's time per step for ``sequences`` sequences: a step is never shorter."""
+        return self.step_s + max(1.0, sequences) * self.seq_step_s
+
+    @property
+    def request_fixed_s(self) -> float:
+        """(c) a request's fixed cost on its way to its first token besides the GPU's steps:
+        its way in, and the first token's way out (pipelined behind the GPU for every later
+        token, but on the first one's path)."""
+        return self.request_s + self.step_floor_s(1)
+
+
+# The shipped host profile, for a GPU server nobody timed the host of. Each figure is a timing
+# on this project's 2-core build machine (vLLM's own functions) or one recorded H200 run, and
+# the H200's host is taken as fast per thread as that machine (single-thread ratio 1.0, an
+# ASSUMPTION; the H200 runs below agree with it to 3%):
+# - seq_step_s: benchmarks/host_prompt_cost.py times vLLM's per-sequence output path (its
+#   OutputProcessor with incremental detokenising, and the completion stream chunk's JSON) at
+#   1 and 32 sequences: 37-39 us per sequence (2026-12-02, load 3.3). The Llama-3.2-1B shape on
+#   the H200 (benchmarks/gpu/results/2026-12-02-h200-table/small: decode step 2.04 ms at one
+#   stream, single.json; 3.24 ms at 32, c32.json, inter-token p50s) grew 39 us per sequence.
+# - step_s: the front end's fixed work per step, from ONE recorded measurement: that 1B's step
+#   at one stream (2.04 ms, single.json), less one sequence: the only recorded shape whose step
+#   outlasted its GPU's (the roofline gives it 0.62 ms + STEP_OVERHEAD_S). Every larger shape's
+#   GPU step is longer, so this leaves their figures as they were.
+# - request_s: the way in, measured per request by loadgen on the H200's host: the response
+#   headers came 2.3-2.7 ms after the send at one stream (headers_s p50 of the five shapes'
+#   single.json in the same folder, median 2.5 ms; vLLM sends them once the request is parsed,
+#   validated and handed to the engine core). The first token's way out is one step_floor_s(1)
+#   (request_fixed_s): 4.5 ms in all, where 3 ms had been assumed for both.
+# - prompt_token_s: benchmarks/host_prompt_cost.py times the proxy's JSON parse, vLLM's request
+#   parse, the IPC and the prefix cache's sha256 with vLLM's own functions: 0.66-1.22 us per
+#   token (median 1.04, six runs of 8k and 32k ids on the build machine, loaded).
+# `probe` does not time a GPU server's host yet: every GPU plan says it used this profile.
+SERVER_HOST = HostProfile(
+    step_s=2.0e-3, seq_step_s=38e-6, request_s=2.5e-3, prompt_token_s=1.0e-6,
+    source="the shipped server-host profile (timed with vLLM's own functions on the build "
+           "machine, single-thread ratio 1.0 to the H200's host assumed; per-step fixed cost "
+           "from one H200 run of a 1B model)")
+REQUEST_OVERHEAD_S = SERVER_HOST.request_fixed_s  # what a request's TTFT pays besides its steps
 # A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
 # GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
 # weighted sum): assumed, before any MoE measurement, ~7 kernels at ~4 us each inside a CUDA

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.costmodel import Layout, Prediction
+from launcher.planner.hardware import HostProfile
 from launcher.planner.kernelcost import AllReduce, step_cost
 from launcher.planner.layouts import Links, Shape
 from launcher.planner.layouts import _layout as layout_of
@@ -60,23 +61,28 @@ class RooflineStep:
     """A scheduler step timed by the roofline's terms (:mod:`launcher.planner.costmodel`).
 
     A step of decoders only is :func:`costmodel.decode_step_s` at their mean context (the
-    weights and their KV read, the step overhead, TP all-reduces); a step with prompt chunks is
-    :func:`costmodel.prefill_s` of all its tokens (chunks and decoders together: one eager
-    forward) whose attention spans the chunks' (query, key) pairs and each decoder's context.
-    Steps of the same shape recur (the prompt chunks of a closed loop): each is timed once."""
+    weights and their KV read, the step overhead, TP all-reduces, or the host's work for the
+    sequences if longer); a step with prompt chunks is :func:`costmodel.prefill_step_s` of all
+    its tokens (chunks and decoders together: one eager forward) whose attention spans the
+    chunks' (query, key) pairs and each decoder's context, the host's floor counting the
+    decoders and the chunks that sample. Steps of the same shape recur (the prompt chunks of a
+    closed loop): each is timed once."""
 
     m: ModelSpec
     lay: Layout
-    _seen: dict[tuple[int, float, int, int], float] = field(default_factory=dict, repr=False)
+    _seen: dict[tuple[int, float, int, int, int], float] = field(default_factory=dict,
+                                                                 repr=False)
 
     def step_s(self, batch: StepBatch) -> float:
         key = (batch.prefill_tokens, batch.prefill_pairs, batch.decode_seqs,
-               batch.decode_context)
+               batch.decode_context, batch.sampled)
         if key not in self._seen:
-            pre, pairs, seqs, context = key
+            pre, pairs, seqs, context, sampled = key
             self._seen[key] = (
                 costmodel.decode_step_s(self.m, self.lay, max(1, seqs), context // max(1, seqs))
-                if pre == 0 else costmodel.prefill_s(self.m, self.lay, pre + seqs, pairs + context))
+                if pre == 0 else costmodel.prefill_step_s(
+                    self.m, self.lay, pre + seqs, pairs=pairs + context,
+                    sequences=max(1, seqs + sampled)))
         return self._seen[key]
 
 
@@ -99,11 +105,12 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
     simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
     where the layout has pipeline stages or the workload cannot run. With the kernel ``table``
     the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them."""
+    host = () if table is not None else (host_line(lay.host),)
     if lay.pp > 1:
         return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
                       "layouts (vLLM keeps a micro-batch per stage in flight, which the "
                       "step-by-step scheduler simulation does not represent); throughput from "
-                      "the closed formula",)
+                      "the closed formula", *host)
     per_replica = max(1, -(-concurrency // lay.dp))
     try:
         lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
@@ -111,9 +118,10 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         # the steps in which the same decoders only advance taken together
         timer = RooflineStep(m, lay) if table is None else _table_step(table, lay)
         wave = simulate_sessions(lim, timer, [Turn(prompt, gen)], per_replica,
-                                 request_overhead_s=hardware.REQUEST_OVERHEAD_S)
+                                 request_overhead_s=lay.host.request_fixed_s,
+                                 overhead_s_per_prompt_token=lay.host.prompt_token_s)
     except SimError as e:
-        return pred, (f"load at the requested concurrency: not simulated ({e})",)
+        return pred, (f"load at the requested concurrency: not simulated ({e})", *host)
     (requests,) = wave.turns
     busy = min(lay.dp, -(-concurrency // per_replica))
     ttft = percentiles([r.ttft_s for r in requests])
@@ -131,7 +139,16 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         f"from the simulated vLLM scheduler (budget {lim.max_num_batched_tokens} batched "
         f"tokens, chunked prefill, max_num_seqs {lim.max_num_seqs}, the fit's KV blocks; each "
         f"step timed by {source}): TTFT p50 {_ms(ttft.p50)}, p90 {_ms(ttft.p90)}; "
-        f"TPOT p50 {_ms(tpot.p50)}",)
+        f"TPOT p50 {_ms(tpot.p50)}", *host)
+
+
+def host_line(host: HostProfile) -> str:
+    """The plan's line on the host work its roofline figures include, and where it came from."""
+    return (f"host work: a step at least {host.step_s * 1e3:.1f} ms + "
+            f"{host.seq_step_s * 1e6:.0f} us per sequence (vLLM's front end beside the GPU; a "
+            f"small model's decode is bound by it), a request {host.request_fixed_s * 1e3:.1f} ms "
+            f"+ {host.prompt_token_s * 1e6:.1f} us per prompt token to its first token: "
+            f"{host.source}")
 
 
 def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology,

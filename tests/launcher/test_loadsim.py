@@ -15,7 +15,7 @@ from launcher.engine.planfile import plan_from_json, plan_to_json
 from launcher.engine.render import render
 from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec, load_model_spec
-from launcher.planner import costmodel, hardware
+from launcher.planner import costmodel
 from launcher.planner.layouts import Links, Shape, best_candidate
 from launcher.planner.loadsim import RooflineStep, SimulatedPrediction
 from launcher.planner.plan import Plan, Policy, plan
@@ -79,10 +79,12 @@ def test_a_step_is_timed_by_the_roofline_terms() -> None:
     assert step.step_s(StepBatch(decode_seqs=8, decode_context=8 * 600)) == \
         costmodel.decode_step_s(m, lay, 8, 600)
     assert step.step_s(StepBatch(prefill_tokens=512, prefill_pairs=512 * 513 / 2)) == \
-        costmodel.prefill_s(m, lay, 512, 512 * 513 / 2)
-    # a lone prompt inside the budget: one step, the closed formula's time to first token
+        costmodel.prefill_step_s(m, lay, 512, pairs=512 * 513 / 2)
+    # a lone prompt inside the budget: one step, the closed formula's time to first token (the
+    # same prefill model, and the host's way in and out)
     lim = SchedulerLimits(8192, 256, 100_000)
-    run = simulate(lim, step, Workload(512, 4), request_overhead_s=hardware.REQUEST_OVERHEAD_S)
+    run = simulate(lim, step, Workload(512, 4),
+                   request_overhead_s=costmodel.request_host_s(lay.host, 512))
     assert cand.predicted is not None
     assert run.ttft.p50 == pytest.approx(cand.predicted.ttft_s, rel=1e-6)
 

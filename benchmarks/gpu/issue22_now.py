@@ -1,0 +1,78 @@
+"""Issue 22's table cases as the planner at this commit predicts them, beside the measurements:
+`launcher plan --json` of every case and scenario `issue22-table.sh predict` planned on the
+H200, here on the H200's saved NVML reading (not on the machine), written with links to the
+measured folders so that `issue22_table.py` reads them as it reads the machine's predictions.
+
+    python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE]
+    python benchmarks/gpu/issue22_table.py OUT_DIR
+
+Computed after the measurements, so its figures are agreement, not validation; the machine's
+own predictions (RESULTS_DIR/predictions.jsonl) are never rewritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "benchmarks" / "gpu" / "models"
+TOPOLOGY = ROOT / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-lead" / "h200-probe.json"
+# as issue22-table.sh plans them: scenario -> plan arguments
+SCENARIOS = {
+    "single": ["--prompt", "512", "--gen", "256", "--concurrency", "1"],
+    "c32": ["--prompt", "512", "--gen", "256", "--concurrency", "32"],
+    "long16-c1": ["--prompt", "16384", "--gen", "128", "--concurrency", "1"],
+    "long16-c4": ["--prompt", "16384", "--gen", "128", "--concurrency", "4"],
+    **{f"depth{d}": ["--workload", "agent", "--sessions", "1", "--context", str(d),
+                     "--prompt", "512", "--gen", "64"] for d in (8000, 32000)},
+}
+
+
+def plan_line(case: str, scen: str, model: str, util: float, topo: Path) -> str:
+    cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
+           "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
+           "--gpu-memory-utilization", str(util), *SCENARIOS[scen]]
+    got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    try:
+        d = json.loads(got.stdout)
+    except ValueError:
+        return json.dumps({"case": case, "scenario": scen,
+                           "error": (got.stdout + got.stderr).strip()[-300:]})
+    out = {"case": case, "scenario": scen, "max_model_len": d["max_model_len"], **d["predicted"]}
+    if d.get("agent"):
+        out["agent_rooms"] = d["agent"]["rooms"]
+    return json.dumps(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--topology", type=Path, default=TOPOLOGY)
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+    import issue22_table  # the same directory
+
+    old = [json.loads(x) for x in (args.results / "predictions.jsonl").read_text().splitlines()]
+    util = {"long8b": 0.3, "small3b": 0.3}
+    jobs = [(d["case"], d["scenario"]) for d in old]
+    args.out.mkdir(parents=True, exist_ok=True)
+    for case in {c for c, _ in jobs}:
+        link = args.out / case
+        if (args.results / case).is_dir() and not link.exists():
+            link.symlink_to((args.results / case).resolve())
+    with ThreadPoolExecutor(2) as pool:
+        lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
+                                                  util.get(j[0], 0.9), args.topology), jobs))
+    (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+    print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
