@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from launcher.pipeline.run import plan_with_agent
 from launcher.planner import agent
 from launcher.planner.agent import AgentAsk, Room
 from launcher.planner.plantypes import Policy
-from launcher.planner.schedsim import Turn
+from launcher.planner.schedsim import SessionsResult, Turn
 from launcher.probe.topology import load_topology
 from tests.launcher.paths import H200, REPO
 
@@ -72,22 +73,39 @@ def depth_cases() -> list[Case]:
     return out
 
 
-def soak_ttft_s(run: Any, think_s: float | None) -> list[float]:
+def soak_result(run: Any, think_s: float | None) -> SessionsResult:
     """The run's turns through the agent plan's own simulation (agent.simulate_turns: its room's
     scheduler limits and KV blocks, its step timer, the host copy where it offloaded, loadgen's
-    turns: the answers resent as text, the system prompt common to the sessions), median
-    session per turn."""
-    name = "llama-3.1-8b-longctx-shape"
-    m = spec(name)
-    turns = [Turn(run["first_prompt"] + i * run["turn_tokens"], run["gen"])
-             for i in range(len(run["measured_ttft_p50_s"]))]
+    turns: the answers resent as text, the system prompt common to the sessions)."""
+    name = run.get("model", "llama-3.1-8b-longctx-shape")
+    n = len(run.get("measured_ttft_p50_s") or run["measured_e2e_p50_s"])
+    turns = [Turn(run["first_prompt"] + i * run["turn_tokens"], run["gen"]) for i in range(n)]
     last = turns[-1].prompt - run["turn_tokens"]
     r = room(name, run["gpu_memory_utilization"],
              AgentAsk(run["sessions"], last, run["turn_tokens"], run["gen"]))
-    res = agent.simulate_turns(m, r, turns, run["sessions"], think_s=think_s,
-                               offload=run["offload"], max_steps=0,
-                               common_tokens=agent.loadgen_common_tokens(run["first_prompt"]))
-    return [res.ttft(i).p50 for i in range(len(turns))]
+    return agent.simulate_turns(spec(name), r, turns, run["sessions"], think_s=think_s,
+                                offload=run["offload"], max_steps=0,
+                                common_tokens=agent.loadgen_common_tokens(run["first_prompt"]))
+
+
+def soak_ttft_s(run: Any, think_s: float | None, *, whole: bool = False) -> list[float]:
+    """The median session's TTFT per turn of :func:`soak_result` (``whole``: from its send to
+    its answer's end)."""
+    res = soak_result(run, think_s)
+    if whole:
+        return [statistics.median(r.finished_s - r.sent_s for r in turn) for turn in res.turns]
+    return [res.ttft(i).p50 for i in range(len(res.turns))]
+
+
+def whole_cases() -> list[Case]:
+    """The 32B soak, whose answers came in one chunk: send-to-end per turn, loadgen's
+    arrivals (no plan on the machine gave this figure)."""
+    out = []
+    for run in recorded()["soak_whole"]:
+        now = soak_ttft_s(run, run["think_s"], whole=True)
+        for i, meas in enumerate(run["measured_e2e_p50_s"]):
+            out.append(Case(f"{run['file']} turn {i + 1}", meas, None, now[i]))
+    return out
 
 
 def soak_cases() -> list[Case]:
@@ -123,6 +141,11 @@ def main() -> None:
     for c in soak_cases():
         print(f"| {c.label} | {_ms(c.measured_s)} | {_cell(c.before_s, c.measured_s)}"
               f" | {_cell(c.together_s, c.measured_s)} | {_cell(c.after_s, c.measured_s)} |")
+    print()
+    print("| run, turn (answers in one chunk) | measured send-to-end | simulated |")
+    print("| --- | ---: | ---: |")
+    for c in whole_cases():
+        print(f"| {c.label} | {_ms(c.measured_s)} | {_cell(c.after_s, c.measured_s)} |")
 
 
 if __name__ == "__main__":
