@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit
 from launcher.planner.costmodel import CpuStepOverhead, Layout, Prediction
+from launcher.planner.hardware import HostProfile
 from launcher.planner.memfit import (
     BLOCK_TOKENS,
     CPU_BATCHED_TOKENS,
@@ -33,7 +34,15 @@ from launcher.planner.memfit import (
     CPU_BLOCK_TOKENS,
     GPU_BATCHES_IN_FLIGHT,
 )
-from launcher.planner.schedsim import SchedulerLimits, SimResult, TableStepCost, Workload, simulate
+from launcher.planner.schedsim import (
+    SchedulerLimits,
+    SimResult,
+    StepBatch,
+    StepTimer,
+    TableStepCost,
+    Workload,
+    simulate,
+)
 from launcher.probe.kernels import (
     DECODE_BATCH,
     Attention,
@@ -166,6 +175,21 @@ def step_cost(
 
 
 @dataclass(frozen=True)
+class HostBound:
+    """The table's step, never shorter than the serving host's front end needs for the
+    sequences that sample in it (:class:`hardware.HostProfile`): the roofline's rule
+    (costmodel.decode_step_s), so a kernel table and the roofline share one host model. The
+    CPU engine's steps are not wrapped: there the host is the engine, and its measured step
+    overhead is already in the table's step."""
+
+    cost: TableStepCost
+    host: HostProfile
+
+    def step_s(self, batch: StepBatch) -> float:
+        return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled))
+
+
+@dataclass(frozen=True)
 class LoadPrediction:
     """Figures as loadgen reports them, from the simulated scheduler."""
 
@@ -177,7 +201,7 @@ class LoadPrediction:
 
 
 def predict(
-    cost: TableStepCost,
+    cost: StepTimer,
     lim: SchedulerLimits,
     *,
     prompt: int,
@@ -212,21 +236,23 @@ def as_prediction(
     measured_step_overhead: tuple[float, str] | None = None,
     kv_dtype_bytes: int = 2,
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
+    host: HostProfile | None = None,
 ) -> tuple[Prediction, tuple[str, ...]]:
     """The cost model's :class:`Prediction` from a kernel table, through the simulated
     scheduler; ``dp`` replicas share the streams. With the sources said. The KV pool is
     memfit's (:func:`memfit.pool_blocks` of ``kv_bytes``, counted in the simulation's blocks
     for a request of ``prompt + gen``: sliding windows and block rounding as vLLM counts
-    them)."""
+    them). With ``host`` (a GPU server's), no step is shorter than its front end's work."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=max_graph_tokens,
                    measured_step_overhead=measured_step_overhead)
+    timer: StepTimer = kc.cost if host is None else HostBound(kc.cost, host)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
                                      block, in_flight)
     lim = SchedulerLimits(batched_tokens, max_num_seqs, blocks, block)
-    p = predict(kc.cost, lim, prompt=prompt, gen=gen, concurrency=per_replica,
+    p = predict(timer, lim, prompt=prompt, gen=gen, concurrency=per_replica,
                 request_overhead_s=request_overhead_s)
     busy = min(max(1, dp), -(-concurrency // per_replica))
     tpot = 1 / p.decode_tok_s if p.decode_tok_s else 0.0
@@ -276,8 +302,8 @@ def layout_prediction(
         m, table, kv_bytes=lay.kv_budget_bytes, block=BLOCK_TOKENS, batched_tokens=batched_tokens,
         max_num_seqs=max_num_seqs, prompt=prompt, gen=gen, concurrency=concurrency,
         assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
-        request_overhead_s=hardware.REQUEST_OVERHEAD_S, allreduce=ar, dp=lay.dp,
-        kv_dtype_bytes=kv_dtype_bytes,
+        request_overhead_s=lay.host.request_fixed_s, allreduce=ar, dp=lay.dp,
+        kv_dtype_bytes=kv_dtype_bytes, host=lay.host,
     )
     return pred, table
 

@@ -25,7 +25,7 @@ from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.costmodel import Layout, Prediction
 from launcher.planner.hardware import HostProfile
-from launcher.planner.kernelcost import AllReduce, step_cost
+from launcher.planner.kernelcost import AllReduce, HostBound, step_cost
 from launcher.planner.layouts import Links, Shape
 from launcher.planner.layouts import _layout as layout_of
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
@@ -34,7 +34,6 @@ from launcher.planner.schedsim import (
     SchedulerLimits,
     SimError,
     StepBatch,
-    TableStepCost,
     Turn,
     percentiles,
     simulate_sessions,
@@ -65,8 +64,8 @@ class RooflineStep:
     sequences if longer); a step with prompt chunks is :func:`costmodel.prefill_step_s` of all
     its tokens (chunks and decoders together: one eager forward) whose attention spans the
     chunks' (query, key) pairs and each decoder's context, the host's floor counting the
-    decoders and the chunks that sample. Steps of the same shape recur (the prompt chunks of a
-    closed loop): each is timed once."""
+    sequences that sample (every decoder, and the prompts whose last chunk it is). Steps of
+    the same shape recur (the prompt chunks of a closed loop): each is timed once."""
 
     m: ModelSpec
     lay: Layout
@@ -82,7 +81,7 @@ class RooflineStep:
                 costmodel.decode_step_s(self.m, self.lay, max(1, seqs), context // max(1, seqs))
                 if pre == 0 else costmodel.prefill_step_s(
                     self.m, self.lay, pre + seqs, pairs=pairs + context,
-                    sequences=max(1, seqs + sampled)))
+                    sequences=max(1, sampled)))
         return self._seen[key]
 
 
@@ -105,7 +104,7 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
     simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
     where the layout has pipeline stages or the workload cannot run. With the kernel ``table``
     the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them."""
-    host = () if table is not None else (host_line(lay.host),)
+    host = (host_line(lay.host),)
     if lay.pp > 1:
         return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
                       "layouts (vLLM keeps a micro-batch per stage in flight, which the "
@@ -170,12 +169,13 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
     return replace(c, predicted=pred), why
 
 
-def _table_step(table: KernelTable, lay: Layout) -> TableStepCost:
-    """The step cost :func:`kernelcost.layout_prediction` predicted the candidate with."""
+def _table_step(table: KernelTable, lay: Layout) -> HostBound:
+    """The step cost :func:`kernelcost.layout_prediction` predicted the candidate with: the
+    table's steps, never shorter than the host's front end needs."""
     link = lay.tp_link
     ar = AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
-    return step_cost(table, allreduce=ar,
-                     assumed_step_overhead_s=hardware.STEP_OVERHEAD_S).cost
+    return HostBound(step_cost(table, allreduce=ar,
+                               assumed_step_overhead_s=hardware.STEP_OVERHEAD_S).cost, lay.host)
 
 
 def _ms(s: float) -> str:

@@ -17,8 +17,10 @@ from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner import costmodel, hardware
 from launcher.planner.costmodel import Layout
 from launcher.planner.hardware import SERVER_HOST, HostProfile
+from launcher.planner.kernelcost import HostBound
 from launcher.planner.layouts import Links, Shape, best_candidate
 from launcher.planner.plan import Plan, Policy, plan
+from launcher.planner.schedsim import StepBatch, TableStepCost
 from launcher.probe.topology import Topology, load_topology
 from tests.launcher.paths import H200, REPO
 
@@ -131,3 +133,13 @@ def test_a_host_bound_step_gains_nothing_from_a_wider_tensor_parallel_group() ->
     lay = one_gpu(m)
     assert costmodel.decode_step_s(m, replace(lay, tp=4), 32, 640) == \
         costmodel.decode_step_s(m, lay, 32, 640)
+
+
+def test_a_kernel_tables_steps_share_the_host_floor() -> None:
+    # the kernel-table path (kernelcost.HostBound) keeps the roofline's rule: a fast table's
+    # step is the front end's, a slow one's its own
+    decode32 = StepBatch(decode_seqs=32, decode_context=32 * 600, sampled=32)
+    fast = TableStepCost((1, 100), (1e-4, 1e-3))
+    assert HostBound(fast, SERVER_HOST).step_s(decode32) == SERVER_HOST.step_floor_s(32)
+    slow = TableStepCost((1, 100), (0.01, 0.1))
+    assert HostBound(slow, SERVER_HOST).step_s(decode32) == slow.step_s(decode32)
