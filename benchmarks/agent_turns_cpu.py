@@ -60,17 +60,27 @@ def timed_step(url: str, key: str | None, model: str, cache: Path) -> EngineStep
     return topo.engine_step
 
 
-def pair_s(url: str, key: str | None, depth: int, new: int) -> tuple[float, float, float]:
+def pair_s(url: str, key: str | None, depth: int, new: int,
+           token_s: float) -> tuple[float, float, float]:
     """Attention over a cached context on this engine: loadgen's TTFT of ``new`` tokens after
-    ``depth`` cached ones against after none, per (query, key) pair the deeper one adds
-    (``new`` × ``depth``); (seconds a pair, TTFT at 0, TTFT at depth)."""
+    ``depth`` cached ones against after none. vLLM caches whole blocks (128 tokens on the CPU),
+    so the deeper request computes ``new`` + the context's uncached tail: that tail at the
+    engine's timed ``token_s`` a prompt token, the host's cost of the cached tokens
+    (PROMPT_TOKEN_HOST_S, the simulation's own), and the rest is attention, per (query, key)
+    pair of the computed tokens over the cached ones; (seconds a pair, TTFT at 0, TTFT at
+    depth)."""
     cfg = Config(url=url, api_key=key, depth=(0, depth), prompt=new, gen=4, requests=4,
                  progress=False)
-    at = {lv.depth.tokens: lv.summary.ttft_s.p50 or 0.0 for lv in loadgen_run(cfg).levels
-          if lv.depth is not None}
-    # the host's cost of the cached tokens is the simulation's own (PROMPT_TOKEN_HOST_S)
-    extra = at[depth] - at[0] - depth * costmodel.PROMPT_TOKEN_HOST_S
-    return max(0.0, extra / (new * depth)), at[0], at[depth]
+    at, cached = {}, {}
+    for lv in loadgen_run(cfg).levels:
+        assert lv.depth is not None
+        at[lv.depth.tokens] = lv.summary.ttft_s.p50 or 0.0
+        cached[lv.depth.tokens] = statistics.median(r.cached_tokens or 0 for r in lv.requests)
+    hit = cached[depth]
+    computed = new + depth - hit
+    extra = (at[depth] - at[0] - (computed - new) * token_s
+             - depth * costmodel.PROMPT_TOKEN_HOST_S)
+    return max(0.0, extra / (computed * hit)) if hit else 0.0, at[0], at[depth]
 
 
 def agent_run(url: str, key: str | None, sessions: int, turns: int, context: tuple[int, int],
@@ -103,7 +113,7 @@ def simulated(model_path: str, step: EngineStep, report: Report, cores: int,
 def one_round(url: str, key: str | None, model: str, model_path: str, cache: Path,
               args: argparse.Namespace) -> Round:
     step = timed_step(url, key, model, cache)
-    pair = pair_s(url, key, args.depth, args.depth_new)
+    pair = pair_s(url, key, args.depth, args.depth_new, step.prefill_token_s or 0.0)
     report = agent_run(url, key, args.sessions, args.turns, args.context, args.gen, args.think)
     assert report.agent is not None
     per = report.agent.per_turn
