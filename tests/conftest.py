@@ -4,6 +4,11 @@
 the proxy reports ready, and at the end sends SIGTERM and checks that nothing is left running.
 Setting TOPOSERVE_TEST_VLLM_URL reuses an engine that is already up (for development: starting
 vLLM costs over a minute on two cores) and starts only the proxy in front of it.
+
+The start is begun as soon as the tests are collected, when any selected test uses `stack`, and
+the modules that use it run last: the engine's minute of start-up (mostly one process importing
+at a time) then overlaps the tests that do not need it, on the second core, instead of being
+waited for. Their order inside a module is kept (module fixtures are set up once).
 """
 
 from __future__ import annotations
@@ -77,9 +82,22 @@ def tiny_model_path() -> str:
     return str(ensure_tiny_model())
 
 
-@pytest.fixture(scope="session")
-def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    logs = tmp_path_factory.mktemp("stack")
+@dataclass(frozen=True)
+class _Launch:
+    """The stack's processes as started (at collection, or by the fixture)."""
+
+    proc: subprocess.Popen[bytes]
+    proxy_port: int
+    vllm_url: str
+    key: str | None
+    reuse: str | None
+    log: Path
+
+
+_early: list[_Launch] = []  # started at collection, not yet taken by the fixture
+
+
+def _launch(logs: Path) -> _Launch:
     proxy_port = free_port()
     reuse = os.environ.get("TOPOSERVE_TEST_VLLM_URL")
     key = None if reuse else secrets.token_urlsafe(16)
@@ -97,12 +115,47 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     if key:
         env["TOPOSERVE_ENGINE_API_KEY"] = key
-        # loadgen pointed at the engine directly reads its key from here, as a user would
-        # export it; the proxy (no keys of its own) drops a client's key and sends its own.
-        os.environ["TOPOSERVE_API_KEY"] = key
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True, env=env)
+    return _Launch(proc, proxy_port, vllm_url, key, reuse, log)
+
+
+def _uses_stack(item: pytest.Item) -> bool:
+    return "stack" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    late = {str(item.path) for item in items if _uses_stack(item)}
+    items.sort(key=lambda item: str(item.path) in late)  # stable: file order kept otherwise
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(_uses_stack(item) for item in session.items) and not session.config.option.collectonly:
+        # the factory behind the tmp_path_factory fixture (pytest sets it at configure time)
+        factory: pytest.TempPathFactory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+        _early.append(_launch(factory.mktemp("stack")))
+
+
+def pytest_sessionfinish() -> None:
+    # a start the fixture never took (the run stopped before the first test that uses it)
+    for launch in _early:
+        if launch.proc.poll() is None:
+            os.killpg(launch.proc.pid, signal.SIGKILL)
+        launch.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    launch = _early.pop() if _early else _launch(tmp_path_factory.mktemp("stack"))
+    proc, proxy_port, vllm_url, key, reuse, log = (
+        launch.proc, launch.proxy_port, launch.vllm_url, launch.key, launch.reuse, launch.log)
+    if key:
+        # loadgen pointed at the engine directly reads its key from here, as a user would
+        # export it; the proxy (no keys of its own) drops a client's key and sends its own.
+        # Set only while the stack is in use: tests before it run without a key, as before.
+        os.environ["TOPOSERVE_API_KEY"] = key
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     try:
         _wait_ready(f"{proxy_url}/ready", proc, log, STACK_START_TIMEOUT_S)
