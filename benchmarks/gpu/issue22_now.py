@@ -3,7 +3,7 @@
 H200, here on the H200's saved NVML reading (not on the machine), written with links to the
 measured folders so that `issue22_table.py` reads them as it reads the machine's predictions.
 
-    python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE]
+    python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE] [--predictions F]
     python benchmarks/gpu/issue22_table.py OUT_DIR
 
 Computed after the measurements, so its figures are agreement, not validation; the machine's
@@ -54,11 +54,15 @@ def main() -> int:
     ap.add_argument("results", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--topology", type=Path, default=TOPOLOGY)
+    ap.add_argument("--predictions", type=Path, default=None,
+                    help="the machine's plans whose cases and scenarios are planned again "
+                         "(default: RESULTS_DIR/predictions.jsonl)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     import issue22_table  # the same directory
 
-    old = [json.loads(x) for x in (args.results / "predictions.jsonl").read_text().splitlines()]
+    source = args.predictions or args.results / "predictions.jsonl"
+    old = [json.loads(x) for x in source.read_text().splitlines()]
     util = {"long8b": 0.3, "small3b": 0.3}
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)
