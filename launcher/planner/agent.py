@@ -226,8 +226,9 @@ def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
 
 def request_overhead_s(prompt: int) -> float:
     """A request's way to the engine before its first step: a fixed cost (API server, IPC, the
-    first token's way back: hardware.REQUEST_OVERHEAD_S, assumed) and the host's handling of
-    every prompt token, cached or not (costmodel.PROMPT_TOKEN_HOST_S, timed on a CPU)."""
+    first token's way back: hardware.REQUEST_OVERHEAD_S) and the host's handling of every
+    prompt token, cached or not (costmodel.PROMPT_TOKEN_HOST_S); both are the serving host's
+    profile (hardware.SERVER_HOST), where each figure's source is named."""
     return hardware.REQUEST_OVERHEAD_S + prompt * costmodel.PROMPT_TOKEN_HOST_S
 
 
