@@ -144,6 +144,31 @@ agent_run() {
   metrics "$1-metrics.txt"
 }
 
+# offload_soak NAME MODEL UTIL CONTEXT TURN GIB: the agent plan for $SESS sessions keeping CONTEXT
+# tokens (turns of TURN new ones) at UTIL, served as `launcher serve --workload agent`, then the
+# soak. Where the plan does not choose offloading (its reason is in NAME-plan/agent4.txt), the
+# 16-bit cache at the same utilisation is served with GIB of host memory for KV, given by hand.
+offload_soak() {
+  local name=$1 model=$2 util=$3 context=$4 turn=$5 gib=$6
+  dir=$OUT/$name-plan; mkdir -p "$dir"
+  base=(--model "$model" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$util")
+  agent=(--workload agent --sessions $SESS --context "$context" --prompt "$turn" --gen $AGEN)
+  plan agent4 "${base[@]}" "${agent[@]}"
+  timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
+  choice=$(python3 -c "import json; print(json.load(open('$dir/agent4.json'))['agent']['choice'])")
+  say "$name: the agent plan chose '$choice'"; cat "$dir/predictions.txt" >>"$OUT/summary.txt"
+  (cd "$OUT" && tar czf "$name-plan.tgz" "$name-plan" && rm -rf "$name-plan")
+  if [[ $choice == offload ]]; then
+    serve "$name" "${base[@]}" "${agent[@]}" -- --load-format dummy --compilation-config "$COMPILE"
+  else
+    say "$name: offloading given by hand (--kv-offloading-size $gib)"
+    serve "$name" "${base[@]}" -- --load-format dummy --compilation-config "$COMPILE" \
+      --kv-offloading-backend native --kv-offloading-size "$gib"
+  fi
+  if [[ $ready == 1 ]]; then agent_run agent-offload $SESS "$turn"; fi
+  stop "$name"
+}
+
 for step in "$@"; do
   say "== $step at $(date -u +%FT%TZ), $(left) s before the deadline"
   case $step in
@@ -180,26 +205,8 @@ for step in "$@"; do
       fi
       stop depth8b ;;
     offload8b)
-      dir=$OUT/offload8b-plan; mkdir -p "$dir"
-      base=(--model "$M8" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$U")
-      agent=(--workload agent --sessions $SESS --context $SOAK --prompt $TURN --gen $AGEN)
-      plan agent4 "${base[@]}" "${agent[@]}"
-      timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
-      choice=$(python3 -c "import json; print(json.load(open('$dir/agent4.json'))['agent']['choice'])")
-      say "offload8b: the agent plan chose '$choice'"; cat "$dir/predictions.txt" >>"$OUT/summary.txt"
-      (cd "$OUT" && tar czf offload8b-plan.tgz offload8b-plan && rm -rf offload8b-plan)
-      if [[ $choice == offload ]]; then
-        serve offload8b "${base[@]}" "${agent[@]}" -- --load-format dummy --compilation-config "$COMPILE"
-      else
-        # The plan did not choose offloading (its reason is in offload8b-plan/agent4.txt): the
-        # 16-bit cache at the same utilisation, with 19 GiB of host memory for KV (4 x 34k tokens
-        # x 128 KiB, +10%), given by hand.
-        say "offload8b: offloading given by hand (--kv-offloading-size 19)"
-        serve offload8b "${base[@]}" -- --load-format dummy --compilation-config "$COMPILE" \
-          --kv-offloading-backend native --kv-offloading-size 19
-      fi
-      if [[ $ready == 1 ]]; then agent_run agent-offload; fi
-      stop offload8b ;;
+      # 19 GiB by hand if the plan chooses otherwise: 4 x 34k tokens x 128 KiB, +10%
+      offload_soak offload8b "$M8" "$U" "$SOAK" "$TURN" 19 ;;
     depth32b)
       dir=$OUT/predict32b; mkdir -p "$dir"
       base=(--model "$M32" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization 0.9)
@@ -256,24 +263,8 @@ for step in "$@"; do
       fi
       stop soak32b ;;
     offload32b)
-      dir=$OUT/offload32b-plan; mkdir -p "$dir"
-      base=(--model "$Q32" --tp 1 --pp 1 --dp 1 --gpu-memory-utilization "$U32")
-      agent=(--workload agent --sessions $SESS --context $((SOAK - TURN32)) --prompt $TURN32 --gen $AGEN)
-      plan agent4 "${base[@]}" "${agent[@]}"
-      timeout 120 python3 -m launcher plan "${base[@]}" "${agent[@]}" >"$dir/agent4.txt" 2>&1
-      choice=$(python3 -c "import json; print(json.load(open('$dir/agent4.json'))['agent']['choice'])")
-      say "offload32b: the agent plan chose '$choice'"; cat "$dir/predictions.txt" >>"$OUT/summary.txt"
-      (cd "$OUT" && tar czf offload32b-plan.tgz offload32b-plan && rm -rf offload32b-plan)
-      if [[ $choice == offload ]]; then
-        serve offload32b "${base[@]}" "${agent[@]}" -- --load-format dummy --compilation-config "$COMPILE"
-      else
-        # 4 x 38k tokens x 256 KiB (16-bit KV of 64 layers x 8 heads x 128), +10%: 41 GiB.
-        say "offload32b: offloading given by hand (--kv-offloading-size 41)"
-        serve offload32b "${base[@]}" -- --load-format dummy --compilation-config "$COMPILE" \
-          --kv-offloading-backend native --kv-offloading-size 41
-      fi
-      if [[ $ready == 1 ]]; then agent_run agent-offload $SESS $TURN32; fi
-      stop offload32b ;;
+      # 41 GiB by hand: 4 x 38k tokens x 256 KiB (16-bit KV of 64 layers x 8 heads x 128), +10%
+      offload_soak offload32b "$Q32" "$U32" $((SOAK - TURN32)) "$TURN32" 41 ;;
   esac
 done
 say "done at $(date -u +%FT%TZ)"
