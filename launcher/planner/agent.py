@@ -217,19 +217,11 @@ def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
     tokens, alone on the replica: warm with the prefix in the cache (the new tokens' GEMMs and
     their attention over the cached prefix: costmodel.prefill_at_depth_s), cold with the whole
     prompt recomputed in the engine's chunks (its attention quadratic in the prompt); each
-    plus the request's way in (:func:`request_overhead_s`)."""
+    plus the request's way in through the layout's host (costmodel.request_host_s)."""
     warm = costmodel.prefill_at_depth_s(m, lay, new, depth, batched_tokens)
     cold = costmodel.prefill_at_depth_s(m, lay, depth + new, 0, batched_tokens)
-    way_in = request_overhead_s(depth + new)
+    way_in = costmodel.request_host_s(lay.host, depth + new)
     return warm + way_in, cold + way_in
-
-
-def request_overhead_s(prompt: int) -> float:
-    """A request's way to the engine before its first step: a fixed cost (API server, IPC, the
-    first token's way back: hardware.REQUEST_OVERHEAD_S) and the host's handling of every
-    prompt token, cached or not (costmodel.PROMPT_TOKEN_HOST_S); both are the serving host's
-    profile (hardware.SERVER_HOST), where each figure's source is named."""
-    return hardware.REQUEST_OVERHEAD_S + prompt * costmodel.PROMPT_TOKEN_HOST_S
 
 
 def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int,

@@ -17,6 +17,7 @@ from launcher.cli.main import build_parser
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner import agent, costmodel
 from launcher.planner.costmodel import Layout, attention_work, causal_pairs, prefill_step_s
+from launcher.planner.hardware import SERVER_HOST
 from launcher.planner.schedsim import SchedulerLimits, TableStepCost, Turn, simulate_sessions
 from launcher.probe.topology import load_topology
 from tests.launcher import depth_cases
@@ -117,7 +118,8 @@ def test_gqa_reads_the_kv_heads_and_computes_the_query_heads() -> None:
 
 
 def test_the_host_cost_of_a_prompt_is_paid_cached_or_not() -> None:
-    assert agent.request_overhead_s(32_512) - agent.request_overhead_s(512) == pytest.approx(
+    way_in = costmodel.request_host_s
+    assert way_in(SERVER_HOST, 32_512) - way_in(SERVER_HOST, 512) == pytest.approx(
         32_000 * costmodel.PROMPT_TOKEN_HOST_S)
 
 
