@@ -139,9 +139,7 @@ def supervise(sockets: list[socket.socket], serve: Callable[[Seat, socket.socket
             sock.close()
         return _wait(children, stop_grace_s)
     finally:
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(children)  # any still running: the parent is leaving
         shutil.rmtree(rendezvous, ignore_errors=True)
 
 
