@@ -208,7 +208,7 @@ def layout_of(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> L
                else costmodel.NO_LINK)
     hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(c.pp - 1)]
     pp_link = costmodel.worst_link(hops) if c.pp > 1 else costmodel.NO_LINK
-    return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget)
+    return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget, links.host)
 
 
 def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
@@ -277,8 +277,9 @@ class CpuStep:
     step, and the arithmetic of every token the step computes (prompt chunks and decoders) at
     the prefill rate timed here, as costmodel.predict_cpu times one request's; ``pair_s``:
     seconds per (query, key) pair of attention over the context, where it was timed (a prompt
-    after a cached context against the same prompt alone; ``probe --measure`` does not time it,
-    so the plan has 0 and its turns at depth are the slow side's floor)."""
+    after a cached context against the same prompt alone: ``probe --measure`` times it,
+    costmodel.cpu_attention_pair_s; 0 where a record has none, and the turns at depth are then
+    the slow side's floor: -35..-42% at 3k tokens on this project's 2-core machine)."""
 
     m: ModelSpec
     cores: int
@@ -404,10 +405,11 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
         common_tokens=common_tokens, answers_cached=False)
 
 
-def loadgen_common_tokens(first_prompt: int) -> int:
-    """The system prompt loadgen's agent workload opens every session with: a quarter of the
-    first turn's tokens (loadgen/agent.py ``build_conversations``; tests hold the two equal)."""
-    return max(1, first_prompt // 4)
+def loadgen_common_tokens(first_prompt: int, system_tokens: int | None = None) -> int:
+    """The system prompt loadgen's agent workload opens every session with: its
+    --system-tokens where given (0: none), else a quarter of the first turn's tokens
+    (loadgen/agent.py ``system_tokens``; tests hold the two equal)."""
+    return max(1, first_prompt // 4) if system_tokens is None else system_tokens
 
 
 def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int,
@@ -709,8 +711,8 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                 block=memfit.CPU_BLOCK_TOKENS)
     held = room.sessions(m, ask.request_tokens)
     room = replace(room, held=held)
-    sim = _cpu_simulated(m, room, ask, CpuStep(m, policy.cpu_cores, over)) if (
-        over.measured and over.prefill is not None) else None
+    sim = _cpu_simulated(m, room, ask, CpuStep(m, policy.cpu_cores, over, over.pair_s or 0.0)
+                         ) if over.measured and over.prefill is not None else None
     need_gib = math.ceil(ask.sessions * room.request_bytes(m, ask.request_tokens)
                          / (1 - memfit.CONTEXT_MARGIN) / GIB * 10) / 10
     options = [
@@ -735,8 +737,12 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                 + (f"; turn TTFT at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None else "")
                 for o in options]
     reasons.append(f"    gpu: {ask.sessions} session(s) {_arrivals(ask)} through a simulation "
-                   f"of vLLM's scheduler with the engine step timed here, TTFT p50 by depth: "
-                   f"{sim.line(ask)}" if sim is not None else
+                   f"of vLLM's scheduler with the engine step timed here, "
+                   + (f"attention over the cached context timed here ({over.pair_s * 1e9:.0f} ns "
+                      "a query-key pair)" if over.pair_s is not None else
+                      "attention over the cached context not timed (0 assumed: the deeper turns "
+                      "come out low; `launcher probe --measure` times it)")
+                   + f", TTFT p50 by depth: {sim.line(ask)}" if sim is not None else
                    "    gpu: one session's turn alone (the engine step is not timed here: "
                    "`launcher probe --measure`)")
     flags = [FlagWish(("--performance-mode", "interactivity"),

@@ -448,6 +448,9 @@ class CpuStepOverhead:
     measured: bool
     why: str
     prefill: CpuPrefill | None = None  # where `probe --measure` timed the served prefill
+    # seconds per (query, key) pair of attention over a cached context, where `probe --measure`
+    # timed a prompt after one (cpu_attention_pair_s); None: not timed
+    pair_s: float | None = None
 
 
 def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
@@ -471,12 +474,36 @@ def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
     first = ("" if prefill is None else
              f"; time to first token {prefill.first_token_s * 1e3:.1f} ms + the prompt's "
              f"arithmetic at {prefill.flops_s / 1e9:.0f} GFLOP/s, timed the same way")
+    pair = cpu_attention_pair_s(step)
+    if pair is not None and step.depth_tokens is not None:
+        first += (f"; attention over a cached context {pair * 1e9:.0f} ns a (query, key) pair, "
+                  f"timed here ({step.depth_new_tokens} new tokens after {step.depth_tokens:,} "
+                  f"cached took {(step.depth_extra_s or 0.0) * 1e3:.0f} ms more than alone)")
+    elif prefill is not None:
+        first += ("; attention over a cached context not timed in this record (`launcher "
+                  "probe --measure` times it where the engine reports its cached tokens)")
     return CpuStepOverhead(
         over, True,
         f"engine step overhead {over * 1e3:.1f} ms: vLLM's served decode step timed on this "
         f"machine {step.measured_at} ({step.step_s * 1e3:.1f} ms median of {len(step.steps_s)} "
         f"rounds, slowest/fastest {step.spread:.1f}x) less its model's {forward * 1e3:.1f} ms "
-        f"forward{first}", prefill)
+        f"forward{first}", prefill, pair)
+
+
+def cpu_attention_pair_s(step: EngineStep) -> float | None:
+    """Seconds per (query, key) pair of attention over a cached context, from `probe --measure`'s
+    timing at depth: the new tokens after the cached context less the same count alone, less
+    what else the deeper request did: the context's tokens the cache did not hold (vLLM caches
+    whole blocks; at the per-token rate timed here) and the host's cost of the context's length
+    (PROMPT_TOKEN_HOST_S, which the scheduler's simulation charges too), over the pairs of the
+    computed tokens and the cached ones. None where it was not timed or nothing was cached."""
+    depth, new, hit, extra = (step.depth_tokens, step.depth_new_tokens,
+                              step.depth_cached_tokens, step.depth_extra_s)
+    if depth is None or new is None or hit is None or extra is None or not hit:
+        return None
+    computed = new + depth - hit
+    rest = extra - (computed - new) * (step.prefill_token_s or 0.0) - depth * PROMPT_TOKEN_HOST_S
+    return max(0.0, rest / (computed * hit))
 
 
 def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int,

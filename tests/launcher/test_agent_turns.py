@@ -135,3 +135,27 @@ def test_the_cpu_agent_plan_simulates_the_sessions_with_the_engine_step_timed_he
     assert queued > gpu.ttft_s  # sent at once, the sessions queue
     untimed = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, Topology(gpus=()))
     assert any("one session's turn alone" in r for r in untimed.reasons)
+
+
+def test_the_cpu_agent_plan_adds_attention_over_the_context_where_probe_timed_it() -> None:
+    """A record with probe's timing at depth (512 new tokens after 2,048 cached, 300 ns a pair
+    over them) makes the deep turns slower than the same record without it, and says so."""
+    m = load_model_spec(str(ensure_tiny_model()))
+    ask = agent.AgentAsk(2, 3000, 600, 8, think_s=0.1, common_tokens=150)
+    plain = timed_cpu(m)
+    assert plain.engine_step is not None
+    extra = 512 * 2048 * 300e-9 + 2048 * costmodel.PROMPT_TOKEN_HOST_S
+    deep = replace(plain, engine_step=replace(
+        plain.engine_step, depth_tokens=2048, depth_new_tokens=512, depth_cached_tokens=2048,
+        depth_extra_s=extra))
+    without = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, plain)
+    with_ = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, deep)
+    assert any("attention over the cached context timed here (300 ns" in r
+               for r in with_.reasons), with_.reasons
+    assert any("attention over the cached context not timed" in r for r in without.reasons)
+    slow = next(o for o in with_.options if o.name == "gpu").ttft_s
+    fast = next(o for o in without.options if o.name == "gpu").ttft_s
+    assert slow is not None
+    assert fast is not None
+    # at least the new tokens' attention over the cached history: 600 x ~2,400 pairs x 300 ns
+    assert slow - fast > 0.8 * 600 * 2400 * 300e-9

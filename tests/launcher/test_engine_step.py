@@ -43,6 +43,81 @@ def test_a_record_survives_its_json_and_the_cache(tmp_path: Path) -> None:
     assert enginestep.load(tmp_path, other) is None
 
 
+def at_depth(rec: EngineStep, extra_s: float = 0.4, cached: int = 2048) -> EngineStep:
+    """``rec`` with a timing at depth: 512 new tokens after 2,048 cached ones."""
+    return replace(rec, prefill_fixed_s=0.012, prefill_token_s=1.4e-3, depth_tokens=2048,
+                   depth_new_tokens=512, depth_cached_tokens=cached, depth_extra_s=extra_s)
+
+
+def test_a_record_timed_at_depth_survives_its_json_and_a_format_2_record_still_reads(
+    tmp_path: Path,
+) -> None:
+    rec = at_depth(record(0.009))
+    assert enginestep.from_json(json.loads(json.dumps(enginestep.to_json(rec)))) == rec
+    # the previous format, written before the timing at depth: read, with attention untimed
+    old = {k: v for k, v in json.loads(json.dumps(enginestep.to_json(record(0.009)))).items()
+           if not k.startswith("depth_")}
+    old["version"] = 2
+    assert enginestep.from_json(old) == record(0.009)
+    assert enginestep.from_json(old).depth_extra_s is None
+    # format 1 (the offline engine's step) is refused in one line that says what to do
+    with pytest.raises(EngineStepError, match="probe --measure"):
+        enginestep.from_json({**old, "version": 1})
+    # half a timing at depth is refused, not read as half a figure
+    broken = {**json.loads(json.dumps(enginestep.to_json(rec))), "depth_cached_tokens": None}
+    with pytest.raises(EngineStepError, match="depth_cached_tokens missing"):
+        enginestep.from_json(broken)
+
+
+def test_the_attention_rate_is_the_deeper_prompts_extra_time_less_what_else_it_computed() -> None:
+    """512 new tokens after 2,048 cached: the extra time is attention over 512 x 2,048 pairs and
+    the host's cost of the context's length. 256 after 2,000 of which vLLM cached 1,920 (whole
+    128-token blocks): the 80-token tail is computed at the timed per-token rate, not attention."""
+    host = costmodel.PROMPT_TOKEN_HOST_S
+    whole = at_depth(record(0.009), extra_s=512 * 2048 * 300e-9 + 2048 * host)
+    assert costmodel.cpu_attention_pair_s(whole) == pytest.approx(300e-9)
+    tail = replace(whole, depth_tokens=2000, depth_new_tokens=256, depth_cached_tokens=1920,
+                   depth_extra_s=80 * 1.4e-3 + 2000 * host + 336 * 1920 * 300e-9)
+    assert costmodel.cpu_attention_pair_s(tail) == pytest.approx(300e-9)
+    # nothing cached, or a deeper prompt no slower than alone (noise): no rate, or none negative
+    assert costmodel.cpu_attention_pair_s(replace(whole, depth_cached_tokens=0)) is None
+    assert costmodel.cpu_attention_pair_s(replace(whole, depth_extra_s=-0.01)) == 0.0
+    assert costmodel.cpu_attention_pair_s(record(0.009)) is None
+    over = costmodel.cpu_step_overhead(whole, cores=2)
+    assert over.pair_s == pytest.approx(300e-9)
+    assert "300 ns a (query, key) pair, timed here" in over.why, over.why
+    assert "not timed" in costmodel.cpu_step_overhead(
+        replace(record(0.009), prefill_fixed_s=0.012, prefill_token_s=1.4e-3), cores=2).why
+
+
+def test_the_kept_depth_figure_is_the_median_of_each_rounds_difference_from_its_own_prompt(
+) -> None:
+    """A machine that slows down between rounds slows both prompts of a round: the record keeps
+    the rounds' paired differences (0.30, 0.31, 0.29 s), not the difference of the medians."""
+    timed = enginestep.Timed(steps_s=(0.008, 0.008, 0.008), short_ttft_s=(0.03, 0.06, 0.03),
+                             long_ttft_s=(0.7, 1.4, 0.75), depth_ttft_s=(1.0, 1.71, 1.04),
+                             depth_cached=(2048, 2048, 1920), depth_tokens=2048)
+    rec = enginestep.record(KEY, timed, params=4_000_000, weight_bytes=8_000_000, now="now")
+    assert rec.depth_extra_s == pytest.approx(0.30)
+    assert (rec.depth_tokens, rec.depth_new_tokens, rec.depth_cached_tokens) == (
+        2048, enginestep.LONG_PROMPT, 2048)
+    untimed = enginestep.record(KEY, replace(timed, depth_ttft_s=(), depth_cached=(),
+                                             depth_tokens=0), params=4_000_000,
+                                weight_bytes=8_000_000, now="now")
+    assert untimed.depth_extra_s is None
+
+
+def test_the_stream_reader_takes_the_cached_tokens_from_usage() -> None:
+    usage = {"prompt_tokens": 2560, "completion_tokens": 1,
+             "prompt_tokens_details": {"cached_tokens": 2048}}
+    body = (b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n'
+            + b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+    got = enginestep.read_stream(0.0, [(1.0, body)])
+    assert (got.completion_tokens, got.cached_tokens) == (1, 2048)
+    assert enginestep.read_stream(0.0, [(1.0, body.replace(b"prompt_tokens_details", b"x"))]
+                                  ).cached_tokens is None
+
+
 def test_a_damaged_cache_file_reads_as_no_measurement(tmp_path: Path) -> None:
     path = enginestep.cache_path(tmp_path, KEY)
     path.parent.mkdir(parents=True)
@@ -62,10 +137,11 @@ JSON = st.recursive(
 
 @given(st.dictionaries(st.sampled_from(["version", "key", "step_s", "steps_s", "model_params",
                                         "model_weight_bytes", "measured_at", "prefill_fixed_s",
-                                        "prefill_token_s"]), JSON))
+                                        "prefill_token_s", "depth_tokens", "depth_new_tokens",
+                                        "depth_cached_tokens", "depth_extra_s"]), JSON))
 @settings(max_examples=300)
 def test_any_saved_record_reads_or_is_refused_in_one_line(raw: dict[str, Any]) -> None:
-    good = enginestep.to_json(record(0.01))
+    good = enginestep.to_json(at_depth(record(0.01)))
     merged = {**good, **raw}
     try:
         rec = enginestep.from_json(merged)
