@@ -2,8 +2,9 @@
 
 Each of `--sessions` sessions runs `--turns` chat requests one after the other, `--think`
 seconds apart (session i starts i/sessions of a think time late, so they do not move in lock
-step). Turn 1 is a system prompt (a quarter of the first turn's tokens, the same for every
-session, as an agent's instructions are) and a user message with the session's files; each
+step). Turn 1 is a system prompt (a quarter of the first turn's tokens unless --system-tokens
+says otherwise, the same for every session, as an agent's instructions are; --system-tokens 0:
+none) and a user message with the session's files; each
 later turn appends the previous answer and a tool result, so that the prompt grows linearly from
 FIRST to LAST tokens of `--context FIRST:LAST`. The previous answer is resent as a text of
 `--gen` tokens' length fixed before the run (not the model's words), so every prompt is built
@@ -31,7 +32,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.config import Config
-from loadgen.errors import ContextTooShort, PromptError
+from loadgen.depth import parse_tokens
+from loadgen.errors import BadArgument, ContextTooShort, PromptError
 from loadgen.prompts import fit_text
 from loadgen.stats import Dist, dist
 from loadgen.target import Target, TargetClient, max_model_len, plan_label
@@ -155,6 +157,26 @@ class _Builder:
         return max(0, two - one - 1)
 
 
+def parse_system_tokens(text: str) -> int:
+    """--system-tokens: a token count as --depth takes them ('2k' 2000, '2K' 2048, '500'), or
+    'off' / 'none' for 0 (no system prompt); BadArgument otherwise."""
+    if text.strip().lower() in ("off", "none"):
+        return 0
+    return parse_tokens(text)
+
+
+def system_tokens(config: Config, first: int) -> int:
+    """The tokens of the system prompt every session's first turn of ``first`` tokens opens with:
+    --system-tokens, else a quarter of it (the planner's agent.loadgen_common_tokens mirrors
+    this default); 0: none. BadArgument where it leaves no room for the session's own files."""
+    if config.system_tokens is None:
+        return max(1, first // 4)
+    if config.system_tokens >= first:
+        raise BadArgument(f"--system-tokens {config.system_tokens} is not below turn 1's {first}"
+                          " tokens: lower it or raise --context FIRST")
+    return config.system_tokens
+
+
 def build_conversations(
     counter: Counter, config: Config, context: tuple[int, int]
 ) -> tuple[tuple[tuple[Messages, ...], ...], tuple[tuple[int, ...], ...]]:
@@ -164,19 +186,21 @@ def build_conversations(
     first, last = context
     targets = turn_targets(first, last, config.turns)
     header = b.header()
-    system_len = max(1, first // 4)
-    system = b.content(system_len - header, "system")
+    system_len = system_tokens(config, first)
+    system = b.content(system_len - header, "system")  # the template's header is in its count
     answer_len = max(1, config.gen - header)
     growth = targets[1] - targets[0] if len(targets) > 1 else 0
     tool_len = max(1, growth - answer_len - 2 * header)
     conversations, counts = [], []
     for s in range(config.sessions):
         files_len = max(1, first - system_len - b.base)
+        opening: list[dict[str, str]] = [{"role": "system", "content": system}] if system_len \
+            else []
         messages: list[dict[str, str]] = [
-            {"role": "system", "content": system},
+            *opening,
             {"role": "user", "content": b.content(files_len, f"{s}:files")},
         ]
-        estimate = b.base + header + (system_len - header) + files_len
+        estimate = b.base + (max(header + 1, system_len) if system_len else 0) + files_len
         turns: list[Messages] = [tuple(messages)]
         row = [estimate]
         for t in range(1, config.turns):

@@ -26,6 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from loadgen.agent import parse_system_tokens
 from loadgen.api import Hooks, run
 from loadgen.config import (
     DEFAULT_URL,
@@ -218,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--think", type=float, default=1.0, help="seconds between a session's turns (default 1)"
     )
+    agent.add_argument(
+        "--system-tokens",
+        type=parse_system_tokens_arg,
+        metavar="N",
+        help="the system prompt every session opens with, the same in all and so cached across"
+        " sessions, in tokens (e.g. 2k); default a quarter of turn 1; 0 or off: none",
+    )
     slo = p.add_argument_group("service-level objectives")
     slo.add_argument("--slo-ttft-ms", type=float, help="a request meets the SLO within this TTFT")
     slo.add_argument("--slo-tpot-ms", type=float, help="... and within this time per output token")
@@ -257,6 +265,13 @@ def parse_depths_arg(text: str) -> tuple[int, ...]:
 def parse_tokens_arg(text: str) -> int:
     try:
         return parse_tokens(text)
+    except BadArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_system_tokens_arg(text: str) -> int:
+    try:
+        return parse_system_tokens(text)
     except BadArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -327,6 +342,7 @@ def config_from(args: argparse.Namespace) -> Config:
             turns=args.turns if args.turns is not None else 10,
             soak_tokens=args.soak_tokens,
             turn_tokens=args.turn_tokens,
+            system_tokens=args.system_tokens,
             strict_counts=args.strict_counts,
             depth=args.depth,
             depth_cold=args.depth_cold,

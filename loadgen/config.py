@@ -98,6 +98,10 @@ class Config:
     # conversation has crossed N tokens (turns and context derived: soaked()).
     soak_tokens: int | None = None
     turn_tokens: int = 2000
+    # --system-tokens N: the system prompt every session opens with, the same in all (an agent's
+    # instructions, cached across sessions); None: a quarter of turn 1 (loadgen/agent.py
+    # system_tokens); 0: none, each session's first turn is its own
+    system_tokens: int | None = None
     # Service-level objectives per request (None: not judged) and the share of requests that
     # must meet them for a level to count as meeting the SLO (sweep: highest such level).
     slo_ttft_ms: float | None = None
@@ -238,6 +242,20 @@ def validate(config: Config) -> Config:
             "--soak-tokens must be at least 1 token",
         ),
         (config.turn_tokens >= 1, "--turn-tokens must be at least 1 token"),
+        (
+            config.system_tokens is None or config.workload == "agent",
+            "--system-tokens sets the agent sessions' shared system prompt: add --workload agent",
+        ),
+        (
+            config.system_tokens is None or config.system_tokens >= 0,
+            "--system-tokens takes a token count, 0 or more (0 or off: no system prompt)",
+        ),
+        (
+            config.system_tokens is None or config.context is None
+            or config.system_tokens < config.context[0],
+            "--system-tokens must be below turn 1's tokens (--context FIRST): the first turn"
+            " holds the system prompt and the session's own files",
+        ),
         (
             config.soak_tokens is None or config.workload == "agent",
             "--soak-tokens grows agent sessions: add --workload agent",

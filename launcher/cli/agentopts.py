@@ -22,6 +22,10 @@ MAX_TOKENS = 10**8  # past every model's context by far; a typo, not a plan
 
 def tokens(text: str) -> int:
     """A token count: '64k' 64000, '64K' 65536, '1.5k' 1500, '32768'; at least 1."""
+    return _token_count(text, 1)
+
+
+def _token_count(text: str, least: int) -> int:
     match = _TOKENS.fullmatch(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(
@@ -30,8 +34,9 @@ def tokens(text: str) -> int:
     value = Decimal(f"{whole}.{frac or 0}") * _SCALE[suffix]
     if value != value.to_integral_value():
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
-    if not 1 <= value <= MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"a token count from 1 to {MAX_TOKENS:,}, not {text!r}")
+    if not least <= value <= MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"a token count from {least} to {MAX_TOKENS:,}, "
+                                         f"not {text!r}")
     return int(value)
 
 
@@ -56,6 +61,19 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                    help="--workload agent: seconds between a session's answer and its next "
                    "turn, the sessions starting that far apart over one of them, as loadgen "
                    "--think sends them (default 1); 0: each sends again at once")
+    p.add_argument("--system-tokens", type=system_tokens, metavar="N",
+                   help="--workload agent: a system prompt of N tokens every session opens with, "
+                   "the same in all and so cached across sessions, as loadgen --system-tokens "
+                   "sends it (loadgen's default is a quarter of turn 1; here 0 or off: none "
+                   "assumed)")
+
+
+def system_tokens(text: str) -> int:
+    """--system-tokens: a token count as :func:`tokens` reads it, or 0 / 'off' / 'none' for no
+    system prompt (loadgen's parse_system_tokens reads the same texts the same way)."""
+    if text.strip().lower() in ("off", "none"):
+        return 0
+    return _token_count(text, 0)
 
 
 def think_seconds(text: str) -> float:
@@ -82,15 +100,21 @@ def agent_ask(args: argparse.Namespace) -> AgentAsk | None:
     """The agent workload asked for, or None; one line for agent options without it."""
     workload = getattr(args, "workload", None)
     s, d = getattr(args, "sessions", None), getattr(args, "context", None)
+    common = getattr(args, "system_tokens", None)
     if workload != AGENT:
-        if s is not None or d is not None:
-            raise PlanError("--sessions and --context plan for coding-agent sessions: add "
-                            "--workload agent")
+        if s is not None or d is not None or common is not None:
+            raise PlanError("--sessions, --context and --system-tokens plan for coding-agent "
+                            "sessions: add --workload agent")
         return None
     if d is None:
         raise PlanError("--workload agent needs --context D: the tokens each session keeps "
                         "(e.g. --context 32k)")
-    return AgentAsk(s or 1, d, args.prompt, args.gen, getattr(args, "think", 1.0))
+    common = common or 0
+    if common and common >= d + args.prompt:
+        raise PlanError(f"--system-tokens {common} is not below a turn's {d + args.prompt} "
+                        "tokens (--context + --prompt): lower it")
+    return AgentAsk(s or 1, d, args.prompt, args.gen, getattr(args, "think", 1.0),
+                    common_tokens=common)
 
 
 def free_memory(env: Mapping[str, str]) -> int | None:
