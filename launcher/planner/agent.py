@@ -224,13 +224,37 @@ def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
     return warm + way_in, cold + way_in
 
 
+def host_stored_bytes(m: ModelSpec, prompt: int, kv_dtype_bytes: int,
+                      block: int = memfit.BLOCK_TOKENS) -> int:
+    """The host memory vLLM's native KV offloading fills for one session's prompt of ``prompt``
+    tokens: every block of every KV group (memfit's padded groups), a sliding-window group's
+    whole history too, not only its window. From vLLM 0.32's code (installed here): the
+    connector stores prompts only (kv_offload/base.py ``offload_prompt_only``, default True);
+    distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py ``_build_store_jobs`` stores
+    each non-null block of the chunks the step computed, filtered by the group's
+    ``reachable_block_mask``, and v1/core/single_type_kv_cache_manager.py
+    ``SlidingWindowManager.reachable_block_mask`` keeps every block (returns None) when the
+    alignment is the full-attention groups' one-block chunk and
+    ``prefix_cache_retention_interval`` is unset (vLLM's default); each stored block takes
+    ``worker_kv_bytes_per_block`` (offloading/config.py: the block's bytes across the group's
+    layer tensors, padding included). Only loading is windowed (:func:`host_copy_s`)."""
+    return sum(layers * -(-prompt // block) * block * g.bytes_per_token(kv_dtype_bytes)
+               for g, layers in memfit.vllm_groups(m))
+
+
 def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int,
                 batched_tokens: int = DEFAULT_LIMITS.batched_tokens) -> float:
     """The prefix's KV copied from host memory to one replica: the blocks vLLM holds for it
     (memfit's block model between turns, :data:`AT_REST`: whole blocks, vLLM's padded layer
     groups, a sliding-window layer only its window's), each GPU loading its own share over its
     own PCIe link (NVML's negotiated generation and width, at the planner's PCIe efficiency),
-    so the slowest link sets the time."""
+    so the slowest link sets the time. vLLM loads a sliding-window group's window only (0.32,
+    distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py: ``_lookup_complete_chunks``
+    and ``update_state_after_alloc`` take the last ``GroupOffloadConfig.
+    load_window_size_in_chunks`` chunks of a SlidingWindowSpec group, cdiv(window - 1 + the
+    hit's padding to a block, block): 64 or 65 blocks for a 1,024-token window of 16-token
+    blocks, where memfit's at-rest count is 65), while it stores every block
+    (:func:`host_stored_bytes`)."""
     gpus = [g for st in lay.stages for g in st]
     moved = memfit.request_kv_bytes(m, depth, batched_tokens, kv_dtype_bytes,
                                     memfit.BLOCK_TOKENS, AT_REST)
@@ -645,11 +669,12 @@ def _offload(m: ModelSpec, rs: Sequence[Room], ask: AgentAsk, host_free_bytes: i
     # 16-bit first: offloading trades PCIe time, not accuracy
     r = min(usable, key=lambda x: (x.kv_dtype.startswith("fp8"), -x.held / x.need,
                                    x.ttft_warm_s + x.copy_s))
-    # The host tier is assumed to keep a copy of every block as it is computed (vLLM's native
-    # backend stores them on the way, then serves hits from host memory) and to evict by LRU
-    # itself: holding fewer prefixes than there are sessions taking turns, it would miss every
-    # time too. So it is sized for all of them.
-    want = r.need * r.request_bytes(m, ask.context)
+    # The host tier keeps a copy of every block as it is computed (vLLM's native backend stores
+    # them on the way, then serves hits from host memory) and evicts by LRU itself: holding
+    # fewer prefixes than there are sessions taking turns, it would miss every time too. So it
+    # is sized for all of them, at what vLLM stores (host_stored_bytes: every prompt block of
+    # every group, a sliding-window group's too).
+    want = r.need * host_stored_bytes(m, ask.context + ask.turn_tokens, r.kv_bytes, r.block)
     room = HOST_OFFLOAD_SHARE * host_free_bytes / r.dp
     gib = math.ceil(want * 1.1 / GIB)
     if gib * GIB > room:

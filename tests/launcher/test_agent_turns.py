@@ -6,13 +6,15 @@ holds for it (memfit's block model: Gemma's sliding windows and padded layer gro
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
 
-from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.model.modelspec import GIB, ModelSpec, load_model_spec
 from launcher.model.tinymodel import ensure_tiny_model
 from launcher.planner import agent, costmodel, memfit
+from launcher.planner.plan import plan
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import SchedulerLimits, SimError, TableStepCost, Turn
 from launcher.planner.schedsim import simulate_sessions as sessions_sim
@@ -159,3 +161,27 @@ def test_the_cpu_agent_plan_adds_attention_over_the_context_where_probe_timed_it
     assert fast is not None
     # at least the new tokens' attention over the cached history: 600 x ~2,400 pairs x 300 ns
     assert slow - fast > 0.8 * 600 * 2400 * 300e-9
+
+
+def test_offloading_is_sized_for_every_block_vllm_stores_a_sliding_window_layers_too() -> None:
+    """vLLM's native offloading stores every prompt block of every group (a sliding-window
+    group's whole history: its reachable-block mask keeps all by default) and loads only the
+    window back: the host tier is sized from the first, the copy per turn from the second."""
+    llama = load_model_spec(model("llama-3.1-8b"))
+    gemma = load_model_spec(model("gemma-3-27b"))
+    # no window: what a session keeps on the GPUs between turns, block for block
+    assert agent.host_stored_bytes(llama, 32_000, 2) == memfit.request_kv_bytes(
+        llama, 32_000, agent.DEFAULT_LIMITS.batched_tokens, 2, memfit.BLOCK_TOKENS, agent.AT_REST)
+    # Gemma 3: its 52 sliding layers padded to 60 beside 10 full ones, all 32,000 tokens each
+    stored = agent.host_stored_bytes(gemma, 32_000, 2)
+    assert stored == 70 * 2000 * 16 * gemma.kv_groups[0].bytes_per_token(2)
+    window = memfit.request_kv_bytes(gemma, 32_000, agent.DEFAULT_LIMITS.batched_tokens, 2,
+                                     memfit.BLOCK_TOKENS, agent.AT_REST)
+    assert stored > 4 * window
+    # the plan that offloads 64 of Gemma's 120K-token sessions sizes the host tier for that
+    m, ask = gemma, agent.AgentAsk(64, 120_000)
+    base = plan(load_topology(str(H200), {}), m, Policy())
+    ap = agent.agent_plan(load_topology(str(H200), {}), m, Policy(), base, ask, 16_000 * GIB)
+    assert ap.choice == "offload"
+    per = agent.host_stored_bytes(m, ask.context + ask.turn_tokens, ap.room.kv_bytes)
+    assert ap.offload_gib == math.ceil(ap.room.need * per * 1.1 / GIB)
