@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from launcher.cli import argtypes
 from launcher.cli.probeformat import format_topology
 from launcher.errors import MeasureError, TopologyError
-from launcher.probe.topology import load_topology, topology_to_json
+from launcher.probe.topology import Topology, load_topology, topology_to_json
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,7 +28,8 @@ def add_parser(subparsers: Any) -> None:
         "--measure",
         action="store_true",
         help="measure each GPU's bf16 GEMM rates (prefill TFLOP/s, decode GB/s) and peer "
-        "copies and a real NCCL all-reduce per pair (needs torch with CUDA)",
+        "copies and a real NCCL all-reduce per pair (needs torch with CUDA), and this host's "
+        "front-end costs with the installed vLLM's own functions (kept for `launcher plan`)",
     )
     p.add_argument(
         "--model",
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         except EngineStepError as exc:
             raise MeasureError(f"no GPU found, and the CPU engine's step could not be timed: "
                                f"{exc}") from exc
+    if args.measure and args.topology is None:
+        print(_host_line(topo, os.environ))
     if args.model:
         from launcher.model.modelspec import load_model_spec
         from launcher.pipeline import kerneltables
@@ -74,3 +78,15 @@ def run(args: argparse.Namespace) -> int:
             raise TopologyError(f"cannot write {args.save}: {exc.strerror}") from exc
     print(json.dumps(data, indent=1) if args.json else format_topology(topo))
     return 0
+
+
+def _host_line(topo: Topology, env: Mapping[str, str]) -> str:
+    """This host's front-end costs timed and kept, or why plans keep the shipped profile."""
+    from launcher.pipeline import hostcosts
+    from launcher.probe.hostcost import HostCostError
+
+    try:
+        return hostcosts.measure(env, gpus=bool(topo.gpus))
+    except HostCostError as exc:
+        return (f"host front end not timed ({exc}); plans use the shipped server-host "
+                f"profile")

@@ -208,7 +208,7 @@ def layout_of(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> L
                else costmodel.NO_LINK)
     hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(c.pp - 1)]
     pp_link = costmodel.worst_link(hops) if c.pp > 1 else costmodel.NO_LINK
-    return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget)
+    return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget, links.host)
 
 
 def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,

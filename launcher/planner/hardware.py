@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from launcher.probe.gpuperf import GpuPerf
+    from launcher.probe.hostcost import HostTiming
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ UNTIMED_PATH_FACTOR = 39e-6 / H200_HOST_SEQ_TIMED_S
 #   in the same folder, median 2.5 ms; vLLM sends them once the request is parsed, validated
 #   and handed to the engine core). The first token's way out is one step_floor_s(1)
 #   (request_fixed_s): 4.5 ms in all, where 3 ms had been assumed for both.
-# `probe` does not time a GPU server's host yet: every GPU plan says it used this profile.
+# `probe --measure` times a serving host's own (host_profile below); a plan says which it used.
 SERVER_HOST = HostProfile(
     step_s=2.0e-3, seq_step_s=H200_HOST_SEQ_TIMED_S * UNTIMED_PATH_FACTOR, request_s=2.5e-3,
     prompt_token_s=H200_HOST_TOKEN_TIMED_S * UNTIMED_PATH_FACTOR,
@@ -264,6 +265,36 @@ SERVER_HOST = HostProfile(
            "host, x2.8 for the stream's untimed hops; per-step cost from one H200 run of a "
            "1B model)")
 REQUEST_OVERHEAD_S = SERVER_HOST.request_fixed_s  # what a request's TTFT pays besides its steps
+# The H200 host's output path's fixed part per step, timed with the functions above (9.5 us).
+H200_HOST_STEP_TIMED_S = 9.5e-6
+
+
+def host_profile(timing: HostTiming | None) -> HostProfile:
+    """The serving host's profile: where `probe --measure` timed this host's front end
+    (launcher/probe/hostcost.py: the functions the shipped profile's timed parts come from),
+    the per-token and per-sequence terms are this host's timed figures x UNTIMED_PATH_FACTOR
+    (the hops no function times: HTTP framing, the proxy's forwarding, the client's read; one
+    factor, as for the shipped profile). The fixed parts a step and a request pay (``step_s``,
+    ``request_s``) were read from whole runs, not timed function by function: they are CPU work
+    on the same host (the engine core's loop, the HTTP stack), so they are the shipped ones
+    scaled by how fast this host runs the timed functions against the H200's host (the
+    geometric mean of the two paths' ratios). Without a timing: :data:`SERVER_HOST`."""
+    if timing is None:
+        return SERVER_HOST
+    way_in = timing.prompt_token_s / H200_HOST_TOKEN_TIMED_S
+    way_out = timing.seq_step_s / H200_HOST_SEQ_TIMED_S
+    speed = (way_in * way_out) ** 0.5
+    k = timing.key
+    return HostProfile(
+        step_s=SERVER_HOST.step_s * speed,
+        seq_step_s=timing.seq_step_s * UNTIMED_PATH_FACTOR,
+        request_s=SERVER_HOST.request_s * speed,
+        prompt_token_s=timing.prompt_token_s * UNTIMED_PATH_FACTOR,
+        source=f"timed on this machine ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
+               f"{timing.measured_at}) with the installed vLLM's own functions, "
+               f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "
+               f"profile's x{speed:.2f}, this host's speed on those functions against the "
+               f"lent H200's host")
 # A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
 # GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
 # weighted sum): assumed, before any MoE measurement, ~7 kernels at ~4 us each inside a CUDA

@@ -34,6 +34,8 @@ class Links:
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self._cache: dict[tuple[int, int], Link] = {}
+        # the serving host's profile: timed here by `probe --measure`, or the shipped one
+        self.host = hardware.host_profile(topo.host_timing)
 
     def between(self, a: Gpu, b: Gpu) -> Link:
         key = (min(a.index, b.index), max(a.index, b.index))
@@ -137,6 +139,7 @@ def _layout(
         tp_link=tp_link,
         pp_link=pp_link,
         kv_budget_bytes=f.kv_budget,
+        host=links.host,
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from launcher.probe.enginestep import EngineStep
 from launcher.probe.gpuperf import GpuPerf
+from launcher.probe.hostcost import HostTiming
 
 FORMAT = "toposerve-topology/1"
 
@@ -109,6 +110,9 @@ class Topology:
     # GPUs; launcher/probe/enginestep.py), attached from the cache when planning here: a fact
     # of this run's machine, not saved with the topology
     engine_step: EngineStep | None = field(default=None, compare=False)
+    # this host's front-end work timed by `probe --measure` (launcher/probe/hostcost.py),
+    # attached from the cache when planning here; likewise not saved with the topology
+    host_timing: HostTiming | None = field(default=None, compare=False)
 
     def gpu(self, index: int) -> Gpu:
         for g in self.gpus:
