@@ -8,6 +8,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,40 @@ from tests.conftest import live_processes
 
 # Rounds of (time the engine as `probe --measure` does, plan from it, run loadgen), one after
 # the other on the same engine: each pair sees the machine as it is in those seconds, and the
-# median of the pairs' ratios leaves out a round that another test's burst of work disturbed.
+# median of the pairs' ratios leaves out a round that a burst of other work disturbed. Three
+# rounds, and up to two more while the median is outside the band: on CI's shared two cores two
+# of three rounds once read the engine's prefill 28% slow in the probe's half only (the pair that
+# ran undisturbed agreed within 6%). A plan wrong by more than the band misses in every round, so
+# the extra rounds cannot pass it; they only outvote a disturbed one.
 ROUNDS = 3
+MAX_ROUNDS = 5
 BAND = 0.25  # issue 22: the CPU plan within 25% of what loadgen measures on the same machine
+# Each half of a round starts on a quiet machine: under this share of all cores busy over a
+# second (the stack's engine idles near zero between requests), waiting at most QUIET_WAIT_S.
+QUIET_BUSY = 0.25
+QUIET_WAIT_S = 15.0
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat's first line."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + (f[4] if len(f) > 4 else 0)  # idle + iowait
+    return sum(f) - idle, sum(f)
+
+
+def wait_for_quiet() -> float:
+    """Wait (at most QUIET_WAIT_S) until the machine's cores were under QUIET_BUSY busy for a
+    second; the last second's busy share, which the failure message shows."""
+    deadline = time.monotonic() + QUIET_WAIT_S
+    busy = 1.0
+    while time.monotonic() < deadline:
+        b0, t0 = _cpu_times()
+        time.sleep(1.0)
+        b1, t1 = _cpu_times()
+        busy = (b1 - b0) / max(1, t1 - t0)
+        if busy < QUIET_BUSY:
+            break
+    return busy
 
 
 def loadgen_figures(stack: Any) -> tuple[float, float, float]:
@@ -63,7 +95,14 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
     m = load_model_spec(stack.model_path)
     ratios: list[tuple[float, float, float]] = []
     seen = []
-    for _ in range(ROUNDS):
+
+    def outside() -> list[tuple[str, float]]:
+        medians = [(what, statistics.median(r[i] for r in ratios))
+                   for i, what in enumerate(("prefill", "decode", "throughput"))]
+        return [(what, m) for what, m in medians if not 1 - BAND < m < 1 + BAND]
+
+    while len(ratios) < ROUNDS or (outside() and len(ratios) < MAX_ROUNDS):
+        quiet = wait_for_quiet()
         line = enginesteps.measure(env, served)
         assert "kept in" in line, line
         topo = enginesteps.attach(Topology(gpus=(), source="nvml"), env)
@@ -71,12 +110,16 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
         p = plan(topo, m, Policy(cpu_cores=os.cpu_count() or 1))  # 512 -> 256, one stream
         assert any("timed on this machine" in r for r in p.reasons), p.reasons
         pred = (p.predicted.prefill_tok_s, p.predicted.decode_tok_s, p.predicted.throughput_tok_s)
+        quiet_too = wait_for_quiet()
         got = loadgen_figures(stack)
         ratios.append((pred[0] / got[0], pred[1] / got[1], pred[2] / got[2]))
-        seen.append((line, [round(x) for x in pred], [round(x) for x in got]))
-    for i, what in enumerate(("prefill", "decode", "throughput")):
-        ratio = statistics.median(r[i] for r in ratios)
-        assert 1 - BAND < ratio < 1 + BAND, (what, ratio, seen)
+        seen.append(f"busy {quiet:.0%}/{quiet_too:.0%} before the halves; planned (prefill, "
+                    f"decode, output tok/s) {[round(x) for x in pred]}, loadgen "
+                    f"{[round(x) for x in got]}; probe: {line}")
+    print("\n".join(seen))  # shown by `pytest -s`: how far apart the halves read when it passes
+    if missed := outside():
+        # every round in full: pytest would shorten an assertion's repr to one line
+        pytest.fail(f"median plan/loadgen outside 1 +- {BAND}: {missed}\n" + "\n".join(seen))
 
 
 def test_without_a_timed_step_the_plan_says_the_step_is_assumed() -> None:
