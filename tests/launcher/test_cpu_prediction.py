@@ -31,9 +31,9 @@ from tests.conftest import live_processes
 # Rounds of (time the engine as `probe --measure` does, plan from it, run loadgen), one after
 # the other on the same engine: each pair sees the machine as it is in those seconds, and the
 # median of the pairs' ratios leaves out a round that a burst of other work disturbed. Three
-# rounds, and up to two more while the median is outside the band: on CI's shared two cores two
-# of three rounds once read the engine's prefill 28% slow in the probe's half only (the pair that
-# ran undisturbed agreed within 6%). A plan wrong by more than the band misses in every round, so
+# rounds, and up to two more while the median is outside the band: on CI's shared two cores the
+# median of three rounds once put the plan's prefill 28% below loadgen's while the one round the
+# message showed agreed within 6% (the other rounds' figures were cut from that message). A plan wrong by more than the band misses in every round, so
 # the extra rounds cannot pass it; they only outvote a disturbed one.
 ROUNDS = 3
 MAX_ROUNDS = 5
