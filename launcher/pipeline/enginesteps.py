@@ -19,7 +19,7 @@ from launcher.engine.detect import engine_argv, engine_prefix
 from launcher.engine.render import render
 from launcher.model.modelspec import load_model_spec
 from launcher.model.tinymodel import default_cache_dir, ensure_tiny_model
-from launcher.planner.costmodel import streamed_weight_bytes
+from launcher.planner.costmodel import cpu_attention_pair_s, streamed_weight_bytes
 from launcher.planner.plan import Policy, plan
 from launcher.probe import enginestep, kernelprobe, kernels
 from launcher.probe.topology import Topology
@@ -78,10 +78,12 @@ def _started(model: Path, env: Mapping[str, str], log: Path) -> tuple[supervise.
     return child, cmd.url
 
 
-def measure(env: Mapping[str, str], served: enginestep.Served | None = None) -> str:
+def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
+            depth: int = enginestep.DEPTH_CONTEXT) -> str:
     """Time the CPU engine here as loadgen measures it (the real vLLM OpenAI server on the
     embedded model: ``served`` when one is up, else one started for it) and keep the figures;
-    the line to print."""
+    the line to print. ``depth``: the cached context the attention timing puts before its new
+    tokens (0: not timed, ~10 s shorter on two cores)."""
     path = ensure_tiny_model(env)
     spec = load_model_spec(str(path))
     cache = default_cache_dir(env)
@@ -91,7 +93,7 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None) -> 
         child, url = _started(path, env, log)
         served = enginestep.Served(url, SERVED_NAME)
     try:
-        timed = enginestep.time_served(served, _vocab(path))
+        timed = enginestep.time_served(served, _vocab(path), depth=depth)
     finally:
         if child is not None:
             child.stop(10.0)
@@ -100,8 +102,14 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None) -> 
     kept = enginestep.save(cache, rec)
     where = f"kept in {kept}" if kept else "not kept (the cache cannot be written)"
     fixed, per_token = rec.prefill_fixed_s or 0.0, rec.prefill_token_s or 0.0
+    pair = cpu_attention_pair_s(rec)
+    deep = ("attention over a cached context not timed" if pair is None or
+            rec.depth_tokens is None else
+            f"{rec.depth_new_tokens} new tokens after {rec.depth_tokens:,} cached "
+            f"({rec.depth_cached_tokens:,} found) {(rec.depth_extra_s or 0.0) * 1e3:+.0f} ms: "
+            f"attention {pair * 1e9:.0f} ns a (query, key) pair")
     return (f"engine on {rec.key.device} (vLLM {rec.key.vllm}), served and streamed: decode step "
             f"{rec.step_s * 1e3:.2f} ms median of {len(rec.steps_s)} rounds "
             f"({min(rec.steps_s) * 1e3:.2f}-{max(rec.steps_s) * 1e3:.2f} ms); first token "
-            f"{fixed * 1e3:.1f} ms + {per_token * 1e6:.1f} us per prompt token; {where}")
+            f"{fixed * 1e3:.1f} ms + {per_token * 1e6:.1f} us per prompt token; {deep}; {where}")
 
