@@ -19,7 +19,9 @@ if [[ ! -f "$stamp" ]]; then
   [[ -x .venv/bin/python ]] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
   echo "setup: installing toposerve[$extras] into .venv (first time: a few minutes)…"
-  .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v "is ignored" || true
+  # --no-compile: pip would byte-compile all ~27k installed modules (about a minute on two
+  # cores); Python compiles the few thousand a run imports when it first imports them.
+  .venv/bin/python -m pip install -q --no-compile -e ".[$extras]" 2>&1 | grep -v "is ignored" || true
   .venv/bin/python -c "import launcher, server, loadgen" \
     || { echo "setup: install failed (see pip's messages above)"; exit 1; }
   if [[ $engine == cpu ]]; then
