@@ -10,8 +10,9 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   of the slowest card's memory bandwidth; of a mixture-of-experts only the experts the step's
   tokens route to (``experts_touched``), and 4-bit weights at batch 1 at half the rate
   (``weight_stream_efficiency``). A step costs the larger of compute and memory.
-- fixed costs: an eager prefill layer takes at least ``EAGER_HOST_LAYER_S``; MoE layers add
-  their kernels' cost; every step ``STEP_OVERHEAD_S``.
+- fixed costs: an eager prefill layer takes at least the host's launching of it
+  (``HostProfile.layer_launch_s``); MoE layers add their kernels' cost; every step
+  ``STEP_OVERHEAD_S``.
 - the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
   end's work for its sequences (a fixed part and a part per sequence, in processes beside the
   GPU's: the longer of the two counts), and a request pays a fixed cost and one per prompt token
@@ -36,7 +37,6 @@ from launcher.planner.hardware import (
     CPU_GFLOPS_PER_CORE,
     CPU_MEM_GBS,
     CPU_STEP_OVERHEAD_S,
-    EAGER_HOST_LAYER_S,
     EAGER_LAYER_S,
     MEM_EFFICIENCY,
     MFU_DECODE,
@@ -328,7 +328,8 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float) -> 
     # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, the eager
     # kernels' own cost) against the host's launching of it, whichever is longer
     gpu_layer = (work_s + comm) / m.num_layers + EAGER_LAYER_S
-    layer = max(gpu_layer, EAGER_HOST_LAYER_S) + (MOE_LAYER_PREFILL_S if m.num_experts else 0.0)
+    layer = (max(gpu_layer, lay.host.layer_launch_s)
+             + (MOE_LAYER_PREFILL_S if m.num_experts else 0.0))
     return m.num_layers * layer + hops + STEP_OVERHEAD_S
 
 

@@ -201,6 +201,23 @@ EAGER_LAYER_S = 0.2e-3
 ACT_BYTES = 2  # bf16/fp16 activations on the wire
 
 
+# An eager prefill runs each layer's kernels as the host launches them, so a layer takes at
+# least EAGER_HOST_LAYER_S however little arithmetic it holds. FITTED to two H200 runs: the
+# Llama-3.1-8B shape (512-token prompt, 29.0 ms to the first token, ~10 ms of it arithmetic)
+# and the Qwen2.5-32B shape at TP=2 (42.4 ms), whose layers hold about as much work per GPU
+# (~0.25 TFLOP) and took 0.66 and 0.78 ms each; 0.7 ms leaves both within 15%. Layers with more
+# work per GPU (the 32B on one GPU, the 70B at TP=2) are above it, as fitted before. A
+# mixture-of-experts layer adds MOE_LAYER_PREFILL_S (its fused-MoE kernels over 128 experts of a
+# few dozen tokens each, and their launches), FITTED to the Qwen3-30B-A3B shape's 100 ms for 512
+# tokens. Both are fits, not validations (docs/benchmarks.md). The launching is the serving
+# host's CPU work: the host profile holds it (HostProfile.layer_launch_s), so that a host timed
+# by `probe --measure` scales it with the rest. The 512-token first tokens of the Llama-3.2-1B
+# and -3B shapes on the lent H200 (20.7 and 17.5 ms: the larger model first) cannot both sit on
+# one figure: their runs' hosts ran the same host-only work 1.4-1.5x apart (docs/planner.md).
+EAGER_HOST_LAYER_S = 0.7e-3
+MOE_LAYER_PREFILL_S = 1.3e-3
+
+
 @dataclass(frozen=True)
 class HostProfile:
     """The serving host's CPU work around the GPU's: ONE model for every host term the cost
@@ -219,6 +236,8 @@ class HostProfile:
     request_s: float  # (c) per request on its way in, besides its prompt's length
     prompt_token_s: float  # per prompt token on the way in, cached or not
     source: str  # the reason line: where these figures come from
+    # (d) the host's launching of one eager prefill layer's kernels: a layer never takes less
+    layer_launch_s: float = EAGER_HOST_LAYER_S
 
     def step_floor_s(self, sequences: float) -> float:
         """The front end's time per step for ``sequences`` sequences: a step is never shorter."""
@@ -276,7 +295,8 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
     (the hops no function times: HTTP framing, the proxy's forwarding, the client's read; one
     factor, as for the shipped profile). The fixed parts a step and a request pay (``step_s``,
     ``request_s``) were read from whole runs, not timed function by function: they are CPU work
-    on the same host (the engine core's loop, the HTTP stack), so they are the shipped ones
+    on the same host (the engine core's loop, the HTTP stack, the eager layers' launches), so
+    they (and ``layer_launch_s``) are the shipped ones
     scaled by how fast this host runs the timed functions against the H200's host (the
     geometric mean of the two paths' ratios). Without a timing: :data:`SERVER_HOST`."""
     if timing is None:
@@ -290,6 +310,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
         seq_step_s=timing.seq_step_s * UNTIMED_PATH_FACTOR,
         request_s=SERVER_HOST.request_s * speed,
         prompt_token_s=timing.prompt_token_s * UNTIMED_PATH_FACTOR,
+        layer_launch_s=SERVER_HOST.layer_launch_s * speed,
         source=f"timed on this machine ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
                f"{timing.measured_at}) with the installed vLLM's own functions, "
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "
@@ -301,17 +322,6 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
 # graph for a decode step. The H200 run of the Qwen3-30B-A3B shape then measured single-stream
 # decode at 251 tok/s against 257 predicted (+2.4%): not refitted.
 MOE_LAYER_DECODE_S = 30e-6
-# An eager prefill runs each layer's kernels as the host launches them, so a layer takes at
-# least EAGER_HOST_LAYER_S however little arithmetic it holds. FITTED to two H200 runs: the
-# Llama-3.1-8B shape (512-token prompt, 29.0 ms to the first token, ~10 ms of it arithmetic)
-# and the Qwen2.5-32B shape at TP=2 (42.4 ms), whose layers hold about as much work per GPU
-# (~0.25 TFLOP) and took 0.66 and 0.78 ms each; 0.7 ms leaves both within 15%. Layers with more
-# work per GPU (the 32B on one GPU, the 70B at TP=2) are above it, as fitted before. A
-# mixture-of-experts layer adds MOE_LAYER_PREFILL_S (its fused-MoE kernels over 128 experts of a
-# few dozen tokens each, and their launches), FITTED to the Qwen3-30B-A3B shape's 100 ms for 512
-# tokens. Both are fits, not validations (docs/benchmarks.md).
-EAGER_HOST_LAYER_S = 0.7e-3
-MOE_LAYER_PREFILL_S = 1.3e-3
 # 4-bit weights at batch 1 stream at this share of the bf16 path's rate (weight_stream_efficiency)
 QUANT_B1_EFFICIENCY = 0.5
 

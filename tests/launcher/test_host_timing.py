@@ -135,7 +135,7 @@ def test_any_worker_output_parses_or_is_refused_in_one_line(text: str) -> None:
 
 def test_a_host_as_fast_as_the_h200s_gets_the_shipped_profile() -> None:
     prof = hardware.host_profile(H200_LIKE)
-    for term in ("step_s", "seq_step_s", "request_s", "prompt_token_s"):
+    for term in ("step_s", "seq_step_s", "request_s", "prompt_token_s", "layer_launch_s"):
         assert getattr(prof, term) == pytest.approx(getattr(SERVER_HOST, term))
     assert prof.source.startswith("timed on this machine")
     assert hardware.host_profile(None) is SERVER_HOST
@@ -145,7 +145,7 @@ def test_a_host_twice_as_slow_doubles_every_host_term() -> None:
     slow = replace(H200_LIKE, prompt_token_s=2 * H200_LIKE.prompt_token_s,
                    seq_step_s=2 * H200_LIKE.seq_step_s)
     prof = hardware.host_profile(slow)
-    for term in ("step_s", "seq_step_s", "request_s", "prompt_token_s"):
+    for term in ("step_s", "seq_step_s", "request_s", "prompt_token_s", "layer_launch_s"):
         assert getattr(prof, term) == pytest.approx(2 * getattr(SERVER_HOST, term))
 
 
