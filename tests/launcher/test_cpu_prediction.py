@@ -33,8 +33,9 @@ from tests.conftest import live_processes
 # median of the pairs' ratios leaves out a round that a burst of other work disturbed. Three
 # rounds, and up to two more while the median is outside the band: on CI's shared two cores the
 # median of three rounds once put the plan's prefill 28% below loadgen's while the one round the
-# message showed agreed within 6% (the other rounds' figures were cut from that message). A plan wrong by more than the band misses in every round, so
-# the extra rounds cannot pass it; they only outvote a disturbed one.
+# message showed agreed within 6% (the other rounds' figures were cut from that message). A
+# plan wrong by more than the band misses in every round, so the extra rounds cannot pass it;
+# they only outvote a disturbed one.
 ROUNDS = 3
 MAX_ROUNDS = 5
 BAND = 0.25  # issue 22: the CPU plan within 25% of what loadgen measures on the same machine
@@ -103,7 +104,7 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
 
     while len(ratios) < ROUNDS or (outside() and len(ratios) < MAX_ROUNDS):
         quiet = wait_for_quiet()
-        line = enginesteps.measure(env, served)
+        line = enginesteps.measure(env, served, depth=0)  # attention: not compared here
         assert "kept in" in line, line
         topo = enginesteps.attach(Topology(gpus=(), source="nvml"), env)
         assert topo.engine_step is not None, "plan does not find what probe --measure kept"
