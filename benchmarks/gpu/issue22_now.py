@@ -4,10 +4,16 @@ H200, here on the H200's saved NVML reading (not on the machine), written with l
 measured folders so that `issue22_table.py` reads them as it reads the machine's predictions.
 
     python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE] [--predictions F]
+        [--host-speed CASE=RATIO ...]
     python benchmarks/gpu/issue22_table.py OUT_DIR
 
 Computed after the measurements, so its figures are agreement, not validation; the machine's
 own predictions (RESULTS_DIR/predictions.jsonl) are never rewritten.
+
+``--host-speed CASE=RATIO`` plans CASE for a serving host that ran the timed front-end functions
+in RATIO of the time the shipped profile's host did (`launcher plan --host-timing` with the
+H200 host's timed figures x RATIO): no record holds a `probe --measure` timing of its host, so
+the ratio is read from the record's own host-only work (docs/planner.md says which).
 """
 
 from __future__ import annotations
@@ -33,10 +39,27 @@ SCENARIOS = {
 }
 
 
-def plan_line(case: str, scen: str, model: str, util: float, topo: Path) -> str:
+def host_timing_file(out: Path, case: str, ratio: float) -> Path:
+    """A host timing for CASE's run: the shipped profile's timed figures x ``ratio``."""
+    from launcher.planner import hardware
+    from launcher.probe import hostcost
+
+    rec = hostcost.HostTiming(
+        hostcost.HostKey(f"the H200 host of {case}'s run (x{ratio:g} of the shipped one's "
+                         "timed work, from its logs)", 16, "0.26.0"),
+        hardware.H200_HOST_TOKEN_TIMED_S * ratio, 1e-4, hardware.H200_HOST_STEP_TIMED_S * ratio,
+        hardware.H200_HOST_SEQ_TIMED_S * ratio, "read from the record")
+    path = out / f"host-{case}.json"
+    path.write_text(json.dumps(hostcost.to_json(rec)))
+    return path
+
+
+def plan_line(case: str, scen: str, model: str, util: float, topo: Path,
+              host: Path | None = None) -> str:
     cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
            "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
-           "--gpu-memory-utilization", str(util), *SCENARIOS[scen]]
+           "--gpu-memory-utilization", str(util), *SCENARIOS[scen],
+           *(["--host-timing", str(host)] if host else [])]
     got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     try:
         d = json.loads(got.stdout)
@@ -57,8 +80,11 @@ def main() -> int:
     ap.add_argument("--predictions", type=Path, default=None,
                     help="the machine's plans whose cases and scenarios are planned again "
                          "(default: RESULTS_DIR/predictions.jsonl)")
+    ap.add_argument("--host-speed", action="append", default=[], metavar="CASE=RATIO",
+                    help="plan CASE for a host RATIO x as slow as the shipped profile's")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(ROOT))
     import issue22_table  # the same directory
 
     source = args.predictions or args.results / "predictions.jsonl"
@@ -66,13 +92,16 @@ def main() -> int:
     util = {"long8b": 0.3, "small3b": 0.3}
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)
+    hosts = {case: host_timing_file(args.out, case, float(ratio))
+             for case, _, ratio in (h.partition("=") for h in args.host_speed)}
     for case in {c for c, _ in jobs}:
         link = args.out / case
         if (args.results / case).is_dir() and not link.exists():
             link.symlink_to((args.results / case).resolve())
     with ThreadPoolExecutor(2) as pool:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
-                                                  util.get(j[0], 0.9), args.topology), jobs))
+                                                  util.get(j[0], 0.9), args.topology,
+                                                  hosts.get(j[0])), jobs))
     (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")
     return 0

@@ -24,6 +24,10 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
     p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--topology", metavar="FILE",
                    help="saved topology (probe --save, or an NVML dump) instead of NVML")
+    p.add_argument("--host-timing", metavar="FILE",
+                   help="the serving host's front-end timing `probe --measure` kept on that "
+                   "host (its cache's host-cost/*.json), for planning it from a saved "
+                   "--topology here (default: this machine's, or the shipped profile)")
     p.add_argument("--workload", choices=(*WORKLOADS, agentopts.AGENT), default="interactive",
                    help="interactive: one agent, latency first (default); throughput: many "
                    "streams; agent: --sessions S keeping --context D tokens each warm")
@@ -55,7 +59,8 @@ def plan_request(args: argparse.Namespace, engine: EngineRequest) -> PlanRequest
     ask = agentopts.agent_ask(args)
     return PlanRequest(
         model=args.model, policy=policy_from_args(args, engine.extra_args), engine=engine,
-        revision=args.revision, topology=args.topology, agent=ask,
+        revision=args.revision, topology=args.topology, host_timing=args.host_timing,
+        agent=ask,
         host_free_bytes=agentopts.free_memory(os.environ) if ask else None)
 
 

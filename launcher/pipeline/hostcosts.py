@@ -14,7 +14,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, replace
+from pathlib import Path
 
+from launcher.errors import TopologyError
 from launcher.model.tinymodel import default_cache_dir, ensure_tiny_model
 from launcher.probe import hostcost, kernelprobe
 from launcher.probe.topology import Topology
@@ -43,6 +45,17 @@ def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
         return topo
     rec = hostcost.load(default_cache_dir(env), key_here())
     return topo if rec is None else replace(topo, host_timing=rec)
+
+
+def read(path: str) -> hostcost.HostTiming:
+    """A host timing saved by `probe --measure` on the serving host; :class:`TopologyError`
+    (one line) when it cannot be read."""
+    try:
+        return hostcost.parse(Path(path).read_text(errors="replace"))
+    except OSError as exc:
+        raise TopologyError(f"cannot read the host timing {path}: {exc.strerror}") from None
+    except hostcost.HostCostError as exc:
+        raise TopologyError(f"the host timing {path} cannot be used: {exc}") from None
 
 
 def measure(env: Mapping[str, str], gpus: bool) -> str:

@@ -39,6 +39,9 @@ class PlanRequest:
     engine: EngineRequest
     revision: str | None = None
     topology: str | None = None  # a saved topology file; None: this machine's, through NVML
+    # the serving host's front-end timing saved by `probe --measure` there (None: this machine's
+    # kept one for its own NVML reading, else the shipped profile)
+    host_timing: str | None = None
     agent: AgentAsk | None = None  # --workload agent: the sessions and their context
     host_free_bytes: int | None = None  # for the agent plan's KV offloading (None: unknown)
     # `serve --plan FILE`: the saved plan instead of planning (its flags and agent plan kept)

@@ -117,6 +117,8 @@ def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
     policy = replace(request.policy, kernels=kerneltables.cached(model, topo, env))
     topo = enginesteps.attach(topo, env)  # the CPU engine's step, where probe --measure timed it
     topo = hostcosts.attach(topo, env)  # this host's front end, where probe --measure timed it
+    if request.host_timing is not None:  # the serving host's, timed there
+        topo = replace(topo, host_timing=hostcosts.read(request.host_timing))
     try:
         chosen, ap = plan_with_agent(topo, model, policy, request.agent,
                                      request.host_free_bytes)

@@ -311,7 +311,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
         request_s=SERVER_HOST.request_s * speed,
         prompt_token_s=timing.prompt_token_s * UNTIMED_PATH_FACTOR,
         layer_launch_s=SERVER_HOST.layer_launch_s * speed,
-        source=f"timed on this machine ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
+        source=f"timed on the serving host ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
                f"{timing.measured_at}) with the installed vLLM's own functions, "
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "
                f"profile's x{speed:.2f}, this host's speed on those functions against the "

@@ -137,7 +137,7 @@ def test_a_host_as_fast_as_the_h200s_gets_the_shipped_profile() -> None:
     prof = hardware.host_profile(H200_LIKE)
     for term in ("step_s", "seq_step_s", "request_s", "prompt_token_s", "layer_launch_s"):
         assert getattr(prof, term) == pytest.approx(getattr(SERVER_HOST, term))
-    assert prof.source.startswith("timed on this machine")
+    assert prof.source.startswith("timed on the serving host")
     assert hardware.host_profile(None) is SERVER_HOST
 
 
@@ -158,7 +158,7 @@ def test_a_plan_on_a_timed_host_says_so_and_counts_its_host() -> None:
                    seq_step_s=3 * H200_LIKE.seq_step_s)
     timed = plan(replace(topo, host_timing=slow), m, policy)
     line = next(r for r in timed.reasons if r.startswith("host work:"))
-    assert "timed on this machine (Intel(R) Xeon(R) Processor, 16 cores, vLLM 0.26.0" in line
+    assert "timed on the serving host (Intel(R) Xeon(R) Processor, 16 cores, vLLM 0.26.0" in line
     assert SERVER_HOST.source in next(r for r in shipped.reasons if r.startswith("host work:"))
     # the 1B's decode is the host's (test_cost_host): a host three times as slow slows it
     assert timed.predicted.decode_tok_s < shipped.predicted.decode_tok_s / 2
@@ -200,3 +200,24 @@ def test_the_installed_vllms_front_end_is_timed_in_about_a_second() -> None:
     assert 1e-8 < rec.prompt_token_s < 2e-5
     assert 1e-7 < rec.seq_step_s < 1e-3
     assert 0 < rec.request_s < 0.1
+
+
+def test_plan_takes_a_host_timing_saved_on_the_serving_host(tmp_path: Path) -> None:
+    fast = replace(H200_LIKE, prompt_token_s=0.5 * H200_LIKE.prompt_token_s,
+                   seq_step_s=0.5 * H200_LIKE.seq_step_s)
+    saved = tmp_path / "host.json"
+    saved.write_text(json.dumps(hostcost.to_json(fast)))
+    base = [sys.executable, "-m", "launcher", "plan", "--model",
+            str(REPO / "benchmarks" / "gpu" / "models" / "llama-3.2-1b-shape"),
+            "--topology", str(H200), "--tp", "1", "--pp", "1", "--dp", "1"]
+    env = {"TOPOSERVE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    got = subprocess.run([*base, "--host-timing", str(saved)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "timed on the serving host (Intel(R) Xeon(R) Processor, 16 cores" in got
+    saved.write_text('{"version": 1, "key": []}')
+    bad = subprocess.run([*base, "--host-timing", str(saved)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode != 0
+    assert bad.stderr.strip().count("\n") == 0, bad.stderr
+    assert "host timing" in bad.stderr
+    assert "Traceback" not in bad.stderr
