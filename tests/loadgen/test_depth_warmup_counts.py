@@ -301,13 +301,20 @@ def test_depth_runs_are_pushed_with_a_depth_label(
         result, data = _depth_run(url, out, "--tokenizer", tiny_model_path, "--depth", "0,1k",
                                   "--pushgateway", pgw, "--run-id", "depthtest")
         assert result.returncode == 0, result.stderr
-        rows = wait_for(prom, 'loadgen_ttft_seconds{run_id="depthtest",stat="p50"}', 30)
+        depths = {str(r["depth"]["tokens"]) for r in data["runs"]}
+
+        def every_depth(rows: list[dict[str, Any]]) -> bool:  # a scrape between two pushes
+            return {r["metric"]["depth"] for r in rows} == depths  # shows only the first
+
+        rows = wait_for(prom, 'loadgen_ttft_seconds{run_id="depthtest",stat="p50"}', 30,
+                        until=every_depth)
         by_depth = {r["metric"]["depth"]: float(r["value"][1]) for r in rows}
         assert by_depth == pytest.approx(
             {str(r["depth"]["tokens"]): r["summary"]["ttft_s"]["p50"] for r in data["runs"]}
         )
         assert {r["metric"]["depth_mode"] for r in rows} == {"cached"}
-        cached = wait_for(prom, 'loadgen_depth_cached_tokens{run_id="depthtest",stat="p50"}', 10)
+        cached = wait_for(prom, 'loadgen_depth_cached_tokens{run_id="depthtest",stat="p50"}', 10,
+                          until=every_depth)
         assert {r["metric"]["depth"]: float(r["value"][1]) for r in cached} == pytest.approx(
             {str(r["depth"]["tokens"]): r["depth"]["cached_tokens"]["p50"] for r in data["runs"]}
         )

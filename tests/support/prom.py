@@ -25,7 +25,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -195,18 +195,28 @@ def query(url: str, promql: str, *, at: float | None = None) -> list[dict[str, A
     return list(data["result"])
 
 
-def wait_for(url: str, promql: str, timeout: float, *, poll_s: float = 0.5) -> list[dict[str, Any]]:
-    """Poll `promql` until it returns at least one row; TimeoutError if it never does.
+def wait_for(
+    url: str,
+    promql: str,
+    timeout: float,
+    *,
+    poll_s: float = 0.5,
+    until: Callable[[list[dict[str, Any]]], bool] | None = None,
+) -> list[dict[str, Any]]:
+    """Poll `promql` until it returns at least one row (and ``until(rows)`` holds, when given:
+    a scrape that fell between two pushes of one run shows only the first series, so a test
+    that expects several waits for all of them); TimeoutError if it never does.
 
     A query Prometheus rejects fails at once (QueryError): waiting would not fix it.
     """
     deadline = time.monotonic() + timeout
     while True:
         rows = query(url, promql)
-        if rows:
+        if rows and (until is None or until(rows)):
             return rows
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"no data for {promql!r} after {timeout:.0f} s at {url}")
+            raise TimeoutError(f"no data for {promql!r} after {timeout:.0f} s at {url}"
+                               + (f" that satisfies the test (last: {rows})" if rows else ""))
         time.sleep(poll_s)
 
 
