@@ -19,7 +19,7 @@ from launcher.engine.detect import engine_argv, engine_prefix
 from launcher.engine.render import render
 from launcher.model.modelspec import load_model_spec
 from launcher.model.tinymodel import default_cache_dir, ensure_tiny_model
-from launcher.planner.costmodel import cpu_attention_pair_s, streamed_weight_bytes
+from launcher.planner.costmodel import attention_work, cpu_attention_fit, streamed_weight_bytes
 from launcher.planner.plan import Policy, plan
 from launcher.probe import enginestep, kernelprobe, kernels
 from launcher.probe.topology import Topology
@@ -98,16 +98,18 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
         if child is not None:
             child.stop(10.0)
     rec = enginestep.record(key_here(env), timed, params=spec.active_params,
-                            weight_bytes=int(streamed_weight_bytes(spec, 1)))
+                            weight_bytes=int(streamed_weight_bytes(spec, 1)),
+                            pair_flops=attention_work(spec, 1, pairs=1.0).flops)
     kept = enginestep.save(cache, rec)
     where = f"kept in {kept}" if kept else "not kept (the cache cannot be written)"
     fixed, per_token = rec.prefill_fixed_s or 0.0, rec.prefill_token_s or 0.0
-    pair = cpu_attention_pair_s(rec)
-    deep = ("attention over a cached context not timed" if pair is None or
-            rec.depth_tokens is None else
-            f"{rec.depth_new_tokens} new tokens after {rec.depth_tokens:,} cached "
-            f"({rec.depth_cached_tokens:,} found) {(rec.depth_extra_s or 0.0) * 1e3:+.0f} ms: "
-            f"attention {pair * 1e9:.0f} ns a (query, key) pair")
+    fit = cpu_attention_fit(rec)
+    deep = ("attention over a cached context not timed (the engine reports no cached tokens)"
+            if fit is None else
+            f"{rec.depth_new_tokens} new tokens after {rec.depth_tokens:,} cached, each round "
+            f"against a plain {rec.depth_new_tokens} ("
+            + ", ".join(f"{(p.deep_s - p.plain_s) * 1e3:+.0f} ms" for p in rec.depth_pairs)
+            + f"): {fit.why}")
     return (f"engine on {rec.key.device} (vLLM {rec.key.vllm}), served and streamed: decode step "
             f"{rec.step_s * 1e3:.2f} ms median of {len(rec.steps_s)} rounds "
             f"({min(rec.steps_s) * 1e3:.2f}-{max(rec.steps_s) * 1e3:.2f} ms); first token "

@@ -764,7 +764,9 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     reasons.append(f"    gpu: {ask.sessions} session(s) {_arrivals(ask)} through a simulation "
                    f"of vLLM's scheduler with the engine step timed here, "
                    + (f"attention over the cached context timed here ({over.pair_s * 1e9:.0f} ns "
-                      "a query-key pair)" if over.pair_s is not None else
+                      "a query-key pair" + ("" if over.pair_reliable else
+                                            ", the slower side of an unreliable timing") + ")"
+                      if over.pair_s is not None else
                       "attention over the cached context not timed (0 assumed: the deeper turns "
                       "come out low; `launcher probe --measure` times it)")
                    + f", TTFT p50 by depth: {sim.line(ask)}" if sim is not None else

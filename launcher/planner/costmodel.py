@@ -48,6 +48,7 @@ from launcher.planner.hardware import (
     HostProfile,
 )
 from launcher.planner.memfit import embedding_bytes, kv_shards, stage_share
+from launcher.probe import attentionfit
 from launcher.probe.enginestep import EngineStep
 from launcher.probe.topology import (
     ASSUMED_PCIE_GEN,
@@ -452,6 +453,8 @@ class CpuStepOverhead:
     # seconds per (query, key) pair of attention over a cached context, where `probe --measure`
     # timed a prompt after one (cpu_attention_pair_s); None: not timed
     pair_s: float | None = None
+    # False: the timing was unreliable and ``pair_s`` is its slower side (attentionfit)
+    pair_reliable: bool = True
 
 
 def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
@@ -475,11 +478,10 @@ def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
     first = ("" if prefill is None else
              f"; time to first token {prefill.first_token_s * 1e3:.1f} ms + the prompt's "
              f"arithmetic at {prefill.flops_s / 1e9:.0f} GFLOP/s, timed the same way")
-    pair = cpu_attention_pair_s(step)
-    if pair is not None and step.depth_tokens is not None:
-        first += (f"; attention over a cached context {pair * 1e9:.0f} ns a (query, key) pair, "
-                  f"timed here ({step.depth_new_tokens} new tokens after {step.depth_tokens:,} "
-                  f"cached took {(step.depth_extra_s or 0.0) * 1e3:.0f} ms more than alone)")
+    fit = cpu_attention_fit(step)
+    pair = None if fit is None else fit.pair_s
+    if fit is not None:
+        first += f"; {fit.why}"
     elif prefill is not None:
         first += ("; attention over a cached context not timed in this record (`launcher "
                   "probe --measure` times it where the engine reports its cached tokens)")
@@ -488,23 +490,30 @@ def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
         f"engine step overhead {over * 1e3:.1f} ms: vLLM's served decode step timed on this "
         f"machine {step.measured_at} ({step.step_s * 1e3:.1f} ms median of {len(step.steps_s)} "
         f"rounds, slowest/fastest {step.spread:.1f}x) less its model's {forward * 1e3:.1f} ms "
-        f"forward{first}", prefill, pair)
+        f"forward{first}", prefill, pair, fit is None or fit.reliable)
+
+
+def cpu_attention_fit(step: EngineStep) -> attentionfit.AttentionFit | None:
+    """What `probe --measure`'s paired requests at depth say about attention over a cached
+    context (launcher.probe.attentionfit: per pair the deep request over its plain partner,
+    less the context's uncached tail at the per-token rate timed here and the host's cost of the
+    context's length, PROMPT_TOKEN_HOST_S, which the scheduler's simulation charges too; the
+    median, its spread and its plausibility against the prefill rate, and the slower side or
+    none where unreliable). None where the record has no timing at depth."""
+    if step.depth_tokens is None or step.depth_new_tokens is None or not step.depth_pairs:
+        return None
+    return attentionfit.fit(step.depth_pairs, depth=step.depth_tokens,
+                            new=step.depth_new_tokens, token_s=step.prefill_token_s or 0.0,
+                            host_token_s=PROMPT_TOKEN_HOST_S, pair_flops=step.model_pair_flops,
+                            params=step.model_params)
 
 
 def cpu_attention_pair_s(step: EngineStep) -> float | None:
-    """Seconds per (query, key) pair of attention over a cached context, from `probe --measure`'s
-    timing at depth: the new tokens after the cached context less the same count alone, less
-    what else the deeper request did: the context's tokens the cache did not hold (vLLM caches
-    whole blocks; at the per-token rate timed here) and the host's cost of the context's length
-    (PROMPT_TOKEN_HOST_S, which the scheduler's simulation charges too), over the pairs of the
-    computed tokens and the cached ones. None where it was not timed or nothing was cached."""
-    depth, new, hit, extra = (step.depth_tokens, step.depth_new_tokens,
-                              step.depth_cached_tokens, step.depth_extra_s)
-    if depth is None or new is None or hit is None or extra is None or not hit:
-        return None
-    computed = new + depth - hit
-    rest = extra - (computed - new) * (step.prefill_token_s or 0.0) - depth * PROMPT_TOKEN_HOST_S
-    return max(0.0, rest / (computed * hit))
+    """Seconds per (query, key) pair of attention over a cached context the plan takes from
+    `probe --measure`'s timing at depth (cpu_attention_fit); None where it was not timed, not
+    found cached, or too unreliable to keep."""
+    fit = cpu_attention_fit(step)
+    return None if fit is None or fit.pair_s is None else max(0.0, fit.pair_s)
 
 
 def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int,

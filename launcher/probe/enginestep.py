@@ -15,11 +15,12 @@ embedded tiny model, :mod:`launcher.pipeline.enginesteps`) and :func:`time_serve
 loadgen does: streamed completions of token-id prompts, every body piece stamped as it arrives;
 the decode step is (last token - first token) / (completion tokens - 1), the prefill a line
 through the time to first token of a short and a long prompt, and attention over a cached
-context: the long prompt's new tokens sent again after DEPTH_CONTEXT tokens that are already in
-the prefix cache (a coding agent's turn), against the same count alone in the same round;
-medians of ROUNDS rounds. The planner then takes the engine's overheads from it: the measured
-step less what the roofline gives the tiny model's own forward pass, the prefill's per-token
-rate as this CPU's rate, and the deeper prompt's extra time as attention per (query, key) pair.
+context: the long prompt's count of new tokens after DEPTH_CONTEXT tokens that are already in
+the prefix cache (a coding agent's turn), sent right before the round's long prompt, its plain
+partner; medians of ROUNDS rounds, the pairs kept one by one (:mod:`launcher.probe.attentionfit`
+reads them). The planner then takes the engine's overheads from it: the measured step less what
+the roofline gives the tiny model's own forward pass, the prefill's per-token rate as this CPU's
+rate, and the deeper prompt's extra time as attention per (query, key) pair.
 
 Pure parts (the record, its JSON and cache key, the stream's timing) need nothing; the timing
 talks HTTP to an engine that is already up (serve's, or the one the pipeline starts for it).
@@ -40,11 +41,13 @@ from typing import Any
 
 import httpx
 
+from launcher.probe.attentionfit import DepthPair
 from launcher.probe.kernels import write_cache_json
 
-FORMAT = 3  # 1 was the offline engine's step, without the server's per-token work
-# 2: without the timing at depth; still read (the plan then says attention was not timed)
-READ_FORMATS = (2, FORMAT)
+FORMAT = 4  # 1 was the offline engine's step, without the server's per-token work
+# 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
+# spread by. Both still read, their attention untimed (the plan says so)
+READ_FORMATS = (2, 3, FORMAT)
 # Tokens per timed generation and rounds: enough gaps that one late event moves the mean little,
 # few enough that a round takes about a second on two busy cores.
 STEPS = 128
@@ -58,7 +61,8 @@ LONG_PROMPT = 512
 # as an agent's turns reach early on, and whole blocks of the CPU engine's 128 tokens, so that
 # all of it is cached and the deeper request computes only the new tokens. Sent once, unmeasured,
 # before the rounds (its own prefill is ~3 s on two cores); each round then adds ~1 s: the new
-# tokens' prefill (~0.7 s) and their attention over the context (~0.3 s at ~300 ns a pair).
+# tokens' prefill (~0.7 s) and their attention over the context (~0.3 s at ~300 ns a pair). Its
+# plain partner is the round's long prompt, sent right after it: no request more.
 DEPTH_CONTEXT = 2048
 REQUEST_TIMEOUT_S = 120.0
 
@@ -90,15 +94,21 @@ class EngineStep:
     # in a record made without them (the planner then assumes its prefill)
     prefill_fixed_s: float | None = None
     prefill_token_s: float | None = None
-    # attention over a cached context (format 3): LONG_PROMPT new tokens after ``depth_tokens``
-    # cached ones took ``depth_extra_s`` more than the same count alone (median of the rounds'
-    # paired differences); ``depth_cached_tokens`` of the context came from the prefix cache,
-    # as the server's usage said. None: not timed (a format-2 record, or a server that does not
-    # report cached tokens)
+    # attention over a cached context (format 4): per round, ``depth_new_tokens`` new tokens
+    # after the ``depth_tokens`` context and the same count alone, with the cached tokens the
+    # server's usage counted (attentionfit reads them); None/(): not timed (an older record, or
+    # a server that does not report cached tokens)
     depth_tokens: int | None = None
     depth_new_tokens: int | None = None
-    depth_cached_tokens: int | None = None
-    depth_extra_s: float | None = None
+    depth_pairs: tuple[DepthPair, ...] = ()
+    # the timed model's attention FLOPs per (query, key) pair, for the reading's plausibility
+    # against its prefill per-token rate (costmodel.attention_work); None: not checkable
+    model_pair_flops: float | None = None
+
+    @property
+    def depth_cached_tokens(self) -> int | None:
+        """The most of the context any round found cached (None: not timed)."""
+        return max((p.cached for p in self.depth_pairs), default=None)
 
     @property
     def spread(self) -> float:
@@ -143,7 +153,7 @@ def from_json(raw: Any) -> EngineStep:
     if not isinstance(steps, list) or not steps or len(steps) > 1000:
         raise EngineStepError("steps_s is not a non-empty list")
     fixed, per_token = raw.get("prefill_fixed_s"), raw.get("prefill_token_s")
-    depth = _depth(raw) if version >= 3 else (None, None, None, None)
+    depth = _depth(raw) if version >= 4 else (None, None, (), None)
     return EngineStep(
         key,
         _num(raw.get("step_s"), "step_s", 60.0),
@@ -163,24 +173,35 @@ def _count(raw: Any, what: str) -> int:
     return raw
 
 
-def _depth(raw: dict[str, Any]) -> tuple[int | None, int | None, int | None, float | None]:
-    """The timing at depth: all four fields, or none (not timed)."""
-    names = ("depth_tokens", "depth_new_tokens", "depth_cached_tokens", "depth_extra_s")
+def _depth(raw: dict[str, Any]
+           ) -> tuple[int | None, int | None, tuple[DepthPair, ...], float | None]:
+    """The timing at depth: context, new tokens and pairs all given, or none (not timed)."""
+    names = ("depth_tokens", "depth_new_tokens", "depth_pairs")
     given = [raw.get(n) for n in names]
-    if all(v is None for v in given):
-        return None, None, None, None
+    flops = raw.get("model_pair_flops")
+    flops_kept = None if flops is None else _num(flops, "model_pair_flops", 1e15)
+    if all(v is None or v == [] for v in given):
+        return None, None, (), flops_kept
     if any(v is None for v in given):
         raise EngineStepError("the timing at depth is incomplete: "
                               + ", ".join(n for n, v in zip(names, given, strict=True)
                                           if v is None) + " missing")
-    depth, new, cached = (_count(v, n) for v, n in zip(given[:3], names[:3], strict=True))
+    depth, new = _count(given[0], names[0]), _count(given[1], names[1])
+    pairs = given[2]
+    if not isinstance(pairs, list) or not pairs or len(pairs) > 1000:
+        raise EngineStepError("depth_pairs is not a non-empty list")
+    return depth, new, tuple(_pair(p, depth) for p in pairs), flops_kept
+
+
+def _pair(raw: Any, depth: int) -> DepthPair:
+    if not isinstance(raw, dict):
+        raise EngineStepError("a depth pair is not a JSON object")
+    cached = _count(raw.get("cached"), "a depth pair's cached tokens")
     if cached > depth:
-        raise EngineStepError(f"depth_cached_tokens {cached} is more than the context {depth}")
-    extra = given[3]
-    if isinstance(extra, bool) or not isinstance(extra, (int, float)) or \
-            not math.isfinite(extra) or not -60.0 < extra < 60.0:
-        raise EngineStepError(f"depth_extra_s is not a number of seconds: {str(extra)[:40]!r}")
-    return depth, new, cached, float(extra)
+        raise EngineStepError(f"a depth pair's cached tokens {cached} are more than the "
+                              f"context {depth}")
+    return DepthPair(_num(raw.get("plain_s"), "a depth pair's plain_s", 600.0),
+                     _num(raw.get("deep_s"), "a depth pair's deep_s", 600.0), cached)
 
 
 def cache_path(cache_dir: Path, key: StepKey) -> Path:
@@ -302,10 +323,9 @@ class Timed:
     steps_s: tuple[float, ...]  # each round's decode step
     short_ttft_s: tuple[float, ...]  # each round's time to first token, SHORT_PROMPT tokens
     long_ttft_s: tuple[float, ...]  # and LONG_PROMPT tokens
-    # each round's time to first token of LONG_PROMPT new tokens after the cached context of
-    # ``depth_tokens``, and the cached tokens the server's usage counted (empty: not timed)
-    depth_ttft_s: tuple[float, ...] = ()
-    depth_cached: tuple[int, ...] = ()
+    # each round's LONG_PROMPT new tokens after the cached context of ``depth_tokens`` with
+    # the round's long prompt as its plain partner (empty: not timed)
+    depth_pairs: tuple[DepthPair, ...] = ()
     depth_tokens: int = 0
 
 
@@ -314,8 +334,10 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
     """Time a running engine as loadgen does, one stream at a time: per round a short prompt
     (time to first token), a long one that then generates ``steps`` + 1 tokens (its time to
     first token and its decode step), and as many new tokens after a cached context of
-    ``depth`` tokens (0: not timed), that context sent once before the rounds and the same in
-    every round. Every other prompt is new token ids, so that nothing else comes from the
+    ``depth`` tokens (0: not timed) sent right before the long one, its plain partner: the two
+    first tokens are then milliseconds apart, so a machine whose speed moves between rounds
+    moves both (attentionfit). The context is sent once before the rounds and the same in every
+    round. Every other prompt is new token ids, so that nothing else comes from the
     prefix cache: drawn from a fresh seed on every call unless ``seed`` is given (a second
     timing of one engine with the first one's prompts met them cached: a 512-token first
     token 3.6x faster than loadgen's). :class:`EngineStepError` (one line) when the engine
@@ -325,7 +347,7 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
     def ids(n: int) -> list[int]:  # above the few special ids a vocabulary starts with
         return [rng.randrange(min(5, vocab - 1), vocab) for _ in range(n)]
 
-    short, long_, step, deep, cached = [], [], [], [], []
+    short, long_, step, pairs = [], [], [], []
     context = ids(depth)
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
@@ -335,35 +357,30 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                 _stream(client, served, context, 1)
             for _ in range(rounds):
                 short.append(_stream(client, served, ids(SHORT_PROMPT), 2).ttft_s)
+                at = _stream(client, served, context + ids(LONG_PROMPT), 1) if depth else None
                 got = _stream(client, served, ids(LONG_PROMPT), steps + 1)
                 long_.append(got.ttft_s)
                 step.append(max(1e-6, got.step_s))
-                if depth:
-                    at = _stream(client, served, context + ids(LONG_PROMPT), 1)
-                    if at.cached_tokens is not None:
-                        deep.append(at.ttft_s)
-                        cached.append(at.cached_tokens)
+                if at is not None and at.cached_tokens is not None:
+                    pairs.append(DepthPair(got.ttft_s, at.ttft_s, at.cached_tokens))
     except httpx.HTTPError as exc:
         raise EngineStepError(f"a timed request to {served.url} failed: "
                               f"{type(exc).__name__}: {str(exc)[:200]}") from None
     # a server that does not count cached tokens leaves attention untimed, never guessed
-    timed_depth = len(deep) == rounds
-    return Timed(tuple(step), tuple(short), tuple(long_), tuple(deep) if timed_depth else (),
-                 tuple(cached) if timed_depth else (), depth if timed_depth else 0)
+    timed_depth = len(pairs) == rounds
+    return Timed(tuple(step), tuple(short), tuple(long_), tuple(pairs) if timed_depth else (),
+                 depth if timed_depth else 0)
 
 
 def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int,
-           now: str | None = None) -> EngineStep:
-    """The kept measurement: medians of the rounds; at depth, the median of each round's
-    difference from its own long prompt (the two timed seconds apart, so a machine whose speed
-    moves between rounds moves both)."""
+           pair_flops: float | None = None, now: str | None = None) -> EngineStep:
+    """The kept measurement: medians of the rounds, and at depth every round's pair (what
+    they say is attentionfit's to read); ``pair_flops``: the timed model's attention FLOPs a
+    (query, key) pair."""
     fixed, per_token = prefill_line(statistics.median(timed.short_ttft_s),
                                     statistics.median(timed.long_ttft_s))
-    depth: tuple[int | None, int | None, int | None, float | None] = (None, None, None, None)
-    if timed.depth_ttft_s and len(timed.depth_ttft_s) == len(timed.long_ttft_s):
-        extra = statistics.median(d - a for d, a in zip(timed.depth_ttft_s, timed.long_ttft_s,
-                                                        strict=True))
-        depth = (timed.depth_tokens, LONG_PROMPT,
-                 min(timed.depth_tokens, int(statistics.median_low(timed.depth_cached))), extra)
+    timed_depth = bool(timed.depth_pairs)
     return EngineStep(key, statistics.median(timed.steps_s), timed.steps_s, params, weight_bytes,
-                      now or time.strftime("%Y-%m-%dT%H:%M:%S"), fixed, per_token, *depth)
+                      now or time.strftime("%Y-%m-%dT%H:%M:%S"), fixed, per_token,
+                      timed.depth_tokens if timed_depth else None,
+                      LONG_PROMPT if timed_depth else None, timed.depth_pairs, pair_flops)

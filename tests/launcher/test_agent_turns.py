@@ -19,6 +19,7 @@ from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import SchedulerLimits, SimError, TableStepCost, Turn
 from launcher.planner.schedsim import simulate_sessions as sessions_sim
 from launcher.probe import enginestep
+from launcher.probe.attentionfit import DepthPair
 from launcher.probe.topology import Topology, load_topology
 from loadgen.agent import build_conversations
 from loadgen.config import Config
@@ -148,8 +149,8 @@ def test_the_cpu_agent_plan_adds_attention_over_the_context_where_probe_timed_it
     assert plain.engine_step is not None
     extra = 512 * 2048 * 300e-9 + 2048 * costmodel.PROMPT_TOKEN_HOST_S
     deep = replace(plain, engine_step=replace(
-        plain.engine_step, depth_tokens=2048, depth_new_tokens=512, depth_cached_tokens=2048,
-        depth_extra_s=extra))
+        plain.engine_step, depth_tokens=2048, depth_new_tokens=512,
+        depth_pairs=tuple(DepthPair(0.7, 0.7 + extra, 2048) for _ in range(3))))
     without = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, plain)
     with_ = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, deep)
     assert any("attention over the cached context timed here (300 ns" in r

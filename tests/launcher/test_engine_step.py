@@ -22,6 +22,7 @@ from launcher.pipeline import enginesteps
 from launcher.planner import costmodel
 from launcher.planner.plan import Policy, plan
 from launcher.probe import enginestep
+from launcher.probe.attentionfit import DepthPair
 from launcher.probe.enginestep import EngineStep, EngineStepError, StepKey
 from launcher.probe.topology import Topology
 
@@ -43,10 +44,13 @@ def test_a_record_survives_its_json_and_the_cache(tmp_path: Path) -> None:
     assert enginestep.load(tmp_path, other) is None
 
 
-def at_depth(rec: EngineStep, extra_s: float = 0.4, cached: int = 2048) -> EngineStep:
-    """``rec`` with a timing at depth: 512 new tokens after 2,048 cached ones."""
-    return replace(rec, prefill_fixed_s=0.012, prefill_token_s=1.4e-3, depth_tokens=2048,
-                   depth_new_tokens=512, depth_cached_tokens=cached, depth_extra_s=extra_s)
+def at_depth(rec: EngineStep, extra_s: float = 0.4, cached: int = 2048, *, depth: int = 2048,
+             new: int = 512) -> EngineStep:
+    """``rec`` with a timing at depth: ``new`` tokens after ``depth`` cached ones, three rounds
+    of pairs whose deep request took ``extra_s`` more than its plain 0.7 s partner."""
+    return replace(rec, prefill_fixed_s=0.012, prefill_token_s=1.4e-3, depth_tokens=depth,
+                   depth_new_tokens=new,
+                   depth_pairs=tuple(DepthPair(0.7, 0.7 + extra_s, cached) for _ in range(3)))
 
 
 def test_a_record_timed_at_depth_survives_its_json_and_a_format_2_record_still_reads(
@@ -59,14 +63,26 @@ def test_a_record_timed_at_depth_survives_its_json_and_a_format_2_record_still_r
            if not k.startswith("depth_")}
     old["version"] = 2
     assert enginestep.from_json(old) == record(0.009)
-    assert enginestep.from_json(old).depth_extra_s is None
+    assert enginestep.from_json(old).depth_pairs == ()
+    # format 3 (one median difference, no pairs): read, its attention untimed
+    three = {**json.loads(json.dumps(enginestep.to_json(record(0.009)))), "version": 3,
+             "depth_tokens": 2048, "depth_new_tokens": 512, "depth_cached_tokens": 2048,
+             "depth_extra_s": 0.4}
+    assert costmodel.cpu_attention_pair_s(enginestep.from_json(three)) is None
     # format 1 (the offline engine's step) is refused in one line that says what to do
     with pytest.raises(EngineStepError, match="probe --measure"):
         enginestep.from_json({**old, "version": 1})
     # half a timing at depth is refused, not read as half a figure
-    broken = {**json.loads(json.dumps(enginestep.to_json(rec))), "depth_cached_tokens": None}
-    with pytest.raises(EngineStepError, match="depth_cached_tokens missing"):
+    broken = {**json.loads(json.dumps(enginestep.to_json(rec))), "depth_new_tokens": None}
+    with pytest.raises(EngineStepError, match="depth_new_tokens missing"):
         enginestep.from_json(broken)
+    # a pair that found more of the context than there is, or no pairs: refused
+    with pytest.raises(EngineStepError, match="more than the context"):
+        enginestep.from_json({**json.loads(json.dumps(enginestep.to_json(rec))), "depth_pairs": [
+            {"plain_s": 0.7, "deep_s": 1.0, "cached": 4096}]})
+    with pytest.raises(EngineStepError, match="non-empty"):
+        enginestep.from_json({**json.loads(json.dumps(enginestep.to_json(rec))),
+                              "depth_pairs": {"plain_s": 1}})
 
 
 def test_the_attention_rate_is_the_deeper_prompts_extra_time_less_what_else_it_computed() -> None:
@@ -76,15 +92,16 @@ def test_the_attention_rate_is_the_deeper_prompts_extra_time_less_what_else_it_c
     host = costmodel.PROMPT_TOKEN_HOST_S
     whole = at_depth(record(0.009), extra_s=512 * 2048 * 300e-9 + 2048 * host)
     assert costmodel.cpu_attention_pair_s(whole) == pytest.approx(300e-9)
-    tail = replace(whole, depth_tokens=2000, depth_new_tokens=256, depth_cached_tokens=1920,
-                   depth_extra_s=80 * 1.4e-3 + 2000 * host + 336 * 1920 * 300e-9)
+    tail = at_depth(record(0.009), 80 * 1.4e-3 + 2000 * host + 336 * 1920 * 300e-9, 1920,
+                    depth=2000, new=256)
     assert costmodel.cpu_attention_pair_s(tail) == pytest.approx(300e-9)
-    # nothing cached, or a deeper prompt no slower than alone (noise): no rate, or none negative
-    assert costmodel.cpu_attention_pair_s(replace(whole, depth_cached_tokens=0)) is None
-    assert costmodel.cpu_attention_pair_s(replace(whole, depth_extra_s=-0.01)) == 0.0
+    # nothing cached, or a deeper prompt no slower than alone (noise): no rate, none negative
+    assert costmodel.cpu_attention_pair_s(at_depth(record(0.009), cached=0)) is None
+    assert costmodel.cpu_attention_pair_s(at_depth(record(0.009), extra_s=-0.01)) is None
     assert costmodel.cpu_attention_pair_s(record(0.009)) is None
     over = costmodel.cpu_step_overhead(whole, cores=2)
     assert over.pair_s == pytest.approx(300e-9)
+    assert over.pair_reliable
     assert "300 ns a (query, key) pair, timed here" in over.why, over.why
     assert "not timed" in costmodel.cpu_step_overhead(
         replace(record(0.009), prefill_fixed_s=0.012, prefill_token_s=1.4e-3), cores=2).why
@@ -93,18 +110,26 @@ def test_the_attention_rate_is_the_deeper_prompts_extra_time_less_what_else_it_c
 def test_the_kept_depth_figure_is_the_median_of_each_rounds_difference_from_its_own_prompt(
 ) -> None:
     """A machine that slows down between rounds slows both prompts of a round: the record keeps
-    the rounds' paired differences (0.30, 0.31, 0.29 s), not the difference of the medians."""
-    timed = enginestep.Timed(steps_s=(0.008, 0.008, 0.008), short_ttft_s=(0.03, 0.06, 0.03),
-                             long_ttft_s=(0.7, 1.4, 0.75), depth_ttft_s=(1.0, 1.71, 1.04),
-                             depth_cached=(2048, 2048, 1920), depth_tokens=2048)
+    every round's pair, and the rate is read pair by pair (each deep request over its own plain
+    partner, on the plain prompts' median scale), not from a difference of the medians; the
+    round whose context was not found whole is dropped."""
+    pairs = (DepthPair(0.7, 1.0, 2048), DepthPair(1.4, 2.0, 2048), DepthPair(0.75, 1.07, 2048),
+             DepthPair(0.7, 0.9, 1920))
+    timed = enginestep.Timed(steps_s=(0.008,) * 4, short_ttft_s=(0.03, 0.06, 0.03, 0.03),
+                             long_ttft_s=tuple(p.plain_s for p in pairs), depth_pairs=pairs,
+                             depth_tokens=2048)
     rec = enginestep.record(KEY, timed, params=4_000_000, weight_bytes=8_000_000, now="now")
-    assert rec.depth_extra_s == pytest.approx(0.30)
     assert (rec.depth_tokens, rec.depth_new_tokens, rec.depth_cached_tokens) == (
         2048, enginestep.LONG_PROMPT, 2048)
-    untimed = enginestep.record(KEY, replace(timed, depth_ttft_s=(), depth_cached=(),
-                                             depth_tokens=0), params=4_000_000,
-                                weight_bytes=8_000_000, now="now")
-    assert untimed.depth_extra_s is None
+    fit = costmodel.cpu_attention_fit(rec)
+    assert fit is not None
+    assert (fit.kept, fit.dropped) == (3, 1)
+    # every kept pair is 3/7 slower at depth, on the kept plain prompts' 0.75 s median scale
+    extra = 0.75 * 3 / 7 - 2048 * costmodel.PROMPT_TOKEN_HOST_S
+    assert fit.median_s == pytest.approx(extra / (512 * 2048), rel=0.02)
+    untimed = enginestep.record(KEY, replace(timed, depth_pairs=(), depth_tokens=0),
+                                params=4_000_000, weight_bytes=8_000_000, now="now")
+    assert costmodel.cpu_attention_fit(untimed) is None
 
 
 def test_the_stream_reader_takes_the_cached_tokens_from_usage() -> None:
@@ -138,7 +163,7 @@ JSON = st.recursive(
 @given(st.dictionaries(st.sampled_from(["version", "key", "step_s", "steps_s", "model_params",
                                         "model_weight_bytes", "measured_at", "prefill_fixed_s",
                                         "prefill_token_s", "depth_tokens", "depth_new_tokens",
-                                        "depth_cached_tokens", "depth_extra_s"]), JSON))
+                                        "depth_pairs", "model_pair_flops"]), JSON))
 @settings(max_examples=300)
 def test_any_saved_record_reads_or_is_refused_in_one_line(raw: dict[str, Any]) -> None:
     good = enginestep.to_json(at_depth(record(0.01)))
