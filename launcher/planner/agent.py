@@ -41,7 +41,7 @@ from typing import Literal
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, memfit
 from launcher.planner.costmodel import Layout
-from launcher.planner.layouts import Links
+from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.plantypes import Candidate, Plan, Policy, label
 from launcher.planner.schedsim import (
     SchedulerLimits,
@@ -198,19 +198,6 @@ def fp8_kv_dtype(gpus: Sequence[Gpu]) -> str | None:
     return "fp8_e4m3" if all(cc is not None and cc >= FP8_E4M3_CC for cc in ccs) else "fp8_e5m2"
 
 
-def layout_of(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> Layout:
-    """The cost model's view of a candidate's first replica (its GPUs come replica, stage,
-    TP rank first, as vLLM ranks them)."""
-    by_index = {g.index: g for g in topo.gpus}
-    replica = [by_index[i] for i in c.gpus[:c.tp * c.pp]]
-    stages = tuple(tuple(replica[s * c.tp:(s + 1) * c.tp]) for s in range(c.pp))
-    tp_link = (costmodel.worst_link([links.group(st) for st in stages]) if c.tp > 1
-               else costmodel.NO_LINK)
-    hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(c.pp - 1)]
-    pp_link = costmodel.worst_link(hops) if c.pp > 1 else costmodel.NO_LINK
-    return Layout(c.tp, c.pp, c.dp, stages, tp_link, pp_link, kv_budget, links.host)
-
-
 def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
                 batched_tokens: int = 8192) -> tuple[float, float]:
     """(warm, cold) time to first token of one session's turn of ``new`` tokens after ``depth``
@@ -314,9 +301,9 @@ class CpuStep:
         flops = self.over.prefill.flops_s if self.over.prefill else None
         tokens = max(1, batch.prefill_tokens + batch.decode_seqs)
         # the CPU roofline predict_cpu uses (DRAM- or arithmetic-bound)
-        forward = costmodel._cpu_forward_s(self.m.active_params,
-                                           costmodel.streamed_weight_bytes(self.m, 1),
-                                           self.cores, tokens, flops)
+        forward = costmodel.cpu_forward_s(self.m.active_params,
+                                          costmodel.streamed_weight_bytes(self.m, 1),
+                                          self.cores, tokens, flops)
         pairs = batch.prefill_pairs + batch.decode_context
         return self.over.seconds + forward + self.pair_s * pairs
 
@@ -463,7 +450,7 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
         dtypes = [((fp8 or "fp8") if base_bytes == 1 else "auto", base_bytes)]
         if base_bytes == 2 and fp8 is not None:
             dtypes.append((fp8, 1))
-        lay = layout_of(c, topo, links, c.fit.kv_budget)
+        lay = candidate_layout(c, topo, links, c.fit.kv_budget)
         warm, cold = turn_ttft_s(m, lay, ask.context, ask.turn_tokens,
                                  c.fit.limits.batched_tokens)
         for name, nbytes in dtypes:

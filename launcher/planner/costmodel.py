@@ -425,10 +425,12 @@ def predict(
     )
 
 
-def _cpu_forward_s(params: float, weight_bytes: float, cores: int, tokens: int = 1,
-                   flops_s: float | None = None) -> float:
+def cpu_forward_s(params: float, weight_bytes: float, cores: int, tokens: int = 1,
+                  flops_s: float | None = None) -> float:
     """The roofline's time for a forward pass of ``tokens`` on the CPU: DRAM or AVX bound (at
-    ``flops_s`` where this CPU's rate was measured, else the assumed rate per core)."""
+    ``flops_s`` where this CPU's rate was measured, else the assumed rate per core). The one
+    CPU forward pass: predict_cpu's, the timed step's own model (cpu_step_overhead) and the
+    CPU agent plan's scheduler steps (agent.CpuStep) all take it."""
     flops_s = flops_s or max(1, cores) * CPU_GFLOPS_PER_CORE * 1e9
     return max(weight_bytes / (CPU_MEM_GBS * 1e9), tokens * 2.0 * params / flops_s)
 
@@ -472,8 +474,8 @@ def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
         # rate of small GEMMs and everything else a token costs, so for a larger model (whose
         # GEMMs run nearer the CPU's peak) a rate on the slow side
         prefill = CpuPrefill(step.prefill_fixed_s, 2.0 * step.model_params / step.prefill_token_s)
-    forward = _cpu_forward_s(step.model_params, step.model_weight_bytes, cores,
-                             flops_s=prefill.flops_s if prefill else None)
+    forward = cpu_forward_s(step.model_params, step.model_weight_bytes, cores,
+                            flops_s=prefill.flops_s if prefill else None)
     over = max(0.0, step.step_s - forward)
     first = ("" if prefill is None else
              f"; time to first token {prefill.first_token_s * 1e3:.1f} ms + the prompt's "
@@ -526,13 +528,13 @@ def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency:
     over = step_overhead_s
     flops = prefill.flops_s if prefill else None
     if prefill is None:
-        ttft = _cpu_forward_s(m.active_params, weights, cores, prompt) + over
+        ttft = cpu_forward_s(m.active_params, weights, cores, prompt) + over
     else:
-        ttft = prefill.first_token_s + _cpu_forward_s(m.active_params, weights, cores, prompt,
-                                                      flops)
-    tpot = _cpu_forward_s(m.active_params, weights, cores, flops_s=flops) + over
+        ttft = prefill.first_token_s + cpu_forward_s(m.active_params, weights, cores, prompt,
+                                                     flops)
+    tpot = cpu_forward_s(m.active_params, weights, cores, flops_s=flops) + over
     batch = max(1, concurrency)
-    step = _cpu_forward_s(m.active_params, weights, cores, batch, flops) + over
+    step = cpu_forward_s(m.active_params, weights, cores, batch, flops) + over
     cycle = batch * ttft + gen * step
     return Prediction(
         prompt / ttft, 1 / tpot, batch * gen / cycle, ttft, ttft + (gen - 1) * tpot, batch

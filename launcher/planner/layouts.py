@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, memfit
 from launcher.planner.costmodel import Layout, Link, Prediction
-from launcher.planner.memfit import Fit
 from launcher.planner.plantypes import (
     MIN_CONTEXT,
     Candidate,
@@ -114,16 +113,18 @@ def structural_reject(m: ModelSpec, s: Shape) -> Rejection | None:
     return None
 
 
-def _layout(
+def replica_layout(
     links: Links,
-    groups: list[tuple[Gpu, ...]],
+    replica: Sequence[Gpu],
     s: Shape,
-    m: ModelSpec,
-    f: Fit,
-    internode: Link | None,
+    kv_budget: float,
+    internode: Link | None = None,
 ) -> Layout:
-    replica = groups[0]
-    stages = tuple(replica[i * s.tp : (i + 1) * s.tp] for i in range(s.pp))
+    """The cost model's view of one replica: ``replica``'s GPUs in vLLM's rank order (stage,
+    then TP rank), each stage's TP group joined by its worst link, the stages by the worst hop
+    between them (``internode`` among them where they span nodes), ``kv_budget`` bytes of KV
+    cache, and the host's front end (``links.host``)."""
+    stages = tuple(tuple(replica[i * s.tp : (i + 1) * s.tp]) for i in range(s.pp))
     tp_link = (
         costmodel.worst_link([links.group(st) for st in stages]) if s.tp > 1 else costmodel.NO_LINK
     )
@@ -138,9 +139,18 @@ def _layout(
         stages=stages,
         tp_link=tp_link,
         pp_link=pp_link,
-        kv_budget_bytes=f.kv_budget,
+        kv_budget_bytes=kv_budget,
         host=links.host,
     )
+
+
+def candidate_layout(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> Layout:
+    """The cost model's view of a sized candidate's first replica on one node (its GPUs listed
+    replica, stage, TP rank first, as vLLM ranks them): what the load simulation and the agent
+    plan time."""
+    by_index = {g.index: g for g in topo.gpus}
+    return replica_layout(links, [by_index[i] for i in c.gpus[:c.tp * c.pp]],
+                          Shape(c.tp, c.pp, c.dp), kv_budget)
 
 
 def order_replica(links: Links, replica: Sequence[Gpu], tp: int, pp: int) -> tuple[Gpu, ...]:
@@ -197,7 +207,7 @@ def evaluate(
     util = memfit.startable_utilization(used, policy.gpu_memory_utilization)
     f = memfit.fit(m, used, s.tp, s.pp, util, policy.kv_cache_bytes,
                    policy.cpu_offload_gib * GIB)
-    lay = _layout(links, groups, s, m, f, internode)
+    lay = replica_layout(links, groups[0], s, f.kv_budget, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
     )

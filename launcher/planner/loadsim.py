@@ -26,8 +26,7 @@ from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.costmodel import Layout, Prediction
 from launcher.planner.hardware import HostProfile
 from launcher.planner.kernelcost import AllReduce, HostBound, step_cost
-from launcher.planner.layouts import Links, Shape
-from launcher.planner.layouts import _layout as layout_of
+from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
 from launcher.planner.plantypes import Candidate, Policy
 from launcher.planner.schedsim import (
@@ -159,10 +158,7 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
     simulation's). Left as it is where it spans nodes or was not sized."""
     if c.predicted is None or c.fit is None or policy.nodes > 1:
         return c, ()
-    by_index = {g.index: g for g in topo.gpus}
-    k = c.tp * c.pp
-    groups = [tuple(by_index[i] for i in c.gpus[r * k:(r + 1) * k]) for r in range(c.dp)]
-    lay = layout_of(links, groups, Shape(c.tp, c.pp, c.dp), m, c.fit, None)
+    lay = candidate_layout(c, topo, links, c.fit.kv_budget)
     pred, why = under_load(m, lay, c.fit, c.predicted, prompt=policy.prompt_tokens,
                            gen=policy.gen_tokens, concurrency=policy.streams,
                            max_num_seqs=policy.max_num_seqs, table=c.kernel_table)

@@ -197,7 +197,7 @@ def test_a_slower_engine_step_gives_a_slower_cpu_plan() -> None:
 def test_the_overhead_is_the_step_less_the_measured_models_forward_pass() -> None:
     over = costmodel.cpu_step_overhead(record(0.010), cores=2)
     assert over.measured
-    forward = costmodel._cpu_forward_s(4_000_000, 8_000_000, 2)
+    forward = costmodel.cpu_forward_s(4_000_000, 8_000_000, 2)
     assert over.seconds == pytest.approx(0.010 - forward)
     # a step faster than the roofline's arithmetic (a machine quicker than assumed) is no
     # negative overhead
