@@ -390,8 +390,14 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     as other tokens (only the previous prompt is cached, loadgen/agent.py); the first turns
     begin with ``common_tokens`` shared by every session. ``timer``: the step's cost (default:
     the layout's, :func:`step_timer`; the CPU engine's: :class:`CpuStep`); ``offload``: a host
-    tier holds every prefix, copied back over PCIe. A SimError where a turn does not fit the
-    KV cache or the simulation passes ``max_steps`` (0: no limit)."""
+    tier holds every prefix, copied back over PCIe. A request's way in before its first step:
+    ``request_overhead_s`` (default the shipped host profile's ``request_fixed_s``,
+    hardware.REQUEST_OVERHEAD_S, 4.5 ms; the CPU engine's: ``CpuStep.way_in_s``) plus its
+    prompt's tokens at costmodel.PROMPT_TOKEN_HOST_S (the shipped profile's ``prompt_token_s``,
+    1.09 us), cached or not; both the shipped profile's even where the layout carries a host
+    timed by ``probe --measure`` (``Layout.host``, which :func:`turn_ttft_s` charges). A
+    SimError where a turn does not fit the KV cache or the simulation passes ``max_steps`` (0:
+    no limit)."""
     lim_e = limits or r.limits or DEFAULT_LIMITS
     block = r.block
     # memfit's pool at the room's element size, counted in the simulation's blocks for the
