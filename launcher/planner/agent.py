@@ -760,8 +760,10 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                       "a query-key pair" + ("" if over.pair_reliable else
                                             ", the slower side of an unreliable timing") + ")"
                       if over.pair_s is not None else
-                      "attention over the cached context not timed (0 assumed: the deeper turns "
-                      "come out low; `launcher probe --measure` times it)")
+                      "attention over the cached context not timed "
+                      + ("" if over.pair_reliable else "(its timing here unreliable, not kept) ")
+                      + "(0 assumed: the deeper turns come out low; `launcher probe --measure` "
+                      "times it)")
                    + f", TTFT p50 by depth: {sim.line(ask)}" if sim is not None else
                    "    gpu: one session's turn alone (the engine step is not timed here: "
                    "`launcher probe --measure`)")

@@ -162,6 +162,11 @@ def test_the_cpu_agent_plan_adds_attention_over_the_context_where_probe_timed_it
     assert fast is not None
     # at least the new tokens' attention over the cached history: 600 x ~2,400 pairs x 300 ns
     assert slow - fast > 0.8 * 600 * 2400 * 300e-9
+    # pairs that scatter (one round 4x the others) keep their slower side, and the plan says so
+    scattered = replace(deep, engine_step=replace(deep.engine_step, depth_pairs=tuple(
+        DepthPair(0.7, 0.7 + extra * f, 2048) for f in (0.5, 1.0, 2.0))))
+    wide = agent.cpu_agent_plan(m, Policy(cpu_cores=2), ask, scattered)
+    assert any("the slower side of an unreliable timing" in r for r in wide.reasons), wide.reasons
 
 
 def test_offloading_is_sized_for_every_block_vllm_stores_a_sliding_window_layers_too() -> None:
