@@ -9,6 +9,10 @@ The start is begun as soon as the tests are collected, when any selected test us
 the modules that use it run last: the engine's minute of start-up (mostly one process importing
 at a time) then overlaps the tests that do not need it, on the second core, instead of being
 waited for. Their order inside a module is kept (module fixtures are set up once).
+
+Other slow starts (a module's own engine shape, a whole `launcher tune`) are begun the same way,
+one after another once the stack is up (tests/support/early.py); their modules run after the
+pure ones and before the stack's, so no other engine is alive while the stack's tests run.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import pytest
 from hypothesis import settings
 
 from launcher.engine.supervise import free_port, http_ok
+from tests.support import early
 
 # Hypothesis' default 200 ms deadline per example measures the machine, not the code: on two
 # loaded cores a slow example fails as "flaky". Tests assert behaviour; speed is benchmarked.
@@ -128,17 +133,39 @@ def _uses_stack(item: pytest.Item) -> bool:
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     late = {str(item.path) for item in items if _uses_stack(item)}
-    items.sort(key=lambda item: str(item.path) in late)  # stable: file order kept otherwise
+    own = {str(item.path) for item in items if early.wanted_by(item)}
+    # stable: file order kept otherwise
+    items.sort(key=lambda item: 2 if str(item.path) in late else int(str(item.path) in own))
+
+
+def _ready_or_gone(launch: _Launch) -> None:
+    """Wait (in the background) until the stack answers or has stopped; the stack's fixture
+    reports a failed start, not the starts queued after it."""
+    deadline = time.monotonic() + STACK_START_TIMEOUT_S
+    url = f"http://127.0.0.1:{launch.proxy_port}/ready"
+    while time.monotonic() < deadline and launch.proc.poll() is None and not http_ok(url):
+        early.pause(1.0)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any(_uses_stack(item) for item in session.items) and not session.config.option.collectonly:
-        # the factory behind the tmp_path_factory fixture (pytest sets it at configure time)
-        factory: pytest.TempPathFactory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+    if session.config.option.collectonly:
+        return
+    # the factory behind the tmp_path_factory fixture (pytest sets it at configure time)
+    factory: pytest.TempPathFactory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+    if any(_uses_stack(item) for item in session.items):
         _early.append(_launch(factory.mktemp("stack")))
+    keys = list(dict.fromkeys(key for item in session.items for key in early.wanted_by(item)))
+    if keys:
+        from launcher.model.tinymodel import ensure_tiny_model
+
+        ensure_tiny_model()  # here, not in a start beside the tests (it may have to build it)
+    stack = _early[0] if _early else None
+    early.schedule(keys, factory.mktemp,
+                   after=(lambda: _ready_or_gone(stack)) if stack is not None else None)
 
 
 def pytest_sessionfinish() -> None:
+    early.end_untaken()
     # a start the fixture never took (the run stopped before the first test that uses it)
     for launch in _early:
         if launch.proc.poll() is None:

@@ -218,3 +218,45 @@ def build(name: str, cfg: Mapping[str, Any], out: Path) -> Path:
     (out / "config.json").write_text(json.dumps(written, indent=1))
     done.write_text(str(ORACLE_VERSION))
     return out
+
+
+
+def write_spec(root: Path, kv_bytes: int, batched: int, max_seqs: int) -> None:
+    """oracle_probe.py's SPEC.json for the families built under ``root``: each with the context
+    the planner plans for a KV cache of ``kv_bytes``."""
+    from launcher.model.modelspec import load_model_spec
+    from launcher.planner import memfit
+
+    specs = []
+    for name in FAMILIES:
+        path = root / name
+        m = load_model_spec(str(path))
+        specs.append(
+            {
+                "name": name,
+                "path": str(path),
+                "max_model_len": memfit.cpu_context(m, kv_bytes, batched),
+                "kv_bytes": kv_bytes,
+                "batched_tokens": batched,
+                "max_num_seqs": max_seqs,
+            }
+        )
+    (root / "spec.json").write_text(json.dumps(specs))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.launcher.oracle_families ROOT KV_BYTES BATCHED MAX_SEQS``: every family
+    under ROOT/<name> and ROOT/spec.json, in a process of its own (the oracle's start runs
+    beside other tests: transformers' building and the planner's sizing stay out of their
+    process; see test_oracle_cpu.py)."""
+    root = Path(argv[0])
+    for name, cfg in FAMILIES.items():
+        build(name, cfg, root / name)
+    write_spec(root, int(argv[1]), int(argv[2]), int(argv[3]))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

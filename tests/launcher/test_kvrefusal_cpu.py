@@ -17,28 +17,34 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import REPO, free_port, http_ok
+from tests.support import early
 
 pytestmark = pytest.mark.stack
 ASKED = 1 << 20
 
 
-def test_vllm_cpu_refusal_is_restarted_at_its_own_length(
-    tiny_model_path: str, tmp_path: Path
-) -> None:
+Refused = tuple[subprocess.Popen[bytes], int, Path]
+
+
+def begin_refused(tmp_path: Path) -> Refused:
+    """`launcher serve` asked for the whole length, once its proxy answers /ready."""
+    from launcher.model.tinymodel import ensure_tiny_model
+
     model = tmp_path / "long-tiny"
-    shutil.copytree(tiny_model_path, model)
+    shutil.copytree(ensure_tiny_model(early.environ()), model)
     cfg = json.loads((model / "config.json").read_text())
     cfg["max_position_embeddings"] = ASKED
     (model / "config.json").write_text(json.dumps(cfg))
     port = free_port()
     out = tmp_path / "launcher.out"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env = {k: v for k, v in early.environ().items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     argv = [
         sys.executable,
         "-m",
@@ -69,28 +75,52 @@ def test_vllm_cpu_refusal_is_restarted_at_its_own_length(
         while not http_ok(f"http://127.0.0.1:{port}/ready"):
             assert proc.poll() is None, out.read_text()[-3000:]
             assert time.monotonic() < deadline, out.read_text()[-3000:]
-            time.sleep(1)
-        text = out.read_text()
-        said = re.search(
-            r"cannot hold the (\d+)-token context.*?"
-            r"starting again with --max-model-len (\d+)",
-            text,
-            re.S,
-        )
-        assert said, text[-3000:]
-        planned, retried = int(said.group(1)), int(said.group(2))
-        assert planned == ASKED
-        assert 0 < retried < planned
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
-        assert models["data"][0]["max_model_len"] == retried
-        body = {"model": models["data"][0]["id"], "prompt": "def f():", "max_tokens": 4}
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
-        assert r.status_code == 200, r.text
+            early.pause(1)
+    except BaseException:
+        end_refused((proc, port, out))
+        raise
+    return proc, port, out
+
+
+def end_refused(refused: Refused) -> None:
+    proc = refused[0]
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# Both starts are begun in the background at collection (this test runs after the pure ones).
+early.register(__file__, "refused", begin_refused, end_refused)
+
+
+@pytest.fixture
+def refused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Refused]:
+    started = early.take(__file__, "refused", tmp_path_factory)
+    try:
+        yield started
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_refused(started)
+
+
+def test_vllm_cpu_refusal_is_restarted_at_its_own_length(refused: Refused) -> None:
+    _, port, out = refused
+    text = out.read_text()
+    said = re.search(
+        r"cannot hold the (\d+)-token context.*?"
+        r"starting again with --max-model-len (\d+)",
+        text,
+        re.S,
+    )
+    assert said, text[-3000:]
+    planned, retried = int(said.group(1)), int(said.group(2))
+    assert planned == ASKED
+    assert 0 < retried < planned
+    models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+    assert models["data"][0]["max_model_len"] == retried
+    body = {"model": models["data"][0]["id"], "prompt": "def f():", "max_tokens": 4}
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ import pytest
 
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner import memfit
-from tests.launcher.oracle_families import FAMILIES, build
+from tests.launcher.oracle_families import FAMILIES
 from tests.launcher.paths import REPO
+from tests.support import early
 
 TOLERANCE = 0.02
 KV_BYTES = 4 * 1024**2  # small enough that KV, not the model, limits the context
@@ -38,44 +40,54 @@ CANNOT_LOAD: dict[str, tuple[str, str]] = {}
 pytestmark = pytest.mark.stack
 
 
-@pytest.fixture(scope="session")
-def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("oracle")
-    specs = []
-    for name, cfg in FAMILIES.items():
-        path = build(name, cfg, root / name)
-        m = load_model_spec(str(path))
-        specs.append(
-            {
-                "name": name,
-                "path": str(path),
-                "max_model_len": memfit.cpu_context(m, KV_BYTES, BATCHED),
-                "kv_bytes": KV_BYTES,
-                "batched_tokens": BATCHED,
-                "max_num_seqs": MAX_SEQS,
-            }
-        )
-    (root / "spec.json").write_text(json.dumps(specs))
+def begin_oracle(root: Path) -> dict[str, Any]:
+    """Build every family, then load each in vLLM (tests/launcher/oracle_probe.py); both in
+    processes of their own, begun in the background at collection."""
+    built = subprocess.run(
+        [sys.executable, "-m", "tests.launcher.oracle_families", str(root), str(KV_BYTES),
+         str(BATCHED), str(MAX_SEQS)],
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False, env=early.environ(),
+    )
+    assert built.returncode == 0, f"building the families failed: {built.stderr[-2000:]}"
+    specs = json.loads((root / "spec.json").read_text())
     result = root / "result.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tests/launcher/oracle_probe.py"),
-            str(result),
-            str(root / "spec.json"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    assert result.is_file(), (
-        f"the probe wrote nothing (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    )
+    # files, not pipes: nobody reads a pipe while this waits
+    with (root / "probe.err").open("wb") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "tests/launcher/oracle_probe.py"),
+                str(result),
+                str(root / "spec.json"),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=early.environ(),
+        )
+    deadline = time.monotonic() + 1500
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the probe ran past 1500 s"
+            early.pause(1.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = (root / "probe.err").read_text(errors="replace")
+    assert result.is_file(), f"the probe wrote nothing (exit {proc.returncode}): {stderr[-2000:]}"
     data: dict[str, Any] = json.loads(result.read_text())
     data["_specs"] = {s["name"]: s for s in specs}
     data["_root"] = str(root)
+    return data
+
+
+early.register(__file__, "oracle", begin_oracle, lambda _: None, holds=False)
+
+
+@pytest.fixture(scope="session")
+def oracle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    data: dict[str, Any] = early.take(__file__, "oracle", tmp_path_factory)
     return data
 
 

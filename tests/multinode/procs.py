@@ -4,8 +4,10 @@ process table read from /proc (never our own logs)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,13 +32,27 @@ cpu_build_only = pytest.mark.skipif(
     reason="the CPU build of vLLM's behaviour; on GPUs vLLM places the stages on Ray instead")
 
 
-def serve(tmp: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+def free_master_port() -> int:
+    """A free port whose next one is free too: the node link listens on the master port + 1
+    (with engines of other tests alive, a free port's neighbour is often taken)."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def serve(tmp: Path, *args: str, env: Mapping[str, str] | None = None
+          ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     argv = [sys.executable, "-m", "launcher", "serve", "--port", str(port), "--log-dir",
             str(tmp / "logs"), "--max-model-len", MAX_MODEL_LEN, "--grace", "10",
             "--ready-timeout", "600", *args]
     with (tmp / "launcher.out").open("wb") as out, (tmp / "launcher.err").open("wb") as err:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=err)
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=err, env=env)
     return proc, port
 
 

@@ -22,7 +22,7 @@ import pytest
 from launcher.engine.nodesecret import SECRET_ENV
 from launcher.engine.supervise import free_port, http_ok
 from tests.conftest import REPO
-from tests.multinode.procs import Proc, descendants, still_alive
+from tests.multinode.procs import Proc, descendants, free_master_port, still_alive
 
 STANDIN = REPO / "tests" / "serve" / "standin_engine.py"
 WITHIN_S = 30.0  # generous for a loaded machine; the figures are printed as measured
@@ -69,7 +69,7 @@ class Pair:
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
-    master = free_port()
+    master = free_master_port()
     port = free_port()
     head = launch(tmp_path, "head", master, "--node-rank", "0", "--port", str(port))
     node = launch(tmp_path, "node", master, "--node-rank", "1")
@@ -152,7 +152,7 @@ def test_sigterm_on_the_head_stops_the_other_node_and_leaves_nothing(pair: Pair)
 
 
 def test_a_node_that_cannot_reach_the_head_says_where_it_looked(tmp_path: Path) -> None:
-    master = free_port()  # no head there
+    master = free_master_port()  # no head there, nothing on the next port either
     node = launch(tmp_path, "node", master, "--node-rank", "1", "--join-timeout", "3")
     assert node.proc.wait(timeout=60) == 4
     last = node.output().strip().splitlines()[-1]

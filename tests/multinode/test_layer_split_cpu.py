@@ -18,31 +18,51 @@ import pytest
 from launcher.engine.supervise import group_alive, http_ok
 from tests.conftest import REPO
 from tests.multinode.procs import descendants, serve, still_alive
+from tests.support import early
+
+PP2 = tuple[subprocess.Popen[bytes], str, Path]
+
+
+def begin_pp2(tmp: Path) -> PP2:
+    """`launcher serve --pp 2` on the CPU engine, once it answers /ready."""
+    proc, port = serve(tmp, "--pp", "2", env=early.environ())
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    try:
+        while not http_ok(f"{url}/ready"):
+            assert proc.poll() is None, (tmp / "launcher.out").read_text() + (
+                tmp / "launcher.err").read_text()
+            assert time.monotonic() < deadline, "launcher serve --pp 2 did not become ready"
+            early.pause(1.0)
+    except BaseException:
+        end_pp2((proc, url, tmp))
+        raise
+    return proc, url, tmp
+
+
+def end_pp2(pp2: PP2) -> None:
+    proc = pp2[0]
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+# started in the background at collection (its tests run after the pure ones)
+early.register(__file__, "pp2", begin_pp2, end_pp2)
 
 
 @pytest.fixture(scope="module")
-def pp2(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+def pp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PP2]:
     """`launcher serve --pp 2` on the CPU engine: started once for the tests below."""
-    tmp = tmp_path_factory.mktemp("pp2")
-    proc, port = serve(tmp, "--pp", "2")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while not http_ok(f"{url}/ready"):
-        assert proc.poll() is None, (tmp / "launcher.out").read_text() + (
-            tmp / "launcher.err").read_text()
-        assert time.monotonic() < deadline, "launcher serve --pp 2 did not become ready"
-        time.sleep(1.0)
+    started = early.take(__file__, "pp2", tmp_path_factory)
     try:
-        yield proc, url, tmp
+        yield started
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        end_pp2(started)
 
 
 def test_pp2_runs_two_layer_stages_as_workers_behind_the_proxy(
-    pp2: tuple[subprocess.Popen[bytes], str, Path],
+    pp2: PP2,
 ) -> None:
     proc, url, _ = pp2
     models = httpx.get(f"{url}/v1/models", timeout=10).json()
@@ -54,7 +74,7 @@ def test_pp2_runs_two_layer_stages_as_workers_behind_the_proxy(
 
 
 def test_pp2_streams_a_completion_with_exact_token_counts(
-    pp2: tuple[subprocess.Popen[bytes], str, Path],
+    pp2: PP2,
 ) -> None:
     _, url, _ = pp2
     body = {"model": "toposerve-tiny", "prompt": list(range(10, 42)), "max_tokens": 24,
@@ -90,7 +110,7 @@ def test_pp2_loadgen_gets_exact_token_counts(
 
 
 def test_pp2_sigterm_stops_the_proxy_and_both_stages(
-    pp2: tuple[subprocess.Popen[bytes], str, Path],
+    pp2: PP2,
 ) -> None:
     proc, url, tmp = pp2
     tree = descendants(proc.pid)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,15 @@ import pytest
 
 from launcher.engine.supervise import free_port, group_alive, http_ok
 from tests.conftest import REPO
-from tests.multinode.procs import MAX_MODEL_LEN, Proc, cpu_build_only, descendants, still_alive
+from tests.multinode.procs import (
+    MAX_MODEL_LEN,
+    Proc,
+    cpu_build_only,
+    descendants,
+    free_master_port,
+    still_alive,
+)
+from tests.support import early
 
 LAUNCHER = Path(sys.executable).with_name("launcher")
 SERVED = "toposerve-tiny"
@@ -55,19 +62,21 @@ class Group:
     printed: list[list[str]]  # what `launcher plan` printed for each node
 
 
-def planned_lines(tiny_model_path: str, master_port: int) -> list[list[str]]:
+def planned_lines(tiny_model_path: str, master_port: int, env: dict[str, str]
+                  ) -> list[list[str]]:
     done = subprocess.run(
         [str(LAUNCHER), "plan", "--model", tiny_model_path, "--served-model-name", SERVED,
          "--max-model-len", MAX_MODEL_LEN, "--nodes", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(master_port), "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr
     nodes = json.loads(done.stdout)["node_commands"]
     assert [n["node_rank"] for n in nodes] == [0, 1]
     return [n["serve"] for n in nodes]
 
 
-def start_node(rank: int, words: list[str], tmp: Path, proxy_port: int) -> Node:
+def start_node(rank: int, words: list[str], tmp: Path, proxy_port: int, env: dict[str, str]
+               ) -> Node:
     assert words[:2] == ["launcher", "serve"], words
     # this run's own port, logs, drain and start-up bound: options `launcher serve` has and
     # `launcher plan` has not
@@ -78,50 +87,65 @@ def start_node(rank: int, words: list[str], tmp: Path, proxy_port: int) -> Node:
     argv = ["taskset", "-c", str(rank), str(LAUNCHER), *words[1:], *own]
     out = tmp / f"node{rank}.out"
     with out.open("wb") as sink:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env)
     return Node(rank, argv, proc, out)
 
 
-@pytest.fixture(scope="module")
-def group(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    tmp = tmp_path_factory.mktemp("two-nodes")
-    master = free_port()
-    while not _free(master + 1):  # the node link takes the next port
-        master = free_port()
-    printed = planned_lines(tiny_model_path, master)
+def begin_group(tmp: Path) -> Group:
+    """Both nodes started as `launcher plan` printed them, once the head's proxy is ready."""
+    from launcher.model.tinymodel import ensure_tiny_model
+
+    master = free_master_port()
+    env = early.environ()
+    printed = planned_lines(str(ensure_tiny_model(env)), master, env)
     port = free_port()
-    head = start_node(0, printed[0], tmp, port)
-    # the head writes the group's secret (it has none); node 1 is given that file, as a user
-    # copies it to the other machine
-    started = time.monotonic()
-    while not (tmp / "node-secret").exists():
-        assert head.proc.poll() is None, head.output()
-        assert time.monotonic() - started < 120, head.output()
-        time.sleep(0.2)
-    other = start_node(1, printed[1], tmp, port)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
+    head = start_node(0, printed[0], tmp, port, env)
+    nodes = [head]
     try:
+        # the head writes the group's secret (it has none); node 1 is given that file, as a
+        # user copies it to the other machine
+        started = time.monotonic()
+        while not (tmp / "node-secret").exists():
+            assert head.proc.poll() is None, head.output()
+            assert time.monotonic() - started < 120, head.output()
+            early.pause(0.2)
+        other = start_node(1, printed[1], tmp, port, env)
+        nodes.append(other)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not http_ok(f"{url}/ready"):
             for node in (head, other):
                 assert node.proc.poll() is None, f"node {node.rank} exited:\n{node.output()}"
             assert time.monotonic() < deadline, head.output() + other.output()
-            time.sleep(1.0)
-        yield Group(head, other, url, printed)
+            early.pause(1.0)
+    except BaseException:
+        _kill(nodes)
+        raise
+    return Group(head, other, url, printed)
+
+
+def _kill(nodes: list[Node]) -> None:
+    for node in nodes:
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+
+
+def end_group(group: Group) -> None:
+    _kill([group.head, group.other])
+
+
+# started in the background at collection (its tests run after the pure ones)
+early.register(__file__, "group", begin_group, end_group)
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    started = early.take(__file__, "group", tmp_path_factory)
+    try:
+        yield started
     finally:
-        for node in (head, other):
-            if node.proc.poll() is None:
-                node.proc.kill()
-                node.proc.wait()
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        end_group(started)
 
 
 def stage_of(procs: list[Proc]) -> list[str]:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from launcher.cli.cmd_tune import TABLE_WIDTH, comparison, table_notes
 from launcher.errors import LauncherError
 from launcher.tune.loop import CandidateSpec, Measured, Round, Slo, choose, judge, parse_candidate
 from tests.conftest import REPO, free_port
+from tests.support import early
 
 
 @pytest.mark.parametrize(
@@ -70,9 +75,59 @@ def test_the_table_shows_each_candidates_interval_slo_and_why_one_was_excluded()
     ]
 
 
+@dataclass(frozen=True)
+class Tuned:
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Path  # the plan tune wrote
+    results: Path  # its --results-dir
+
+
+def begin_tune(tmp_path: Path) -> Tuned:
+    """The whole `launcher tune` run of the test below, to its end (it leaves nothing running)."""
+    out = tmp_path / "plan.json"
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "launcher", "tune", "--port", str(free_port()),
+            "--prompt", "64", "--gen", "16", "--concurrency", "2", "--requests", "4",
+            "--repeats", "2", "--warmup", "1", "--reruns", "0",
+            "--slo-ttft-ms", "60000", "--slo-tpot-ms", "10000", "--out", str(out),
+            "--log-dir", str(tmp_path / "logs"), "--results-dir", str(results),
+            "--", "--enforce-eager"]
+    # files, not pipes: nobody reads a pipe while this waits
+    with (tmp_path / "tune.out").open("wb") as so, (tmp_path / "tune.err").open("wb") as se:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=so, stderr=se, start_new_session=True,
+                                env=early.environ())
+    deadline = time.monotonic() + 1500
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "launcher tune ran past 1500 s"
+            early.pause(1.0)
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)  # tune stops the engine it started
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    return Tuned(proc.returncode, (tmp_path / "tune.out").read_text(errors="replace"),
+                 (tmp_path / "tune.err").read_text(errors="replace"), out, results)
+
+
+# begun in the background at collection (the test runs after the pure ones)
+early.register(__file__, "tune_run", begin_tune, lambda _: None, holds=False)
+
+
+@pytest.fixture
+def tune_run(tmp_path_factory: pytest.TempPathFactory) -> Tuned:
+    result: Tuned = early.take(__file__, "tune_run", tmp_path_factory)
+    return result
+
+
 @pytest.mark.stack
 def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_plan(
-    tmp_path: Path, tiny_model_path: str
+    tune_run: Tuned,
 ) -> None:
     """The whole `launcher tune` on vLLM CPU: the two CPU candidates, two measured rounds each
     after a warm-up, judged against a TTFT/TPOT SLO the tiny model meets. --reruns 0: the two
@@ -81,16 +136,7 @@ def test_tune_measures_rounds_with_intervals_meets_an_slo_and_writes_a_servable_
     is test_tune_rerun.py's, on cue. Every candidate gets `-- --enforce-eager` (flags after --
     go to every candidate): without it each start traces the model with torch.compile again
     (vLLM 0.32's CPU engine fails to load its own AOT cache), 25 to 50 s more each."""
-    out = tmp_path / "plan.json"
-    results = tmp_path / "results"
-    res = subprocess.run(
-        [sys.executable, "-m", "launcher", "tune", "--port", str(free_port()),
-         "--prompt", "64", "--gen", "16", "--concurrency", "2", "--requests", "4",
-         "--repeats", "2", "--warmup", "1", "--reruns", "0",
-         "--slo-ttft-ms", "60000", "--slo-tpot-ms", "10000", "--out", str(out),
-         "--log-dir", str(tmp_path / "logs"), "--results-dir", str(results),
-         "--", "--enforce-eager"],
-        cwd=REPO, capture_output=True, text=True, timeout=1500)
+    res, out, results = tune_run, tune_run.out, tune_run.results
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
     tuned = data["tuned"]
