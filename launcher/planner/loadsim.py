@@ -33,18 +33,23 @@ from launcher.planner.schedsim import (
     SchedulerLimits,
     SimError,
     StepBatch,
-    Turn,
+    Workload,
     percentiles,
-    simulate_sessions,
+    simulate,
 )
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
+
+# loadgen's default run at a concurrency: 4 requests per stream (loadgen/cli.py --requests);
+# its warm-up before them is not simulated (a warm engine is what a plan describes)
+LOADGEN_REQUESTS_PER_STREAM = 4
 
 
 @dataclass(frozen=True)
 class SimulatedPrediction(Prediction):
     """The cost model's figures with the load the scheduler simulation gives at
-    ``load_concurrency`` streams (``load_requests`` requests sent at once)."""
+    ``load_concurrency`` streams (``load_requests`` requests in all, each stream sending its
+    next when its last ends)."""
 
     ttft_p50_s: float
     ttft_p90_s: float
@@ -93,7 +98,11 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> Sc
     as many such requests as the fit does (:func:`memfit.scheduler_blocks`)."""
     blocks = memfit.scheduler_blocks(m, f.kv_blocks, tokens, f.limits.batched_tokens,
                                      f.kv_dtype_bytes)
-    return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, blocks, BLOCK_TOKENS)
+    # a GPU replica without pipeline stages (the only one simulated here; CPU plans are made
+    # elsewhere): vLLM turns async scheduling on by default there (vllm/config/vllm.py
+    # ``VllmConfig.__post_init__``; off with PP on the V1 runner and on the CPU engine)
+    return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, blocks, BLOCK_TOKENS,
+                           async_scheduling=True)
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
@@ -112,15 +121,17 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
     per_replica = max(1, -(-concurrency // lay.dp))
     try:
         lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
-        # the streams' requests sent at one moment (sessions of one turn: no prefix shared),
-        # the steps in which the same decoders only advance taken together
+        # loadgen's closed loop as it measures by default: the streams' requests sent at one
+        # moment, each stream sending its next one when its last ends, LOADGEN_REQUESTS_PER_STREAM
+        # in all (no prefix shared); the later ones reach an engine that is decoding
         timer = RooflineStep(m, lay) if table is None else _table_step(table, lay)
-        wave = simulate_sessions(lim, timer, [Turn(prompt, gen)], per_replica,
-                                 request_overhead_s=lay.host.request_fixed_s,
-                                 overhead_s_per_prompt_token=lay.host.prompt_token_s)
+        requests = simulate(
+            lim, timer, Workload(prompt, gen, concurrency=per_replica,
+                                 requests=LOADGEN_REQUESTS_PER_STREAM * per_replica),
+            request_overhead_s=lay.host.request_fixed_s + prompt * lay.host.prompt_token_s,
+        ).requests
     except SimError as e:
         return pred, (f"load at the requested concurrency: not simulated ({e})", *host)
-    (requests,) = wave.turns
     busy = min(lay.dp, -(-concurrency // per_replica))
     ttft = percentiles([r.ttft_s for r in requests])
     tpot = percentiles([r.tpot_s for r in requests])
@@ -128,12 +139,13 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
     out = SimulatedPrediction(
         **{k: getattr(pred, k) for k in Prediction.__dataclass_fields__},
         ttft_p50_s=ttft.p50, ttft_p90_s=ttft.p90, tpot_p50_s=tpot.p50,
-        load_concurrency=concurrency, load_requests=busy * per_replica,
-        sim_throughput_tok_s=busy * per_replica * gen / span)
+        load_concurrency=concurrency, load_requests=busy * len(requests),
+        sim_throughput_tok_s=busy * len(requests) * gen / span)
     replicas = f" on each of {busy} replicas" if busy > 1 else ""
     source = "the roofline's terms" if table is None else "the measured kernel table"
     return out, (
-        f"under load ({per_replica} request(s) of {prompt}→{gen} sent at once{replicas}), "
+        f"under load ({per_replica} stream(s) of {prompt}→{gen}{replicas}, each sending "
+        f"{LOADGEN_REQUESTS_PER_STREAM} requests back to back as loadgen does), "
         f"from the simulated vLLM scheduler (budget {lim.max_num_batched_tokens} batched "
         f"tokens, chunked prefill, max_num_seqs {lim.max_num_seqs}, the fit's KV blocks; each "
         f"step timed by {source}): TTFT p50 {_ms(ttft.p50)}, p90 {_ms(ttft.p90)}; "

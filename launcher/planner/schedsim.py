@@ -63,6 +63,9 @@ class SchedulerLimits:
     prefix_caching: bool = True
     # vLLM's long_prefill_token_threshold: a prompt chunk never takes more (0: no cap)
     long_prefill_token_threshold: int = 0
+    # vLLM's async scheduling (on by default on a GPU without pipeline stages, forced off on the
+    # CPU engine): a step is chosen while the one before it runs (see :func:`_admission_cut`)
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if min(self.max_num_batched_tokens, self.max_num_seqs, self.kv_blocks,
@@ -575,6 +578,21 @@ def _step(eng: _Engine, timer: StepTimer, now: float, shared: int) -> _Step | No
     return _Step(end, batch, chosen, ran, _advance(eng, chosen, end, shared))
 
 
+def _admission_cut(lim: SchedulerLimits, now: float, last_start: float | None) -> float:
+    """The latest arrival the step starting at ``now`` can hold.
+
+    Without async scheduling the engine core schedules a step when the one before it has ended,
+    taking every request that has arrived. With it, the engine core keeps two steps in flight
+    (vllm/v1/engine/core.py ``EngineCore.step_with_batch_queue``, a batch queue of 2): it
+    schedules and launches the next step, then blocks on the output of the one running, so the
+    step that starts when step k ends was chosen as step k was launched, when step k began
+    (``last_start``), and a request arriving while step k runs waits for step k + 1 to end. An
+    idle engine (``last_start`` None) schedules at once what has arrived."""
+    if not lim.async_scheduling or last_start is None:
+        return now
+    return last_start
+
+
 def simulate(
     lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0
 ) -> SimResult:
@@ -591,17 +609,21 @@ def simulate(
     to_send = work.total - first_wave
     done: list[RequestTiming] = []
     now, steps, most = 0.0, 0, 0
+    last_start: float | None = None  # when the step before the next one began (None: idle)
 
     while len(done) < work.total:
-        while pending and pending[0] + request_overhead_s <= now:
+        cut = _admission_cut(lim, now, last_start)
+        while pending and pending[0] + request_overhead_s <= cut:
             eng.waiting.append(_Req(pending.popleft(), work.prompt, work.gen, work.prompt))
         if not eng.running and not eng.waiting:
-            now = pending[0] + request_overhead_s  # idle until the next request arrives
+            # idle until the next request arrives
+            now, last_start = max(now, pending[0] + request_overhead_s), None
             continue
+        before, running = eng.preemptions, len(eng.running)
         step = _step(eng, timer, now, work.shared_prefix)
         if step is None:
             raise SimError("the scheduler could not place any request (KV cache too small)")
-        now = step.now
+        last_start, now = now, step.now
         steps += 1
         most = max(most, len(step.ran))
         for r in step.finished:
@@ -609,6 +631,13 @@ def simulate(
             if closed and to_send:
                 pending.append(now)
                 to_send -= 1
+        if (eng.preemptions == before and len(step.ran) == running
+                and step.batch.decode_seqs == len(eng.running) == len(step.chosen)):
+            # every running request only decoded and nobody was admitted: so do the next steps
+            # until one finishes or the next request arrives
+            until = pending[0] + request_overhead_s if pending else math.inf
+            now, last_start, fast = _fast_decode(eng, timer, now, until, last_start)
+            steps += fast
     return SimResult(tuple(done), steps, eng.preemptions, most,
                      max(r.finished_s for r in done) - min(r.sent_s for r in done))
 
@@ -616,24 +645,27 @@ def simulate(
 # ---------------------------------------------------------------------------------- sessions
 
 
-def _fast_decode(eng: _Engine, timer: StepTimer, now: float, until: float = math.inf) -> float:
+def _fast_decode(eng: _Engine, timer: StepTimer, now: float, until: float,
+                 last_start: float | None) -> tuple[float, float | None, int]:
     """Steps in which nothing but the same decoders can run, taken at once: after a step that
     admitted nobody and only decoded every running request, the next ones do the same until a
     request finishes (blocks are freed), a copy from host memory arrives, a new request arrives
     (at ``until``), or a decoder would need a block that is not free (a preemption). Returns
-    the time after them."""
+    the time after them, when the last of them began (``last_start`` if none ran) and how many
+    ran."""
     left = min(r.gen - r.outputs for r in eng.running) - 1  # the last one goes step by step
     if left < 1:
-        return now
+        return now, last_start, 0
     bs = eng.lim.block_size
     need = sum(max(0, -(-(r.computed + left) // bs) - r.blocks) for r in eng.running)
     if need > eng.pool.free:
-        return now
+        return now, last_start, 0
     arrives = min(min((r.ready for r in eng.loading), default=math.inf), until)
     n = len(eng.running)
     context = sum(r.computed for r in eng.running)
     steps = 0
     while steps < left and now < arrives:
+        last_start = now
         now += timer.step_s(StepBatch(0, 0.0, n, context + n * (steps + 1), n))
         steps += 1
     for r in eng.running:
@@ -641,7 +673,7 @@ def _fast_decode(eng: _Engine, timer: StepTimer, now: float, until: float = math
         r.num_tokens += steps
         r.outputs += steps
         eng.allocate(r, 0)
-    return now
+    return now, last_start, steps
 
 
 @dataclass(frozen=True)
@@ -736,8 +768,10 @@ def simulate_sessions(
     done: list[list[_Req]] = [[] for _ in turns]
     finished = 0
     now, steps = 0.0, 0
+    last_start: float | None = None  # when the step before the next one began (None: idle)
     while finished < sessions * len(turns):
-        while pending and pending[0][0] <= now:
+        cut = _admission_cut(lim, now, last_start)
+        while pending and pending[0][0] <= cut:
             _, sent, i, k = heapq.heappop(pending)
             r = _Req(sent, turns[k].prompt, turns[k].gen, turns[k].prompt, session=i)
             turn_of[id(r)] = k
@@ -748,6 +782,7 @@ def simulate_sessions(
         if not eng.waiting and not eng.running:
             # idle until a copy from host memory or the next request arrives
             now = max(now, min(min((r.ready for r in eng.loading), default=math.inf), arrival))
+            last_start = None
             if math.isinf(now):
                 raise SimError("no session has a request left to send")  # never: a bug here
             continue
@@ -758,12 +793,12 @@ def simulate_sessions(
         step = _step(eng, timer, now, 0)
         if step is None:
             if eng.loading:  # nothing to compute until a copy arrives
-                now = max(now, min(r.ready for r in eng.loading))
+                now, last_start = max(now, min(r.ready for r in eng.loading)), None
                 continue
             raise SimError("the scheduler could not place any request (KV cache too small)")
         admitted = eng.preemptions == before and all(
             id(r) in step.chosen for r in step.ran) and len(step.ran) == running
-        now = step.now
+        last_start, now = now, step.now
         for r in step.finished:
             k = turn_of.pop(id(r))
             done[k].append(r)
@@ -778,7 +813,7 @@ def simulate_sessions(
                     send(now, i, k + 1)
         if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
             until = pending[0][0] if pending else math.inf
-            now = _fast_decode(eng, timer, now, until)
+            now, last_start, _ = _fast_decode(eng, timer, now, until, last_start)
     out = tuple(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
                       for r in sorted(rs, key=lambda r: r.session or 0)) for rs in done)
     return SessionsResult(out, eng.preemptions, eng.copied_blocks)

@@ -70,6 +70,16 @@ def test_thirty_two_streams_wait_longer_for_a_first_token_than_one() -> None:
     assert 1 / one.tpot_p50_s == pytest.approx(one.decode_tok_s, rel=0.05)
 
 
+def test_the_load_is_loadgens_closed_loop_of_four_requests_a_stream() -> None:
+    # a stream's next request is sent when its last ends (the later ones reach an engine still
+    # decoding), four a stream as loadgen measures by default; the plan says so
+    p = one_gpu_plan("qwen2.5-7b-shape", prompt=512, gen=256, concurrency=32)
+    got = loaded(p)
+    assert got.load_requests == 4 * 32
+    assert got.sim_throughput_tok_s == pytest.approx(got.throughput_tok_s, rel=0.25)
+    assert any("4 requests back to back" in r for r in p.reasons)
+
+
 def test_a_step_is_timed_by_the_roofline_terms() -> None:
     m = spec("qwen2.5-7b-shape")
     cand, lay = best_candidate(m, Policy(force_tp=1, force_pp=1, force_dp=1),
@@ -102,7 +112,7 @@ def test_a_plan_file_keeps_the_load_figures() -> None:
     back = plan_from_json(json.loads(json.dumps(d)))
     got = loaded(back)
     assert got.ttft_p50_s == pytest.approx(loaded(p).ttft_p50_s, abs=1e-4)
-    assert got.load_requests == 4
+    assert got.load_requests == 16  # 4 streams, 4 requests each, as loadgen sends by default
     # a plan file of an earlier release, without them, reads as before
     for k in ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "load_concurrency", "load_requests",
               "sim_throughput_tok_s"):
