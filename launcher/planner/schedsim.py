@@ -610,11 +610,19 @@ def simulate(
     done: list[RequestTiming] = []
     now, steps, most = 0.0, 0, 0
     last_start: float | None = None  # when the step before the next one began (None: idle)
+    sent = 0
 
     while len(done) < work.total:
         cut = _admission_cut(lim, now, last_start)
         while pending and pending[0] + request_overhead_s <= cut:
-            eng.waiting.append(_Req(pending.popleft(), work.prompt, work.gen, work.prompt))
+            # without a shared prefix each request is a session of its own: preempted, it finds
+            # its blocks again where no other request took them (vLLM's recompute preemption
+            # frees them into the prefix cache), as simulate_sessions' requests do; nobody
+            # else's prompt matches it
+            own = None if work.shared_prefix else sent
+            eng.waiting.append(_Req(pending.popleft(), work.prompt, work.gen, work.prompt,
+                                    session=own))
+            sent += 1
         if not eng.running and not eng.waiting:
             # idle until the next request arrives
             now, last_start = max(now, pending[0] + request_overhead_s), None

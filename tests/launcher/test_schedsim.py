@@ -290,3 +290,15 @@ def test_async_scheduling_leaves_a_burst_on_an_idle_engine_as_it_was() -> None:
         sync = simulate(BIG, Recorder(0.0, 1e-6), work).requests
         late = simulate(ASYNC, Recorder(0.0, 1e-6), work).requests
         assert [r.ttft_s for r in late] == pytest.approx([r.ttft_s for r in sync])
+
+
+@pytest.mark.parametrize("blocks", [600, 1000, 3000])
+def test_a_burst_preempted_in_a_tight_cache_runs_alike_in_both_loops(blocks: int) -> None:
+    # a preempted request finds its own blocks again in either loop (vLLM's prefix cache keeps
+    # them until another request takes them), so the two loops give one timeline
+    lim = SchedulerLimits(2048, 256, blocks)
+    plain = simulate(lim, Recorder(0.01, 1e-5), Workload(4000, 50, concurrency=32))
+    sess = simulate_sessions(lim, Recorder(0.01, 1e-5), [Turn(4000, 50)], 32)
+    assert plain.preemptions == sess.preemptions
+    assert sorted(r.ttft_s for r in plain.requests) == pytest.approx(
+        sorted(t.ttft_s for t in sess.turns[0]))
