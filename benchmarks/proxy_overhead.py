@@ -133,8 +133,11 @@ def proxy_process(upstream: str, port: int,
                   command: str | None = None) -> Iterator[tuple[str, int]]:
     """Run ``python -m server`` (or ``command``, with {upstream} and {port} filled in) in front
     of ``upstream``; yields its URL and pid."""
+    # The simulated engine keeps idle connections open, as nginx's upstream pool (60 s) and
+    # vllm-router's client reuse them: the proxy is told so, else it would open every engine
+    # connection again in each burst (its default is vLLM's 5 s; docs/benchmarks-proxy.md).
     argv = [sys.executable, "-m", "server", "--upstream", upstream, "--port", str(port),
-            "--log-level", "warning"]
+            "--log-level", "warning", "--upstream-keep-alive", "60"]
     if command:
         argv = shlex.split(command.format(upstream=upstream, port=port))
     with _running(argv, f"http://127.0.0.1:{port}", "/ready", "the proxy") as running:

@@ -42,6 +42,10 @@ class ProxyConfig:
     upstream_api_key: str | None = None
     plan_info: Mapping[str, str] = field(default_factory=dict)
     connect_timeout_s: float = 5.0
+    # How long the engines keep an idle keep-alive connection open (vLLM: 5 s, its
+    # VLLM_HTTP_TIMEOUT_KEEP_ALIVE): a pooled connection is reused for 1 s less than this, and
+    # opened anew after (server.upstream.reuse_window).
+    upstream_keep_alive_s: float = 5.0
     first_byte_timeout_s: float = 600.0
     idle_timeout_s: float = 120.0
     body_timeout_s: float = 30.0
@@ -165,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require the API key on /metrics and /ready too (default: open)")
     p.add_argument("--plan-info", metavar="JSON", help="plan labels for toposerve_plan_info")
     p.add_argument("--connect-timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("--upstream-keep-alive", type=float, default=5.0, metavar="S",
+                   help="how long the engines keep an idle connection open (vLLM's "
+                        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5): pooled connections are "
+                        "reused for 1 s less than this")
     p.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--idle-timeout", type=float, default=120.0, metavar="S",
                    help="longest silence of the engine inside a stream")
@@ -295,9 +303,9 @@ def engine_root(url: str) -> str:
 
 
 # Seconds that must be finite and above 0, and counts that must be at least 1 (or 0).
-_SECONDS = ("connect_timeout", "first_byte_timeout", "idle_timeout", "body_timeout",
-            "header_timeout", "client_stall_timeout", "gpu_interval", "queue_timeout",
-            "health_interval")
+_SECONDS = ("connect_timeout", "upstream_keep_alive", "first_byte_timeout", "idle_timeout",
+            "body_timeout", "header_timeout", "client_stall_timeout", "gpu_interval",
+            "queue_timeout", "health_interval")
 _AT_LEAST_ONE = ("max_body_bytes", "max_header_line_bytes", "max_header_bytes", "max_messages",
                  "max_json_fields", "max_response_bytes", "max_in_flight", "workers")
 _AT_LEAST_ZERO = ("max_queue", "affinity_slack")
@@ -361,6 +369,7 @@ def config_from_args(argv: Sequence[str] | None = None,
         protect_metrics=a.protect_metrics,
         upstream_api_key=upstream_key(a.upstream_api_key, env),
         plan_info=parse_plan_info(a.plan_info), connect_timeout_s=a.connect_timeout,
+        upstream_keep_alive_s=a.upstream_keep_alive,
         first_byte_timeout_s=a.first_byte_timeout, idle_timeout_s=a.idle_timeout,
         body_timeout_s=a.body_timeout, header_timeout_s=a.header_timeout,
         max_body_bytes=a.max_body_bytes, max_header_line_bytes=a.max_header_line_bytes,

@@ -59,6 +59,7 @@ from server.upstream import (
     Connector,
     Pool,
     Response,
+    reuse_window,
     tcp_connect,
 )
 
@@ -176,7 +177,8 @@ class Relay:
         self.router = router
         self.metrics = metrics
         self.admission = admission
-        self.pools = {url: Pool(url, cfg.connect_timeout_s, cfg.upstream_api_key, connect)
+        self.pools = {url: Pool(url, cfg.connect_timeout_s, cfg.upstream_api_key, connect,
+                                reuse_window(cfg.upstream_keep_alive_s))
                       for url in cfg.upstreams}
         self.engine_status = EngineStatus(cfg.engine_status_file)
 
