@@ -383,7 +383,7 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
                    tables: Sequence[KernelTable] = (),
                    limits: memfit.EngineLimits | None = None, max_steps: int = SIM_MAX_STEPS,
                    timer: StepTimer | None = None,
-                   request_overhead_s: float = hardware.REQUEST_OVERHEAD_S) -> SessionsResult:
+                   request_overhead_s: float | None = None) -> SessionsResult:
     """``sessions`` sessions sending ``turns`` as loadgen's agent workload sends them, through
     the simulation of one replica of ``r``'s scheduler: the one path of the agent plan's
     figures and of their checks against loadgen's runs. Each turn resends the previous answer
@@ -391,13 +391,12 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     begin with ``common_tokens`` shared by every session. ``timer``: the step's cost (default:
     the layout's, :func:`step_timer`; the CPU engine's: :class:`CpuStep`); ``offload``: a host
     tier holds every prefix, copied back over PCIe. A request's way in before its first step:
-    ``request_overhead_s`` (default the shipped host profile's ``request_fixed_s``,
-    hardware.REQUEST_OVERHEAD_S, 4.5 ms; the CPU engine's: ``CpuStep.way_in_s``) plus its
-    prompt's tokens at costmodel.PROMPT_TOKEN_HOST_S (the shipped profile's ``prompt_token_s``,
-    1.09 us), cached or not; both the shipped profile's even where the layout carries a host
-    timed by ``probe --measure`` (``Layout.host``, which :func:`turn_ttft_s` charges). A
-    SimError where a turn does not fit the KV cache or the simulation passes ``max_steps`` (0:
-    no limit)."""
+    ``request_overhead_s`` (default the layout's host profile's ``request_fixed_s``: the one
+    ``probe --measure`` timed on the serving host, else the shipped one, 4.5 ms; the CPU
+    engine's: ``CpuStep.way_in_s``) plus its prompt's tokens at the same profile's
+    ``prompt_token_s`` (shipped: 1.09 us), cached or not, as :func:`turn_ttft_s` charges them.
+    A SimError where a turn does not fit the KV cache or the simulation passes ``max_steps``
+    (0: no limit)."""
     lim_e = limits or r.limits or DEFAULT_LIMITS
     block = r.block
     # memfit's pool at the room's element size, counted in the simulation's blocks for the
@@ -415,10 +414,12 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
         assert r.lay is not None
         timer = step_timer(m, r.lay, tables)
     lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block)
+    host = r.lay.host if r.lay is not None else hardware.SERVER_HOST
     return simulate_sessions(
         lim, timer, turns, sessions, host_copy_s_per_block=per_block,
-        request_overhead_s=request_overhead_s, max_steps=max_steps, think_s=think_s,
-        overhead_s_per_prompt_token=costmodel.PROMPT_TOKEN_HOST_S,
+        request_overhead_s=host.request_fixed_s if request_overhead_s is None
+        else request_overhead_s, max_steps=max_steps, think_s=think_s,
+        overhead_s_per_prompt_token=host.prompt_token_s,
         common_tokens=common_tokens, answers_cached=False)
 
 

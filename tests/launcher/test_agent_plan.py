@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from launcher.cli.main import build_parser
 from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, load_model_spec
 from launcher.pipeline.run import plan_with_agent
+from launcher.planner import agent as agent_mod
 from launcher.planner import costmodel, memfit, whatif
 from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype
 from launcher.planner.plan import Plan, Policy
@@ -369,3 +371,21 @@ def test_plan_json_carries_the_agent_plan_and_the_command_its_flags(
     i = out["argv"].index("--kv-offloading-size")
     assert out["argv"][i:i + 4] == ["--kv-offloading-size", "71", "--kv-offloading-backend",
                                     "native"]
+
+
+
+def test_the_simulated_turns_pay_the_way_in_of_the_host_the_layout_was_planned_for() -> None:
+    """A host timed by `probe --measure` (Layout.host) is what the agent plan's scheduler
+    simulation charges a request on its way in, as the lone turn's TTFT does; not the shipped
+    profile's figures."""
+    m = load_model_spec(model("llama-3.1-8b"))
+    room = agent(PAIR, "llama-3.1-8b", 2, 8000)[1].room
+    assert room.lay is not None
+    host = room.lay.host
+    slow = replace(room, lay=replace(room.lay, host=replace(
+        host, request_s=host.request_s + 0.25, prompt_token_s=2 * host.prompt_token_s)))
+    first = agent_mod.agent_turns(AgentAsk(1, 8000, think_s=None))[:1]
+    ttft = [agent_mod.simulate_turns(m, r, first, 1, think_s=None, offload=False).turns[0][0]
+            .ttft_s for r in (room, slow)]
+    assert ttft[1] - ttft[0] == pytest.approx(0.25 + first[0].prompt * host.prompt_token_s,
+                                              rel=0.02)
