@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import statistics
 import time
@@ -42,7 +41,7 @@ from typing import Any
 import httpx
 
 from launcher.probe.attentionfit import DepthPair
-from launcher.probe.kernels import write_cache_json
+from launcher.probe.kernels import number_field, text_field, write_cache_json
 
 FORMAT = 4  # 1 was the offline engine's step, without the server's per-token work
 # 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
@@ -122,18 +121,11 @@ def to_json(rec: EngineStep) -> dict[str, Any]:
 
 
 def _num(raw: Any, what: str, hi: float) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise EngineStepError(f"{what} is not a number: {str(raw)[:40]!r}")
-    value = float(raw)
-    if not math.isfinite(value) or not 0 < value < hi:
-        raise EngineStepError(f"{what} is out of range: {value!r}")
-    return value
+    return number_field(raw, what, hi, EngineStepError)
 
 
 def _text(raw: Any, what: str) -> str:
-    if not isinstance(raw, str):
-        raise EngineStepError(f"{what} is not text")
-    return raw[:200]
+    return text_field(raw, what, EngineStepError)
 
 
 def from_json(raw: Any) -> EngineStep:

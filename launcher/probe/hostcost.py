@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.probe.kernels import write_cache_json
+from launcher.probe.kernels import number_field, text_field, write_cache_json
 
 FORMAT = 1
 # The prompt lengths the per-token line goes through (a short request's and the H200 timing's
@@ -82,18 +82,11 @@ def to_json(rec: HostTiming) -> dict[str, Any]:
 
 
 def _num(raw: Any, what: str, hi: float) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise HostCostError(f"{what} is not a number: {str(raw)[:40]!r}")
-    value = float(raw)
-    if not math.isfinite(value) or not 0 < value < hi:
-        raise HostCostError(f"{what} is out of range: {value!r}")
-    return value
+    return number_field(raw, what, hi, HostCostError)
 
 
 def _text(raw: Any, what: str) -> str:
-    if not isinstance(raw, str):
-        raise HostCostError(f"{what} is not text")
-    return raw[:200]
+    return text_field(raw, what, HostCostError)
 
 
 def from_json(raw: Any) -> HostTiming:

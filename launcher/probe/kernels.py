@@ -169,9 +169,7 @@ def _seconds(raw: Any, what: str) -> float:
 
 
 def _text(raw: Any, what: str) -> str:
-    if not isinstance(raw, str):
-        raise KernelTableError(f"{what} is not text")
-    return raw[:200]
+    return text_field(raw, what, KernelTableError)
 
 
 def _obj(raw: Any, what: str) -> Mapping[str, Any]:
@@ -242,6 +240,24 @@ def table_from_json(raw: Any) -> KernelTable:
 
 def cache_path(cache_dir: Path, key: TableKey) -> Path:
     return cache_dir / "kernels" / f"{key.digest()}.json"
+
+
+def number_field(raw: Any, what: str, hi: float, error: type[ValueError]) -> float:
+    """A saved record's positive finite number below ``hi``; ``error`` (one line) otherwise.
+    The engine-step and host-timing records read their fields with it."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise error(f"{what} is not a number: {str(raw)[:40]!r}")
+    value = float(raw)
+    if not math.isfinite(value) or not 0 < value < hi:
+        raise error(f"{what} is out of range: {value!r}")
+    return value
+
+
+def text_field(raw: Any, what: str, error: type[ValueError]) -> str:
+    """A saved record's text field, at most 200 characters; ``error`` when it is not text."""
+    if not isinstance(raw, str):
+        raise error(f"{what} is not text")
+    return raw[:200]
 
 
 def write_cache_json(path: Path, data: object) -> Path | None:
