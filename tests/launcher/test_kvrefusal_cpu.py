@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -94,16 +93,7 @@ def end_refused(refused: Refused) -> None:
 
 
 # Both starts are begun in the background at collection (this test runs after the pure ones).
-early.register(__file__, "refused", begin_refused, end_refused)
-
-
-@pytest.fixture
-def refused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Refused]:
-    started = early.take(__file__, "refused", tmp_path_factory)
-    try:
-        yield started
-    finally:
-        end_refused(started)
+refused = early.held(__file__, "refused", begin_refused, end_refused, scope="function")
 
 
 def test_vllm_cpu_refusal_is_restarted_at_its_own_length(refused: Refused) -> None:

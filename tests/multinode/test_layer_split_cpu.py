@@ -9,11 +9,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from launcher.engine.supervise import group_alive, http_ok
 from tests.conftest import REPO
@@ -47,18 +45,9 @@ def end_pp2(pp2: PP2) -> None:
         proc.wait()
 
 
-# started in the background at collection (its tests run after the pure ones)
-early.register(__file__, "pp2", begin_pp2, end_pp2)
-
-
-@pytest.fixture(scope="module")
-def pp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PP2]:
-    """`launcher serve --pp 2` on the CPU engine: started once for the tests below."""
-    started = early.take(__file__, "pp2", tmp_path_factory)
-    try:
-        yield started
-    finally:
-        end_pp2(started)
+# `launcher serve --pp 2` on the CPU engine, started once for the tests below: begun in the
+# background at collection (its tests run after the pure ones)
+pp2 = early.held(__file__, "pp2", begin_pp2, end_pp2)
 
 
 def test_pp2_runs_two_layer_stages_as_workers_behind_the_proxy(

@@ -16,12 +16,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 from launcher.engine.supervise import free_port, group_alive, http_ok
 from tests.conftest import REPO
@@ -136,16 +134,7 @@ def end_group(group: Group) -> None:
 
 
 # started in the background at collection (its tests run after the pure ones)
-early.register(__file__, "group", begin_group, end_group)
-
-
-@pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    started = early.take(__file__, "group", tmp_path_factory)
-    try:
-        yield started
-    finally:
-        end_group(started)
+group = early.held(__file__, "group", begin_group, end_group)
 
 
 def stage_of(procs: list[Proc]) -> list[str]:

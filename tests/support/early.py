@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -73,6 +73,26 @@ def environ() -> dict[str, str]:
 def register(module: str, fixture: str, begin: Callable[[Path], Any],
              end: Callable[[Any], None], *, holds: bool = True) -> None:
     _registry[(str(Path(module).resolve()), fixture)] = Start(begin, end, holds)
+
+
+def held(module: str, name: str, begin: Callable[[Path], Any], end: Callable[[Any], None],
+         *, scope: Literal["function", "module"] = "module") -> Any:
+    """Register a start that leaves an engine running for its tests, and the fixture ``name``
+    that takes it and ends it after them; the module binds it under that name::
+
+        pp2 = early.held(__file__, "pp2", begin_pp2, end_pp2)
+    """
+    register(module, name, begin, end)
+
+    @pytest.fixture(scope=scope, name=name)
+    def taken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        started = take(module, name, tmp_path_factory)
+        try:
+            yield started
+        finally:
+            end(started)
+
+    return taken
 
 
 def _skipped(item: pytest.Item) -> bool:
