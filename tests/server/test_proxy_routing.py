@@ -62,10 +62,10 @@ def test_concurrent_load_spreads_to_the_least_busy(spawn_proxy: SpawnProxy,
     p = spawn_proxy(list(sims), "--affinity-slack", "0")
     # long enough that all eight are in flight at once, even on a loaded machine
     for url in sims:
-        sim_control(url, ttft=2.0)
+        sim_control(url, ttft=5.0)
     threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
                                 kwargs={"json": {"prompt": f"distinct {i}", "max_tokens": 1},
-                                        "timeout": 10}) for i in range(8)]
+                                        "timeout": 30}) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:

@@ -156,10 +156,11 @@ def test_ten_megabyte_body_is_413(proxy: ProxyProc) -> None:
     assert httpx.get(proxy.url + "/health").status_code == 200
 
 
-def post_in_background(url: str, n: int) -> list[threading.Thread]:
+def post_in_background(url: str, n: int, timeout: float = 10) -> list[threading.Thread]:
     """``n`` one-token completions posted from threads, already started (join them)."""
     threads = [threading.Thread(target=httpx.post, args=(url + "/v1/completions",),
-                                kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
+                                kwargs={"json": {"prompt": "x", "max_tokens": 1},
+                                        "timeout": timeout})
                for _ in range(n)]
     for t in threads:
         t.start()
@@ -170,13 +171,17 @@ def test_too_many_in_flight_is_429_with_retry_after(spawn_proxy: SpawnProxy, sim
     # a queue timeout longer than the test: the queue stays full until the 429 is asked for
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "1",
                     "--queue-timeout", "30")
-    sim_control(sim_url, ttft=1.0)
-    threads = post_in_background(p.url, 2)
+    # The held request must outlast the metrics poll and the third post on a loaded machine
+    # (1 s did not, in CI: the queue had drained and the third request was served); once the
+    # 429 is seen the engine answers the queued one at once.
+    sim_control(sim_url, ttft=8.0)
+    threads = post_in_background(p.url, 2, timeout=30)
     assert wait_for(lambda: "toposerve_requests_queued 1.0" in httpx.get(p.url + "/metrics").text)
     r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     error = assert_openai_error(r, 429)
     assert error["type"] == "rate_limit_error"
     assert int(r.headers["retry-after"]) >= 1
+    sim_control(sim_url, ttft=0.0)
     for t in threads:
         t.join()
 
@@ -278,8 +283,9 @@ def test_environment_keys_are_read() -> None:
 
 def test_queued_requests_are_counted(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5")
-    sim_control(sim_url, ttft=3.0)  # the first holds its slot while the other two are counted
-    threads = post_in_background(p.url, 3)
+    # the first holds its slot while the other two are counted (long enough on a loaded machine)
+    sim_control(sim_url, ttft=8.0)
+    threads = post_in_background(p.url, 3, timeout=30)
     assert wait_for(lambda: "toposerve_requests_queued 2.0" in httpx.get(p.url + "/metrics").text)
     sim_control(sim_url, ttft=0.01)  # the queued two, once admitted, answer at once
     for t in threads:
