@@ -5,9 +5,23 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
+# STEP: predict | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
+#       | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
 #  predict  plans of every case below (or of $PREDICT_CASES) for each of its scenarios
 #           -> $OUT/predictions.jsonl
+# Fresh shapes, never served before (2026-12-02, session 12), the issue's categories first; each
+# folder's SOURCE.md says where its config came from and what was changed (the 4,096-token
+# vocabulary and ids 0/1 for bos/eos, so sampled ids stay inside the small tokenizer):
+#  moonlight  Moonlight-16B-A3B shape (DeepseekV3: latent attention, 64 experts top 6, sigmoid
+#             routing): single, c32 (0.3)
+#  smollm2    SmolLM2-1.7B shape (Llama, 32 KV heads of 64: no GQA): single, c32 (0.3)
+#  awq14      Qwen2.5-14B-Instruct-AWQ shape (4-bit, group 128): single, c32 (0.3)
+#  gemma2     Gemma-2-9B shape (21 of 42 layers sliding over 4,096 tokens, soft-capping):
+#             single, c32 (0.3)
+#  long14     Qwen2.5-14B shape (bf16): 16k-token prompts one and four at once, then single,
+#             c32 (0.4: 4 x 16.5k tokens of KV with room)
+#  nemo12     Mistral-Nemo-12B shape (head_dim 128 under hidden 5120): long16, single, c32 (0.4)
+# Measured in earlier sessions (later cost-model work has seen their results):
 #  small    Llama-3.2-1B shape (real 128k vocabulary): single, c32
 #  qwen7b   Qwen2.5-7B shape (real 152k vocabulary): single, c32
 #  mla      DeepSeek-V2-Lite shape (latent attention, 64 experts): single, c32
@@ -16,21 +30,29 @@
 #  long8b   Llama-3.1-8B shape: 16k-token prompts, one and four at once
 #  qwen3    Qwen3-32B shape (q/k norms, 64 heads): single, c32, long16, depth
 #  small3b  Llama-3.2-3B shape: single, c32, long16, depth
-# One GPU, --gpu-memory-utilization 0.9 (long8b: 0.3), random weights (--load-format dummy).
+# One GPU, --gpu-memory-utilization per case (UTIL below), random weights (--load-format dummy).
 set -uo pipefail
 M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
+declare -A MODEL=([moonlight]=moonlight-16b-a3b-shape [smollm2]=smollm2-1.7b-shape
+  [awq14]=qwen2.5-14b-awq-shape [gemma2]=gemma-2-9b-shape [long14]=qwen2.5-14b-shape
+  [nemo12]=mistral-nemo-12b-shape
+  [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([small]="single c32" [qwen7b]="single c32" [mla]="single c32"
+declare -A SCEN=([moonlight]="single c32" [smollm2]="single c32" [awq14]="single c32"
+  [gemma2]="single c32" [long14]="long16 single c32" [nemo12]="long16 single c32"
+  [small]="single c32" [qwen7b]="single c32" [mla]="single c32"
   [awq]="single c32" [gemma]="single c32 long16 depth" [long8b]="long16"
   [qwen3]="single c32 long16 depth" [small3b]="single c32 long16 depth")
 # The 8B's long prompts need 4 x 16.5k tokens of KV: 0.3 holds ~300k and starts far sooner than
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
-declare -A UTIL=([small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
+# The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
+# stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
+declare -A UTIL=([moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
+  [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
@@ -55,7 +77,7 @@ print(json.dumps(out))"
 port=18500
 for step in "$@"; do
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;
