@@ -8,7 +8,6 @@ import argparse
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from pathlib import Path
 
 from launcher.errors import PlanError
 from launcher.planner.agent import AgentAsk
@@ -86,16 +85,6 @@ def think_seconds(text: str) -> float:
     return value
 
 
-def host_free_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """The kernel's MemAvailable (what can be taken without swapping); None where unreadable."""
-    try:
-        text = meminfo.read_text()
-    except OSError:
-        return None
-    match = re.search(r"^MemAvailable:\s+(\d+) kB$", text, re.M)
-    return int(match.group(1)) * 1024 if match else None
-
-
 def agent_ask(args: argparse.Namespace) -> AgentAsk | None:
     """The agent workload asked for, or None; one line for agent options without it."""
     workload = getattr(args, "workload", None)
@@ -118,8 +107,8 @@ def agent_ask(args: argparse.Namespace) -> AgentAsk | None:
 
 
 def free_memory(env: Mapping[str, str]) -> int | None:
-    """The host's free memory for KV offloading: TOPOSERVE_HOST_FREE_GIB where set (planning
-    for another machine), else this one's MemAvailable."""
+    """The host's free memory for KV offloading as TOPOSERVE_HOST_FREE_GIB says, where set;
+    None: the topology's own (this machine's MemAvailable, or what a saved topology kept)."""
     raw = env.get("TOPOSERVE_HOST_FREE_GIB", "").strip()
     if raw:
         try:
@@ -129,4 +118,4 @@ def free_memory(env: Mapping[str, str]) -> int | None:
         if not 0 <= value < 1e6:
             raise PlanError(f"TOPOSERVE_HOST_FREE_GIB={raw!r}: a number of GiB, 0 or more")
         return int(value * 2**30)
-    return host_free_bytes()
+    return None

@@ -43,7 +43,9 @@ class PlanRequest:
     # kept one for its own NVML reading, else the shipped profile)
     host_timing: str | None = None
     agent: AgentAsk | None = None  # --workload agent: the sessions and their context
-    host_free_bytes: int | None = None  # for the agent plan's KV offloading (None: unknown)
+    # the host's free memory for the agent plan's KV offloading, as TOPOSERVE_HOST_FREE_GIB
+    # says (None: the topology's own, read with it or saved in its file)
+    host_free_bytes: int | None = None
     # `serve --plan FILE`: the saved plan instead of planning (its flags and agent plan kept)
     saved_plan: Path | None = None
     # a saved plan naming GPUs this machine lacks: refused (serve), or a note (--dry-run)

@@ -120,8 +120,9 @@ def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
     if request.host_timing is not None:  # the serving host's, timed there
         topo = replace(topo, host_timing=hostcosts.read(request.host_timing))
     try:
-        chosen, ap = plan_with_agent(topo, model, policy, request.agent,
-                                     request.host_free_bytes)
+        host_free = (request.host_free_bytes if request.host_free_bytes is not None
+                     else topo.host_available_bytes)
+        chosen, ap = plan_with_agent(topo, model, policy, request.agent, host_free)
     except PlanError as exc:
         if request.engine.ray_address and policy.nodes == 1 and (policy.force_pp or 1) > 1:
             # The topology is this node's: stages meant for the other nodes must be said.

@@ -658,7 +658,9 @@ def _offload(m: ModelSpec, rs: Sequence[Room], ask: AgentAsk, host_free_bytes: i
         return None, 0.0
     if host_free_bytes is None:
         options.append(Option("offload", False, "KV offloading: the host's free memory is "
-                              "unknown, so it is not sized", None))
+                              "unknown (a saved topology without it: save it again with "
+                              "`launcher probe --save`, or set TOPOSERVE_HOST_FREE_GIB), so it "
+                              "is not sized", None))
         return None, 0.0
     # 16-bit first: offloading trades PCIe time, not accuracy
     r = min(usable, key=lambda x: (x.kv_dtype.startswith("fp8"), -x.held / x.need,

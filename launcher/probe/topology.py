@@ -18,6 +18,7 @@ the renderer always sets that order, so a plan's GPU indices mean the same thing
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -63,6 +64,7 @@ __all__ = [
     "apply_visible_devices",
     "assumption_notes",
     "from_nvml_dump",
+    "host_available_bytes",
     "load_topology",
     "normalize_bus_id",
     "pair_link",
@@ -82,10 +84,21 @@ def load_topology(path: str | None, env: Mapping[str, str]) -> Topology:
     if path is None:
         from launcher.probe import nvml  # NVML only when asked: plan --topology must run anywhere
 
-        topo = apply_nccl_env(nvml.read_topology(env), env)
+        topo = replace(apply_nccl_env(nvml.read_topology(env), env),
+                       host_available_bytes=host_available_bytes())
     else:
         topo = apply_nccl_env(apply_visible_devices(_read_file(path), env), env)
     return replace(topo, notes=tuple(dict.fromkeys((*topo.notes, *assumption_notes(topo)))))
+
+
+def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The kernel's MemAvailable (what can be taken without swapping); None where unreadable."""
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    match = re.search(r"^MemAvailable:\s+(\d+) kB$", text, re.M)
+    return int(match.group(1)) * 1024 if match else None
 
 
 def _read_file(path: str) -> Topology:

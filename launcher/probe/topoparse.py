@@ -363,6 +363,8 @@ def topology_to_json(topo: Topology) -> dict[str, Any]:
         "driver": topo.driver,
         "cuda": topo.cuda,
         "notes": list(topo.notes),
+        **({"host_available_bytes": topo.host_available_bytes}
+           if topo.host_available_bytes is not None else {}),
         "gpus": [
             {
                 **{k: v for k, v in vars(g).items() if k != "perf"},
@@ -459,6 +461,7 @@ def _from_project_json(data: Mapping[str, Any], source: str) -> Topology:
     pairs = [_project_pair(r, a, b, p) for a, b, p in r.pair_list(data, {g.index for g in gpus})]
     saved = _items(_get(data, "notes")) or []
     driver, cuda = r.common(data)
+    host = r.checked_int("host", data, "host_available_bytes", _MAX_MEMORY)
     return Topology(
         gpus=tuple(sorted(gpus, key=lambda g: g.index)),
         pairs=tuple(sorted(pairs, key=lambda q: (q.a, q.b))),
@@ -466,6 +469,7 @@ def _from_project_json(data: Mapping[str, Any], source: str) -> Topology:
         cuda=cuda,
         source=source,
         notes=(*(n for n in saved if isinstance(n, str)), *r.notes.lines()),
+        host_available_bytes=host,
     )
 
 

@@ -113,6 +113,10 @@ class Topology:
     # this host's front-end work timed by `probe --measure` (launcher/probe/hostcost.py),
     # attached from the cache when planning here; likewise not saved with the topology
     host_timing: HostTiming | None = field(default=None, compare=False)
+    # the host's free memory (MemAvailable) when it was read: what KV offloading to host memory
+    # may be sized from. Saved with the topology, so that a plan made elsewhere sizes it for the
+    # machine that will serve, not for the one planning; None: not known
+    host_available_bytes: int | None = None
 
     def gpu(self, index: int) -> Gpu:
         for g in self.gpus:

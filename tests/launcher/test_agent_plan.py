@@ -26,7 +26,7 @@ from launcher.planner import agent as agent_mod
 from launcher.planner import costmodel, memfit, whatif
 from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype
 from launcher.planner.plan import Plan, Policy
-from launcher.probe.topology import load_topology
+from launcher.probe.topology import host_available_bytes, load_topology
 from tests.conftest import REPO
 from tests.launcher.paths import H200, model, topo
 
@@ -274,12 +274,45 @@ def test_any_sessions_text_is_a_count_or_a_one_line_refusal(text: str) -> None:
 def test_free_memory_is_read_from_meminfo(tmp_path: Any) -> None:
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
-    assert agentopts.host_free_bytes(info) == 20000000 * 1024
+    assert host_available_bytes(info) == 20000000 * 1024
     info.write_text("garbage")
-    assert agentopts.host_free_bytes(info) is None
+    assert host_available_bytes(info) is None
     with pytest.raises(PlanError, match="TOPOSERVE_HOST_FREE_GIB"):
         agentopts.free_memory({"TOPOSERVE_HOST_FREE_GIB": "lots"})
     assert agentopts.free_memory({"TOPOSERVE_HOST_FREE_GIB": "2"}) == 2 * GIB
+    assert agentopts.free_memory({}) is None  # then the topology's own figure
+
+
+def _agent_json(main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str],
+                topology: str) -> dict[str, Any]:
+    assert main(["plan", "--model", model("llama-3.1-8b"), "--topology", topology, "--workload",
+                 "agent", "--sessions", "8", "--context", "64K", "--json"]) == 0
+    agent: dict[str, Any] = json.loads(capsys.readouterr().out)["agent"]
+    return agent
+
+
+def test_a_saved_topology_sizes_kv_offloading_from_the_host_memory_it_was_saved_with(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Any) -> None:
+    """Planning for another machine from its saved topology sizes the host tier from that
+    machine's free memory (saved by `probe --save`), not from the planning machine's; a file
+    saved without it leaves the offload option unsized, with what to do."""
+    from launcher.cli.main import main
+    from launcher.probe.topology import topology_to_json
+
+    monkeypatch.delenv("TOPOSERVE_HOST_FREE_GIB", raising=False)
+    saved = topology_to_json(replace(load_topology(PAIR, {}), host_available_bytes=256 * GIB))
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps(saved))
+    out = _agent_json(main, capsys, str(path))
+    assert out["choice"] == "offload"
+    assert out["kv_offloading_gib"] == 71.0  # as with TOPOSERVE_HOST_FREE_GIB=256
+    saved.pop("host_available_bytes")
+    path.write_text(json.dumps(saved))
+    offload = next(o for o in _agent_json(main, capsys, str(path))["options"]
+                   if o["name"] == "offload")
+    assert not offload["ok"], offload
+    assert "TOPOSERVE_HOST_FREE_GIB" in offload["reason"]
 
 
 # ----------------------------------------------------------- vLLM (CPU build) takes them

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.cli.main import main
-from launcher.probe.topology import load_topology
+from launcher.probe.topology import load_topology, topology_from_json, topology_to_json
 from tests.launcher.paths import REPO, TOPOLOGIES, model
 
 FIXTURES = {p.name: json.loads(p.read_text()) for p in sorted(TOPOLOGIES.glob("*.json"))}
@@ -191,6 +191,8 @@ def generated_saved_topologies(draw: st.DrawFn) -> dict[str, Any]:
         )
     if draw(st.booleans()):
         doc["notes"], doc["driver"], doc["cuda"] = draw(JSON), draw(JSON), draw(JSON)
+    if draw(st.booleans()):
+        doc["host_available_bytes"] = draw(st.integers(-1, 1 << 52) | JSON)
     return doc
 
 
@@ -310,6 +312,21 @@ def test_a_gpu_entry_that_is_no_gpu_is_left_out_with_a_note(tmp_path: Path) -> N
     doc["gpus"][1] = "ERR:NVMLError_GpuIsLost"
     reasons = plan_reasons(doc, tmp_path)
     assert any(r.startswith("gpus[1]: not a GPU object") for r in reasons), reasons
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.integers(-(1 << 60), 1 << 60) | JSON)
+def test_the_saved_host_memory_is_read_back_or_noted_as_unknown(value: Any) -> None:
+    doc = copy.deepcopy(FIXTURES["h200x2-measured.toposerve.json"])
+    doc["host_available_bytes"] = value
+    topo = topology_from_json(doc)
+    if topo.host_available_bytes is None:
+        # absent, NVML's refusal form (as for every field), or noted as unreadable
+        assert value is None or str(value).startswith("ERR:") or any(
+            n.startswith("host: host_available_bytes unknown") for n in topo.notes), topo.notes
+    else:
+        assert topo.host_available_bytes == value and not isinstance(value, bool)
+        assert topology_from_json(topology_to_json(topo)) == topo
 
 
 def test_unreadable_values_in_our_own_format_are_named(tmp_path: Path) -> None:
