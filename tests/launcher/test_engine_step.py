@@ -25,6 +25,7 @@ from launcher.probe import enginestep
 from launcher.probe.attentionfit import DepthPair
 from launcher.probe.enginestep import EngineStep, EngineStepError, StepKey
 from launcher.probe.topology import Topology
+from tests.support.cache import fresh_cache
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
@@ -212,9 +213,10 @@ def run_plan(env: dict[str, str], *extra: str) -> str:
 
 
 def test_plan_uses_the_step_probe_kept_for_this_machine_but_not_for_a_saved_topology(
-    tmp_path: Path,
+    tmp_path: Path, tiny_model_path: str
 ) -> None:
-    env = {**os.environ, "TOPOSERVE_CACHE": str(tmp_path)}
+    cache = fresh_cache(tmp_path, tiny_model=tiny_model_path)
+    env = {**os.environ, "TOPOSERVE_CACHE": str(cache)}
     rec = record(0.0125, enginesteps.key_here(env))
     assert enginestep.save(tmp_path, rec) is not None
     out = run_plan(env)

@@ -27,6 +27,7 @@ from launcher.probe import hostcost
 from launcher.probe.hostcost import HostCostError, HostKey, HostTiming
 from launcher.probe.topology import load_topology
 from tests.launcher.paths import H200, REPO
+from tests.support.cache import fresh_cache
 
 KEY = HostKey("Intel(R) Xeon(R) Processor", 16, "0.26.0")
 # the lent H200 host's figures of the same functions (host-cost.txt beside the soak32b record)
@@ -207,10 +208,10 @@ def test_plan_takes_a_host_timing_saved_on_the_serving_host(tmp_path: Path) -> N
                    seq_step_s=0.5 * H200_LIKE.seq_step_s)
     saved = tmp_path / "host.json"
     saved.write_text(json.dumps(hostcost.to_json(fast)))
-    base = [sys.executable, "-m", "launcher", "plan", "--model",
-            str(REPO / "benchmarks" / "gpu" / "models" / "llama-3.2-1b-shape"),
+    model = str(REPO / "benchmarks" / "gpu" / "models" / "llama-3.2-1b-shape")
+    base = [sys.executable, "-m", "launcher", "plan", "--model", model,
             "--topology", str(H200), "--tp", "1", "--pp", "1", "--dp", "1"]
-    env = {"TOPOSERVE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {"TOPOSERVE_CACHE": str(fresh_cache(tmp_path, model)), "PATH": "/usr/bin:/bin"}
     got = subprocess.run([*base, "--host-timing", str(saved)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert "timed on the serving host (Intel(R) Xeon(R) Processor, 16 cores" in got
