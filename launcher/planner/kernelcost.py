@@ -123,9 +123,12 @@ def step_cost(
     assumed_step_overhead_s: float,
     max_graph_tokens: int = 512,
     measured_step_overhead: tuple[float, str] | None = None,
+    layer_launch_s: float = 0.0,
 ) -> KernelCost:
     """The step cost the table gives, with the engine's step overhead measured (in the table,
-    or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed."""
+    or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed.
+    ``layer_launch_s``: the serving host's launching of one eager layer (the roofline's
+    :attr:`HostProfile.layer_launch_s`): a step past the graphs takes at least that a layer."""
     s = table.shape
     ladder = sorted({t.tokens for t in table.times if t.op == "norm"})
     if not ladder:
@@ -133,14 +136,19 @@ def step_cost(
     layer_ops = [f"linear:{lin.name}" for lin in s.linears] + ["norm", "norm", "rope", "act"]
     eager = any(t.op.startswith("eager:") for t in table.times)
 
-    def forward_at(n: int, prefix: str) -> float:
+    def forward_at(n: int, prefix: str, floor: float = 0.0) -> float:
         layer = sum(_at(table.lookup(prefix + op), n) for op in layer_ops)
         moe = _at(table.lookup(prefix + "moe"), n) * (s.moe.layers if s.moe else 0)
         comm = 2 * s.layers * allreduce.seconds(n * s.hidden * ACT_BYTES)
-        return s.layers * layer + moe + comm
+        # An eager layer's kernels are launched one by one from the host (vLLM's compiled
+        # pieces, in Python): the table times them from a tight loop, which launches far
+        # faster, so the layer lasts the longer of its GPU work and the host's launching, as
+        # the roofline's prefill layer does (one host model for both paths).
+        return max(s.layers * layer + moe + comm, s.layers * floor)
 
     forward = [forward_at(n, "") for n in ladder]
-    eager_forward = [forward_at(n, "eager:") for n in ladder] if eager else []
+    eager_forward = ([forward_at(n, "eager:", layer_launch_s) for n in ladder] if eager
+                     else [])
     pair = token = 0.0
     for g, a in enumerate(s.attention):
         pre = table.lookup("attn:prefill", g)
@@ -245,7 +253,8 @@ def as_prediction(
     them). With ``host`` (a GPU server's), no step is shorter than its front end's work."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=max_graph_tokens,
-                   measured_step_overhead=measured_step_overhead)
+                   measured_step_overhead=measured_step_overhead,
+                   layer_launch_s=host.layer_launch_s if host is not None else 0.0)
     timer: StepTimer = kc.cost if host is None else HostBound(kc.cost, host)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)

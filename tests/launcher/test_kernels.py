@@ -195,6 +195,22 @@ def test_step_cost_adds_the_layers_operations_and_says_what_was_assumed() -> Non
     assert any("measured: 0.50 ms" in s for s in measured.sources)
 
 
+def test_an_eager_step_lasts_at_least_the_hosts_launching_of_its_layers() -> None:
+    """Past the captured graphs a step's layers are launched from the host, one kernel at a
+    time: the table's tight-loop eager timings do not hold that, the host profile does."""
+    table = synthetic_table()
+    eager = tuple(KernelTime("eager:" + t.op, t.tokens, t.seconds, t.context, t.group)
+                  for t in table.times if not t.op.startswith(("attn", "head")))
+    table = replace(table, times=(*table.times, *eager))
+    kc = step_cost(table, assumed_step_overhead_s=0.0, max_graph_tokens=10,
+                   layer_launch_s=0.02).cost
+    layer_at_1 = 1e-5 + 1e-5 + 2e-5 + 2e-5 + 2 * 1e-6 + 1e-6 + 2e-6
+    assert kc.forward(10) == pytest.approx(20 * layer_at_1)  # in a graph: the GPU's work
+    assert kc.forward(100) == pytest.approx(2 * 0.02)  # eager: two layers' launches
+    without = step_cost(table, assumed_step_overhead_s=0.0, max_graph_tokens=10).cost
+    assert without.forward(100) == pytest.approx(200 * layer_at_1)
+
+
 def test_tensor_parallel_adds_two_all_reduces_a_layer() -> None:
     ar = AllReduce(2, 10e-6, 100e9)
     base = step_cost(synthetic_table(), assumed_step_overhead_s=0.0).cost
