@@ -54,13 +54,18 @@ declare -A SCEN=([moonlight]="single c32" [smollm2]="single c32" [awq14]="single
 declare -A UTIL=([moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
+# as run_config.sh sets it (keep the two in step)
+COMPILE_CFG=${COMPILATION_CONFIG:-'{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'}
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
 # predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
 predict() {
   local case=$1 scen=$2; shift 2
   # shellcheck disable=SC2046
-  timeout 120 python3 -m launcher plan --json --model "$M/${MODEL[$case]}" $(base "$case") "$@" 2>&1 |
+  # the engine flags run_config.sh starts vLLM with (its CUDA-graph range among them), so that
+  # the plan predicts the server that is measured
+  timeout 120 python3 -m launcher plan --json --model "$M/${MODEL[$case]}" $(base "$case") "$@" \
+    -- --load-format dummy --compilation-config "$COMPILE_CFG" 2>&1 |
     python3 -c "
 import json, sys
 raw = sys.stdin.read()

@@ -4,6 +4,7 @@ built from them, so that `serve` and `tune` can plan whatever `plan` plans, the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 
@@ -79,8 +80,8 @@ def engine_request(args: argparse.Namespace, *, host: str, port: int | None) -> 
 def policy_from_args(args: argparse.Namespace, extra: Sequence[str] | None = None) -> Policy:
     """The Policy the options ask for. ``extra``: the vLLM flags the engine gets (default: the
     ones after --), whose memory settings the planner must size with."""
-    kv_bytes, fp8_weights, offload = engine_memory_flags(
-        extra_args(args) if extra is None else extra)
+    flags = extra_args(args) if extra is None else extra
+    kv_bytes, fp8_weights, offload = engine_memory_flags(flags)
     return Policy(
         # an agent workload is planned as an interactive one, then for its sessions' KV room
         # (cli/agentopts.py)
@@ -101,6 +102,7 @@ def policy_from_args(args: argparse.Namespace, extra: Sequence[str] | None = Non
         kv_cache_bytes=kv_bytes,
         fp8_weights=fp8_weights,
         cpu_offload_gib=offload,
+        graph_tokens=engine_graph_tokens(flags),
     )
 
 
@@ -118,6 +120,64 @@ def engine_memory_flags(extra: Sequence[str]) -> tuple[int, bool, float]:
         raise PlanError(f"--cpu-offload-gb {raw!r} (after --): vLLM takes GiB per GPU, a number "
                         "0 or more")
     return (1 if kv.startswith("fp8") else 2), quant == "fp8", offload
+
+
+_GRAPH_KEYS = ("cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size")
+
+
+def engine_graph_tokens(extra: Sequence[str]) -> int | None:
+    """The largest step (in tokens) the engine runs from a captured CUDA graph, as the user's
+    own vLLM flags set it: 0 with ``--enforce-eager`` or ``cudagraph_mode`` NONE, the largest
+    of ``cudagraph_capture_sizes`` (else ``max_cudagraph_capture_size``) from
+    ``--compilation-config``/``-O`` JSON, vLLM's dotted ``-O.key=value`` or
+    ``--cuda-graph-sizes``; None: vLLM's default (:attr:`Policy.graph_steps`). What cannot be
+    read is left to that default: vLLM itself refuses it at start-up."""
+    if "--enforce-eager" in extra:
+        return 0
+    config: dict[str, object] = {}
+    raw = last_value(extra, "--compilation-config") or last_value(extra, "-O")
+    parsed = _json(raw) if raw is not None else None
+    if isinstance(parsed, dict):
+        config.update(parsed)
+    for i, a in enumerate(extra):
+        for prefix in ("-O.", "--compilation-config."):
+            key, sep, value = a.removeprefix(prefix).partition("=")
+            if a.startswith(prefix) and key in _GRAPH_KEYS:
+                config[key] = _json(value) if sep else (
+                    _json(extra[i + 1]) if i + 1 < len(extra) else None)
+        if a == "--cuda-graph-sizes":  # nargs="+": the numbers up to the next flag
+            listed = []
+            for v in extra[i + 1:]:
+                if v.startswith("-"):
+                    break
+                listed += v.replace(",", " ").split()
+            config["cudagraph_capture_sizes"] = listed
+    if str(config.get("cudagraph_mode", "")).upper() in ("NONE", "0"):
+        return 0
+    sizes = config.get("cudagraph_capture_sizes")
+    if isinstance(sizes, list) and sizes:
+        found = [_whole(x) for x in sizes]
+        return max(x for x in found if x is not None) if None not in found else None
+    return _whole(config.get("max_cudagraph_capture_size"))
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+def _whole(raw: object) -> int | None:
+    """A count of tokens from JSON or a flag's text: a whole number 0..2**20, else None."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, str):
+        try:
+            raw = int(raw.strip())
+        except ValueError:
+            return None
+    return raw if isinstance(raw, int) and 0 <= raw <= 1 << 20 else None
 
 
 def cpu_kv_cache_gib(env: Mapping[str, str]) -> float:

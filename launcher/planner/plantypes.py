@@ -57,6 +57,18 @@ class Policy:
     # this model's kernel tables kept on this machine (`probe --measure --model`): candidates
     # they cover are predicted from them, the rest by the roofline
     kernels: tuple[KernelTable, ...] = field(default=(), compare=False, repr=False)
+    # the largest step vLLM runs from a captured CUDA graph, from the user's own flags (after
+    # --; cli/planopts.engine_graph_tokens); None: vLLM's default (graph_steps)
+    graph_tokens: int | None = None
+
+    @property
+    def graph_steps(self) -> int:
+        """Steps of at most this many tokens replay CUDA graphs; longer ones run eagerly:
+        the flags' figure, else vLLM's default capture range, min(2 x max_num_seqs, 512)
+        (vllm/config: set_cudagraph_sizes)."""
+        if self.graph_tokens is not None:
+            return self.graph_tokens
+        return min(2 * self.max_num_seqs, 512)
 
     @property
     def streams(self) -> int:
