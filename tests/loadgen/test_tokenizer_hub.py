@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +56,57 @@ print(json.dumps({"text": [tok.text(t) for t in texts], "output": [tok.output(t)
 """
 
 
-@pytest.fixture
-def hub(tiny_model_path: str) -> Iterator[StandinHub]:
+def _standin(tiny_model_path: str) -> StandinHub:
     main = commit_of("main")
     files = {name: (Path(tiny_model_path) / name).read_bytes() for name in TOKENIZER_FILES}
-    standin = StandinHub(
+    return StandinHub(
         {
             REPO_ID: Repo(commits={main: files}, refs={"main": main}),
             GATED: Repo(commits={main: files}, refs={"main": main}, gated=True),
         }
     ).start()
+
+
+def _fresh_machine(hub: StandinHub, hf_home: Path) -> dict[str, str]:
+    """A fresh machine: the hub's address, an empty HF_HOME, no token, online."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    base.pop("TRANSFORMERS_OFFLINE", None)
+    return {**base, "HF_ENDPOINT": hub.url, "HF_HOME": str(hf_home)}
+
+
+@pytest.fixture
+def hub(tiny_model_path: str) -> Iterator[StandinHub]:
+    standin = _standin(tiny_model_path)
     yield standin
     standin.stop()
 
 
 @pytest.fixture
 def env(hub: StandinHub, tmp_path: Path) -> dict[str, str]:
-    """A fresh machine: the hub's address, an empty HF_HOME, no token, online."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-    base.pop("TRANSFORMERS_OFFLINE", None)
-    return {**base, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf")}
+    return _fresh_machine(hub, tmp_path / "hf")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A fresh machine's first load of REPO_ID in its own process: what it counted, what it asked
+    the hub, and the HF_HOME it left. Made once for the module: each load in a process of its
+    own imports transformers and torch (~8 s), and three tests start from this same first load."""
+
+    hub: StandinHub
+    env: dict[str, str]
+    counts: dict[str, Any]
+    asked: list[str]  # the paths the first load asked the hub for, in order
+
+
+@pytest.fixture(scope="module")
+def fetched(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fetched]:
+    standin = _standin(tiny_model_path)
+    try:
+        env = _fresh_machine(standin, tmp_path_factory.mktemp("fetched") / "hf")
+        counts = _counts(REPO_ID, env)
+        yield Fetched(standin, env, counts, standin.paths())
+    finally:
+        standin.stop()
 
 
 @pytest.fixture(scope="module")
@@ -112,38 +145,38 @@ def _counts(name: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 def test_a_hub_id_loads_through_hf_endpoint_and_counts_as_the_local_tokenizer(
-    hub: StandinHub, env: dict[str, str], tiny_model_path: str, tmp_path: Path
+    fetched: Fetched, tiny_model_path: str
 ) -> None:
     local = _counts_in_process(tiny_model_path)
     assert local["text"][1] > 1  # real counts, not zeros
     assert local["chat"] > local["text"][1]
-    assert _counts(REPO_ID, env) == local
+    assert fetched.counts == local
     # what transformers 5 asked: the tree listing, then the files, from the stand-in
-    paths = hub.paths()
+    paths = fetched.asked
     assert f"/api/models/{REPO_ID}/tree/main/additional_chat_templates" in paths
     resolved = [p for p in paths if p.startswith(f"/{REPO_ID}/resolve/")]
     assert any(p.endswith("/tokenizer.json") for p in resolved)
-    assert list((tmp_path / "hf" / "hub").glob("models--org--name/snapshots/*/tokenizer.json"))
+    hf_hub = Path(fetched.env["HF_HOME"]) / "hub"
+    assert list(hf_hub.glob("models--org--name/snapshots/*/tokenizer.json"))
 
 
 def test_once_fetched_it_loads_offline_from_the_cache_without_asking_the_hub(
-    hub: StandinHub, env: dict[str, str], tiny_model_path: str
+    fetched: Fetched, tiny_model_path: str
 ) -> None:
-    online = _counts(REPO_ID, env)
-    asked = len(hub.seen)
-    offline = _counts(REPO_ID, {**env, "HF_HUB_OFFLINE": "1"})
-    assert offline == online == _counts_in_process(tiny_model_path)
-    assert len(hub.seen) == asked  # not one request
+    asked = len(fetched.hub.seen)
+    offline = _counts(REPO_ID, {**fetched.env, "HF_HUB_OFFLINE": "1"})
+    assert offline == fetched.counts == _counts_in_process(tiny_model_path)
+    assert len(fetched.hub.seen) == asked  # not one request
 
 
 def test_offline_in_process_reads_hf_home_and_hf_hub_offline_when_loading(
-    hub: StandinHub, env: dict[str, str], tiny_model_path: str, monkeypatch: pytest.MonkeyPatch
+    fetched: Fetched, tiny_model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # huggingface_hub was imported above, before HF_HOME pointed here: the loader must read the
-    # environment as it is when it loads, as the planner's launcher.model.hub does
-    _counts(REPO_ID, env)
-    hub.stop()
-    monkeypatch.setenv("HF_HOME", env["HF_HOME"])
+    # environment as it is when it loads, as the planner's launcher.model.hub does. Here: a
+    # copy of the cache the first load left (its snapshots link into blobs/ relatively).
+    shutil.copytree(fetched.env["HF_HOME"], tmp_path / "hf", symlinks=True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     was_offline = hub_constants.HF_HUB_OFFLINE
     assert _counts_in_process(REPO_ID) == _counts_in_process(tiny_model_path)
