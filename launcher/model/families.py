@@ -37,6 +37,28 @@ class Family:
     # q/k/v projections with biases even where the config does not say attention_bias; the
     # rule covers every model_type starting with the family's name (qwen2_vl, qwen2_audio...)
     qkv_bias: bool = False
+    # Seconds of host work an eager (outside CUDA graphs) prefill layer of this family launches
+    # besides a dense layer's and the fused-MoE op's own, on the shipped host
+    # (costmodel.eager_host_layer_s adds it to the layer's launch floor and scales it with the
+    # host's speed). 0: none known.
+    eager_layer_host_extra_s: float = 0.0
+
+
+# DeepSeek-V2/V3's layer in vLLM 0.26 (vllm/model_executor/models/deepseek_v2.py and the MLA
+# attention backend) dispatches from Python, outside torch.compile's graphs, what other MoE
+# families keep in fused kernels or compiled code: the MLA prefill path inside the attention op
+# (kv_b_proj up-projecting the latent of every token, the k_nope/k_pe copies into one K, the
+# value padded to the query's 192 dims for FlashAttention, the slice back), the grouped top-k
+# router (use_grouped_topk=True: a chain of torch ops where Qwen3's router is one topk_softmax
+# kernel) and the shared experts' MLP, run inside the SharedFusedMoE op. FITTED to one record:
+# the DeepSeek-V2-Lite shape on the lent H200 took 3.0 ms a layer both for one 512-token prompt
+# (87.5 ms to the first token, 27 layers) and for 8,192-token chunks of the 32-stream run,
+# where a Qwen3-MoE layer took 2.0 ms at both sizes (benchmarks/gpu/results/
+# 2026-12-02-h200-table/mla, 2026-12-01-h200-issue14/moe): the 1.0 ms between them is this
+# family's. The GPU work these ops add at 512 tokens is under 0.1 ms a layer (the
+# up-projection is 2 GFLOP), so the time is the host's. Not yet checked on another model of
+# the family (Moonlight-16B-A3B, deepseek_v3, has the same layer and is the next check).
+DEEPSEEK_EAGER_LAYER_HOST_S = 1.0e-3
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -53,7 +75,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma4", ("gemma4", "gemma4_text"), "gemma4"),
     Family("llama4", ("llama4", "llama4_text"), "llama4_pythonic"),
     Family("phi", ("phi3",), "phi4_mini_json"),
-    Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3"),
+    Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3",
+           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S),
     Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
 )
 
@@ -74,6 +97,12 @@ def family_name(model_type: str) -> str:
 def tool_parser(family: str) -> str | None:
     found = _BY_NAME.get(family)
     return found.tool_parser if found else None
+
+
+def eager_layer_host_extra_s(family: str) -> float:
+    """Host work an eager prefill layer of ``family`` adds (see the field); 0 if none known."""
+    found = _BY_NAME.get(family)
+    return found.eager_layer_host_extra_s if found else 0.0
 
 
 def has_qkv_bias(model_type: str) -> bool:

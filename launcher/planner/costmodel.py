@@ -8,10 +8,12 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   of the slowest card's dense BF16 rate; a tensor-parallel group divides it by ``tp``.
 - memory: every step streams the weights (and the sequences' KV cache) at an achieved fraction
   of the slowest card's memory bandwidth; of a mixture-of-experts only the experts the step's
-  tokens route to (``experts_touched``), and 4-bit weights at batch 1 at half the rate
-  (``weight_stream_efficiency``). A step costs the larger of compute and memory.
+  tokens route to (``experts_touched``), and 4-bit weights at Marlin's own rate, the same at
+  every batch up to 64 rows (``weight_stream_efficiency``). A step costs the larger of compute
+  and memory.
 - fixed costs: an eager prefill layer takes at least the host's launching of it
-  (``HostProfile.layer_launch_s``); MoE layers add their kernels' cost; every step
+  (``eager_host_layer_s``: the dense layer's, the fused-MoE op's dispatch, a family's own
+  extras from the family registry), which the GPU's arithmetic runs beside; every step
   ``STEP_OVERHEAD_S``.
 - the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
   end's work for its sequences (a fixed part and a part per sequence, in processes beside the
@@ -30,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher.model import families
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware
 from launcher.planner.hardware import (
@@ -37,12 +40,13 @@ from launcher.planner.hardware import (
     CPU_GFLOPS_PER_CORE,
     CPU_MEM_GBS,
     CPU_STEP_OVERHEAD_S,
+    EAGER_HOST_LAYER_S,
     EAGER_LAYER_S,
     MEM_EFFICIENCY,
     MFU_DECODE,
     MOE_LAYER_DECODE_S,
     MOE_LAYER_PREFILL_S,
-    QUANT_B1_EFFICIENCY,
+    QUANT_STREAM_EFFICIENCY,
     SERVER_HOST,
     STEP_OVERHEAD_S,
     HostProfile,
@@ -189,13 +193,25 @@ def streamed_weight_bytes(m: ModelSpec, tokens: float = 1.0) -> float:
 
 
 def weight_stream_efficiency(m: ModelSpec, batch: float) -> float:
-    """Share of MEM_EFFICIENCY that weight streaming reaches. 4-bit weights (AWQ/GPTQ through
-    vLLM's Marlin/Machete kernels) dequantize in the GEMV: at batch 1 they stream at about half
-    the rate of the bf16 path (issue 14's H200 measurement of a 70B and a 32B AWQ model: decode
-    at half the bf16 roofline's prediction), approaching it as the batch fills the tensor cores
-    (assumed linear up to 16 sequences; many-stream throughput was within 25% there)."""
+    """Share of MEM_EFFICIENCY that weight streaming reaches, at ``batch`` rows a GEMM.
+
+    4-bit weights (AWQ/GPTQ) run through vLLM's Marlin GEMM on every step, decode and prefill
+    alike (vLLM 0.26 converts a compatible AWQ checkpoint to ``awq_marlin``:
+    ``AWQMarlinLinearMethod.apply`` -> ``marlin_utils.apply_awq_marlin_linear`` ->
+    ``ops.marlin_gemm``; GPTQ likewise). Marlin multiplies the activations in 16-row tensor-core
+    tiles, up to four of them (64 rows) per pass over the weights, and in that pass loads every
+    4-bit weight with its group's scale and zero point (both in ``weight_bytes``) and
+    dequantizes it on the CUDA cores once, whatever the rows: up to 64 rows its time is the
+    pass, not the rows, so it does NOT approach the bf16 rate as the batch grows (the
+    assumption until issue 22 ramped it to the bf16 rate at 16 sequences; the H200's Qwen2.5-32B
+    AWQ shape then stepped in 11.5 ms at one stream and 13.3 ms at 32, where the weights' pass
+    and the KV read explain both at one rate). The rate of the pass is
+    ``QUANT_STREAM_EFFICIENCY`` of the bf16 path's. Past 64 rows the arithmetic (the
+    prefill's and the batched decode's compute terms) takes over. ``batch`` is kept for the
+    other kernels' sake: no path here depends on it yet."""
+    del batch  # Marlin's pass costs the same at every row count up to 64 (above)
     if m.quantization in ("awq", "gptq") or (m.quantization and m.weight_bits <= 4):
-        return QUANT_B1_EFFICIENCY + (1 - QUANT_B1_EFFICIENCY) * min(1.0, (batch - 1) / 15)
+        return QUANT_STREAM_EFFICIENCY
     return 1.0
 
 
@@ -315,7 +331,10 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     gpus = [g for stage in lay.stages for g in stage]
     attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
     compute = 2.0 * m.active_params * tokens / (lay.tp * _prefill_flops_s(gpus))
-    memory = streamed_weight_bytes(m, tokens) / (lay.tp * _mem_bytes_s(gpus))
+    # a prompt's GEMMs read the weights through the same kernels a decode step does (Marlin's
+    # pass for 4-bit weights: weight_stream_efficiency)
+    memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, tokens)
+              / (lay.tp * _mem_bytes_s(gpus)))
     return max(_prefill_layers_s(m, lay, tokens, max(compute, memory) + attn),
                lay.host.step_floor_s(sequences))
 
@@ -329,9 +348,29 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float) -> 
     # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, the eager
     # kernels' own cost) against the host's launching of it, whichever is longer
     gpu_layer = (work_s + comm) / m.num_layers + EAGER_LAYER_S
-    layer = (max(gpu_layer, lay.host.layer_launch_s)
-             + (MOE_LAYER_PREFILL_S if m.num_experts else 0.0))
-    return m.num_layers * layer + hops + STEP_OVERHEAD_S
+    return m.num_layers * max(gpu_layer, eager_host_layer_s(m, lay.host)) + hops + STEP_OVERHEAD_S
+
+
+def eager_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
+    """The host's launching of one eager prefill layer: the dense layer's floor
+    (``HostProfile.layer_launch_s``) and, for a mixture-of-experts layer, its fused-MoE path's
+    own (MOE_LAYER_PREFILL_S at the shipped host's speed, scaled with the rest of the host).
+
+    vLLM's fused MoE is a custom op that torch.compile leaves opaque, so its router, top-k,
+    token-to-expert alignment, two Triton grouped GEMMs, activation and sum are dispatched from
+    Python on every eager step. That is host work the GPU's arithmetic runs beside, not after:
+    a layer takes the longer of the two. The records say so: the Qwen3-30B-A3B shape's
+    512-token prefill took 2.0 ms a layer (100 ms, 48 layers) and its 8,192-token chunk steps
+    (the 32-stream run's second wave, 31 prompts' first tokens 194 ms after they were sent)
+    about 1.9-2.0 ms a layer with six times the arithmetic; DeepSeek-V2-Lite's 3.0 ms a layer at
+    512 tokens and about 3.1 at 8,192 (benchmarks/gpu/results/2026-12-01-h200-issue14/moe,
+    2026-12-02-h200-table/mla). Adding the term after the arithmetic (the model until issue 22)
+    put those chunks at 2.7 and 3.4 ms a layer. A family whose layer dispatches more from Python
+    says so in the family registry (DeepSeek's MLA prefill path, grouped router and shared
+    experts: families.DEEPSEEK_EAGER_LAYER_HOST_S)."""
+    speed = host.layer_launch_s / EAGER_HOST_LAYER_S  # this host against the shipped one
+    extra = families.eager_layer_host_extra_s(m.family)  # the family's own (families.py)
+    return host.layer_launch_s + speed * ((MOE_LAYER_PREFILL_S if m.num_experts else 0.0) + extra)
 
 
 def prefill_at_depth_s(m: ModelSpec, lay: Layout, new: int, depth: int = 0,

@@ -1,0 +1,115 @@
+"""Kernel behaviour the cost model follows (launcher/planner/costmodel.py), each from how vLLM
+0.26 runs the model: 4-bit weights through Marlin's pass, the fused-MoE op's dispatch beside the
+GPU's arithmetic, and the DeepSeek family's extra eager work (launcher/model/families.py). The
+H200 figures named are the records these were read from (benchmarks/gpu/results/): agreement,
+not validation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.model import families
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.planner import costmodel, hardware
+from launcher.planner.costmodel import Layout
+from launcher.planner.hardware import SERVER_HOST, HostProfile
+from launcher.planner.layouts import Links, Shape, best_candidate
+from launcher.planner.plan import Policy
+from launcher.probe.topology import Topology, load_topology
+from tests.launcher.paths import H200, REPO
+
+MODELS = REPO / "benchmarks" / "gpu" / "models"
+NO_HOST = HostProfile(0.0, 0.0, 0.0, 0.0, "none", layer_launch_s=0.0)
+
+
+def spec(name: str) -> ModelSpec:
+    return load_model_spec(str(MODELS / name))
+
+
+def topology() -> Topology:
+    return load_topology(str(H200), {})
+
+
+def one_gpu(m: ModelSpec) -> Layout:
+    _, lay = best_candidate(m, Policy(force_tp=1, force_pp=1, force_dp=1), Links(topology()),
+                            topology().gpus, Shape(1, 1, 1))
+    assert lay is not None
+    return lay
+
+
+@pytest.fixture(scope="module")
+def awq() -> tuple[ModelSpec, Layout]:
+    m = spec("qwen2.5-32b-awq-shape")
+    return m, one_gpu(m)
+
+
+def test_a_4bit_models_32_stream_step_is_not_shorter_than_its_one_stream_step(
+        awq: tuple[ModelSpec, Layout]) -> None:
+    # Marlin loads and dequantizes every weight once per 64-row pass: 32 rows cost the pass,
+    # and 31 more sequences only add their KV read (H200: 11.5 ms at one stream, 13.3 at 32)
+    m, lay = awq
+    one = costmodel.decode_step_s(m, lay, 1, 640)
+    many = costmodel.decode_step_s(m, lay, 32, 640)
+    kv_read = 31 * m.kv_bytes(640) / (4.04e12)
+    assert many >= one
+    assert many == pytest.approx(one + kv_read, rel=0.1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 64))
+def test_a_4bit_models_weights_cost_the_same_pass_at_every_batch_up_to_64(batch: int) -> None:
+    m = spec("qwen2.5-32b-awq-shape")
+    assert (costmodel.weight_stream_efficiency(m, batch)
+            == costmodel.weight_stream_efficiency(m, 1) < 1.0)
+
+
+def test_a_4bit_models_step_costs_more_than_its_weight_bytes_at_the_bf16_rate(
+        awq: tuple[ModelSpec, Layout]) -> None:
+    m, lay = awq
+    bf16_rate_s = m.weight_bytes / 4.04e12  # the H200's measured bf16 GEMV rate
+    assert costmodel.decode_step_s(m, lay, 32, 640) > 2 * bf16_rate_s
+
+
+def test_a_4bit_prompt_chunk_reads_its_weights_through_the_same_pass(
+        awq: tuple[ModelSpec, Layout]) -> None:
+    # a short chunk's GEMMs are Marlin's too: bound by the pass, not by the bf16 rate
+    m, lay = awq
+    gpu_only = replace(lay, host=NO_HOST)
+    fixed = m.num_layers * hardware.EAGER_LAYER_S + hardware.STEP_OVERHEAD_S
+    weights_s = costmodel.prefill_step_s(m, gpu_only, 4) - fixed
+    pass_s = m.weight_bytes / (4.04e12 * costmodel.weight_stream_efficiency(m, 4))
+    assert weights_s == pytest.approx(pass_s, rel=0.05)
+
+
+def test_an_moe_layers_fused_moe_dispatch_runs_beside_the_gpus_arithmetic() -> None:
+    # Qwen3-30B-A3B shape on the H200: 2.0 ms a layer at 512 tokens and about as much in the
+    # 8,192-token chunks of its 32-stream run; the dispatch hides the arithmetic, not adds to it
+    m = spec("qwen3-30b-a3b-shape")
+    lay = one_gpu(m)
+    alone = costmodel.prefill_step_s(m, lay, 512)
+    chunk = costmodel.prefill_step_s(m, lay, 8192, pairs=16 * costmodel.causal_pairs(512, 0),
+                                     sequences=16)
+    assert chunk < 1.15 * alone
+    per_layer = (alone - 1e-3) / m.num_layers
+    assert per_layer == pytest.approx(costmodel.eager_host_layer_s(m, lay.host), rel=0.01)
+
+
+def test_a_deepseek_layer_launches_more_from_the_host_than_another_moe_layer() -> None:
+    deepseek, qwen3 = spec("deepseek-v2-lite-shape"), spec("qwen3-30b-a3b-shape")
+    assert families.eager_layer_host_extra_s(deepseek.family) > 0
+    assert families.eager_layer_host_extra_s(qwen3.family) == 0
+    assert (costmodel.eager_host_layer_s(deepseek, SERVER_HOST)
+            > costmodel.eager_host_layer_s(qwen3, SERVER_HOST))
+    # the same family rule reaches DeepSeek-V3's configs (Moonlight, Kimi), not just V2's
+    assert families.family_name("deepseek_v3") == deepseek.family
+
+
+def test_a_slower_host_slows_every_part_of_an_eager_layers_launch() -> None:
+    m = spec("deepseek-v2-lite-shape")
+    slow = replace(SERVER_HOST, layer_launch_s=2 * SERVER_HOST.layer_launch_s)
+    assert costmodel.eager_host_layer_s(m, slow) == pytest.approx(
+        2 * costmodel.eager_host_layer_s(m, SERVER_HOST))
