@@ -167,6 +167,8 @@ def test_admin_routes_need_the_admin_key_not_a_user_key(spawn_proxy: SpawnProxy,
 def test_a_non_streamed_answer_over_the_limit_is_502(spawn_proxy: SpawnProxy,
                                                      sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-response-bytes", "3000")
+    # the size is the point, not the pace: 3000 tokens at the shared sim's 5 ms were 15 s
+    sim_control(sim_url, itl=0.0002)
     reply = post_json(p.url, "/v1/completions", {"prompt": "x", "max_tokens": 3000})
     assert reply.status == 502
     error = reply.json()["error"]
