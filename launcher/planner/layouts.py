@@ -8,11 +8,13 @@ enumerates, groups and ranks.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from launcher.model.modelspec import GIB, ModelSpec
-from launcher.planner import costmodel, hardware, kernelcost, memfit
+from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.costmodel import Layout, Link, Prediction
 from launcher.planner.plantypes import (
     MIN_CONTEXT,
@@ -22,19 +24,33 @@ from launcher.planner.plantypes import (
     gib,
     mode_name,
 )
+from launcher.planner.searchmemo import SearchMemo
 from launcher.probe.topology import Gpu, Topology
 
 # ---------------------------------------------------------------------------------- grouping
 
 
 class Links:
-    """Pairwise links computed once per plan() call."""
+    """Pairwise links computed once per plan() call, with the search's other answers: a
+    group's joining (keyed by the GPUs' numbers, which name one GPU of ``topo`` here as in
+    :meth:`between`), and the fits and predictions (:attr:`memo`)."""
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self._cache: dict[tuple[int, int], Link] = {}
+        self._joined: dict[tuple[int, ...], Link] = {}
+        self._groups: dict[tuple[int, ...], tuple[float, float, int]] = {}
         # the serving host's profile: timed here by `probe --measure`, or the shipped one
         self.host = hardware.host_profile(topo.host_timing)
+        self.memo = SearchMemo()
+        self._machine: _Machine | None = None
+
+    @property
+    def machine(self) -> _Machine:
+        """This topology as :func:`_groupings` keys it (made once per plan)."""
+        if self._machine is None:
+            self._machine = _Machine(self)
+        return self._machine
 
     def between(self, a: Gpu, b: Gpu) -> Link:
         key = (min(a.index, b.index), max(a.index, b.index))
@@ -43,15 +59,23 @@ class Links:
         return self._cache[key]
 
     def group(self, gpus: Sequence[Gpu]) -> Link:
-        return costmodel.worst_link(
-            [self.between(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
-        )
+        key = tuple(g.index for g in gpus)
+        found = self._joined.get(key)
+        if found is None:
+            found = self._joined[key] = costmodel.worst_link(
+                [self.between(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+            )
+        return found
 
 
 def _group_key(links: Links, gpus: Sequence[Gpu]) -> tuple[float, float, int]:
-    link = links.group(gpus)
-    speed = min(hardware.gpu_model(g.name, g.cc).mem_bw_gbs for g in gpus)
-    return (link.gbs, speed, -sum(g.index for g in gpus))
+    key = tuple(g.index for g in gpus)
+    found = links._groups.get(key)
+    if found is None:
+        link = links.group(gpus)
+        speed = min(hardware.gpu_model(g.name, g.cc).mem_bw_gbs for g in gpus)
+        found = links._groups[key] = (link.gbs, speed, -sum(g.index for g in gpus))
+    return found
 
 
 def best_group(links: Links, pool: Sequence[Gpu], size: int) -> tuple[Gpu, ...]:
@@ -125,13 +149,7 @@ def replica_layout(
     between them (``internode`` among them where they span nodes), ``kv_budget`` bytes of KV
     cache, and the host's front end (``links.host``)."""
     stages = tuple(tuple(replica[i * s.tp : (i + 1) * s.tp]) for i in range(s.pp))
-    tp_link = (
-        costmodel.worst_link([links.group(st) for st in stages]) if s.tp > 1 else costmodel.NO_LINK
-    )
-    hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(s.pp - 1)]
-    if internode is not None:
-        hops.append(internode)
-    pp_link = costmodel.worst_link(hops) if s.pp > 1 else costmodel.NO_LINK
+    tp_link, pp_link = _stage_links(links, stages, s, internode)
     return Layout(
         tp=s.tp,
         pp=s.pp,
@@ -142,6 +160,30 @@ def replica_layout(
         kv_budget_bytes=kv_budget,
         host=links.host,
     )
+
+
+def _stage_links(links: Links, stages: Sequence[Sequence[Gpu]], s: Shape,
+                 internode: Link | None) -> tuple[Link, Link]:
+    """A replica's TP link (its stages' worst group) and PP link (the worst hop)."""
+    tp_link = (
+        costmodel.worst_link([links.group(st) for st in stages]) if s.tp > 1 else costmodel.NO_LINK
+    )
+    hops = [links.between(stages[i][0], stages[i + 1][0]) for i in range(s.pp - 1)]
+    if internode is not None:
+        hops.append(internode)
+    pp_link = costmodel.worst_link(hops) if s.pp > 1 else costmodel.NO_LINK
+    return tp_link, pp_link
+
+
+def _physics(links: Links, groups: Sequence[tuple[Gpu, ...]], s: Shape) -> tuple[object, ...]:
+    """Everything :func:`evaluate` reads of ``groups`` besides the GPUs' names (numbers, UUIDs,
+    bus addresses: only echoed into the candidate): what each GPU is, in rank order, and how the
+    first replica's stages are joined. Two groupings alike in it get the same fit, prediction
+    and rank key (:mod:`launcher.planner.searchmemo`)."""
+    first = groups[0]
+    stages = [first[i * s.tp : (i + 1) * s.tp] for i in range(s.pp)]
+    return (tuple(tuple(links.memo.kind(g) for g in grp) for grp in groups),
+            _stage_links(links, stages, s, None))
 
 
 def candidate_layout(c: Candidate, topo: Topology, links: Links, kv_budget: float) -> Layout:
@@ -163,7 +205,6 @@ def order_replica(links: Links, replica: Sequence[Gpu], tp: int, pp: int) -> tup
 def best_candidate(
     m: ModelSpec, policy: Policy, links: Links, pool: Sequence[Gpu], s: Shape
 ) -> tuple[Candidate, Layout | None]:
-    k = s.tp * s.pp * s.dp
     mode = mode_name(s.tp, s.pp, s.dp)
     blank = Candidate(mode, s.tp, s.pp, s.dp, (), "none")
     why = structural_reject(m, s)
@@ -171,10 +212,8 @@ def best_candidate(
         return replace(blank, rejection=why), None
     best: tuple[tuple[tuple[float, float], float], Candidate, Layout] | None = None
     first_reject: Candidate | None = None
-    for subset in _subsets(pool, k):
-        groups = [
-            order_replica(links, g, s.tp, s.pp) for g in _split(links, subset, s.dp, s.tp * s.pp)
-        ]
+    for tried in _groupings(links.machine, tuple(pool), s):
+        groups = [tuple(pool[i] for i in grp) for grp in tried]
         cand, lay = evaluate(m, policy, links, groups, s, None)
         if lay is None:
             first_reject = first_reject or cand
@@ -187,6 +226,51 @@ def best_candidate(
     if best is None:
         return (first_reject or replace(blank, rejection=Rejection("no_gpu_set"))), None
     return best[1], best[2]
+
+
+class _Machine:
+    """What grouping a topology's GPUs reads of it (every GPU, every pair's link), to key the
+    groupings of :func:`_groupings` by: equal for every plan of one machine in this process
+    (the agent plan plans twice, a test hundreds of times), whatever the model or workload.
+    It refers to its plan's :class:`Links` (which a grouping is worked out with, on a miss:
+    the plan is then running) weakly, so that the cache keeps no plan's memo alive."""
+
+    def __init__(self, links: Links) -> None:
+        self.links = weakref.ref(links)
+        gpus = tuple(links.topo.gpus)
+        self.key = (gpus, tuple(links.between(a, b)
+                                for i, a in enumerate(gpus) for b in gpus[i + 1:]))
+        self._hash = hash(self.key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Machine) and self.key == other.key
+
+
+@lru_cache(maxsize=1024)
+def _groupings(machine: _Machine, pool: tuple[Gpu, ...],
+               s: Shape) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The GPU groupings (by place in ``pool``) :func:`best_candidate` evaluates for shape ``s`` on
+    ``pool``: each subset of the pool greedily split into replicas and stages, bar one alike in
+    everything but the GPUs' names to a grouping before it (most of an 8-GPU box's subsets),
+    which would get that one's rank key, so could not beat it (a later grouping wins only when
+    strictly better) nor come first among the rejected. In subset order, as the search had
+    them; kept per machine, being the same for every model and workload."""
+    links = machine.links()
+    assert links is not None  # a miss is worked out for the plan asking, with its Links
+    place = {id(g): i for i, g in enumerate(pool)}
+    out, seen = [], set()
+    for subset in _subsets(pool, s.tp * s.pp * s.dp):
+        groups = [
+            order_replica(links, g, s.tp, s.pp) for g in _split(links, subset, s.dp, s.tp * s.pp)
+        ]
+        physics = _physics(links, groups, s)
+        if physics not in seen:
+            seen.add(physics)
+            out.append(tuple(tuple(place[id(g)] for g in grp) for grp in groups))
+    return tuple(out)
 
 
 def _subsets(pool: Sequence[Gpu], k: int) -> list[tuple[Gpu, ...]]:
@@ -205,14 +289,15 @@ def evaluate(
 ) -> tuple[Candidate, Layout | None]:
     used = [g for grp in groups for g in grp]
     util = memfit.startable_utilization(used, policy.gpu_memory_utilization)
-    f = memfit.fit(m, used, s.tp, s.pp, util, policy.kv_cache_bytes,
-                   policy.cpu_offload_gib * GIB)
+    memo = links.memo  # the same figures for the same cards under other numbers
+    f = memo.fit(m, used, s.tp, s.pp, util, policy.kv_cache_bytes,
+                 policy.cpu_offload_gib * GIB)
     lay = replica_layout(links, groups[0], s, f.kv_budget, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")
     )
     wanted = policy.max_model_len or min(MIN_CONTEXT, m.max_position_embeddings)
-    need = memfit.need_per_gpu(f, m, s.tp, s.pp, wanted)
+    need = memo.need_per_gpu(f, m, s.tp, s.pp, wanted)
     gpus = tuple(g.index for grp in groups for g in grp)
     # what other processes hold, each GPU once in bus order (the nodes of a multi-node group
     # repeat one node's GPUs)
@@ -241,7 +326,7 @@ def evaluate(
             have_gib=gib(f.budget), utilization=util,
             lowered=util < policy.gpu_memory_utilization, card_gib=gib(smallest.memory_bytes),
             card=smallest.name, held=held)), None
-    measured = kernelcost.layout_prediction(
+    measured = memo.layout_prediction(
         m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
         max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,
         concurrency=policy.streams, kv_dtype_bytes=f.kv_dtype_bytes,
@@ -249,13 +334,13 @@ def evaluate(
     if measured is not None:
         return replace(cand, predicted=measured[0], kernel_table=measured[1],
                        max_model_len=policy.max_model_len or f.context), lay
-    pred = costmodel.predict(
+    pred = memo.predict(
         m,
         lay,
         prompt=policy.prompt_tokens,
         gen=policy.gen_tokens,
         concurrency=policy.streams,
-        kv_sequences=memfit.sequences_held(m, f, policy.prompt_tokens + policy.gen_tokens),
+        kv_sequences=memo.sequences_held(m, f, policy.prompt_tokens + policy.gen_tokens),
         max_num_seqs=policy.max_num_seqs,
         batched_tokens=f.limits.batched_tokens,
     )

@@ -69,7 +69,10 @@ class RooflineStep:
     its tokens (chunks and decoders together: one eager forward) whose attention spans the
     chunks' (query, key) pairs and each decoder's context, the host's floor counting the
     sequences that sample (every decoder, and the prompts whose last chunk it is). Steps of
-    the same shape recur (the prompt chunks of a closed loop): each is timed once."""
+    the same shape recur (the prompt chunks of a closed loop; the decode steps of each request
+    of a stream, which reach the same contexts): each is timed once. A decode step is keyed by
+    what it is timed from, its sequences and their mean context, not by their total context
+    (the same mean from a few totals), nor by the prefill terms it has none of."""
 
     m: ModelSpec
     lay: Layout
@@ -77,16 +80,20 @@ class RooflineStep:
                                                                  repr=False)
 
     def step_s(self, batch: StepBatch) -> float:
-        key = (batch.prefill_tokens, batch.prefill_pairs, batch.decode_seqs,
-               batch.decode_context, batch.sampled)
-        if key not in self._seen:
-            pre, pairs, seqs, context, sampled = key
-            self._seen[key] = (
-                costmodel.decode_step_s(self.m, self.lay, max(1, seqs), context // max(1, seqs))
+        pre, pairs, seqs = batch.prefill_tokens, batch.prefill_pairs, batch.decode_seqs
+        context, sampled = batch.decode_context, batch.sampled
+        if pre == 0:
+            key = (0, 0.0, max(1, seqs), context // max(1, seqs), 0)
+        else:
+            key = (pre, pairs, seqs, context, sampled)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = (
+                costmodel.decode_step_s(self.m, self.lay, key[2], key[3])
                 if pre == 0 else costmodel.prefill_step_s(
                     self.m, self.lay, pre + seqs, pairs=pairs + context,
                     sequences=max(1, sampled)))
-        return self._seen[key]
+        return found
 
 
 def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:
