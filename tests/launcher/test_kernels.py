@@ -40,6 +40,7 @@ from launcher.probe.kernels import (
     table_to_json,
     time_table,
 )
+from tests.support.cache import fresh_cache
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 TINY = StepShape(
@@ -243,7 +244,8 @@ def test_probe_measure_model_times_and_keeps_the_table_on_a_machine_without_gpus
     from launcher.probe import kernelprobe
 
     pytest.importorskip("torch")
-    monkeypatch.setenv("TOPOSERVE_CACHE", str(tmp_path))
+    # the host timing's worker detokenises with the embedded model: the session's, linked
+    monkeypatch.setenv("TOPOSERVE_CACHE", str(fresh_cache(tmp_path, tiny_model=tiny_model_path)))
     # Without a GPU --measure also times the CPU engine's step with a real vLLM start, which
     # test_cpu_prediction.py covers; the kernel table is the point here.
     monkeypatch.setattr(enginesteps, "measure", lambda env: "engine decode step: (not timed)")
