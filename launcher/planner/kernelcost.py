@@ -197,6 +197,40 @@ class HostBound:
         return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled))
 
 
+def _timer(
+    table: KernelTable,
+    *,
+    allreduce: AllReduce,
+    assumed_step_overhead_s: float,
+    max_graph_tokens: int,
+    measured_step_overhead: tuple[float, str] | None = None,
+    host: HostProfile | None = None,
+) -> tuple[StepTimer, tuple[str, ...]]:
+    """The step timer a table gives (and its sources): eager steps launched at the host's pace
+    and every step bound by its front end where ``host`` is a GPU server's; the CPU engine's
+    (``host`` None) as timed. The one constructor of a table's steps."""
+    kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
+                   max_graph_tokens=max_graph_tokens,
+                   measured_step_overhead=measured_step_overhead,
+                   layer_launch_s=host.layer_launch_s if host is not None else 0.0)
+    return (kc.cost if host is None else HostBound(kc.cost, host)), kc.sources
+
+
+def _tp_allreduce(lay: Layout) -> AllReduce:
+    link = lay.tp_link
+    return AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
+
+
+def layout_step(table: KernelTable, lay: Layout, *, max_graph_tokens: int) -> StepTimer:
+    """The step timer of a GPU layout's kernel table (over its TP link, eager past
+    ``max_graph_tokens``, the engine's CUDA-graph range, on its host): what
+    :func:`layout_prediction` predicts with, for the load simulation to time the same steps."""
+    timer, _ = _timer(table, allreduce=_tp_allreduce(lay),
+                      assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
+                      max_graph_tokens=max_graph_tokens, host=lay.host)
+    return timer
+
+
 @dataclass(frozen=True)
 class LoadPrediction:
     """Figures as loadgen reports them, from the simulated scheduler."""
@@ -251,11 +285,10 @@ def as_prediction(
     memfit's (:func:`memfit.pool_blocks` of ``kv_bytes``, counted in the simulation's blocks
     for a request of ``prompt + gen``: sliding windows and block rounding as vLLM counts
     them). With ``host`` (a GPU server's), no step is shorter than its front end's work."""
-    kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
-                   max_graph_tokens=max_graph_tokens,
-                   measured_step_overhead=measured_step_overhead,
-                   layer_launch_s=host.layer_launch_s if host is not None else 0.0)
-    timer: StepTimer = kc.cost if host is None else HostBound(kc.cost, host)
+    timer, sources = _timer(table, allreduce=allreduce,
+                            assumed_step_overhead_s=assumed_step_overhead_s,
+                            max_graph_tokens=max_graph_tokens,
+                            measured_step_overhead=measured_step_overhead, host=host)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
@@ -273,7 +306,7 @@ def as_prediction(
         e2e_s=p.ttft_s + (gen - 1) * tpot,
         batch=p.load.max_running,
     )
-    return pred, kc.sources
+    return pred, sources
 
 
 def table_for(
@@ -295,24 +328,24 @@ def layout_prediction(
     gen: int,
     concurrency: int,
     kv_dtype_bytes: int = 2,
+    max_graph_tokens: int = 512,
 ) -> tuple[Prediction, KernelTable] | None:
     """A GPU candidate's prediction from its kernel table, with the table; None where there is
     none (the roofline then predicts) or the layout has pipeline stages (left to the
-    roofline). ``kv_dtype_bytes``: the fit's KV element size (1 under FP8 KV)."""
+    roofline). ``kv_dtype_bytes``: the fit's KV element size (1 under FP8 KV);
+    ``max_graph_tokens``: the engine's CUDA-graph range (Policy.graph_steps)."""
     names = {g.name for stage in lay.stages for g in stage}
     if lay.pp != 1 or len(names) != 1:
         return None
     table = table_for(tables, m, lay.tp, names.pop())
     if table is None:
         return None
-    link = lay.tp_link
-    ar = AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
     pred, _ = as_prediction(
         m, table, kv_bytes=lay.kv_budget_bytes, block=BLOCK_TOKENS, batched_tokens=batched_tokens,
         max_num_seqs=max_num_seqs, prompt=prompt, gen=gen, concurrency=concurrency,
         assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
-        request_overhead_s=lay.host.request_fixed_s, allreduce=ar, dp=lay.dp,
-        kv_dtype_bytes=kv_dtype_bytes, host=lay.host,
+        request_overhead_s=lay.host.request_fixed_s, allreduce=_tp_allreduce(lay), dp=lay.dp,
+        kv_dtype_bytes=kv_dtype_bytes, host=lay.host, max_graph_tokens=max_graph_tokens,
     )
     return pred, table
 

@@ -330,6 +330,7 @@ def evaluate(
         m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
         max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,
         concurrency=policy.streams, kv_dtype_bytes=f.kv_dtype_bytes,
+        max_graph_tokens=policy.graph_steps,
     )
     if measured is not None:
         return replace(cand, predicted=measured[0], kernel_table=measured[1],

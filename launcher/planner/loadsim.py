@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from launcher.model.modelspec import ModelSpec
-from launcher.planner import costmodel, hardware, memfit
+from launcher.planner import costmodel, memfit
 from launcher.planner.costmodel import Layout, Prediction
 from launcher.planner.hardware import HostProfile
-from launcher.planner.kernelcost import AllReduce, HostBound, step_cost
+from launcher.planner.kernelcost import layout_step
 from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
 from launcher.planner.plantypes import Candidate, Policy
@@ -113,12 +113,13 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> Sc
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
-               concurrency: int, max_num_seqs: int,
-               table: KernelTable | None = None) -> tuple[Prediction, tuple[str, ...]]:
+               concurrency: int, max_num_seqs: int, table: KernelTable | None = None,
+               graph_steps: int = 512) -> tuple[Prediction, tuple[str, ...]]:
     """``pred`` (the closed formulas') with the load of ``concurrency`` streams from the
     simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
     where the layout has pipeline stages or the workload cannot run. With the kernel ``table``
-    the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them."""
+    the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them
+    (``graph_steps``: the engine's CUDA-graph range, Policy.graph_steps)."""
     host = (host_line(lay.host),)
     if lay.pp > 1:
         return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
@@ -131,7 +132,8 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         # loadgen's closed loop as it measures by default: the streams' requests sent at one
         # moment, each stream sending its next one when its last ends, LOADGEN_REQUESTS_PER_STREAM
         # in all (no prefix shared); the later ones reach an engine that is decoding
-        timer = RooflineStep(m, lay) if table is None else _table_step(table, lay)
+        timer = (RooflineStep(m, lay) if table is None
+                 else layout_step(table, lay, max_graph_tokens=graph_steps))
         requests = simulate(
             lim, timer, Workload(prompt, gen, concurrency=per_replica,
                                  requests=LOADGEN_REQUESTS_PER_STREAM * per_replica),
@@ -180,17 +182,9 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
     lay = candidate_layout(c, topo, links, c.fit.kv_budget)
     pred, why = under_load(m, lay, c.fit, c.predicted, prompt=policy.prompt_tokens,
                            gen=policy.gen_tokens, concurrency=policy.streams,
-                           max_num_seqs=policy.max_num_seqs, table=c.kernel_table)
+                           max_num_seqs=policy.max_num_seqs, table=c.kernel_table,
+                           graph_steps=policy.graph_steps)
     return replace(c, predicted=pred), why
-
-
-def _table_step(table: KernelTable, lay: Layout) -> HostBound:
-    """The step cost :func:`kernelcost.layout_prediction` predicted the candidate with: the
-    table's steps, never shorter than the host's front end needs."""
-    link = lay.tp_link
-    ar = AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
-    return HostBound(step_cost(table, allreduce=ar,
-                               assumed_step_overhead_s=hardware.STEP_OVERHEAD_S).cost, lay.host)
 
 
 def _ms(s: float) -> str:

@@ -332,6 +332,45 @@ def test_a_gpu_plan_uses_the_models_kernel_table_where_one_was_kept() -> None:
     assert slow.predicted.prefill_tok_s < with_.predicted.prefill_tok_s
 
 
+def test_a_plan_for_an_engine_with_fewer_graphs_prefills_at_the_hosts_launch_pace() -> None:
+    """The engine's CUDA-graph range (from the user's vLLM flags: Policy.graph_tokens) decides
+    which steps the kernel table times as replayed graphs and which as eager layers the host
+    launches: a 512-token prompt past a 64-token range takes the host's pace a layer, in the
+    plan's figure and in its simulated load alike."""
+    from launcher.planner.hardware import SERVER_HOST
+    from launcher.planner.loadsim import SimulatedPrediction
+    from launcher.planner.plan import plan
+    from launcher.planner.plantypes import Policy
+    from launcher.probe.topology import load_topology
+
+    topo = load_topology(str(MODELS.parents[0] / "topologies" / "h200x2-nvlink.nvml.json"), {})
+    m = load_model_spec(str(MODELS / "llama-3.1-8b"))
+    name = topo.gpus[0].name
+    shape = step_shape(m, 1)
+    eager = table_like(shape, name, 0.1)
+    eager = replace(eager, times=(*eager.times, *(replace(t, op="eager:" + t.op)
+                                                  for t in eager.times
+                                                  if not t.op.startswith(("attn", "head")))))
+    ask = {"force_tp": 1, "force_dp": 1, "kernels": (eager,)}
+    graphs = plan(topo, m, Policy(**ask))  # vLLM's default: graphs to 512 tokens
+    few = plan(topo, m, Policy(**ask, graph_tokens=64))
+    launch = SERVER_HOST.layer_launch_s  # a saved topology plans for the shipped host
+    ttft_gap = 512 / few.predicted.prefill_tok_s - 512 / graphs.predicted.prefill_tok_s
+    # each of the 32 layers waits for its launch instead of its (much shorter) kernels
+    layer_gpu = sum(_at_for(eager, op, 512) for op in ("linear:qkv", "linear:o",
+                                                       "linear:gate_up", "linear:down",
+                                                       "norm", "norm", "rope", "act"))
+    assert ttft_gap == pytest.approx(m.num_layers * (launch - layer_gpu), rel=0.05)
+    assert isinstance(few.predicted, SimulatedPrediction)
+    assert isinstance(graphs.predicted, SimulatedPrediction)
+    assert few.predicted.ttft_p50_s > graphs.predicted.ttft_p50_s  # the load simulation too
+    assert few.predicted.decode_tok_s == graphs.predicted.decode_tok_s  # decode stays in graphs
+
+
+def _at_for(table: KernelTable, op: str, tokens: int) -> float:
+    return next(t.seconds for t in table.times if t.op == op and t.tokens == tokens)
+
+
 def test_a_table_of_another_gpu_or_model_is_not_used() -> None:
     from launcher.planner.plan import plan
     from launcher.planner.plantypes import Policy
