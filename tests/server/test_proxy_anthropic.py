@@ -6,11 +6,12 @@ message)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import anthropic
 import pytest
 
-from tests.server.conftest import ProxyProc, SpawnProxy, free_port
+from tests.server.conftest import ProxyProc, SpawnProxy, free_port, run_proxy
 from tests.server.rawhttp import exchange
 
 MESSAGE = {"model": "sim-model", "max_tokens": 8,
@@ -102,9 +103,18 @@ def test_engine_down_is_an_anthropic_503_before_the_stream(spawn_proxy: SpawnPro
     assert set(other.json()) == {"error"}
 
 
+@pytest.fixture(scope="module")
+def _keyed(_shared_sim: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
+    """One keyed proxy for the module's key tests (a proxy start is ~1 s; they hold no state)."""
+    with run_proxy([_shared_sim], "--api-key", "sk-right",
+                   log_dir=tmp_path_factory.mktemp("keyed")) as proxy:
+        yield proxy
+
+
 @pytest.fixture
-def keyed(spawn_proxy: SpawnProxy, sim_url: str) -> ProxyProc:
-    return spawn_proxy([sim_url], "--api-key", "sk-right")
+def keyed(_keyed: ProxyProc, sim_url: str) -> ProxyProc:
+    """The keyed proxy in front of the shared sim, reset for each test as `sim_url` is."""
+    return _keyed
 
 
 @pytest.mark.parametrize("headers", [{}, {"x-api-key": "sk-wrong"},

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from simengine.engine import SimConfig, spawn
-from tests.server.conftest import ProxyProc, SpawnProxy
+from tests.server.conftest import ProxyProc, run_proxy
 from tests.server.rawhttp import exchange
 from tests.server.test_proxy_protocol import metric
 
@@ -24,9 +24,12 @@ def engine(request: pytest.FixtureRequest) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def proxy_for(engine: str, spawn_proxy: SpawnProxy) -> ProxyProc:
-    return spawn_proxy([engine])
+@pytest.fixture(scope="module")
+def proxy_for(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
+    """One proxy per engine for the module: every test reads its counters before and after
+    (a proxy start is ~1 s of the 22 tests' time, their requests a few ms)."""
+    with run_proxy([engine], log_dir=tmp_path_factory.mktemp("usage-proxy")) as proxy:
+        yield proxy
 
 
 def chunks(body: bytes) -> list[dict[str, object]]:
