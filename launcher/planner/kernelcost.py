@@ -106,6 +106,9 @@ class AllReduce:
 class KernelCost:
     cost: TableStepCost
     sources: tuple[str, ...]  # what was measured, what assumed: for the plan's reasons
+    # the engine core's own work a step (measured or assumed); in ``cost``'s steps unless
+    # step_cost was asked to leave it beside them (overlap_overhead)
+    overhead_s: float = 0.0
 
 
 def _at(points: list[KernelTime], tokens: int) -> float:
@@ -124,11 +127,16 @@ def step_cost(
     max_graph_tokens: int = 512,
     measured_step_overhead: tuple[float, str] | None = None,
     layer_launch_s: float = 0.0,
+    overlap_overhead: bool = False,
 ) -> KernelCost:
     """The step cost the table gives, with the engine's step overhead measured (in the table,
     or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed.
     ``layer_launch_s``: the serving host's launching of one eager layer (the roofline's
-    :attr:`HostProfile.layer_launch_s`): a step past the graphs takes at least that a layer."""
+    :attr:`HostProfile.layer_launch_s`): a step past the graphs takes at least that a layer.
+    ``overlap_overhead``: the engine's step overhead runs beside the GPU's step (vLLM's
+    asynchronous scheduling on a GPU prepares step k+1 while the GPU runs step k), so it is
+    left out of the steps and returned as ``overhead_s`` for :class:`HostBound` to bound them
+    with; else (the CPU engine) it is in series."""
     s = table.shape
     ladder = sorted({t.tokens for t in table.times if t.op == "norm"})
     if not ladder:
@@ -176,10 +184,14 @@ def step_cost(
     else:
         overhead = assumed_step_overhead_s
         sources.append(f"engine step overhead assumed: {overhead * 1e3:.2f} ms (not measured)")
+    if overlap_overhead:
+        sources[-1] += (", beside the GPU's step (asynchronous scheduling): a step lasts the "
+                        "longer of the two")
     sources += [f"not in the table: {x}" for x in table.missing]
     cost = TableStepCost(tuple(ladder), tuple(forward), pair, token, per_row,
-                         overhead + fixed_head, tuple(eager_forward), max_graph_tokens)
-    return KernelCost(cost, tuple(sources))
+                         (0.0 if overlap_overhead else overhead) + fixed_head,
+                         tuple(eager_forward), max_graph_tokens)
+    return KernelCost(cost, tuple(sources), overhead)
 
 
 @dataclass(frozen=True)
@@ -188,13 +200,16 @@ class HostBound:
     sequences that sample in it (:class:`hardware.HostProfile`): the roofline's rule
     (costmodel.decode_step_s), so a kernel table and the roofline share one host model. The
     CPU engine's steps are not wrapped: there the host is the engine, and its measured step
-    overhead is already in the table's step."""
+    overhead is already in the table's step. ``engine_s``: the engine core's own work a step,
+    done beside the GPU's under asynchronous scheduling, which bounds the step the same way."""
 
     cost: TableStepCost
     host: HostProfile
+    engine_s: float = 0.0
 
     def step_s(self, batch: StepBatch) -> float:
-        return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled))
+        return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled),
+                   self.engine_s)
 
 
 def _timer(
@@ -212,8 +227,11 @@ def _timer(
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=max_graph_tokens,
                    measured_step_overhead=measured_step_overhead,
-                   layer_launch_s=host.layer_launch_s if host is not None else 0.0)
-    return (kc.cost if host is None else HostBound(kc.cost, host)), kc.sources
+                   layer_launch_s=host.layer_launch_s if host is not None else 0.0,
+                   overlap_overhead=host is not None)
+    if host is None:
+        return kc.cost, kc.sources
+    return HostBound(kc.cost, host, kc.overhead_s), kc.sources
 
 
 def _tp_allreduce(lay: Layout) -> AllReduce:
@@ -293,7 +311,9 @@ def as_prediction(
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
                                      block, in_flight)
-    lim = SchedulerLimits(batched_tokens, max_num_seqs, blocks, block)
+    # a GPU server (``host``) schedules asynchronously, as loadsim's simulation has it
+    lim = SchedulerLimits(batched_tokens, max_num_seqs, blocks, block,
+                          async_scheduling=host is not None)
     p = predict(timer, lim, prompt=prompt, gen=gen, concurrency=per_replica,
                 request_overhead_s=request_overhead_s)
     busy = min(max(1, dp), -(-concurrency // per_replica))
