@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,15 @@ import pytest
 
 from server.config import ConfigError, ProxyConfig, config_from_args, load_keys, read_key_file
 from server.serve import security_warnings
-from tests.server.conftest import REPO, ProxyProc, SpawnProxy, sim_control, sim_stats, wait_for
+from tests.server.conftest import (
+    REPO,
+    ProxyProc,
+    SpawnProxy,
+    run_proxy,
+    sim_control,
+    sim_stats,
+    wait_for,
+)
 
 KEY = "sk-toposerve-SECRET-7f3a9c"
 WRONG = "sk-wrong-MARKER-55e1"
@@ -30,9 +39,19 @@ def assert_openai_error(r: httpx.Response, status: int) -> dict[str, object]:
     return error
 
 
+@pytest.fixture(scope="module")
+def _keyed(_shared_sim: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
+    """One keyed proxy for the module's key tests (a proxy start is ~1 s): its log and metrics,
+    which must never show the key, then hold every key test's traffic."""
+    with run_proxy([_shared_sim], env={"TOPOSERVE_API_KEYS": f"other-key,{KEY}"},
+                   log_dir=tmp_path_factory.mktemp("keyed")) as proxy:
+        yield proxy
+
+
 @pytest.fixture
-def keyed(spawn_proxy: SpawnProxy, sim_url: str) -> ProxyProc:
-    return spawn_proxy([sim_url], env={"TOPOSERVE_API_KEYS": f"other-key,{KEY}"})
+def keyed(_keyed: ProxyProc, sim_url: str) -> ProxyProc:
+    """The keyed proxy in front of the shared sim, reset for each test as `sim_url` is."""
+    return _keyed
 
 
 @pytest.mark.parametrize("headers", [
