@@ -273,10 +273,16 @@ class _Pool:
 
     empty: int
     cached: OrderedDict[int, int] = field(default_factory=OrderedDict)
+    # sum(cached.values()), kept as they change: a closed loop of thousands of requests leaves
+    # as many cached tails, and every allocation asks how many blocks are free
+    _in_cache: int = 0
+
+    def __post_init__(self) -> None:
+        self._in_cache = sum(self.cached.values())
 
     @property
     def free(self) -> int:
-        return self.empty + sum(self.cached.values())
+        return self.empty + self._in_cache
 
     def resident(self, session: int | None) -> int:
         return self.cached.get(session, 0) if session is not None else 0
@@ -292,6 +298,7 @@ class _Pool:
             oldest = next(iter(self.cached))
             lost = min(n, self.cached[oldest])
             self.cached[oldest] -= lost
+            self._in_cache -= lost
             n -= lost
             if not self.cached[oldest]:
                 del self.cached[oldest]
@@ -300,14 +307,17 @@ class _Pool:
     def claim(self, session: int, blocks: int) -> None:
         """A request of ``session`` hits its first ``blocks``; the rest it does not reuse."""
         held = self.cached.pop(session, 0)
+        self._in_cache -= held
         self.empty += held - min(blocks, held)
 
     def give(self, blocks: int, session: int | None, content: int) -> None:
         content = min(content, blocks) if session is not None else 0
         self.empty += blocks - content
         if content:
-            self.empty += self.cached.pop(session, 0)  # type: ignore[arg-type]
+            held = self.cached.pop(session, 0)  # type: ignore[arg-type]
+            self.empty += held
             self.cached[session] = content  # type: ignore[index]
+            self._in_cache += content - held
 
 
 @dataclass
@@ -336,7 +346,9 @@ class _Engine:
         return -(-tokens // self.lim.block_size)
 
     def allocate(self, r: _Req, new: int) -> bool:
-        need = max(0, self.blocks_for(r.computed + new) - r.blocks)
+        need = self.blocks_for(r.computed + new) - r.blocks
+        if need <= 0:  # within its blocks (a decoder's 15 steps in 16): the pool unchanged
+            return True
         if not self.pool.take(need):
             return False
         r.blocks += need
@@ -660,14 +672,29 @@ def _fast_decode(eng: _Engine, timer: StepTimer, now: float, until: float,
     request finishes (blocks are freed), a copy from host memory arrives, a new request arrives
     (at ``until``), or a decoder would need a block that is not free (a preemption). Returns
     the time after them, when the last of them began (``last_start`` if none ran) and how many
-    ran."""
+    ran.
+
+    In a cache that is nearly full (a closed loop of many streams) the decoders would run out of
+    free blocks before the first of them finishes: the steps up to the last one whose blocks are
+    all free are taken at once (nothing else changes before it), and the one that would preempt
+    is left to the step-by-step loop."""
     left = min(r.gen - r.outputs for r in eng.running) - 1  # the last one goes step by step
     if left < 1:
         return now, last_start, 0
     bs = eng.lim.block_size
-    need = sum(max(0, -(-(r.computed + left) // bs) - r.blocks) for r in eng.running)
-    if need > eng.pool.free:
-        return now, last_start, 0
+    free = eng.pool.free
+
+    def need(k: int) -> int:  # blocks the decoders take in k more steps (grows with k)
+        return sum(max(0, -(-(r.computed + k) // bs) - r.blocks) for r in eng.running)
+
+    if need(left) > free:
+        lo, hi = 0, left  # need(lo) <= free < need(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
+        left = lo
+        if left < 1:
+            return now, last_start, 0
     arrives = min(min((r.ready for r in eng.loading), default=math.inf), until)
     n = len(eng.running)
     context = sum(r.computed for r in eng.running)
