@@ -8,7 +8,12 @@
 # STEP: predict | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
 #       | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
 #  predict  plans of every case below (or of $PREDICT_CASES) for each of its scenarios
-#           -> $OUT/predictions.jsonl
+#           -> $OUT/predictions.jsonl ($OUT/predictions-$PRED_TAG.jsonl with PRED_TAG set); each
+#           line says whether the plan's speed came from a kernel table kept on the machine
+#  probe    `launcher probe --measure` (this host's front end, the GPU's GEMM rates), then
+#           `launcher probe --measure --model` of every case in $PREDICT_CASES (its kernel table,
+#           kept where plans find it) -> $OUT/probe.txt. The order that shows both paths, each
+#           before anything is served: PRED_TAG=roofline predict, probe, PRED_TAG=tables predict
 # Fresh shapes, never served before (2026-12-02, session 12), the issue's categories first; each
 # folder's SOURCE.md says where its config came from and what was changed (the 4,096-token
 # vocabulary and ids 0/1 for bos/eos, so sampled ids stay inside the small tokenizer):
@@ -73,7 +78,8 @@ try:
     d = json.loads(raw)
 except ValueError:
     print(json.dumps({'case': '$case', 'scenario': '$scen', 'error': raw.strip()[-300:]})); sys.exit()
-out = {'case': '$case', 'scenario': '$scen', 'max_model_len': d['max_model_len'], **d['predicted']}
+out = {'case': '$case', 'scenario': '$scen', 'max_model_len': d['max_model_len'], **d['predicted'],
+       'kernel_table': any('kernel table' in r for r in d.get('reasons', []))}
 if d.get('agent'):
     out['agent_rooms'] = d['agent']['rooms']
 print(json.dumps(out))"
@@ -81,6 +87,16 @@ print(json.dumps(out))"
 
 port=18500
 for step in "$@"; do
+  if [[ $step == probe ]]; then
+    { t0=$(date +%s)
+      timeout 120 python3 -m launcher probe --measure 2>&1 | tail -n 12
+      for c in ${PREDICT_CASES:-}; do
+        timeout 240 python3 -m launcher probe --measure --model "$M/${MODEL[$c]}" 2>&1 | grep -E "^kernel table|Error|error" | head -n 4
+        echo "$c: probe --measure --model exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 ))s"
+      done; } > "$OUT/probe.txt" 2>&1
+    tail -n 3 "$OUT/probe.txt"
+    continue
+  fi
   if [[ $step == predict ]]; then
     for c in ${PREDICT_CASES:-moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
@@ -95,9 +111,9 @@ for step in "$@"; do
                   done ;;
         esac
       done
-    done > "$OUT/predictions.jsonl"
+    done > "$OUT/predictions${PRED_TAG:+-$PRED_TAG}.jsonl"
     wait
-    wc -l "$OUT/predictions.jsonl"
+    wc -l "$OUT/predictions${PRED_TAG:+-$PRED_TAG}.jsonl"
     continue
   fi
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
