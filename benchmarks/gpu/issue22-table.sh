@@ -95,6 +95,9 @@ for step in "$@"; do
         echo "$c: probe --measure --model exit ${PIPESTATUS[0]} at $(( $(date +%s) - t0 ))s"
       done; } > "$OUT/probe.txt" 2>&1
     tail -n 3 "$OUT/probe.txt"
+    # the tables themselves, as one file (a call brings back at most 8)
+    cache=${TOPOSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/toposerve}
+    [[ -d $cache/kernels ]] && tar czf "$OUT/kernels.tgz" -C "$cache" kernels
     continue
   fi
   if [[ $step == predict ]]; then
