@@ -36,6 +36,11 @@
 #  qwen3    Qwen3-32B shape (q/k norms, 64 heads): single, c32, long16, depth
 #  small3b  Llama-3.2-3B shape: single, c32, long16, depth
 # One GPU, --gpu-memory-utilization per case (UTIL below), random weights (--load-format dummy).
+# CUDA graphs to 64 tokens (run_config.sh's COMPILATION_CONFIG, passed to the plans as well);
+# vLLM's own default range (to 512 tokens, so a 512-token prompt replays piecewise graphs) is
+# COMPILATION_CONFIG='{}', e.g. `COMPILATION_CONFIG='{}' PRED_TAG=default NAME_SUFFIX=-default
+# PREDICT_CASES=smollm2 bash benchmarks/gpu/issue22-table.sh predict smollm2`: the roofline
+# takes every prefill step as eager, which no run with the default range has checked yet.
 set -uo pipefail
 M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
@@ -121,6 +126,6 @@ for step in "$@"; do
   fi
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
   port=$((port + 10))
-  PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step" \
+  PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step${NAME_SUFFIX:-}" \
     "$M/${MODEL[$step]}" "$(base "$step")" "${SCEN[$step]}"
 done
