@@ -315,19 +315,17 @@ class CpuStep:
         return max(0.0, fixed - self.over.seconds)
 
 
-def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable]) -> StepTimer:
+def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable],
+               graph_steps: int = 512) -> StepTimer:
     """This model's kernel table for the layout where one is kept (as the plan's own figures
-    use it), else the roofline."""
+    use it: :func:`kernelcost.layout_step`, with the engine's CUDA-graph range
+    ``graph_steps``), else the roofline."""
     names = {g.name for st in lay.stages for g in st}
     table = (kernelcost.table_for(tables, m, lay.tp, next(iter(names)))
              if lay.pp == 1 and len(names) == 1 else None)
     if table is None:
         return RooflineStep(m, lay)
-    link = lay.tp_link
-    ar = (kernelcost.AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1
-          else kernelcost.AllReduce())
-    return kernelcost.step_cost(table, allreduce=ar,
-                                assumed_step_overhead_s=hardware.STEP_OVERHEAD_S).cost
+    return kernelcost.layout_step(m, table, lay, max_graph_tokens=graph_steps)
 
 
 def agent_turns(ask: AgentAsk, context: int | None = None) -> tuple[Turn, ...]:
@@ -362,7 +360,8 @@ class Simulated:
 
 def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offload: bool,
                   context: int | None = None, tables: Sequence[KernelTable] = (),
-                  limits: memfit.EngineLimits | None = None) -> Simulated | None:
+                  limits: memfit.EngineLimits | None = None,
+                  graph_steps: int = 512) -> Simulated | None:
     """``sessions`` sessions' turns on one replica of ``r`` (None: a turn does not fit its KV
     cache at all). ``offload``: a host tier holds every prefix, copied back over PCIe."""
     assert r.lay is not None
@@ -372,7 +371,8 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
     common = min(ask.common_tokens, turns[0].prompt)
     try:
         res = simulate_turns(m, r, turns, sessions, think_s=ask.think_s, offload=offload,
-                             common_tokens=common, tables=tables, limits=limits)
+                             common_tokens=common, tables=tables, limits=limits,
+                             graph_steps=graph_steps)
     except SimError:
         return None
     return Simulated(turns, res)
@@ -380,7 +380,7 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
 
 def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, *,
                    think_s: float | None, offload: bool, common_tokens: int = 0,
-                   tables: Sequence[KernelTable] = (),
+                   tables: Sequence[KernelTable] = (), graph_steps: int = 512,
                    limits: memfit.EngineLimits | None = None, max_steps: int = SIM_MAX_STEPS,
                    timer: StepTimer | None = None,
                    request_overhead_s: float | None = None) -> SessionsResult:
@@ -412,7 +412,7 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
                      / -(-longest // block))
     if timer is None:
         assert r.lay is not None
-        timer = step_timer(m, r.lay, tables)
+        timer = step_timer(m, r.lay, tables, graph_steps)
     lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block)
     host = r.lay.host if r.lay is not None else hardware.SERVER_HOST
     return simulate_sessions(
@@ -537,7 +537,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         """The option's TTFT p50 at depth with the sessions taking their turns; where it is
         not simulated, ``alone`` (one session's turn), said in the reasons."""
         sims[name] = simulate_room(m, r, ask, r.need, offload=offload, context=context,
-                                   tables=policy.kernels)
+                                   tables=policy.kernels, graph_steps=policy.graph_steps)
         got = sims[name]
         return got.ttft_s if got is not None else alone
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit
-from launcher.planner.costmodel import CpuStepOverhead, Layout, Prediction
+from launcher.planner.costmodel import CpuStepOverhead, Layout, Prediction, eager_host_layer_s
 from launcher.planner.hardware import HostProfile
 from launcher.planner.memfit import (
     BLOCK_TOKENS,
@@ -155,8 +155,10 @@ def step_cost(
         return max(s.layers * layer + moe + comm, s.layers * floor)
 
     forward = [forward_at(n, "") for n in ladder]
-    eager_forward = ([forward_at(n, "eager:", layer_launch_s) for n in ladder] if eager
-                     else [])
+    # past the graphs: the eager timings where the table has them (else the graph-replayed
+    # ones), at the host's launch pace
+    eager_forward = ([forward_at(n, "eager:" if eager else "", layer_launch_s) for n in ladder]
+                     if eager or layer_launch_s > 0 else [])
     pair = token = 0.0
     for g, a in enumerate(s.attention):
         pre = table.lookup("attn:prefill", g)
@@ -220,14 +222,16 @@ def _timer(
     max_graph_tokens: int,
     measured_step_overhead: tuple[float, str] | None = None,
     host: HostProfile | None = None,
+    layer_launch_s: float = 0.0,
 ) -> tuple[StepTimer, tuple[str, ...]]:
     """The step timer a table gives (and its sources): eager steps launched at the host's pace
+    (``layer_launch_s``: costmodel.eager_host_layer_s, the roofline's figure for the model)
     and every step bound by its front end where ``host`` is a GPU server's; the CPU engine's
     (``host`` None) as timed. The one constructor of a table's steps."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=max_graph_tokens,
                    measured_step_overhead=measured_step_overhead,
-                   layer_launch_s=host.layer_launch_s if host is not None else 0.0,
+                   layer_launch_s=layer_launch_s if host is not None else 0.0,
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources
@@ -239,13 +243,16 @@ def _tp_allreduce(lay: Layout) -> AllReduce:
     return AllReduce(lay.tp, link.latency_s, link.gbs * 1e9) if lay.tp > 1 else AllReduce()
 
 
-def layout_step(table: KernelTable, lay: Layout, *, max_graph_tokens: int) -> StepTimer:
+def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
+                max_graph_tokens: int) -> StepTimer:
     """The step timer of a GPU layout's kernel table (over its TP link, eager past
     ``max_graph_tokens``, the engine's CUDA-graph range, on its host): what
-    :func:`layout_prediction` predicts with, for the load simulation to time the same steps."""
+    :func:`layout_prediction` predicts with, for the load and agent simulations to time the
+    same steps."""
     timer, _ = _timer(table, allreduce=_tp_allreduce(lay),
                       assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
-                      max_graph_tokens=max_graph_tokens, host=lay.host)
+                      max_graph_tokens=max_graph_tokens, host=lay.host,
+                      layer_launch_s=eager_host_layer_s(m, lay.host))
     return timer
 
 
@@ -306,7 +313,8 @@ def as_prediction(
     timer, sources = _timer(table, allreduce=allreduce,
                             assumed_step_overhead_s=assumed_step_overhead_s,
                             max_graph_tokens=max_graph_tokens,
-                            measured_step_overhead=measured_step_overhead, host=host)
+                            measured_step_overhead=measured_step_overhead, host=host,
+                            layer_launch_s=eager_host_layer_s(m, host) if host else 0.0)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,

@@ -133,7 +133,7 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         # moment, each stream sending its next one when its last ends, LOADGEN_REQUESTS_PER_STREAM
         # in all (no prefix shared); the later ones reach an engine that is decoding
         timer = (RooflineStep(m, lay) if table is None
-                 else layout_step(table, lay, max_graph_tokens=graph_steps))
+                 else layout_step(m, table, lay, max_graph_tokens=graph_steps))
         requests = simulate(
             lim, timer, Workload(prompt, gen, concurrency=per_replica,
                                  requests=LOADGEN_REQUESTS_PER_STREAM * per_replica),

@@ -387,6 +387,34 @@ def test_a_plan_for_an_engine_with_fewer_graphs_prefills_at_the_hosts_launch_pac
     assert few.predicted.decode_tok_s == pytest.approx(graphs.predicted.decode_tok_s)  # graphs
 
 
+def test_every_simulation_times_a_tables_eager_step_as_the_roofline_launches_the_model() -> None:
+    """The plan's figure, its load simulation and the agent plan's sessions time a kernel
+    table's steps through one constructor: an eager step of a mixture-of-experts family with
+    its own host work (DeepSeek's, families.py) lasts at least the roofline's launch of that
+    model's layers, not a dense layer's."""
+    from launcher.planner import agent, costmodel
+    from launcher.planner.hardware import SERVER_HOST
+    from launcher.planner.kernelcost import layout_step
+    from launcher.planner.layouts import Links, candidate_layout
+    from launcher.planner.plan import plan
+    from launcher.planner.plantypes import Policy
+    from launcher.probe.topology import load_topology
+
+    topo = load_topology(str(MODELS.parents[0] / "topologies" / "h200x2-nvlink.nvml.json"), {})
+    m = load_model_spec(str(MODELS / "deepseek-v2-lite"))
+    table = table_like(step_shape(m, 1), topo.gpus[0].name, 0.001)
+    chosen = plan(topo, m, Policy(force_tp=1, force_dp=1, kernels=(table,)))
+    c = next(c for c in chosen.candidates if c.kernel_table is not None)
+    lay = candidate_layout(c, topo, Links(topo), c.fit.kv_budget)
+    launch = costmodel.eager_host_layer_s(m, SERVER_HOST)
+    assert launch > SERVER_HOST.layer_launch_s  # the MoE path and the family's own
+    eager = StepBatch(prefill_tokens=512, prefill_pairs=0, sampled=1)
+    for timer in (layout_step(m, table, lay, max_graph_tokens=64),
+                  agent.step_timer(m, lay, (table,), 64)):
+        assert timer.step_s(eager) >= m.num_layers * launch
+    assert layout_step(m, table, lay, max_graph_tokens=512).step_s(eager) < m.num_layers * launch
+
+
 def _at_for(table: KernelTable, op: str, tokens: int) -> float:
     return next(t.seconds for t in table.times if t.op == op and t.tokens == tokens)
 
