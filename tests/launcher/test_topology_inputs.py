@@ -325,7 +325,8 @@ def test_the_saved_host_memory_is_read_back_or_noted_as_unknown(value: Any) -> N
         assert value is None or str(value).startswith("ERR:") or any(
             n.startswith("host: host_available_bytes unknown") for n in topo.notes), topo.notes
     else:
-        assert topo.host_available_bytes == value and not isinstance(value, bool)
+        assert topo.host_available_bytes == value
+        assert not isinstance(value, bool)
         assert topology_from_json(topology_to_json(topo)) == topo
 
 
