@@ -6,6 +6,10 @@
   id through huggingface_hub. A local directory whose tokenizer_config.json names transformers'
   generic tokenizers class is loaded with that class directly: the one AutoTokenizer would pick
   (see `_generic_class`), without AutoTokenizer's import of torch (over 5 s of every start).
+  A hub id takes the same way: its tokenizer files are fetched into the hub cache by
+  huggingface_hub (`_fetched`), and the snapshot folder is that local directory; AutoTokenizer
+  loads the id itself only where that folder is not the generic class's, or where the fetch
+  failed in a way loadgen does not word (see `_fetched`).
   As `topocommon.hub` does, HF_HOME / HF_HUB_CACHE,
   HF_TOKEN and HF_HUB_OFFLINE are read when the tokenizer is loaded (huggingface_hub reads them
   once, at its import); HF_ENDPOINT is still read at that import, which for the CLI is its start.
@@ -23,7 +27,8 @@ import ast
 import importlib.util
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -116,10 +121,11 @@ def load_tokenizer(name: str) -> LocalCounter:
         ) from None
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # its advice on stderr is not loadgen's output
     try:
-        if _generic_class(Path(name)):
+        folder = Path(name) if Path(name).exists() else _fetched(name)
+        if folder is not None and _generic_class(folder):
             from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-            tok = TokenizersBackend.from_pretrained(name)
+            tok = TokenizersBackend.from_pretrained(str(folder))
         else:
             tok = _from_pretrained(transformers.AutoTokenizer, name)
     except Exception as exc:  # OSError, ValueError, hub errors: all mean "not loadable"
@@ -195,22 +201,89 @@ def _distrusted_model_types() -> frozenset[str] | None:
 _DISTRUSTED = "MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS"
 
 
+# What a tokenizer folder may hold that the generic class reads (tokenizer*.json: tokenizer.json,
+# its config and the versioned fast_tokenizer_files), what `_generic_class` reads (config.json),
+# and the Mistral file whose presence sends the folder to AutoTokenizer (tekken.json): never the
+# weights.
+TOKENIZER_FILES = (
+    "tokenizer*.json", "config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "additional_chat_templates/*.jinja",
+    "tekken.json",
+)
+
+
+def _fetched(name: str) -> Path | None:
+    """The hub cache's snapshot folder of hub id ``name`` holding its tokenizer files, fetched
+    (or, offline, found) with the cache, token and offline mode AutoTokenizer is given
+    (`_from_pretrained`). A missing repository, a gated one, or an id neither reachable nor cached
+    raises OSError with AutoTokenizer's own first line for it; None where ``name`` is no hub id or
+    the fetch failed otherwise (a revision, a server error, an incomplete cached snapshot):
+    AutoTokenizer then tries and words it, as before."""
+    if not is_repo_id(name):
+        return None
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+    from huggingface_hub.utils.tqdm import tqdm as hub_tqdm
+
+    class Quiet(hub_tqdm):  # type: ignore[misc]
+        # Its "Fetching N files" bar is written to stderr even off a terminal: a few small
+        # files are no progress to show, and an error must stay loadgen's one line.
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})  # type: ignore[no-untyped-call]
+
+    hub = HubEnv.from_env(os.environ)
+    try:
+        with _offline(hub.offline):
+            return Path(snapshot_download(
+                name, allow_patterns=list(TOKENIZER_FILES), cache_dir=str(hub.cache),
+                token=hub.token, local_files_only=hub.offline, tqdm_class=Quiet,
+            ))
+    except GatedRepoError:  # a RepositoryNotFoundError too: first
+        raise OSError("You are trying to access a gated repo.") from None
+    except RepositoryNotFoundError:
+        raise OSError(f"{name} is not a local folder and is not a valid model identifier listed"
+                      " on 'https://huggingface.co/models'") from None
+    except LocalEntryNotFoundError as exc:
+        # The hub answered with an error of its own, or the cache holds the snapshot without all
+        # of the files listed for it (AutoTokenizer may need fewer): AutoTokenizer's to say.
+        if isinstance(exc, IncompleteSnapshotError) or isinstance(exc.__cause__, HfHubHTTPError):
+            return None
+        raise OSError(f"We couldn't connect to '{constants.ENDPOINT}' to load the files, and"
+                      " couldn't find them in the cached files.") from None
+    except Exception:  # AutoTokenizer's own try says what it is
+        return None
+
+
+@contextmanager
+def _offline(offline: bool) -> Iterator[None]:
+    """huggingface_hub's offline switch as the environment says now, not as it said at the
+    hub's import; put back after."""
+    from huggingface_hub import constants
+
+    was_offline = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = offline
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = was_offline
+
+
 def _from_pretrained(auto: Any, name: str) -> Any:
     """auto.from_pretrained(name), a hub id with the environment as it is now, not as it was
     when huggingface_hub was imported: the reading the planner shares (topocommon.hub.HubEnv)."""
     if Path(name).exists() or not is_repo_id(name):
         return auto.from_pretrained(name)
-    from huggingface_hub import constants
-
     hub = HubEnv.from_env(os.environ)
-    was_offline = constants.HF_HUB_OFFLINE
-    constants.HF_HUB_OFFLINE = hub.offline
-    try:
+    with _offline(hub.offline):
         return auto.from_pretrained(
             name, cache_dir=str(hub.cache), token=hub.token, local_files_only=hub.offline
         )
-    finally:
-        constants.HF_HUB_OFFLINE = was_offline
 
 
 def _first_line(exc: BaseException) -> str:

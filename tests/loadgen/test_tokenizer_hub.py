@@ -90,7 +90,7 @@ def env(hub: StandinHub, tmp_path: Path) -> dict[str, str]:
 class Fetched:
     """A fresh machine's first load of REPO_ID in its own process: what it counted, what it asked
     the hub, and the HF_HOME it left. Made once for the module: each load in a process of its
-    own imports transformers and torch (~8 s), and three tests start from this same first load."""
+    own imports transformers (~2 s), and three tests start from this same first load."""
 
     hub: StandinHub
     env: dict[str, str]
@@ -151,9 +151,9 @@ def test_a_hub_id_loads_through_hf_endpoint_and_counts_as_the_local_tokenizer(
     assert local["text"][1] > 1  # real counts, not zeros
     assert local["chat"] > local["text"][1]
     assert fetched.counts == local
-    # what transformers 5 asked: the tree listing, then the files, from the stand-in
+    # what the fetch asked: the revision's tree listing, then the files, from the stand-in
     paths = fetched.asked
-    assert f"/api/models/{REPO_ID}/tree/main/additional_chat_templates" in paths
+    assert any(p.startswith(f"/api/models/{REPO_ID}/tree/") for p in paths)
     resolved = [p for p in paths if p.startswith(f"/{REPO_ID}/resolve/")]
     assert any(p.endswith("/tokenizer.json") for p in resolved)
     hf_hub = Path(fetched.env["HF_HOME"]) / "hub"
