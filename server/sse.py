@@ -118,8 +118,8 @@ class SseInspector:
         """True when ``data`` is exactly one whole token event, forwarded unchanged: what
         ``feed`` would find (one token, nothing else) without its ``Scan``, and no state to
         update. Anything else (a role, usage, error or non-data event, several events, a
-        partial one, a choice's last chunk while usage is stripped) is False, and goes
-        through ``feed``.
+        partial one, a CR anywhere, a choice's last chunk while usage is stripped) is False,
+        and goes through ``feed``.
 
         The tests run on the event's text (latin-1: one character per byte, so each test
         means what it would on the bytes): in CPython 3.11 ``needle in some_bytes`` first tries
@@ -133,6 +133,8 @@ class SseInspector:
             return False
         text = str(data, "latin-1")
         return (text[-3:] == "}\n\n" and text[:7] == "data: {" and "\n\n" not in text[:-2]
+                # a CR ends a line too: ``feed`` rewrites it to LF before it reads the event
+                and "\r" not in text
                 and "usage" not in text and '"role"' not in text
                 and text[7:14] != '"error"'
                 # While usage is stripped, a choice's last chunk is held (see the module).

@@ -7,7 +7,7 @@ import itertools
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from server.sse import SseInspector, usage_options
@@ -123,8 +123,10 @@ def test_plain_token_shortcut_agrees_with_feed(spaced: bool) -> None:
 
 
 def _plain_on_bytes(data: bytes, keep_last: bool) -> bool:
-    """plain_token's tests as they were written on the bytes (before they ran on the text)."""
+    """plain_token's tests as they were written on the bytes (before they ran on the text),
+    and no CR: feed rewrites CR line endings to LF, so such an event is not forwarded as is."""
     return (data[-3:] == b"}\n\n" and data[:7] == b"data: {" and b"\n\n" not in data[:-2]
+            and b"\r" not in data
             and b"usage" not in data and b'"role"' not in data and data[7:14] != b'"error"'
             and (keep_last or b'"finish_reason":null' in data or b"finish_reason" not in data))
 
@@ -136,6 +138,7 @@ _PIECES = st.sampled_from([b"data: {", b"}\n\n", b"\n\n", b"usage", b'"role"', b
 @settings(max_examples=400)
 @given(parts=st.lists(st.one_of(_PIECES, st.binary(max_size=8)), max_size=8),
        strip=st.booleans())
+@example(parts=[b"data: {", b"\r", b"}\n\n"], strip=False)  # CI's clean clone found it
 def test_plain_token_on_the_text_is_the_same_test_as_on_the_bytes(
         parts: list[bytes], strip: bool) -> None:
     data = b"".join(parts)
