@@ -13,35 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner import costmodel, hardware
-from launcher.planner.costmodel import Layout
 from launcher.planner.hardware import SERVER_HOST, HostProfile
 from launcher.planner.kernelcost import HostBound
-from launcher.planner.layouts import Links, Shape, best_candidate
 from launcher.planner.plan import Plan, Policy, plan
 from launcher.planner.schedsim import StepBatch, TableStepCost
-from launcher.probe.topology import Topology, load_topology
-from tests.launcher.paths import H200, REPO
+from tests.launcher.gpushapes import one_gpu, spec, topology
+from tests.launcher.paths import REPO
 
-MODELS = REPO / "benchmarks" / "gpu" / "models"
 TABLE = REPO / "benchmarks" / "gpu" / "results" / "2026-12-02-h200-table"
 NO_HOST = HostProfile(0.0, 0.0, 0.0, 0.0, "none")
-
-
-def spec(name: str) -> ModelSpec:
-    return load_model_spec(str(MODELS / name))
-
-
-def topology() -> Topology:
-    return load_topology(str(H200), {})
-
-
-def one_gpu(m: ModelSpec) -> Layout:
-    _, lay = best_candidate(m, Policy(force_tp=1, force_pp=1, force_dp=1), Links(topology()),
-                            topology().gpus, Shape(1, 1, 1))
-    assert lay is not None
-    return lay
 
 
 def one_gpu_plan(name: str, concurrency: int) -> Plan:

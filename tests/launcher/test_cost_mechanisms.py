@@ -13,32 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.model import families
-from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, hardware
 from launcher.planner.costmodel import Layout
 from launcher.planner.hardware import SERVER_HOST, HostProfile
-from launcher.planner.layouts import Links, Shape, best_candidate
-from launcher.planner.plan import Policy
-from launcher.probe.topology import Topology, load_topology
-from tests.launcher.paths import H200, REPO
+from tests.launcher.gpushapes import one_gpu, spec
 
-MODELS = REPO / "benchmarks" / "gpu" / "models"
 NO_HOST = HostProfile(0.0, 0.0, 0.0, 0.0, "none", layer_launch_s=0.0)
-
-
-def spec(name: str) -> ModelSpec:
-    return load_model_spec(str(MODELS / name))
-
-
-def topology() -> Topology:
-    return load_topology(str(H200), {})
-
-
-def one_gpu(m: ModelSpec) -> Layout:
-    _, lay = best_candidate(m, Policy(force_tp=1, force_pp=1, force_dp=1), Links(topology()),
-                            topology().gpus, Shape(1, 1, 1))
-    assert lay is not None
-    return lay
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,28 @@
+"""The GPU benchmark's model shapes (benchmarks/gpu/models) on one GPU of the H200 pair: what
+the cost-model tests read the H200 records' figures against."""
+
+from __future__ import annotations
+
+from launcher.model.modelspec import ModelSpec, load_model_spec
+from launcher.planner.costmodel import Layout
+from launcher.planner.layouts import Links, Shape, best_candidate
+from launcher.planner.plan import Policy
+from launcher.probe.topology import Topology, load_topology
+from tests.launcher.paths import H200, REPO
+
+MODELS = REPO / "benchmarks" / "gpu" / "models"
+
+
+def spec(name: str) -> ModelSpec:
+    return load_model_spec(str(MODELS / name))
+
+
+def topology() -> Topology:
+    return load_topology(str(H200), {})
+
+
+def one_gpu(m: ModelSpec) -> Layout:
+    _, lay = best_candidate(m, Policy(force_tp=1, force_pp=1, force_dp=1), Links(topology()),
+                            topology().gpus, Shape(1, 1, 1))
+    assert lay is not None
+    return lay
