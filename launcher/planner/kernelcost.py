@@ -132,7 +132,7 @@ def step_cost(
     """The step cost the table gives, with the engine's step overhead measured (in the table,
     or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed.
     ``layer_launch_s``: the serving host's launching of one eager layer (the roofline's
-    :attr:`HostProfile.layer_launch_s`): a step past the graphs takes at least that a layer.
+    costmodel.eager_host_layer_s): a step past the graphs takes at least that a layer.
     ``overlap_overhead``: the engine's step overhead runs beside the GPU's step (vLLM's
     asynchronous scheduling on a GPU prepares step k+1 while the GPU runs step k), so it is
     left out of the steps and returned as ``overhead_s`` for :class:`HostBound` to bound them
@@ -215,6 +215,7 @@ class HostBound:
 
 
 def _timer(
+    m: ModelSpec,
     table: KernelTable,
     *,
     allreduce: AllReduce,
@@ -222,16 +223,15 @@ def _timer(
     max_graph_tokens: int,
     measured_step_overhead: tuple[float, str] | None = None,
     host: HostProfile | None = None,
-    layer_launch_s: float = 0.0,
 ) -> tuple[StepTimer, tuple[str, ...]]:
-    """The step timer a table gives (and its sources): eager steps launched at the host's pace
-    (``layer_launch_s``: costmodel.eager_host_layer_s, the roofline's figure for the model)
-    and every step bound by its front end where ``host`` is a GPU server's; the CPU engine's
-    (``host`` None) as timed. The one constructor of a table's steps."""
+    """The step timer a table gives (and its sources): where ``host`` is a GPU server's, eager
+    steps launched at its pace for ``m`` (costmodel.eager_host_layer_s, the roofline's figure)
+    and every step bound by its front end; the CPU engine's (``host`` None) as timed. The one
+    constructor of a table's steps."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=max_graph_tokens,
                    measured_step_overhead=measured_step_overhead,
-                   layer_launch_s=layer_launch_s if host is not None else 0.0,
+                   layer_launch_s=eager_host_layer_s(m, host) if host is not None else 0.0,
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources
@@ -249,10 +249,9 @@ def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
     ``max_graph_tokens``, the engine's CUDA-graph range, on its host): what
     :func:`layout_prediction` predicts with, for the load and agent simulations to time the
     same steps."""
-    timer, _ = _timer(table, allreduce=_tp_allreduce(lay),
+    timer, _ = _timer(m, table, allreduce=_tp_allreduce(lay),
                       assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
-                      max_graph_tokens=max_graph_tokens, host=lay.host,
-                      layer_launch_s=eager_host_layer_s(m, lay.host))
+                      max_graph_tokens=max_graph_tokens, host=lay.host)
     return timer
 
 
@@ -310,11 +309,10 @@ def as_prediction(
     memfit's (:func:`memfit.pool_blocks` of ``kv_bytes``, counted in the simulation's blocks
     for a request of ``prompt + gen``: sliding windows and block rounding as vLLM counts
     them). With ``host`` (a GPU server's), no step is shorter than its front end's work."""
-    timer, sources = _timer(table, allreduce=allreduce,
+    timer, sources = _timer(m, table, allreduce=allreduce,
                             assumed_step_overhead_s=assumed_step_overhead_s,
                             max_graph_tokens=max_graph_tokens,
-                            measured_step_overhead=measured_step_overhead, host=host,
-                            layer_launch_s=eager_host_layer_s(m, host) if host else 0.0)
+                            measured_step_overhead=measured_step_overhead, host=host)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
