@@ -44,7 +44,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class SimError(ValueError):
@@ -93,6 +93,14 @@ class StepTimer(Protocol):
     """Seconds one engine step takes, from what it computes."""
 
     def step_s(self, batch: StepBatch) -> float: ...
+
+
+@runtime_checkable
+class LaunchTimer(StepTimer, Protocol):
+    """A step timer that also says how long the host takes to launch a step (the engine core's
+    thread is busy that long before it can take the previous step's output)."""
+
+    def launch_s(self, batch: StepBatch) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -165,16 +173,21 @@ class Workload:
     requests: int = 0  # 0: one per client (closed loop) / concurrency (open loop)
     rate: float | None = None
     shared_prefix: int = 0
+    # a recorded trace instead: the seconds each request was sent at (an open loop replaying
+    # them, e.g. a loadgen record's sends), ``concurrency``, ``requests`` and ``rate`` unused
+    arrivals: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prompt < 1 or self.gen < 1 or self.concurrency < 1 or self.requests < 0:
             raise SimError(f"a workload needs a prompt, a generation and a client: {self}")
         if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
             raise SimError(f"an open-loop rate must be a positive number: {self.rate}")
+        if not all(math.isfinite(t) and t >= 0 for t in self.arrivals):
+            raise SimError("a trace's send times must be finite and not negative")
 
     @property
     def total(self) -> int:
-        return self.requests or self.concurrency
+        return len(self.arrivals) or self.requests or self.concurrency
 
 
 @dataclass(frozen=True)
@@ -264,6 +277,7 @@ class _Req:
     session: int | None = None  # a conversation whose next prompt begins with this one
     ready: float = 0.0  # a prefix being copied back from host memory arrives then
     finished: float = math.nan
+    held_at: float = math.nan  # the end of the step whose output it waits to be handed
 
 
 @dataclass
@@ -598,11 +612,32 @@ def _admission_cut(lim: SchedulerLimits, now: float, last_start: float | None) -
     (vllm/v1/engine/core.py ``EngineCore.step_with_batch_queue``, a batch queue of 2): it
     schedules and launches the next step, then blocks on the output of the one running, so the
     step that starts when step k ends was chosen as step k was launched, when step k began
-    (``last_start``), and a request arriving while step k runs waits for step k + 1 to end. An
-    idle engine (``last_start`` None) schedules at once what has arrived."""
+    (``last_start``; where the timer says how long an eager launch takes, when the engine core
+    was done launching step k: :func:`_launch_end`), and a request arriving while step k runs
+    waits for step k + 1 to end. An idle engine (``last_start`` None) schedules at once what
+    has arrived."""
     if not lim.async_scheduling or last_start is None:
         return now
     return last_start
+
+
+def _launch_end(lim: SchedulerLimits, timer: StepTimer, batch: StepBatch, start: float,
+                chosen_at: float) -> float:
+    """When the engine core is done launching a step that begins at ``start`` and was chosen
+    at ``chosen_at``: then it blocks on the step before it, hands that step's outputs over and
+    chooses the next step.
+
+    With async scheduling the single-process executor runs ``execute_model`` and
+    ``sample_tokens`` inline in the engine core's thread (vllm/v1/executor/uniproc_executor.py
+    ``collective_rpc``), before ``step_with_batch_queue`` pops the step before from the batch
+    queue (vllm/v1/engine/core.py). A CUDA-graph step launches at once, but an eager one is
+    launched layer by layer from Python (:meth:`LaunchTimer.launch_s`): the step before's first
+    tokens wait for that, and so does the choice of the next step. Without async scheduling
+    the engine core takes each step's output before choosing the next: at its end."""
+    launch = timer.launch_s(batch) if isinstance(timer, LaunchTimer) else 0.0
+    if not lim.async_scheduling:
+        return start
+    return max(start, chosen_at + launch)
 
 
 def simulate(
@@ -613,16 +648,33 @@ def simulate(
     _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
     # (send time, order) of requests not yet handed to the engine
-    closed = work.rate is None
+    closed = work.rate is None and not work.arrivals
     first_wave = min(work.concurrency, work.total) if closed else work.total
-    pending = deque(
-        i / work.rate if work.rate is not None else 0.0 for i in range(first_wave)
-    )
+    pending = deque(sorted(work.arrivals) if work.arrivals else (
+        i / work.rate if work.rate is not None else 0.0 for i in range(first_wave)))
     to_send = work.total - first_wave
     done: list[RequestTiming] = []
     now, steps, most = 0.0, 0, 0
-    last_start: float | None = None  # when the step before the next one began (None: idle)
+    last_start: float | None = None  # when the next step is chosen (None: the engine is idle)
     sent = 0
+    # the outputs of the step that ran last (first tokens, finished requests): under async
+    # scheduling the engine core takes them only once it has launched the next step, which
+    # matters where the timer says how long a launch takes (_launch_end)
+    held: list[_Req] = []
+    holds = lim.async_scheduling and isinstance(timer, LaunchTimer)
+
+    def deliver(at: float) -> None:
+        nonlocal to_send
+        for r in held:
+            if r.first == r.held_at:
+                r.first = at
+            if r.finished == r.held_at:
+                r.finished = at
+                done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
+                if closed and to_send:
+                    pending.append(at)
+                    to_send -= 1
+        held.clear()
 
     while len(done) < work.total:
         cut = _admission_cut(lim, now, last_start)
@@ -636,6 +688,9 @@ def simulate(
                                     session=own))
             sent += 1
         if not eng.running and not eng.waiting:
+            deliver(now)  # nothing launched after it: its outputs go out as it ends
+            if len(done) == work.total:
+                break
             # idle until the next request arrives
             now, last_start = max(now, pending[0] + request_overhead_s), None
             continue
@@ -643,18 +698,25 @@ def simulate(
         step = _step(eng, timer, now, work.shared_prefix)
         if step is None:
             raise SimError("the scheduler could not place any request (KV cache too small)")
-        last_start, now = now, step.now
+        # the step before this one hands its outputs over once this one is launched, and the
+        # next step is chosen then (_launch_end)
+        launched = _launch_end(lim, timer, step.batch, now, cut)
+        deliver(launched)
+        last_start, now = launched, step.now
+        for r in step.ran:
+            if r.first == now or r.finished == now:
+                r.held_at = now
+                held.append(r)
+        if not holds:
+            deliver(now)  # the next step is chosen after this one's output: they go out now
         steps += 1
         most = max(most, len(step.ran))
-        for r in step.finished:
-            done.append(RequestTiming(r.sent, r.first, now, r.gen, r.cached))
-            if closed and to_send:
-                pending.append(now)
-                to_send -= 1
         if (eng.preemptions == before and len(step.ran) == running
                 and step.batch.decode_seqs == len(eng.running) == len(step.chosen)):
             # every running request only decoded and nobody was admitted: so do the next steps
-            # until one finishes or the next request arrives
+            # until one finishes or the next request arrives (each a CUDA-graph replay,
+            # launched at once: the outputs before it go out as it starts)
+            deliver(now)
             until = pending[0] + request_overhead_s if pending else math.inf
             now, last_start, fast = _fast_decode(eng, timer, now, until, last_start)
             steps += fast
