@@ -75,7 +75,8 @@ def aic(exe: str | None, case: str, isl: int, osl: int, batch: int) -> dict[str,
     return got.split("Supported architectures")[0].strip()[:120] if isinstance(got, str) else got
 
 
-def figures(results: Path, exe: str | None, predictions: Path | None = None) -> list[Figure]:
+def figures(results: Path, exe: str | None, predictions: Path | None = None,
+            suffix: str = "") -> list[Figure]:
     pred: dict[tuple[str, str], dict] = {}
     for line in (predictions or results / "predictions.jsonl").read_text().splitlines():
         d = json.loads(line)
@@ -87,7 +88,7 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None) -> 
         return None if d is None or key not in d else float(d[key])
 
     for case in MODEL:
-        folder = results / case
+        folder = results / f"{case}{suffix}"
         if not folder.is_dir():
             continue
         single, c32 = summary(folder, "single"), summary(folder, "c32")
@@ -147,11 +148,13 @@ def main() -> int:
     ap.add_argument("--aic", default=None, help="aiconfigurator executable (its own venv)")
     ap.add_argument("--predictions", type=Path, default=None,
                     help="the plans' JSON lines (default: RESULTS/predictions.jsonl)")
+    ap.add_argument("--suffix", default="",
+                    help="the measured folders' NAME_SUFFIX (e.g. -default: CASE-default/)")
     args = ap.parse_args()
-    figs = figures(args.results, args.aic, args.predictions)
+    figs = figures(args.results, args.aic, args.predictions, args.suffix)
     print("| case | figure | measured | toposerve | aiconfigurator |")
     print("| --- | --- | ---: | ---: | ---: |")
-    ours, theirs, ours_shared, n15 = [], [], [], 0
+    ours, theirs, ours_shared, n10, n15 = [], [], [], 0, 0
     for f in figs:
         def fmt(x: float | str | None) -> str:
             if x is None:
@@ -164,13 +167,14 @@ def main() -> int:
         if f.measured and f.toposerve is not None:
             e = abs(f.toposerve - f.measured) / f.measured
             ours.append(e)
+            n10 += e <= 0.10
             n15 += e <= 0.15
             if isinstance(f.aic, float):
                 ours_shared.append(e)
                 theirs.append(abs(f.aic - f.measured) / f.measured)
     if ours:
         print(f"\ntoposerve: {len(ours)} figures, mean |error| {sum(ours) / len(ours):.1%}, "
-              f"{n15} within 15%")
+              f"{n10} within 10%, {n15} within 15%")
     if theirs:
         print(f"shared with aiconfigurator ({len(theirs)} figures): toposerve "
               f"{sum(ours_shared) / len(ours_shared):.1%}, aiconfigurator "
