@@ -641,10 +641,14 @@ def _launch_end(lim: SchedulerLimits, timer: StepTimer, batch: StepBatch, start:
 
 
 def simulate(
-    lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0
+    lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0,
+    request_serial_s: float = 0.0,
 ) -> SimResult:
     """Run ``work`` through one replica of vLLM's scheduler; ``request_overhead_s`` is added to
-    each request's way in (API server, tokenizer, IPC) before the scheduler sees it."""
+    each request's way in (API server, tokenizer, IPC) before the scheduler sees it, of which
+    ``request_serial_s`` is the front end's own work on it, one request after another (vLLM's
+    API server parses, validates and hands its requests over on one event loop): requests
+    sent together reach the scheduler that far apart."""
     _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
     # (send time, order) of requests not yet handed to the engine
@@ -676,9 +680,15 @@ def simulate(
                     to_send -= 1
         held.clear()
 
+    handed = -math.inf  # when the front end handed the last request over
+
+    def reaches(sent_s: float) -> float:
+        return max(sent_s + request_overhead_s, handed + request_serial_s)
+
     while len(done) < work.total:
         cut = _admission_cut(lim, now, last_start)
-        while pending and pending[0] + request_overhead_s <= cut:
+        while pending and reaches(pending[0]) <= cut:
+            handed = reaches(pending[0])
             # without a shared prefix each request is a session of its own: preempted, it finds
             # its blocks again where no other request took them (vLLM's recompute preemption
             # frees them into the prefix cache), as simulate_sessions' requests do; nobody
@@ -692,7 +702,7 @@ def simulate(
             if len(done) == work.total:
                 break
             # idle until the next request arrives
-            now, last_start = max(now, pending[0] + request_overhead_s), None
+            now, last_start = max(now, reaches(pending[0])), None
             continue
         before, running = eng.preemptions, len(eng.running)
         step = _step(eng, timer, now, work.shared_prefix)
@@ -717,7 +727,7 @@ def simulate(
             # until one finishes or the next request arrives (each a CUDA-graph replay,
             # launched at once: the outputs before it go out as it starts)
             deliver(now)
-            until = pending[0] + request_overhead_s if pending else math.inf
+            until = reaches(pending[0]) if pending else math.inf
             now, last_start, fast = _fast_decode(eng, timer, now, until, last_start)
             steps += fast
     return SimResult(tuple(done), steps, eng.preemptions, most,

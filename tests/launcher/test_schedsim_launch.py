@@ -1,8 +1,9 @@
-"""The engine core's order under async scheduling, against timelines known exactly: it launches
-the next step before it takes the running step's output (vllm/v1/engine/core.py
-``step_with_batch_queue``; the single-process executor launches inline), so an eager step's
-launch holds back the step before's first tokens and the choice of the step after. And a
-recorded trace of sends replays through the same scheduler."""
+"""vLLM's way from a burst of requests to their first tokens, against timelines known exactly:
+the API server hands requests over one at a time, so an idle engine core starts on the first
+alone; under async scheduling the engine core launches the next step before it takes the running
+step's output (vllm/v1/engine/core.py ``step_with_batch_queue``; the single-process executor
+launches inline), so an eager step's launch holds back the step before's first tokens and the
+choice of the step after. And a recorded trace of sends replays through the same scheduler."""
 
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ class Launching(Steps):
         return self.eager_s if batch.prefill_tokens else 0.0
 
 
-def first_tokens(lim: SchedulerLimits, timer: Steps, sends: tuple[float, ...]) -> list[float]:
-    res = simulate(lim, timer, Workload(16, 3, arrivals=sends))
+def first_tokens(lim: SchedulerLimits, timer: Steps, sends: tuple[float, ...],
+                 serial_s: float = 0.0) -> list[float]:
+    res = simulate(lim, timer, Workload(16, 3, arrivals=sends), request_serial_s=serial_s)
     return [r.first_token_s for r in sorted(res.requests, key=lambda r: r.sent_s)]
 
 
@@ -90,3 +92,28 @@ def test_a_trace_sends_each_request_when_it_says() -> None:
     late = max(res.requests, key=lambda r: r.sent_s)
     assert late.ttft_s == pytest.approx(PREFILL_S)
     assert late.finished_s == pytest.approx(5.0 + PREFILL_S + 2 * DECODE_S)
+
+
+def test_requests_sent_together_reach_an_idle_engine_one_at_a_time() -> None:
+    # handed over 10 ms apart: the first runs alone (0-0.1 s), the other two in the next step
+    assert first_tokens(SYNC, Steps(), (0.0,) * 3, serial_s=0.01) == \
+        pytest.approx([0.1, 0.2, 0.2])
+    # all there at once: one step holds the three
+    assert first_tokens(SYNC, Steps(), (0.0,) * 3) == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_the_rest_of_a_burst_joins_the_step_chosen_once_the_first_is_launched() -> None:
+    # the first alone is launched in 0.05 s; the next two (handed over at 0.01 and 0.02 s) are
+    # in the step chosen then (0.1-0.2 s), not a step later as with an instant launch
+    assert first_tokens(ASYNC, Launching(0.05), (0.0,) * 3, serial_s=0.01) == \
+        pytest.approx([0.1, 0.2, 0.2])
+    assert first_tokens(ASYNC, Steps(), (0.0,) * 3, serial_s=0.01) == \
+        pytest.approx([0.1, 0.21, 0.21])
+
+
+def test_the_front_ends_pace_adds_to_the_way_in_only_where_requests_queue_for_it() -> None:
+    # sent 1 s apart, each reaches the scheduler after its own way in (0.02 s), not later
+    res = simulate(SYNC, Steps(), Workload(16, 3, arrivals=(0.0, 1.0)),
+                   request_overhead_s=0.02, request_serial_s=0.01)
+    assert [r.ttft_s for r in sorted(res.requests, key=lambda r: r.sent_s)] == \
+        pytest.approx([0.02 + PREFILL_S] * 2)
