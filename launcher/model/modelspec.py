@@ -71,6 +71,23 @@ class ModelSpec:
     # config.json names its own modelling code (auto_map) for a model_type the installed
     # transformers does not define: vLLM loads it only with --trust-remote-code
     custom_code: bool = False
+    # the input embedding tables (per-layer input embeddings too): a row read per token, never
+    # multiplied; with a tied LM head the head's table too (``lm_head_params`` counts its use)
+    embedding_params: int = 0
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head's matmul (hidden -> vocabulary), tied to the embedding or not: vLLM runs
+        it only for the positions that sample (its ``logits_indices``: one per running sequence
+        that samples in a step; a chunk of a prompt that is not its last samples nothing)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def token_params(self) -> int:
+        """Weights every token's matmuls pass through: the active weights less the embedding
+        tables (a lookup) and an untied LM head (run per sampled position: lm_head_params)."""
+        head = 0 if self.tied_embeddings else self.lm_head_params
+        return max(0, self.active_params - self.embedding_params - head)
 
     @property
     def kv_groups(self) -> tuple[KvGroup, ...]:
@@ -456,6 +473,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         rope_cache_elems=hf.rope_cache_elems if hf else 0,
         custom_code=hf is None and isinstance(cfg.get("auto_map"), Mapping)
         and bool(cfg.get("auto_map")),
+        embedding_params=hf.embedding_params if hf else int(t["vocab_size"]) * d.hidden,
     )
 
 

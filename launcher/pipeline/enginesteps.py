@@ -99,6 +99,7 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
             child.stop(10.0)
     rec = enginestep.record(key_here(env), timed, params=spec.active_params,
                             weight_bytes=int(streamed_weight_bytes(spec, 1)),
+                            token_params=spec.token_params, head_params=spec.lm_head_params,
                             pair_flops=attention_work(spec, 1, pairs=1.0).flops)
     kept = enginestep.save(cache, rec)
     where = f"kept in {kept}" if kept else "not kept (the cache cannot be written)"

@@ -262,17 +262,19 @@ class RooflineStep:
     # differ by a token of context each, and the cost model's card lookups are not free
     _decode: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
                                                   repr=False)
-    _prefill: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
-                                                   repr=False)
+    _prefill: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False,
+                                                        repr=False)
 
     def step_s(self, batch: StepBatch) -> float:
         if batch.prefill_tokens:  # likewise by tokens and mean keys per token to the block
             t = batch.tokens
             span = round((batch.prefill_pairs + batch.decode_context) / t / memfit.BLOCK_TOKENS)
-            if (t, span) not in self._prefill:
-                self._prefill[t, span] = costmodel.prefill_step_s(
-                    self.m, self.lay, t, pairs=t * span * memfit.BLOCK_TOKENS)
-            return self._prefill[t, span]
+            chunk = (t, span, batch.sampled)  # the LM head runs for the sampled positions only
+            if chunk not in self._prefill:
+                self._prefill[chunk] = costmodel.prefill_step_s(
+                    self.m, self.lay, t, pairs=t * span * memfit.BLOCK_TOKENS,
+                    sampled=batch.sampled)
+            return self._prefill[chunk]
         n = max(1, batch.decode_seqs)
         key = (n, batch.decode_context // n // memfit.BLOCK_TOKENS)
         if key not in self._decode:
@@ -301,9 +303,9 @@ class CpuStep:
         flops = self.over.prefill.flops_s if self.over.prefill else None
         tokens = max(1, batch.prefill_tokens + batch.decode_seqs)
         # the CPU roofline predict_cpu uses (DRAM- or arithmetic-bound)
-        forward = costmodel.cpu_forward_s(self.m.active_params,
+        forward = costmodel.cpu_forward_s(costmodel.forward_flops(self.m, tokens, batch.sampled),
                                           costmodel.streamed_weight_bytes(self.m, 1),
-                                          self.cores, tokens, flops)
+                                          self.cores, flops)
         pairs = batch.prefill_pairs + batch.decode_context
         return self.over.seconds + forward + self.pair_s * pairs
 

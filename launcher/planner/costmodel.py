@@ -4,8 +4,10 @@ Memory (what fits, how many sequences the KV cache holds) is :mod:`launcher.plan
 module only times a layout. Roofline per forward pass, then the communication the layout adds,
 then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
 
-- compute: 2 FLOPs per active parameter per token (+ causal attention), at an achieved fraction
-  of the slowest card's dense BF16 rate; a tensor-parallel group divides it by ``tp``.
+- compute: 2 FLOPs per weight of the layers per token, and per LM-head weight per sampled
+  sequence (the input embedding is a lookup: :func:`forward_flops`), + causal attention, at an
+  achieved fraction of the slowest card's dense BF16 rate; a tensor-parallel group divides it
+  by ``tp``.
 - memory: every step streams the weights (and the sequences' KV cache) at an achieved fraction
   of the slowest card's memory bandwidth; of a mixture-of-experts only the experts the step's
   tokens route to (``experts_touched``), and 4-bit weights at Marlin's own rate, the same at
@@ -232,6 +234,20 @@ def _hop_s(link: Link, nbytes: float) -> float:
     return link.latency_s + nbytes / (link.gbs * 1e9)
 
 
+def gemm_flops(token_params: float, head_params: float, tokens: float, sampled: float) -> float:
+    """The matmul FLOPs of a forward pass of ``tokens`` tokens of which ``sampled`` positions
+    sample: 2 per layer weight per token, 2 per LM-head weight per sampled position (vLLM
+    computes logits only at its ``logits_indices``: one per running sequence that samples; a
+    prompt chunk that is not the prompt's last samples nothing). The input embedding is a row
+    lookup: no FLOPs. The weights are still read once a step (streamed_weight_bytes)."""
+    return 2.0 * (token_params * tokens + head_params * sampled)
+
+
+def forward_flops(m: ModelSpec, tokens: float, sampled: float) -> float:
+    """:func:`gemm_flops` of ``m`` (ModelSpec.token_params, ModelSpec.lm_head_params)."""
+    return gemm_flops(m.token_params, m.lm_head_params, tokens, sampled)
+
+
 def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
     # QK^T and PV: 2 matmuls × 2 FLOPs × heads·head_dim per (query, key) pair
     return 4.0 * m.num_layers * m.num_heads * m.head_dim * new_tokens * context
@@ -319,7 +335,8 @@ def attention_s(m: ModelSpec, lay: Layout, work: AttentionWork) -> float:
 
 
 def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
-                   pairs: float | None = None, sequences: int = 1) -> float:
+                   pairs: float | None = None, sequences: int = 1,
+                   sampled: float | None = None) -> float:
     """One engine step prefilling ``tokens`` new tokens after ``depth`` tokens already cached,
     alone on one replica; or, with ``pairs``, a step of ``tokens`` new tokens whose attention
     spans that many (query, key) pairs (prompt chunks after a cached prefix, decoders: the
@@ -327,10 +344,13 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     attention kernels run after them in each layer, over the context (:func:`attention_work`:
     the model's heads, head_dim, windows and MLA latent; :func:`attention_s`). The plain
     plan's prefill and the scheduler simulation's steps are this one model too. A step never
-    takes less than the host's front end needs for its ``sequences`` (:class:`HostProfile`)."""
+    takes less than the host's front end needs for its ``sequences`` (:class:`HostProfile`).
+    ``sampled``: the positions the LM head runs for (:func:`forward_flops`); by default one
+    per sequence (a whole prompt, or a prompt's last chunk), 0 for a chunk that is not."""
     gpus = [g for stage in lay.stages for g in stage]
     attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
-    compute = 2.0 * m.active_params * tokens / (lay.tp * _prefill_flops_s(gpus))
+    heads = sequences if sampled is None else sampled
+    compute = forward_flops(m, tokens, heads) / (lay.tp * _prefill_flops_s(gpus))
     # a prompt's GEMMs read the weights through the same kernels a decode step does (Marlin's
     # pass for 4-bit weights: weight_stream_efficiency)
     memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, tokens)
@@ -378,11 +398,12 @@ def prefill_at_depth_s(m: ModelSpec, lay: Layout, new: int, depth: int = 0,
     """``new`` tokens prefilled after ``depth`` cached tokens, alone on one replica, as vLLM's
     chunked prefill runs them: ``batched_tokens`` a step, each chunk attending to the cached
     prefix and the chunks before it (a cold prompt of D + P tokens is ``new`` = D + P at depth
-    0). Each step pays its own fixed costs (per-layer launches, the step overhead)."""
+    0). Each step pays its own fixed costs (per-layer launches, the step overhead); only the
+    last samples (the LM head's one row)."""
     total, start, chunk = 0.0, depth, max(1, batched_tokens)
     while start < depth + new:
         n = min(chunk, depth + new - start)
-        total += prefill_step_s(m, lay, n, depth=start)
+        total += prefill_step_s(m, lay, n, depth=start, sampled=int(start + n >= depth + new))
         start += n
     return total
 
@@ -401,7 +422,9 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     # memfit's division of the cache (KV heads over TP, layers over PP), as sized
     kv_stage = micro * m.kv_bytes(context) / kv_shards(m, lay.tp, lay.pp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
-    flops = micro * (2.0 * m.active_params + _attention_flops(m, 1, context)) * share / lay.tp
+    # every sequence samples: one token through the layers and the LM head each
+    flops = (forward_flops(m, micro, micro) + micro * _attention_flops(m, 1, context)) \
+        * share / lay.tp
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
@@ -464,14 +487,14 @@ def predict(
     )
 
 
-def cpu_forward_s(params: float, weight_bytes: float, cores: int, tokens: int = 1,
+def cpu_forward_s(flops: float, weight_bytes: float, cores: int,
                   flops_s: float | None = None) -> float:
-    """The roofline's time for a forward pass of ``tokens`` on the CPU: DRAM or AVX bound (at
-    ``flops_s`` where this CPU's rate was measured, else the assumed rate per core). The one
-    CPU forward pass: predict_cpu's, the timed step's own model (cpu_step_overhead) and the
-    CPU agent plan's scheduler steps (agent.CpuStep) all take it."""
+    """The roofline's time for a forward pass of ``flops`` matmul FLOPs (:func:`gemm_flops`)
+    on the CPU: DRAM or AVX bound (at ``flops_s`` where this CPU's rate was measured, else the
+    assumed rate per core). The one CPU forward pass: predict_cpu's, the timed step's own model
+    (cpu_step_overhead) and the CPU agent plan's scheduler steps (agent.CpuStep) all take it."""
     flops_s = flops_s or max(1, cores) * CPU_GFLOPS_PER_CORE * 1e9
-    return max(weight_bytes / (CPU_MEM_GBS * 1e9), tokens * 2.0 * params / flops_s)
+    return max(weight_bytes / (CPU_MEM_GBS * 1e9), flops / flops_s)
 
 
 @dataclass(frozen=True)
@@ -508,17 +531,30 @@ def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
             f"engine step overhead assumed: {CPU_STEP_OVERHEAD_S * 1e3:.1f} ms (not measured on "
             "this machine: `launcher probe --measure` times it with the real engine)")
     prefill = None
-    if step.prefill_fixed_s is not None and step.prefill_token_s is not None:
-        # the timed model's arithmetic per prompt token over its time per prompt token: the
-        # rate of small GEMMs and everything else a token costs, so for a larger model (whose
-        # GEMMs run nearer the CPU's peak) a rate on the slow side
-        prefill = CpuPrefill(step.prefill_fixed_s, 2.0 * step.model_params / step.prefill_token_s)
-    forward = cpu_forward_s(step.model_params, step.model_weight_bytes, cores,
+    token, head = step.model_token_params, step.model_head_params
+    if (step.prefill_fixed_s is not None and step.prefill_token_s is not None
+            and token is not None and head is not None):
+        # the timed model's arithmetic per prompt token (its layers': the LM head runs once a
+        # request, in the fixed part, and is taken out of it, predict_cpu charging the planned
+        # model's own) over its time per prompt token: the rate of small GEMMs and everything
+        # else a token costs, so for a larger model (whose GEMMs run nearer the CPU's peak) a
+        # rate on the slow side
+        rate = gemm_flops(token, head, 1, 0) / step.prefill_token_s
+        prefill = CpuPrefill(max(0.0, step.prefill_fixed_s - gemm_flops(0, head, 0, 1) / rate),
+                             rate)
+    # its decode step: one token through the layers and the LM head (a record before format 5
+    # has the model's weights in one count)
+    flops = (gemm_flops(token, head, 1, 1) if token is not None and head is not None
+             else 2.0 * step.model_params)
+    forward = cpu_forward_s(flops, step.model_weight_bytes, cores,
                             flops_s=prefill.flops_s if prefill else None)
     over = max(0.0, step.step_s - forward)
     first = ("" if prefill is None else
              f"; time to first token {prefill.first_token_s * 1e3:.1f} ms + the prompt's "
              f"arithmetic at {prefill.flops_s / 1e9:.0f} GFLOP/s, timed the same way")
+    if prefill is None and step.prefill_token_s is not None:
+        first += ("; its prefill rate not used: the record does not hold its model's layer "
+                  "and LM-head weights apart (`launcher probe --measure` times it again)")
     fit = cpu_attention_fit(step)
     pair = None if fit is None else fit.pair_s
     if fit is not None:
@@ -566,14 +602,15 @@ def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency:
     weights = streamed_weight_bytes(m, 1)
     over = step_overhead_s
     flops = prefill.flops_s if prefill else None
+    # the prompt's tokens through the layers and its one sampled position through the LM head
     if prefill is None:
-        ttft = cpu_forward_s(m.active_params, weights, cores, prompt) + over
+        ttft = cpu_forward_s(forward_flops(m, prompt, 1), weights, cores) + over
     else:
-        ttft = prefill.first_token_s + cpu_forward_s(m.active_params, weights, cores, prompt,
-                                                     flops)
-    tpot = cpu_forward_s(m.active_params, weights, cores, flops_s=flops) + over
+        ttft = prefill.first_token_s + cpu_forward_s(forward_flops(m, prompt, 1), weights,
+                                                     cores, flops)
+    tpot = cpu_forward_s(forward_flops(m, 1, 1), weights, cores, flops_s=flops) + over
     batch = max(1, concurrency)
-    step = cpu_forward_s(m.active_params, weights, cores, batch, flops) + over
+    step = cpu_forward_s(forward_flops(m, batch, batch), weights, cores, flops) + over
     cycle = batch * ttft + gen * step
     return Prediction(
         prompt / ttft, 1 / tpot, batch * gen / cycle, ttft, ttft + (gen - 1) * tpot, batch

@@ -92,7 +92,7 @@ class RooflineStep:
                 costmodel.decode_step_s(self.m, self.lay, key[2], key[3])
                 if pre == 0 else costmodel.prefill_step_s(
                     self.m, self.lay, pre + seqs, pairs=pairs + context,
-                    sequences=max(1, sampled)))
+                    sequences=max(1, sampled), sampled=sampled))
         return found
 
 

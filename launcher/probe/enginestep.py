@@ -43,10 +43,12 @@ import httpx
 from launcher.probe.attentionfit import DepthPair
 from launcher.probe.kernels import number_field, text_field, write_cache_json
 
-FORMAT = 4  # 1 was the offline engine's step, without the server's per-token work
+FORMAT = 5  # 1 was the offline engine's step, without the server's per-token work
 # 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
-# spread by. Both still read, their attention untimed (the plan says so)
-READ_FORMATS = (2, 3, FORMAT)
+# spread by. Both still read, their attention untimed (the plan says so). 4: without the timed
+# model's layer and LM-head weights apart: still read, its prefill rate not used (the plan says
+# so), since a rate per prompt token is one over the layers' weights alone
+READ_FORMATS = (2, 3, 4, FORMAT)
 # Tokens per timed generation and rounds: enough gaps that one late event moves the mean little,
 # few enough that a round takes about a second on two busy cores.
 STEPS = 128
@@ -103,6 +105,11 @@ class EngineStep:
     # the timed model's attention FLOPs per (query, key) pair, for the reading's plausibility
     # against its prefill per-token rate (costmodel.attention_work); None: not checkable
     model_pair_flops: float | None = None
+    # (format 5) the timed model's weights a prompt token's matmuls pass (ModelSpec.token_params)
+    # and its LM head's (lm_head_params, run once per sampled position): the prefill's time per
+    # prompt token is the layers' alone. None: an older record, whose prefill rate is not used
+    model_token_params: int | None = None
+    model_head_params: int | None = None
 
     @property
     def depth_cached_tokens(self) -> int | None:
@@ -146,6 +153,9 @@ def from_json(raw: Any) -> EngineStep:
         raise EngineStepError("steps_s is not a non-empty list")
     fixed, per_token = raw.get("prefill_fixed_s"), raw.get("prefill_token_s")
     depth = _depth(raw) if version >= 4 else (None, None, (), None)
+    split = (int(_num(raw.get("model_token_params"), "model_token_params", 1e13)),
+             int(_num(raw.get("model_head_params"), "model_head_params", 1e13))
+             ) if version >= 5 else (None, None)
     return EngineStep(
         key,
         _num(raw.get("step_s"), "step_s", 60.0),
@@ -156,6 +166,7 @@ def from_json(raw: Any) -> EngineStep:
         None if fixed is None else _num(fixed, "prefill_fixed_s", 60.0),
         None if per_token is None else _num(per_token, "prefill_token_s", 1.0),
         *depth,
+        *split,
     )
 
 
@@ -364,15 +375,17 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                  depth if timed_depth else 0)
 
 
-def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int,
-           pair_flops: float | None = None, now: str | None = None) -> EngineStep:
+def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_params: int,
+           head_params: int, pair_flops: float | None = None,
+           now: str | None = None) -> EngineStep:
     """The kept measurement: medians of the rounds, and at depth every round's pair (what
     they say is attentionfit's to read); ``pair_flops``: the timed model's attention FLOPs a
-    (query, key) pair."""
+    (query, key) pair; ``token_params``/``head_params``: its layers' and LM head's weights."""
     fixed, per_token = prefill_line(statistics.median(timed.short_ttft_s),
                                     statistics.median(timed.long_ttft_s))
     timed_depth = bool(timed.depth_pairs)
     return EngineStep(key, statistics.median(timed.steps_s), timed.steps_s, params, weight_bytes,
                       now or time.strftime("%Y-%m-%dT%H:%M:%S"), fixed, per_token,
                       timed.depth_tokens if timed_depth else None,
-                      LONG_PROMPT if timed_depth else None, timed.depth_pairs, pair_flops)
+                      LONG_PROMPT if timed_depth else None, timed.depth_pairs, pair_flops,
+                      token_params, head_params)

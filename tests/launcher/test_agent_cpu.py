@@ -50,6 +50,7 @@ def timed(stack: Any, key: str | None) -> EngineStep:
     got = enginestep.time_served(served, m.vocab_size, rounds=3, steps=32)
     return enginestep.record(enginesteps.key_here(os.environ), got, params=m.active_params,
                              weight_bytes=int(costmodel.streamed_weight_bytes(m, 1)),
+                             token_params=m.token_params, head_params=m.lm_head_params,
                              pair_flops=costmodel.attention_work(m, 1, pairs=1.0).flops)
 
 

@@ -116,7 +116,9 @@ def timed_cpu(m: ModelSpec) -> Topology:
     12 ms + 30 us per prompt token (the tiny model's figures on two cores)."""
     key = enginestep.StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
     step = enginestep.EngineStep(key, 0.004, (0.004,), m.active_params,
-                                 int(costmodel.streamed_weight_bytes(m, 1)), "now", 0.012, 30e-6)
+                                 int(costmodel.streamed_weight_bytes(m, 1)), "now", 0.012, 30e-6,
+                                 model_token_params=m.token_params,
+                                 model_head_params=m.lm_head_params)
     return Topology(gpus=(), engine_step=step)
 
 

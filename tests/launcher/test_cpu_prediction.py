@@ -134,12 +134,15 @@ def test_the_plan_gives_back_the_timed_models_own_first_token_and_step() -> None
     m = load_model_spec(str(ensure_tiny_model()))
     key = enginestep.StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
     step = enginestep.EngineStep(key, 0.004, (0.004,), m.active_params,
-                                 int(costmodel.streamed_weight_bytes(m, 1)), "now", 0.012, 30e-6)
+                                 int(costmodel.streamed_weight_bytes(m, 1)), "now", 0.012, 30e-6,
+                                 model_token_params=m.token_params,
+                                 model_head_params=m.lm_head_params)
     p = plan(Topology(gpus=(), engine_step=step), m, Policy(cpu_cores=2, prompt_tokens=1024))
     assert p.predicted.ttft_s == pytest.approx(0.012 + 1024 * 30e-6, rel=1e-6)
     assert 1 / p.predicted.decode_tok_s == pytest.approx(0.004, rel=1e-6)
-    # a larger model's prompt costs its own arithmetic at the rate timed here
-    big = replace(m, active_params=m.active_params * 10)
+    # a larger model's prompt costs its own arithmetic at the rate timed here: ten times the
+    # layers' weights, the same LM head
+    big = replace(m, active_params=m.active_params + 9 * m.token_params)
     over = costmodel.cpu_step_overhead(step, 2)
     assert over.prefill is not None
     ttft = costmodel.predict_cpu(big, 2, prompt=1024, gen=1, concurrency=1,

@@ -33,7 +33,8 @@ KEY = StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
 
 def record(step_s: float, key: StepKey = KEY) -> EngineStep:
     return EngineStep(key, step_s, (step_s, step_s * 1.1), 4_000_000, 8_000_000,
-                      "2026-12-02T03:00:00")
+                      "2026-12-02T03:00:00", model_token_params=3_000_000,
+                      model_head_params=500_000)
 
 
 def test_a_record_survives_its_json_and_the_cache(tmp_path: Path) -> None:
@@ -63,8 +64,15 @@ def test_a_record_timed_at_depth_survives_its_json_and_a_format_2_record_still_r
     old = {k: v for k, v in json.loads(json.dumps(enginestep.to_json(record(0.009)))).items()
            if not k.startswith("depth_")}
     old["version"] = 2
-    assert enginestep.from_json(old) == record(0.009)
+    assert enginestep.from_json(old) == replace(record(0.009), model_token_params=None,
+                                                model_head_params=None)
     assert enginestep.from_json(old).depth_pairs == ()
+    # format 4 (the model's weights in one count): read, its prefill rate not used, said so
+    four = {**json.loads(json.dumps(enginestep.to_json(
+        replace(record(0.009), prefill_fixed_s=0.012, prefill_token_s=30e-6)))), "version": 4}
+    over = costmodel.cpu_step_overhead(enginestep.from_json(four), cores=2)
+    assert over.prefill is None
+    assert "prefill rate not used" in over.why
     # format 3 (one median difference, no pairs): read, its attention untimed
     three = {**json.loads(json.dumps(enginestep.to_json(record(0.009)))), "version": 3,
              "depth_tokens": 2048, "depth_new_tokens": 512, "depth_cached_tokens": 2048,
@@ -119,7 +127,8 @@ def test_the_kept_depth_figure_is_the_median_of_each_rounds_difference_from_its_
     timed = enginestep.Timed(steps_s=(0.008,) * 4, short_ttft_s=(0.03, 0.06, 0.03, 0.03),
                              long_ttft_s=tuple(p.plain_s for p in pairs), depth_pairs=pairs,
                              depth_tokens=2048)
-    rec = enginestep.record(KEY, timed, params=4_000_000, weight_bytes=8_000_000, now="now")
+    rec = enginestep.record(KEY, timed, params=4_000_000, weight_bytes=8_000_000,
+                                token_params=3_000_000, head_params=500_000, now="now")
     assert (rec.depth_tokens, rec.depth_new_tokens, rec.depth_cached_tokens) == (
         2048, enginestep.LONG_PROMPT, 2048)
     fit = costmodel.cpu_attention_fit(rec)
@@ -129,7 +138,8 @@ def test_the_kept_depth_figure_is_the_median_of_each_rounds_difference_from_its_
     extra = 0.75 * 3 / 7 - 2048 * costmodel.PROMPT_TOKEN_HOST_S
     assert fit.median_s == pytest.approx(extra / (512 * 2048), rel=0.02)
     untimed = enginestep.record(KEY, replace(timed, depth_pairs=(), depth_tokens=0),
-                                params=4_000_000, weight_bytes=8_000_000, now="now")
+                                params=4_000_000, weight_bytes=8_000_000,
+                                token_params=3_000_000, head_params=500_000, now="now")
     assert costmodel.cpu_attention_fit(untimed) is None
 
 
@@ -185,7 +195,8 @@ def test_a_slower_engine_step_gives_a_slower_cpu_plan() -> None:
 
     def timed(step_s: float) -> EngineStep:  # as the pipeline keeps it for the embedded model
         return replace(record(step_s), model_params=m.active_params,
-                       model_weight_bytes=int(costmodel.streamed_weight_bytes(m, 1)))
+                       model_weight_bytes=int(costmodel.streamed_weight_bytes(m, 1)),
+                       model_token_params=m.token_params, model_head_params=m.lm_head_params)
 
     fast = plan(Topology(gpus=(), engine_step=timed(0.004)), m, Policy(cpu_cores=2))
     slow = plan(Topology(gpus=(), engine_step=timed(0.012)), m, Policy(cpu_cores=2))
@@ -198,7 +209,8 @@ def test_a_slower_engine_step_gives_a_slower_cpu_plan() -> None:
 def test_the_overhead_is_the_step_less_the_measured_models_forward_pass() -> None:
     over = costmodel.cpu_step_overhead(record(0.010), cores=2)
     assert over.measured
-    forward = costmodel.cpu_forward_s(4_000_000, 8_000_000, 2)
+    # one token through the layers and the LM head
+    forward = costmodel.cpu_forward_s(2 * (3_000_000 + 500_000), 8_000_000, 2)
     assert over.seconds == pytest.approx(0.010 - forward)
     # a step faster than the roofline's arithmetic (a machine quicker than assumed) is no
     # negative overhead
