@@ -17,7 +17,11 @@ Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/messages, /v1/res
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
 /sim/control (POST JSON: fault, healthy, health_delay, refuse (true or seconds), ttft,
-itl).
+itl, hold).
+``hold: true`` holds every generation before its first token (headers not sent yet), as vLLM's
+/pause does, until ``hold: false`` lets them all go, each from that instant (``t0`` then; its
+``ttft`` counts from there): a test holds requests in flight for exactly as long as it needs
+them there, instead of giving them a ttft long enough for a loaded machine.
 Faults: see simengine.faults.
 
 It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
@@ -139,6 +143,17 @@ class SimEngine:
         self.ttft = cfg.ttft
         self.itl = cfg.itl
         self.ticker = _Ticker()
+        self.holding = False
+        self.held: list[_Generation] = []
+
+    def hold(self, on: bool) -> None:
+        """Hold generations before their first token (``on``), or let every held one go now."""
+        self.holding = on
+        if not on:
+            held, self.held = self.held, []
+            now = asyncio.get_running_loop().time()
+            for generation in held:
+                generation.release(now)
 
     def protocol_factory(self) -> _Connection:
         return _Connection(self)
@@ -295,6 +310,8 @@ def _control(eng: SimEngine, conn: _Connection, req: _Request) -> None:
             eng.refuse_until = asyncio.get_running_loop().time() + duration
         eng.ttft = float(body.get("ttft", eng.ttft))
         eng.itl = float(body.get("itl", eng.itl))
+        if "hold" in body:
+            eng.hold(bool(body["hold"]))
     except (FaultSpecError, TypeError, ValueError) as exc:
         _error(conn, 400, str(exc))
         return
@@ -449,6 +466,9 @@ class _Generation:
     def _begin(self, now: float) -> None:
         if self.done:
             return
+        if self.eng.holding:
+            self.eng.held.append(self)
+            return
         self.first = self.t0 + self.eng.ttft
         self.itl = self.eng.itl
         if self.plan.stream:
@@ -456,6 +476,11 @@ class _Generation:
             self.eng.ticker.at(self.first, self._tick)
         else:
             self.eng.ticker.at(self._last_time(), self._answer)
+
+    def release(self, now: float) -> None:
+        """Let a held generation go: its first token ``ttft`` after ``now``."""
+        self.t0 = now
+        self._begin(now)
 
     def _last_time(self) -> float:
         fault = self.plan.fault

@@ -124,7 +124,8 @@ def _shared_sim() -> Iterator[str]:
 
 
 def _reset(url: str) -> None:
-    sim_control(url, fault="", healthy=True, health_delay=0, refuse=0, ttft=0.02, itl=0.005)
+    sim_control(url, fault="", healthy=True, health_delay=0, refuse=0, ttft=0.02, itl=0.005,
+                hold=False)
     post_json(url + "/sim/reset", {})
 
 

@@ -28,7 +28,7 @@ def pair() -> Iterator[tuple[str, str]]:
 def sims(pair: tuple[str, str]) -> tuple[str, str]:
     for url in pair:
         sim_control(url, fault="", healthy=True, health_delay=0, refuse=0, ttft=0.01,
-                    itl=0.002)
+                    itl=0.002, hold=False)
         post_json(url + "/sim/reset", {})
     return pair
 
@@ -60,14 +60,17 @@ def test_a_conversation_stays_on_one_replica(spawn_proxy: SpawnProxy,
 def test_concurrent_load_spreads_to_the_least_busy(spawn_proxy: SpawnProxy,
                                                    sims: tuple[str, str]) -> None:
     p = spawn_proxy(list(sims), "--affinity-slack", "0")
-    # long enough that all eight are in flight at once, even on a loaded machine
+    # the engines hold all eight in flight at once, however slow the machine, then let go
     for url in sims:
-        sim_control(url, ttft=5.0)
+        sim_control(url, hold=True)
     threads = [threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
                                 kwargs={"json": {"prompt": f"distinct {i}", "max_tokens": 1},
                                         "timeout": 30}) for i in range(8)]
     for t in threads:
         t.start()
+    assert wait_for(lambda: sum(sim_stats(u)["running"] for u in sims) == 8)
+    for url in sims:
+        sim_control(url, hold=False)
     for t in threads:
         t.join()
     assert [generations(u) for u in sims] == [4, 4]

@@ -190,17 +190,16 @@ def test_too_many_in_flight_is_429_with_retry_after(spawn_proxy: SpawnProxy, sim
     # a queue timeout longer than the test: the queue stays full until the 429 is asked for
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "1",
                     "--queue-timeout", "30")
-    # The held request must outlast the metrics poll and the third post on a loaded machine
-    # (1 s did not, in CI: the queue had drained and the third request was served); once the
-    # 429 is seen the engine answers the queued one at once.
-    sim_control(sim_url, ttft=8.0)
+    # The engine holds the first request in flight (the second stays queued) until the 429 is
+    # seen, however slow the machine; then it answers both at once.
+    sim_control(sim_url, hold=True)
     threads = post_in_background(p.url, 2, timeout=30)
     assert wait_for(lambda: "toposerve_requests_queued 1.0" in httpx.get(p.url + "/metrics").text)
     r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     error = assert_openai_error(r, 429)
     assert error["type"] == "rate_limit_error"
     assert int(r.headers["retry-after"]) >= 1
-    sim_control(sim_url, ttft=0.0)
+    sim_control(sim_url, hold=False)
     for t in threads:
         t.join()
 
@@ -208,14 +207,17 @@ def test_too_many_in_flight_is_429_with_retry_after(spawn_proxy: SpawnProxy, sim
 def test_queue_wait_is_bounded(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5",
                     "--queue-timeout", "0.3")
-    sim_control(sim_url, ttft=4.0)
+    sim_control(sim_url, hold=True)
     holder = threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
                               kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 20})
     holder.start()
     assert wait_for(lambda: sim_stats(sim_url)["running"] == 1)
     assert_openai_error(httpx.post(p.url + "/v1/completions", json={"prompt": "x"}), 429)
-    # The queue timeout answered, not the slot freeing: the holder's 4 s request still runs.
+    # The queue timeout answered, not the slot freeing: the engine still holds the holder's
+    # request (until let go below).
     assert holder.is_alive()
+    assert sim_stats(sim_url)["running"] == 1
+    sim_control(sim_url, hold=False)
     holder.join()
 
 
@@ -302,11 +304,11 @@ def test_environment_keys_are_read() -> None:
 
 def test_queued_requests_are_counted(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "5")
-    # the first holds its slot while the other two are counted (long enough on a loaded machine)
-    sim_control(sim_url, ttft=8.0)
+    # the engine holds the first in its slot while the other two are counted
+    sim_control(sim_url, hold=True)
     threads = post_in_background(p.url, 3, timeout=30)
     assert wait_for(lambda: "toposerve_requests_queued 2.0" in httpx.get(p.url + "/metrics").text)
-    sim_control(sim_url, ttft=0.01)  # the queued two, once admitted, answer at once
+    sim_control(sim_url, hold=False)  # it answers, and the queued two once admitted
     for t in threads:
         t.join()
     assert "toposerve_requests_queued 0.0" in httpx.get(p.url + "/metrics").text

@@ -102,6 +102,35 @@ def test_a_stalled_engine_catches_up_instead_of_drifting() -> None:
     assert times[-1] == pytest.approx(t0 + TTFT + 29 * ITL, abs=1e-9)
 
 
+async def _held_streams_on_a_virtual_clock(n: int, release_at: float
+                                           ) -> tuple[float, list[list[float]]]:
+    """n streams sent while the engine holds, let go ``release_at`` s later: (t0, token times)."""
+    from tests.server.virtual_clock import VirtualClockLoop
+
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    engine = build_app(SimConfig(ttft=TTFT, itl=ITL))
+    engine.hold(True)
+    server = await loop.create_server(engine.protocol_factory, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    t0 = loop.time()
+    loop.call_at(t0 + release_at, engine.hold, False)
+    body = {"prompt": "x", "max_tokens": 5, "ignore_eos": True, "stream": True}
+    try:
+        times = await asyncio.gather(*(_timed_stream(port, body) for _ in range(n)))
+    finally:
+        server.close()
+    return t0, list(times)
+
+
+def test_held_generations_start_when_let_go_and_not_before() -> None:
+    # /sim/control's hold: no token while held, however long; then each stream's tokens on
+    # their deadlines counted from the release, as if sent at that instant
+    t0, streams = virtual_clock.run(_held_streams_on_a_virtual_clock(4, 1.0))
+    for times in streams:
+        assert times == pytest.approx([t0 + 1.0 + TTFT + k * ITL for k in range(5)], abs=1e-9)
+
+
 @pytest.mark.parametrize(("chat", "usage"), [(True, True), (True, False), (False, True),
                                              (False, False)])
 def test_stream_has_vllm_shape(sim_url: str, chat: bool, usage: bool) -> None:
