@@ -32,6 +32,7 @@ from launcher.planner.plantypes import Candidate, Policy
 from launcher.planner.schedsim import (
     SchedulerLimits,
     SimError,
+    SimResult,
     StepBatch,
     Workload,
     percentiles,
@@ -95,6 +96,15 @@ class RooflineStep:
                     sequences=max(1, sampled), sampled=sampled))
         return found
 
+    def launch_s(self, batch: StepBatch) -> float:
+        """The host's launching of the step (a :class:`schedsim.LaunchTimer`), which the engine
+        core does before it takes the step before's output: a step holding prompt chunks runs
+        eagerly, each layer's kernels launched from Python (the host profile's
+        ``layer_launch_s`` a layer); a step of decoders only replays a CUDA graph at once."""
+        if batch.prefill_tokens == 0:
+            return 0.0
+        return self.m.num_layers * self.lay.host.layer_launch_s
+
 
 def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:
     """The replica's scheduler: the fit's batched-token budget, ``max_num_seqs``, and its KV
@@ -110,6 +120,28 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> Sc
     # ``VllmConfig.__post_init__``; off with PP on the V1 runner and on the CPU engine)
     return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, blocks, BLOCK_TOKENS,
                            async_scheduling=True)
+
+
+def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, streams: int,
+                max_num_seqs: int, table: KernelTable | None = None,
+                graph_steps: int = 512) -> tuple[SchedulerLimits, SimResult]:
+    """One replica's ``streams`` of loadgen's closed loop as it measures by default, through
+    the simulated scheduler: the streams' requests sent at one moment, each stream sending its
+    next one when its last ends, LOADGEN_REQUESTS_PER_STREAM in all (no prefix shared), so the
+    later ones reach an engine that is decoding. Each request reaches the scheduler after the
+    host profile's way in, the front end handing them over one at a time (its work on each
+    prompt's tokens: parse, validation, IPC), so a burst reaches an idle engine core one
+    request first. Steps are timed by the roofline (:class:`RooflineStep`, which also gives
+    each step's launch) or, with the kernel ``table``, as :mod:`kernelcost` times them. Raises
+    SimError where the workload cannot run."""
+    lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
+    timer = (RooflineStep(m, lay) if table is None
+             else layout_step(m, table, lay, max_graph_tokens=graph_steps))
+    return lim, simulate(
+        lim, timer, Workload(prompt, gen, concurrency=streams,
+                             requests=LOADGEN_REQUESTS_PER_STREAM * streams),
+        request_overhead_s=lay.host.request_fixed_s + prompt * lay.host.prompt_token_s,
+        request_serial_s=prompt * lay.host.prompt_token_s)
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
@@ -128,19 +160,11 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
                       "the closed formula", *host)
     per_replica = max(1, -(-concurrency // lay.dp))
     try:
-        lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
-        # loadgen's closed loop as it measures by default: the streams' requests sent at one
-        # moment, each stream sending its next one when its last ends, LOADGEN_REQUESTS_PER_STREAM
-        # in all (no prefix shared); the later ones reach an engine that is decoding
-        timer = (RooflineStep(m, lay) if table is None
-                 else layout_step(m, table, lay, max_graph_tokens=graph_steps))
-        requests = simulate(
-            lim, timer, Workload(prompt, gen, concurrency=per_replica,
-                                 requests=LOADGEN_REQUESTS_PER_STREAM * per_replica),
-            request_overhead_s=lay.host.request_fixed_s + prompt * lay.host.prompt_token_s,
-        ).requests
+        lim, run = loadgen_run(m, lay, f, prompt=prompt, gen=gen, streams=per_replica,
+                               max_num_seqs=max_num_seqs, table=table, graph_steps=graph_steps)
     except SimError as e:
         return pred, (f"load at the requested concurrency: not simulated ({e})", *host)
+    requests = run.requests
     busy = min(lay.dp, -(-concurrency // per_replica))
     ttft = percentiles([r.ttft_s for r in requests])
     tpot = percentiles([r.tpot_s for r in requests])
