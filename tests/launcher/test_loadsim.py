@@ -126,8 +126,9 @@ CASES: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
 # The bound the recorded runs support (docs/planner.md, "Load through the simulated
 # scheduler"): the simulated TTFT p50 within a factor of 2.5 of loadgen's, and nearer to it than
 # the one-request TTFT every plan gave before wherever more than one stream ran. Its known
-# bias: at 32 streams of 512 tokens on one GPU it is 40-55% low (vLLM's front end lets the
-# first arrival run a step alone, which puts the rest a step later).
+# bias: at 32 streams of 512 tokens on one GPU it is 15-55% low, the small models most (the
+# records' cold first waves and the API server's way in under load; the first arrival running
+# a step alone is simulated, docs/planner.md "A burst's first tokens").
 FACTOR = 2.5
 
 
