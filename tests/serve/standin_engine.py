@@ -6,7 +6,8 @@ Started by the launcher through TOPOSERVE_ENGINE_CMD. Behaviour comes from the e
   the known-safe fallback (VLLM_ALLREDUCE_USE_SYMM_MEM=0 and --compilation-config) is applied;
 - STANDIN_FAIL=always: crash at start with an unrecognised error, every time;
 - STANDIN_DIE_AFTER=S: on the first start only, exit S seconds after becoming ready;
-- STANDIN_RESTART_DELAY=S: every start after the first waits S seconds before serving;
+- STANDIN_RESTART_GATE=PATH: every start after the first waits, not listening, until PATH
+  exists (a test lets it listen once it has seen what the wait is for);
 - STANDIN_COMPLETION_DELAY=S: each /v1/completions takes S seconds (requests in flight).
 Otherwise it serves /health, /v1/models and a minimal non-streamed /v1/completions.
 """
@@ -96,8 +97,10 @@ def main() -> None:
     if fail == "always":
         print("ValueError: standin cannot load this model", flush=True)
         sys.exit(1)
-    if start_no > 1:
-        time.sleep(float(os.environ.get("STANDIN_RESTART_DELAY", "0")))
+    gate = os.environ.get("STANDIN_RESTART_GATE")
+    if start_no > 1 and gate:
+        while not Path(gate).exists():
+            time.sleep(0.05)
     Handler.model = arg("--served-model-name", arg("--model", "standin"))
     server = ThreadingHTTPServer((arg("--host", "127.0.0.1"), int(arg("--port", "8001"))),
                                  Handler)

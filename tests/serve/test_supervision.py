@@ -207,28 +207,33 @@ def _post_completion(port: int, timeout: float = 30) -> tuple[int, dict[str, str
 def test_while_the_engine_restarts_the_proxy_answers_503_with_retry_after(
     tmp_path: Path, launch: list[Launch]
 ) -> None:
-    run = Launch(tmp_path, {"STANDIN_DIE_AFTER": "1", "STANDIN_RESTART_DELAY": "6"})
+    gate = tmp_path / "restarted-engine-listens"
+    run = Launch(tmp_path, {"STANDIN_DIE_AFTER": "1", "STANDIN_RESTART_GATE": str(gate)})
     launch.append(run)
     # The first engine dies 1 s after it is ready, which on a loaded machine can be before the
     # proxy is: the launcher must carry on and restart it either way, so the test waits for the
-    # second start (not for /ready, which may only come after it) and asks within its 6 s.
+    # second start (not for /ready, which may only come after it). That start does not listen
+    # until the test has its answer (the gate): however slow the machine, the proxy is asked
+    # while the engine is away.
     deadline = time.monotonic() + 60
     while len(run.starts()) < 2 and time.monotonic() < deadline:
         assert run.proc.poll() is None, run.output()
         time.sleep(0.1)
     assert len(run.starts()) == 2, run.output()
-    # The restarted engine takes 6 s to listen: meanwhile the proxy must refuse, not hang.
-    window_end = time.monotonic() + 4.0
+    # The restarted engine does not listen yet: meanwhile the proxy must refuse, not hang (an
+    # answer not there within 5 s counts as none).
+    window_end = time.monotonic() + 30.0
     status, headers, body = 0, {}, b"no answer"
     while status != 503 and time.monotonic() < window_end:
         try:
-            status, headers, body = _post_completion(run.port)
+            status, headers, body = _post_completion(run.port, timeout=5)
         except OSError:  # the proxy not listening yet
             time.sleep(0.1)
     assert status == 503, body
     assert int(headers["retry-after"]) > 0
     assert json.loads(body)["error"]["type"]
     assert not http_ok(f"http://127.0.0.1:{run.port}/ready")
+    gate.touch()
     run.wait_ready(60)
     assert _post_completion(run.port)[0] == 200
     assert run.stop() == 0
