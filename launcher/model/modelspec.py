@@ -17,6 +17,8 @@ from typing import Any
 
 from launcher.errors import ModelError
 from launcher.model import families, hfconfig, hub, quantization
+from launcher.model.mla import MlaDims
+from launcher.model.mla import dims as mla_dims
 from topocommon.hub import is_repo_id
 
 GIB = 1024**3
@@ -68,6 +70,9 @@ class ModelSpec:
     # ``sliding_layers`` of them windowed. Gemma 4 differs per layer type and shares KV layers.
     layer_kv: tuple[KvGroup, ...] = ()
     rope_cache_elems: int = 0  # vLLM's rotary tables (elements); 0: positions × head_dim
+    # latent attention's own sizes (kv/q LoRA ranks, nope/rope/v head dims): the operations
+    # vLLM runs for it (launcher.model.mla); None for every other attention
+    mla: MlaDims | None = None
     # config.json names its own modelling code (auto_map) for a model_type the installed
     # transformers does not define: vLLM loads it only with --trust-remote-code
     custom_code: bool = False
@@ -471,6 +476,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         moe_intermediate_size=moe_inter,
         layer_kv=sp.groups,
         rope_cache_elems=hf.rope_cache_elems if hf else 0,
+        mla=mla_dims(t) if any(g.latent for g in sp.groups) else None,
         custom_code=hf is None and isinstance(cfg.get("auto_map"), Mapping)
         and bool(cfg.get("auto_map")),
         embedding_params=hf.embedding_params if hf else int(t["vocab_size"]) * d.hidden,

@@ -1,10 +1,12 @@
 """A checkpoint's quantization_config, as the planner needs it: the method, the bits per weight
 of the quantized layers, and the bytes of scales and zero points per weight. Pure, total: any
-config, of any shape, gives an answer (see :func:`read`)."""
+config, of any shape, gives an answer (see :func:`read`). And which 4-bit GEMM vLLM runs for
+them on a card (:func:`mixed_input_gemm`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -55,3 +57,49 @@ def _number(value: Any, default: float, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return default
     return float(value) if low <= value <= high else default
+
+
+# ------------------------------------------------------------- which 4-bit GEMM vLLM runs
+
+# vLLM runs an AWQ/GPTQ checkpoint's linear layers through the first mixed-input kernel that
+# can implement them on the card (vllm/model_executor/kernels/linear/mixed_precision,
+# choose_mp_linear_kernel; the H200 run of 2026-12-02 logged "Using MacheteLinearKernel for
+# AutoAWQMarlinLinearMethod"): Machete where the compute capability is exactly 9.0
+# (MacheteLinearKernel.can_implement), else Marlin from 7.5 (MarlinLinearKernel's minimum).
+MACHETE_CC = (9, 0)
+MARLIN_MIN_CC = (7, 5)
+# Marlin's tensor-core tiles are 16 rows, four to a pass over the weights (its kernel,
+# csrc/quantization/gptq_marlin: a problem of more rows runs as ``par`` problems of 64 rows
+# each, and each streams and dequantizes every weight again).
+MARLIN_ROWS_PER_PASS = 64
+
+
+@dataclass(frozen=True)
+class MixedInputGemm:
+    """The 4-bit GEMM vLLM runs on a card, and how often it passes over the weights."""
+
+    kernel: str  # "machete", "marlin"
+    rows_per_pass: int | None  # rows one pass over the weights serves; None: all of them
+    why: str
+
+    def passes(self, rows: float) -> float:
+        """Passes over the weights (each read and dequantized) for ``rows`` rows."""
+        if self.rows_per_pass is None:
+            return 1.0
+        return float(max(1, -(-int(rows) // self.rows_per_pass)))
+
+
+def mixed_input_gemm(cc: tuple[int, int] | None) -> MixedInputGemm:
+    """The kernel vLLM picks for a 4-bit AWQ/GPTQ layer on a card of compute capability ``cc``
+    (None: not known, Marlin assumed, the kernel of every CUDA card but Hopper)."""
+    if cc == MACHETE_CC:
+        return MixedInputGemm(
+            "machete", None,
+            "Machete (Hopper): TMA loads each weight tile once, the consumer warps dequantize "
+            "it in registers and feed it to wgmma as its A operand with the rows as B, so one "
+            "pass over the weights serves every row and the math runs on the bf16 tensor cores")
+    return MixedInputGemm(
+        "marlin", MARLIN_ROWS_PER_PASS,
+        f"Marlin: every {MARLIN_ROWS_PER_PASS} rows are their own pass, which streams and "
+        "dequantizes all of the weights again" + ("" if cc is None or cc >= MARLIN_MIN_CC else
+                                                  " (below 7.5 vLLM has no Marlin: assumed)"))

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher.model import families
+from launcher.model import families, quantization
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware
 from launcher.planner.hardware import (
@@ -194,11 +194,18 @@ def streamed_weight_bytes(m: ModelSpec, tokens: float = 1.0) -> float:
     return dense - experts + experts * experts_touched(m, tokens) / m.num_experts
 
 
-def weight_stream_efficiency(m: ModelSpec, batch: float) -> float:
-    """Share of MEM_EFFICIENCY that weight streaming reaches, at ``batch`` rows a GEMM.
+def weight_stream_efficiency(m: ModelSpec, batch: float, gpus: Sequence[Gpu] = ()) -> float:
+    """Share of MEM_EFFICIENCY that weight streaming reaches, at ``batch`` rows a GEMM, on
+    ``gpus`` (their compute capability picks the 4-bit kernel: quantization.mixed_input_gemm).
 
-    4-bit weights (AWQ/GPTQ) run through vLLM's Marlin GEMM on every step, decode and prefill
-    alike (vLLM 0.26 converts a compatible AWQ checkpoint to ``awq_marlin``:
+    Which kernel: on compute capability 9.0 vLLM runs Machete, which passes over the weights
+    once for every row; elsewhere Marlin, which passes over them again for every 64 rows, so
+    past 64 rows its weights' read is that many passes (the arithmetic usually longer still).
+    The pass's rate below was measured on the H200, where the kernel was Machete; Marlin's
+    pass is assumed to stream at the same share (not measured on any card).
+
+    4-bit weights (AWQ/GPTQ) run through vLLM's mixed-input GEMM on every step, decode and
+    prefill alike (vLLM 0.26 converts a compatible AWQ checkpoint to ``awq_marlin``:
     ``AWQMarlinLinearMethod.apply`` -> ``marlin_utils.apply_awq_marlin_linear`` ->
     ``ops.marlin_gemm``; GPTQ likewise). Marlin multiplies the activations in 16-row tensor-core
     tiles, up to four of them (64 rows) per pass over the weights, and in that pass loads every
@@ -211,8 +218,11 @@ def weight_stream_efficiency(m: ModelSpec, batch: float) -> float:
     ``QUANT_STREAM_EFFICIENCY`` of the bf16 path's. Past 64 rows the arithmetic (the
     prefill's and the batched decode's compute terms) takes over. ``batch`` is kept for the
     other kernels' sake: no path here depends on it yet."""
-    del batch  # Marlin's pass costs the same at every row count up to 64 (above)
-    if m.quantization in ("awq", "gptq") or (m.quantization and m.weight_bits <= 4):
+    if m.quantization in ("awq", "gptq"):
+        worst = max((quantization.mixed_input_gemm(g.cc).passes(batch) for g in gpus),
+                    default=1.0)
+        return QUANT_STREAM_EFFICIENCY / worst
+    if m.quantization and m.weight_bits <= 4:
         return QUANT_STREAM_EFFICIENCY
     return 1.0
 
@@ -353,7 +363,7 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     compute = forward_flops(m, tokens, heads) / (lay.tp * _prefill_flops_s(gpus))
     # a prompt's GEMMs read the weights through the same kernels a decode step does (Marlin's
     # pass for 4-bit weights: weight_stream_efficiency)
-    memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, tokens)
+    memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, tokens, gpus)
               / (lay.tp * _mem_bytes_s(gpus)))
     return max(_prefill_layers_s(m, lay, tokens, max(compute, memory) + attn),
                lay.host.step_floor_s(sequences))
@@ -418,7 +428,7 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     share = stage_share(m, lay.pp)
     w_stage = streamed_weight_bytes(m, micro) * share / lay.tp
-    w_stage /= weight_stream_efficiency(m, micro)
+    w_stage /= weight_stream_efficiency(m, micro, gpus)
     # memfit's division of the cache (KV heads over TP, layers over PP), as sized
     kv_stage = micro * m.kv_bytes(context) / kv_shards(m, lay.tp, lay.pp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)

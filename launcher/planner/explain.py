@@ -18,6 +18,7 @@ from launcher.planner.plantypes import (
     label,
     shape_label,
 )
+from launcher.planner.tablegaps import ROOFLINE_NOTE
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import ANCESTOR_RANK, Topology
 
@@ -165,7 +166,8 @@ def describe_speed_source(table: KernelTable | None) -> tuple[str, ...]:
         return ()
     return (f"speed from this model's kernel table, measured {table.measured_at} on "
             f"{table.key.device} ({table.method}), through a simulation of vLLM's scheduler; "
-            f"engine step overhead {'measured' if table.engine_step_s is not None else 'assumed'}",)
+            f"engine step overhead {'measured' if table.engine_step_s is not None else 'assumed'}"
+            + "".join(f"; {n}" for n in table.notes if n.startswith(ROOFLINE_NOTE)),)
 
 
 def user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:

@@ -322,13 +322,16 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
 # graph for a decode step. The H200 run of the Qwen3-30B-A3B shape then measured single-stream
 # decode at 251 tok/s against 257 predicted (+2.4%): not refitted.
 MOE_LAYER_DECODE_S = 30e-6
-# 4-bit weights (vLLM's Marlin GEMM) stream at this share of the bf16 path's rate at every batch
-# up to 64 rows (costmodel.weight_stream_efficiency says why it does not grow with the batch).
-# MEASURED on the lent H200 (issue 22's table, Qwen2.5-32B AWQ shape, vLLM 0.26 awq_marlin):
+# 4-bit weights (vLLM's mixed-input GEMM) stream at this share of the bf16 path's rate a pass
+# over the weights (costmodel.weight_stream_efficiency says why it does not grow with the batch;
+# quantization.mixed_input_gemm which kernel runs and how many passes it makes).
+# MEASURED on the lent H200 (issue 22's table, Qwen2.5-32B AWQ shape, vLLM 0.26 awq_marlin, which
+# on that card runs Machete, not Marlin: choose_mp_linear_kernel, and the 2026-12-02 run's 14B
+# AWQ log names MacheteLinearKernel):
 # 11.5 ms a one-stream decode step, of which the 16.3 GB pass over the weights is 10.4 ms after
 # the step overhead, 1.56 TB/s: 0.39 of the bf16 GEMV's 4.04 TB/s measured on that card (0.41
-# of the datasheet x MEM_EFFICIENCY). It was 0.5, read from issue 14's text. Other cards'
-# Marlin rate is not measured: assumed the same share.
+# of the datasheet x MEM_EFFICIENCY). It was 0.5, read from issue 14's text. Marlin's rate (every
+# other CUDA card) is not measured: assumed the same share a pass.
 QUANT_STREAM_EFFICIENCY = 0.4
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
