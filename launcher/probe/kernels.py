@@ -29,6 +29,7 @@ driver, vLLM and torch versions and the shapes, so a second probe, or a plan, re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -507,10 +508,12 @@ class _Ops:
 
         group = 128 if lin.k % 128 == 0 else -1
         rows = lin.k // (group if group > 0 else lin.k)
+        extra = {f.name: False for f in dataclasses.fields(MPLinearLayerConfig)
+                 if f.name == "has_g_idx"}  # a field of older releases: no act-order here
         cfg = MPLinearLayerConfig(full_weight_shape=(lin.k, lin.n),
                                   partition_weight_shape=(lin.k, lin.n),
                                   weight_type=scalar_types.uint4, act_type=self.dtype,
-                                  group_size=group, zero_points=True)
+                                  group_size=group, zero_points=True, **extra)
         kind = choose_mp_linear_kernel(cfg)
         copies = max(1, min(64, cycle_bytes // max(1, lin.k * lin.n // 2)))
 
