@@ -5,8 +5,9 @@ scheduler simulation over the requested workload. Pure.
 --model` times); :func:`step_cost` turns the timed table into a
 :class:`~launcher.planner.schedsim.TableStepCost`: per decoder layer the linear layers, two
 norms, the rotary products and the activation (or the routed experts) at each timed token count,
-times the layers, plus two all-reduces a layer under TP over the group's link; attention per
-(query, key) pair of a prompt chunk and per cached token a decoder reads; the LM head and
+times the layers, plus two all-reduces a layer under TP over the group's link; a prompt
+chunk's attention read off the timed points by its (query, key) pairs (whole prompts, and on a
+GPU chunks after a cached prefix) and per cached token a decoder reads; the LM head and
 sampler per sampled row; and the engine's own fixed cost of a step, measured where the table has
 it, else the cost model's assumption (said in ``sources``). :func:`predict` then runs
 :mod:`launcher.planner.schedsim` for one prompt (prefill, time to first token), one stream
@@ -20,13 +21,20 @@ pipeline parallelism is left to the roofline (the planner uses this only for ``p
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from launcher.model.mla import MlaDims
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit
-from launcher.planner.costmodel import CpuStepOverhead, Layout, Prediction, eager_host_layer_s
+from launcher.planner.costmodel import (
+    CpuStepOverhead,
+    Layout,
+    Prediction,
+    causal_pairs,
+    eager_host_layer_s,
+    request_host_s,
+)
 from launcher.planner.hardware import HostProfile
 from launcher.planner.memfit import (
     BLOCK_TOKENS,
@@ -42,11 +50,12 @@ from launcher.planner.schedsim import (
     StepTimer,
     TableStepCost,
     Workload,
+    measured_curve,
     simulate,
 )
-from launcher.planner.tablegaps import roofline_filled
 from launcher.probe.kernels import (
     DECODE_BATCH,
+    FLASH_PREFILL_NOTE,
     Attention,
     KernelTable,
     KernelTime,
@@ -71,9 +80,7 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     h, d, bits = m.hidden_size, m.head_dim, _bits(m)
     heads = max(1, m.num_heads // tp)
     kv = max(1, m.num_kv_heads // tp)  # past tp = kv heads vLLM replicates them
-    mla = m.mla if any(g.latent for g in m.kv_groups) else None
-    linears = ([Linear("qkv", h, (heads + 2 * kv) * d, bits), Linear("o", heads * d, h, bits)]
-               if mla is None else _mla_linears(mla, h, heads, bits))
+    linears = [Linear("qkv", h, (heads + 2 * kv) * d, bits), Linear("o", heads * d, h, bits)]
     moe = None
     if m.num_experts:
         inter = max(1, (m.moe_intermediate_size or m.intermediate_size) // tp)
@@ -85,29 +92,11 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     attention = tuple(
         Attention(g.layers, heads, 1 if g.latent else max(1, g.kv_heads // tp), g.head_dim,
                   g.window, g.latent)
-        if not (g.latent and mla) else
-        Attention(g.layers, heads, 1, mla.latent_dim, g.window, True, mla.qk_head_dim,
-                  mla.v_head_dim, mla.kv_lora_rank)
         for g in m.kv_groups if g.layers
     ) or (Attention(m.num_layers, heads, kv, d),)
     dtype = m.dtype if m.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     return StepShape(m.name, m.num_layers, h, max(1, m.vocab_size // tp), tuple(linears),
                      attention, moe, dtype)
-
-
-def _mla_linears(mla: MlaDims, hidden: int, heads: int, bits: int) -> list[Linear]:
-    """Latent attention's projections on one TP rank, as vLLM's DeepseekV2 attention has them
-    (launcher.model.mla): the query (``q``, or with a query LoRA ``q_a`` fused with ``kv_a``
-    into one replicated GEMM, then ``q_b``), ``kv_a`` (hidden -> the cached latent, replicated
-    on every rank), ``kv_b`` (latent -> each head's nope K and V; in a decode step the W_UK and
-    W_UV bmms read the same weights for the same FLOPs a token) and ``o``."""
-    latent, qk = mla.latent_dim, mla.qk_head_dim
-    query = ([Linear("q_a_kv_a", hidden, mla.q_lora_rank + latent, bits),
-              Linear("q_b", mla.q_lora_rank, heads * qk, bits)] if mla.q_lora_rank else
-             [Linear("q", hidden, heads * qk, bits), Linear("kv_a", hidden, latent, bits)])
-    return [*query, Linear("kv_b", mla.kv_lora_rank, heads * (mla.qk_nope_head_dim
-                                                              + mla.v_head_dim), bits),
-            Linear("o", heads * mla.v_head_dim, hidden, bits)]
 
 
 @dataclass(frozen=True)
@@ -139,6 +128,17 @@ def _at(points: list[KernelTime], tokens: int) -> float:
         return 0.0
     cost = TableStepCost(tuple(p.tokens for p in points), tuple(p.seconds for p in points))
     return cost.forward(tokens)
+
+
+def _prefill_points(timed: list[KernelTime]) -> list[tuple[float, float]]:
+    """A prompt chunk's attention as timed: (its causal (query, key) pairs, seconds) per point,
+    ascending. A point of ``tokens`` new tokens over ``context`` keys is a chunk after
+    ``context - tokens`` cached ones (a whole prompt where the two are equal). One time per
+    pair count: the median of any repeated."""
+    by: dict[float, list[float]] = {}
+    for t in timed:
+        by.setdefault(causal_pairs(t.tokens, max(0, t.context - t.tokens)), []).append(t.seconds)
+    return [(x, statistics.median(by[x])) for x in sorted(by) if x > 0]
 
 
 def step_cost(
@@ -182,11 +182,12 @@ def step_cost(
     eager_forward = ([forward_at(n, "eager:" if eager else "", layer_launch_s) for n in ladder]
                      if eager or layer_launch_s > 0 else [])
     pair = token = 0.0
+    curves = []
     for g, a in enumerate(s.attention):
-        pre = table.lookup("attn:prefill", g)
+        pre = _prefill_points(table.lookup("attn:prefill", g))
         if pre:
-            big = pre[-1]
-            pair += a.layers * big.seconds / (big.context * (big.context + 1) / 2)
+            curves.append((a.layers, pre))
+            pair += a.layers * pre[-1][1] / pre[-1][0]
         dec = sorted(table.lookup("attn:decode", g), key=lambda t: t.context)
         if dec:
             token += a.layers * dec[-1].seconds / (DECODE_BATCH * dec[-1].context)
@@ -198,6 +199,10 @@ def step_cost(
         fixed_head = max(0.0, head[0].seconds - per_row * head[0].tokens)
     elif head:
         per_row = head[0].seconds
+    # the layers' prompt-chunk attention as measured at each timed (query, key) pair count
+    xs = sorted({x for _, pts in curves for x, _ in pts})
+    ys = [sum(layers * measured_curve([p for p, _ in pts], [t for _, t in pts], x)
+              for layers, pts in curves) for x in xs]
     sources = [f"kernels measured {table.measured_at} ({table.method}) on {table.key.device}"]
     if table.engine_step_s is not None:
         overhead = table.engine_step_s
@@ -211,10 +216,15 @@ def step_cost(
     if overlap_overhead:
         sources[-1] += (", beside the GPU's step (asynchronous scheduling): a step lasts the "
                         "longer of the two")
+    if xs:
+        kernel = ("vLLM's FlashAttention" if FLASH_PREFILL_NOTE in table.notes
+                  else "torch's SDPA, not the engine's FlashAttention")
+        sources.append(f"prompt-chunk attention read off {len(xs)} timed points up to "
+                       f"{xs[-1]:,.0f} (query, key) pairs ({kernel}), in proportion past them")
     sources += [f"not in the table: {x}" for x in table.missing]
     cost = TableStepCost(tuple(ladder), tuple(forward), pair, token, per_row,
                          (0.0 if overlap_overhead else overhead) + fixed_head,
-                         tuple(eager_forward), max_graph_tokens)
+                         tuple(eager_forward), max_graph_tokens, tuple(xs), tuple(ys))
     return KernelCost(cost, tuple(sources), overhead)
 
 
@@ -234,6 +244,11 @@ class HostBound:
     def step_s(self, batch: StepBatch) -> float:
         return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled),
                    self.engine_s)
+
+    def idle_start_s(self) -> float:
+        """The engine core's own work, in series before an idle engine's first step (the
+        roofline pays STEP_OVERHEAD_S in every prefill step: costmodel._prefill_layers_s)."""
+        return self.engine_s
 
 
 def _timer(
@@ -271,7 +286,6 @@ def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
     ``max_graph_tokens``, the engine's CUDA-graph range, on its host): what
     :func:`layout_prediction` predicts with, for the load and agent simulations to time the
     same steps."""
-    table = roofline_filled(m, table, lay)  # ops the table lacks: the roofline's figures
     timer, _ = _timer(m, table, allreduce=_tp_allreduce(lay),
                       assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
                       max_graph_tokens=max_graph_tokens, host=lay.host)
@@ -389,12 +403,14 @@ def layout_prediction(
     table = table_for(tables, m, lay.tp, names.pop())
     if table is None:
         return None
-    table = roofline_filled(m, table, lay)  # ops the table lacks: the roofline's figures
     pred, _ = as_prediction(
         m, table, kv_bytes=lay.kv_budget_bytes, block=BLOCK_TOKENS, batched_tokens=batched_tokens,
         max_num_seqs=max_num_seqs, prompt=prompt, gen=gen, concurrency=concurrency,
         assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
-        request_overhead_s=lay.host.request_fixed_s, allreduce=_tp_allreduce(lay), dp=lay.dp,
+        # the request's way in with its prompt's length, as the roofline and the load
+        # simulation count it (costmodel.request_host_s)
+        request_overhead_s=request_host_s(lay.host, prompt), allreduce=_tp_allreduce(lay),
+        dp=lay.dp,
         kv_dtype_bytes=kv_dtype_bytes, host=lay.host, max_graph_tokens=max_graph_tokens,
     )
     return pred, table

@@ -103,6 +103,29 @@ class LaunchTimer(StepTimer, Protocol):
     def launch_s(self, batch: StepBatch) -> float: ...
 
 
+@runtime_checkable
+class IdleStartTimer(StepTimer, Protocol):
+    """A step timer of an engine that prepares each step beside the GPU's running one
+    (asynchronous scheduling), so that its own work a step (scheduling, preparing the inputs,
+    sampling and handing the output over) is hidden behind the step before: the first step
+    after the engine was idle has none before it and pays that work in series."""
+
+    def idle_start_s(self) -> float: ...
+
+
+def measured_curve(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """``ys`` at ``x`` from points measured at ``xs`` (positive, ascending): linear between
+    them, in proportion (through zero) below the first and past the last."""
+    if x <= 0:
+        return 0.0
+    if x <= xs[0]:
+        return ys[0] * x / xs[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[-1] * x / xs[-1]
+
+
 @dataclass(frozen=True)
 class TableStepCost:
     """A step time from measured (or modelled) parts.
@@ -124,15 +147,28 @@ class TableStepCost:
     # the host: ``eager_forward_s`` (same token counts) then replaces ``forward_s``.
     eager_forward_s: tuple[float, ...] = ()
     max_graph_tokens: int = 0
+    # Prompt chunks' attention as measured at these (query, key) pair counts (ascending), all
+    # layers: a kernel's efficiency grows with its size (FlashAttention over a 512-token chunk
+    # runs at a fraction of its rate over 8,192), so where given, a step's attention is read
+    # off this curve (linear between points, in proportion below the first and past the last)
+    # instead of ``attn_prefill_s_per_pair``.
+    attn_prefill_pairs: tuple[float, ...] = ()
+    attn_prefill_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tokens or len(self.tokens) != len(self.forward_s):
             raise SimError("a step cost needs one forward time per token count")
         if self.eager_forward_s and len(self.eager_forward_s) != len(self.tokens):
             raise SimError("a step cost needs one eager forward time per token count")
+        pairs = self.attn_prefill_pairs
+        if len(pairs) != len(self.attn_prefill_s) or list(pairs) != sorted(set(pairs)) or (
+                pairs and pairs[0] <= 0) or not all(math.isfinite(v) for v in pairs):
+            raise SimError("an attention curve needs one time per pair count, counts positive "
+                           "and ascending")
         if list(self.tokens) != sorted(set(self.tokens)) or self.tokens[0] < 1:
             raise SimError(f"token counts must be positive and ascending: {self.tokens}")
-        figures = (*self.forward_s, *self.eager_forward_s, self.attn_prefill_s_per_pair,
+        figures = (*self.forward_s, *self.eager_forward_s, *self.attn_prefill_s,
+                   self.attn_prefill_s_per_pair,
                    self.attn_decode_s_per_token,
                    self.sampler_s_per_seq, self.step_overhead_s)
         if not all(math.isfinite(v) and v >= 0 for v in figures):
@@ -152,9 +188,15 @@ class TableStepCost:
                 return y0 + (ys[i] - y0) * (tokens - x0) / (xs[i] - x0)
         return ys[-1] * tokens / xs[-1]
 
+    def prefill_attention(self, pairs: float) -> float:
+        """Seconds of prompt chunks' attention over ``pairs`` (query, key) pairs."""
+        if not self.attn_prefill_pairs:
+            return self.attn_prefill_s_per_pair * pairs
+        return measured_curve(self.attn_prefill_pairs, self.attn_prefill_s, pairs)
+
     def step_s(self, batch: StepBatch) -> float:
         return (self.step_overhead_s + self.forward(batch.tokens)
-                + self.attn_prefill_s_per_pair * batch.prefill_pairs
+                + self.prefill_attention(batch.prefill_pairs)
                 + self.attn_decode_s_per_token * batch.decode_context
                 + self.sampler_s_per_seq * batch.sampled)
 
@@ -704,6 +746,8 @@ def simulate(
             # idle until the next request arrives
             now, last_start = max(now, reaches(pending[0])), None
             continue
+        if last_start is None and lim.async_scheduling and isinstance(timer, IdleStartTimer):
+            now += timer.idle_start_s()  # an idle engine: nothing hides its step's own work
         before, running = eng.preemptions, len(eng.running)
         step = _step(eng, timer, now, work.shared_prefix)
         if step is None:
