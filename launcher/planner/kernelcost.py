@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher.model.mla import MlaDims
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit
 from launcher.planner.costmodel import (
@@ -53,6 +54,7 @@ from launcher.planner.schedsim import (
     measured_curve,
     simulate,
 )
+from launcher.planner.tablegaps import roofline_filled
 from launcher.probe.kernels import (
     DECODE_BATCH,
     FLASH_PREFILL_NOTE,
@@ -80,7 +82,9 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     h, d, bits = m.hidden_size, m.head_dim, _bits(m)
     heads = max(1, m.num_heads // tp)
     kv = max(1, m.num_kv_heads // tp)  # past tp = kv heads vLLM replicates them
-    linears = [Linear("qkv", h, (heads + 2 * kv) * d, bits), Linear("o", heads * d, h, bits)]
+    mla = m.mla if any(g.latent for g in m.kv_groups) else None
+    linears = ([Linear("qkv", h, (heads + 2 * kv) * d, bits), Linear("o", heads * d, h, bits)]
+               if mla is None else _mla_linears(mla, h, heads, bits))
     moe = None
     if m.num_experts:
         inter = max(1, (m.moe_intermediate_size or m.intermediate_size) // tp)
@@ -92,11 +96,29 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     attention = tuple(
         Attention(g.layers, heads, 1 if g.latent else max(1, g.kv_heads // tp), g.head_dim,
                   g.window, g.latent)
+        if not (g.latent and mla) else
+        Attention(g.layers, heads, 1, mla.latent_dim, g.window, True, mla.qk_head_dim,
+                  mla.v_head_dim, mla.kv_lora_rank)
         for g in m.kv_groups if g.layers
     ) or (Attention(m.num_layers, heads, kv, d),)
     dtype = m.dtype if m.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     return StepShape(m.name, m.num_layers, h, max(1, m.vocab_size // tp), tuple(linears),
                      attention, moe, dtype)
+
+
+def _mla_linears(mla: MlaDims, hidden: int, heads: int, bits: int) -> list[Linear]:
+    """Latent attention's projections on one TP rank, as vLLM's DeepseekV2 attention has them
+    (launcher.model.mla): the query (``q``, or with a query LoRA ``q_a`` fused with ``kv_a``
+    into one replicated GEMM, then ``q_b``), ``kv_a`` (hidden -> the cached latent, replicated
+    on every rank), ``kv_b`` (latent -> each head's nope K and V; in a decode step the W_UK and
+    W_UV bmms read the same weights for the same FLOPs a token) and ``o``."""
+    latent, qk = mla.latent_dim, mla.qk_head_dim
+    query = ([Linear("q_a_kv_a", hidden, mla.q_lora_rank + latent, bits),
+              Linear("q_b", mla.q_lora_rank, heads * qk, bits)] if mla.q_lora_rank else
+             [Linear("q", hidden, heads * qk, bits), Linear("kv_a", hidden, latent, bits)])
+    return [*query, Linear("kv_b", mla.kv_lora_rank, heads * (mla.qk_nope_head_dim
+                                                              + mla.v_head_dim), bits),
+            Linear("o", heads * mla.v_head_dim, hidden, bits)]
 
 
 @dataclass(frozen=True)
@@ -286,6 +308,7 @@ def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
     ``max_graph_tokens``, the engine's CUDA-graph range, on its host): what
     :func:`layout_prediction` predicts with, for the load and agent simulations to time the
     same steps."""
+    table = roofline_filled(m, table, lay)  # ops the table lacks: the roofline's figures
     timer, _ = _timer(m, table, allreduce=_tp_allreduce(lay),
                       assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
                       max_graph_tokens=max_graph_tokens, host=lay.host)
@@ -403,6 +426,7 @@ def layout_prediction(
     table = table_for(tables, m, lay.tp, names.pop())
     if table is None:
         return None
+    table = roofline_filled(m, table, lay)  # ops the table lacks: the roofline's figures
     pred, _ = as_prediction(
         m, table, kv_bytes=lay.kv_budget_bytes, block=BLOCK_TOKENS, batched_tokens=batched_tokens,
         max_num_seqs=max_num_seqs, prompt=prompt, gen=gen, concurrency=concurrency,

@@ -29,6 +29,7 @@ driver, vLLM and torch versions and the shapes, so a second probe, or a plan, re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -63,6 +64,11 @@ class Attention:
     head_dim: int
     window: int | None = None
     latent: bool = False  # MLA: decode attends over one latent head of ``head_dim``
+    # MLA (launcher.model.mla): a prompt chunk's decompressed q/k and v head dims, and the
+    # latent's kv_lora_rank (the decode's value width); 0 where not latent or not known
+    qk_dim: int = 0
+    v_dim: int = 0
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,15 @@ def _shape_key(shape: StepShape) -> str:
     # The planner looks a kernel table up by this key for every candidate layout, the same few
     # shapes tens of thousands of times per plan; asdict + JSON + SHA-256 each time was 17% of
     # planning a model on 8xH100 (test_golden_plans: 8xh100 43 s).
-    return hashlib.sha256(json.dumps(asdict(shape), sort_keys=True).encode()).hexdigest()[:16]
+    raw = asdict(shape)
+    for a in raw["attention"]:  # fields added later are keyed only where set, so that a table
+        for f in _LATER_FIELDS:  # kept before them is still found for the same shape
+            if not a.get(f):
+                a.pop(f, None)
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_LATER_FIELDS = ("qk_dim", "v_dim", "rank")
 
 
 # ---------------------------------------------------------------------------------- the table
@@ -136,6 +150,9 @@ class KernelTable:
     engine_step_s: float | None = None  # the engine's own cost of a step besides its kernels
     missing: tuple[str, ...] = ()  # what this table does not hold, said in the plan
     notes: tuple[str, ...] = field(default=())
+    # ops (KernelTime.op names without 'eager:') this table does not time with the engine's
+    # own kernel: absent, or timed by a stand-in; the planner takes the roofline's figure
+    untimed: tuple[str, ...] = ()
 
     def lookup(self, op: str, group: int = 0, context: int | None = None) -> list[KernelTime]:
         return sorted((t for t in self.times if t.op == op and t.group == group
@@ -188,7 +205,9 @@ def _attention(a: Mapping[str, Any]) -> Attention:
     layers, heads, kv_heads, head_dim = (
         _positive_int(a.get(f), f) for f in ("layers", "heads", "kv_heads", "head_dim"))
     window = None if a.get("window") is None else _positive_int(a["window"], "window")
-    return Attention(layers, heads, kv_heads, head_dim, window, a.get("latent") is True)
+    qk, v, rank = (_positive_int(a.get(f, 0), f) for f in _LATER_FIELDS)
+    return Attention(layers, heads, kv_heads, head_dim, window, a.get("latent") is True,
+                     qk, v, rank)
 
 
 def _shape(raw: Any) -> StepShape:
@@ -231,11 +250,22 @@ def table_from_json(raw: Any) -> KernelTable:
     shape = _shape(d.get("shape"))
     if shape.key() != key.shape:
         raise KernelTableError("kernel table shape does not match its key")
+    missing = tuple(_text(x, "missing") for x in _list(d.get("missing", []), "missing"))
+    untimed = tuple(_text(x, "untimed") for x in _list(d.get("untimed", []), "untimed"))
+    if any(x.startswith(_OLD_4BIT_AT_16) for x in missing):  # kept before 4-bit was timed:
+        untimed += tuple(f"linear:{x.name}" for x in shape.linears  # its 16-bit stand-ins
+                         if x.weight_bits == 4 and f"linear:{x.name}" not in untimed)
     return KernelTable(key, shape, tuple(times), _text(d.get("method"), "method"),
                        _text(d.get("measured_at"), "measured_at"),
                        None if step is None else _seconds(step, "engine_step_s"),
-                       tuple(_text(x, "missing") for x in _list(d.get("missing", []), "missing")),
-                       tuple(_text(x, "note") for x in _list(d.get("notes", []), "notes")))
+                       missing,
+                       tuple(_text(x, "note") for x in _list(d.get("notes", []), "notes")),
+                       untimed)
+
+
+# How a table timed before its 4-bit GEMMs had their own kernel said that it timed them at 16
+# bits: such timings are read back as stand-ins (``untimed``).
+_OLD_4BIT_AT_16 = "4-bit GEMMs are timed at 16 bits"
 
 
 def cache_path(cache_dir: Path, key: TableKey) -> Path:
@@ -385,6 +415,10 @@ class _Ops:
         self.dtype = getattr(torch, dtype)
         self.vllm_ops: Any = None
         self.vllm_dispatch: Any = None
+        # op -> why: timed by something other than the engine's kernel, or not timed at all;
+        # the table says so (KernelTable.untimed) and the planner takes the roofline's figure
+        self.untimed: dict[str, str] = {}
+        self._mixed: dict[Linear, tuple[list[Callable[[Any], object]], str] | None] = {}
         try:  # vLLM's own ops (its C++/CUDA extension): the kernels it really runs
             from vllm import _custom_ops
 
@@ -403,10 +437,25 @@ class _Ops:
     def randn(self, *shape: int) -> Any:
         return self.torch.randn(*shape, device=self.device, dtype=self.dtype)
 
-    def linear(self, lin: Linear, tokens: int, cycle_bytes: int) -> Callable[[], object]:
+    def linear(self, lin: Linear, tokens: int, cycle_bytes: int) -> Callable[[], object] | None:
+        """One call of ``lin`` on ``tokens`` rows; None where its weights' kernel cannot be run
+        here (4-bit without vLLM's mixed-input kernels: said in ``untimed``, never timed at 16
+        bits)."""
         torch = self.torch
         copies = max(1, min(64, cycle_bytes // max(1, lin.k * lin.n * 2))) if tokens <= 64 else 1
         x = self.randn(tokens, lin.k)
+        if lin.weight_bits == 4:
+            mixed = self.mixed_input(lin, cycle_bytes)
+            if mixed is None:
+                return None
+            qfns, _ = mixed
+            qstate = [0]
+
+            def mixed_call() -> object:
+                qstate[0] = (qstate[0] + 1) % len(qfns)
+                return qfns[qstate[0]](x)
+
+            return mixed_call
         if lin.weight_bits == 8 and self.device != "cpu" and hasattr(torch, "_scaled_mm"):
             fp8 = torch.float8_e4m3fn
             ws = [self.randn(lin.n, lin.k).to(fp8).t() for _ in range(copies)]
@@ -427,6 +476,97 @@ class _Ops:
             return fns[state[0]](x)
 
         return call
+
+    def mixed_input(
+        self, lin: Linear, cycle_bytes: int
+    ) -> tuple[list[Callable[[Any], object]], str] | None:
+        """A 4-bit linear through the mixed-input GEMM vLLM picks for this device
+        (``choose_mp_linear_kernel``: Machete on compute capability 9.0, Marlin on other CUDA
+        cards, its CPU kernel on a CPU), with random packed weights in the checkpoint's layout
+        (AWQ's: uint4 with zero points, groups of 128) made ready by the kernel's own
+        ``process_weights_after_loading`` (Machete's prepack, Marlin's repack); copies enough to
+        stream from memory. None, with the reason in ``untimed``, where any of it fails."""
+        if lin in self._mixed:
+            return self._mixed[lin]
+        op = f"linear:{lin.name}"
+        try:
+            fns, name = self._mixed_kernels(lin, cycle_bytes)
+        except Exception as exc:  # any failure: not timed, the roofline's figure instead
+            self.untimed[op] = (f"4-bit GEMM {op} not timed (vLLM's mixed-input kernel: "
+                                f"{type(exc).__name__}: {str(exc)[:80]})")
+            self._mixed[lin] = None
+            return None
+        self._mixed[lin] = (fns, name)
+        return fns, name
+
+    def _mixed_kernels(
+        self, lin: Linear, cycle_bytes: int
+    ) -> tuple[list[Callable[[Any], object]], str]:
+        torch = self.torch
+        try:
+            from vllm.model_executor.kernels.linear import (  # vLLM 0.32
+                MPLinearLayerConfig,
+                choose_mp_linear_kernel,
+            )
+        except ImportError:  # vLLM 0.26
+            from vllm.model_executor.layers.quantization.kernels.mixed_precision import (
+                MPLinearLayerConfig,
+                choose_mp_linear_kernel,
+            )
+        from vllm.model_executor.parameter import GroupQuantScaleParameter, PackedvLLMParameter
+        from vllm.scalar_type import scalar_types
+
+        group = 128 if lin.k % 128 == 0 else -1
+        rows = lin.k // (group if group > 0 else lin.k)
+        extra = {f.name: False for f in dataclasses.fields(MPLinearLayerConfig)
+                 if f.name == "has_g_idx"}  # a field of older releases: no act-order here
+        cfg = MPLinearLayerConfig(full_weight_shape=(lin.k, lin.n),
+                                  partition_weight_shape=(lin.k, lin.n),
+                                  weight_type=scalar_types.uint4, act_type=self.dtype,
+                                  group_size=group, zero_points=True, **extra)
+        kind = choose_mp_linear_kernel(cfg)
+        copies = max(1, min(64, cycle_bytes // max(1, lin.k * lin.n // 2)))
+
+        def no_load(*_: Any, **__: Any) -> None:
+            return None
+
+        def ints(*shape: int) -> Any:
+            return torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32,
+                                 device=self.device)
+
+        fns: list[Callable[[Any], object]] = []
+        # vLLM's parameters read their TP rank when made; the probe runs outside an engine, so
+        # no TP group exists: one rank of one, which is what the shape is (already per rank)
+        from unittest import mock
+
+        import vllm.model_executor.parameter as vparam
+
+        with (mock.patch.object(vparam, "get_tensor_model_parallel_rank", return_value=0),
+              mock.patch.object(vparam, "get_tensor_model_parallel_world_size",
+                                return_value=1)):
+            for _ in range(copies):
+                fns.append(self._mixed_layer(lin, cfg, kind, rows, ints, no_load,
+                                             GroupQuantScaleParameter, PackedvLLMParameter))
+        fns[0](self.randn(1, lin.k))  # runs at all, here
+        return fns, kind.__name__
+
+    def _mixed_layer(self, lin: Linear, cfg: Any, kind: Any, rows: int,
+                     ints: Callable[..., Any], no_load: Callable[..., None], scale_param: Any,
+                     packed_param: Any) -> Callable[[Any], object]:
+        """One layer of random 4-bit weights, made ready by the kernel itself."""
+        torch = self.torch
+        layer = torch.nn.Module()
+        layer.qweight = packed_param(data=ints(lin.k // 8, lin.n), input_dim=0,
+                                     output_dim=1, packed_dim=0, packed_factor=8,
+                                     weight_loader=no_load)
+        layer.scales = scale_param(data=self.randn(rows, lin.n) * 0.01, input_dim=0,
+                                   output_dim=1, weight_loader=no_load)
+        layer.qzeros = packed_param(data=ints(rows, lin.n // 8), input_dim=0, output_dim=1,
+                                    packed_dim=1, packed_factor=8, weight_loader=no_load)
+        kernel = kind(cfg, w_q_param_name="qweight", w_s_param_name="scales",
+                      w_zp_param_name="qzeros")
+        kernel.process_weights_after_loading(layer)
+        return functools.partial(kernel.apply_weights, layer)
 
     def _dense(self, lin: Linear) -> Callable[[Any], object]:
         torch = self.torch
@@ -468,12 +608,18 @@ class _Ops:
 
     def attention(
         self, a: Attention, queries: int, context: int, seqs: int
-    ) -> Callable[[], object]:
+    ) -> Callable[[], object] | None:
         """``seqs`` sequences of ``queries`` new tokens each attending over ``context`` keys
-        (causal when queries == context)."""
+        (causal when queries == context). Latent attention as vLLM runs it
+        (:meth:`latent_prefill`, :meth:`latent_decode`); None where it cannot be (said in
+        ``untimed``)."""
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        kv_heads, head_dim = (1, a.head_dim) if a.latent else (a.kv_heads, a.head_dim)
+        if a.latent:
+            if queries > 1:
+                return self.latent_prefill(a, queries, seqs)
+            return self.latent_decode(a, context, seqs)
+        kv_heads, head_dim = a.kv_heads, a.head_dim
         keys = min(context, a.window) if a.window else context
         q = self.randn(seqs, a.heads, queries, head_dim)
         k = self.randn(seqs, kv_heads, keys, head_dim)
@@ -514,6 +660,99 @@ class _Ops:
         except Exception:  # not installed, no version for this card, a shape it refuses
             return None
         return call
+
+    def latent_prefill(self, a: Attention, tokens: int, seqs: int) -> Callable[[], object] | None:
+        """A prompt chunk of latent attention: vLLM decompresses the latent through kv_b_proj
+        (timed as ``linear:kv_b``) and runs FlashAttention as multi-head attention at q/k head
+        dim ``qk_dim`` and v head dim ``v_dim``, v padded with zeros to ``qk_dim`` where the
+        kernel needs equal dims (its ``_flash_attn_varlen_diff_headdims``). Here SDPA at those
+        dims (its flash kernel on a GPU: a head dim of 192 is within it), never at the latent's
+        576, where SDPA has only its math kernel. None without the dims (an older shape)."""
+        if not (a.qk_dim and a.v_dim):
+            self.untimed["attn:prefill"] = ("latent attention's prefill not timed: the shape "
+                                            "lacks its decompressed head dims")
+            return None
+        sdpa = self.torch.nn.functional.scaled_dot_product_attention
+        q, k = (self.randn(seqs, a.heads, tokens, a.qk_dim) for _ in range(2))
+        v = self.torch.zeros(seqs, a.heads, tokens, a.qk_dim, device=self.device,
+                             dtype=self.dtype)
+        v[..., : a.v_dim] = self.randn(seqs, a.heads, tokens, a.v_dim)
+        return lambda: sdpa(q, k, v, is_causal=True)[..., : a.v_dim]
+
+    def latent_decode(self, a: Attention, context: int, seqs: int) -> Callable[[], object] | None:
+        """A decode step of latent attention, the absorbed form vLLM runs: ``heads`` query heads
+        of the latent's width (kv_lora_rank + rope) against the one cached latent head, values
+        the first ``rank`` columns of the same cache (multi-query attention over the latent;
+        the W_UK / W_UV bmms around it read kv_b_proj's weights: ``linear:kv_b``). On a GPU,
+        vLLM's own Triton MLA decode kernel over a paged cache; elsewhere (or where it will not
+        run) a stand-in, two batched matmuls over the cache (memory bound like the kernel), said
+        in ``untimed``. None without the latent's rank."""
+        if not a.rank:
+            self.untimed["attn:decode"] = ("latent attention's decode not timed: the shape "
+                                           "lacks the latent's rank")
+            return None
+        if self.device != "cpu":
+            triton = self._triton_mla_decode(a, context, seqs)
+            if triton is not None:
+                return triton
+        torch = self.torch
+        cache = self.randn(seqs, context, a.head_dim)
+        q = self.randn(seqs, a.heads, a.head_dim)
+        scale = 1.0 / math.sqrt(a.qk_dim or a.head_dim)
+        self.untimed.setdefault("attn:decode", (
+            "latent attention's decode timed by a stand-in (two batched matmuls over the "
+            "latent cache), not vLLM's MLA decode kernel"))
+
+        def call() -> object:
+            p = torch.softmax(torch.bmm(q, cache.transpose(1, 2)) * scale, dim=-1)
+            return torch.bmm(p, cache[:, :, : a.rank])
+
+        return call
+
+    def _triton_mla_decode(
+        self, a: Attention, context: int, seqs: int
+    ) -> Callable[[], object] | None:
+        """vLLM's Triton MLA decode (TritonMLAImpl.forward_mqa's call), or None."""
+        torch = self.torch
+        try:
+            try:
+                from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
+            except ImportError:
+                from vllm.attention.ops.triton_decode_attention import decode_attention_fwd
+            page = 16
+            blocks = -(-context // page)
+            cache = self.randn(seqs * blocks, page, a.head_dim).unsqueeze(2)
+            table = torch.arange(seqs * blocks, device=self.device,
+                                 dtype=torch.int32).view(seqs, blocks)
+            lens = torch.full((seqs,), context, device=self.device, dtype=torch.int32)
+            q = self.randn(seqs, a.heads, a.head_dim)
+            o = torch.zeros(seqs, a.heads, a.rank, device=self.device, dtype=self.dtype)
+            lse = torch.zeros(seqs, a.heads, device=self.device, dtype=self.dtype)
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            # vLLM's _compute_num_kv_splits: a power of two, ~512 keys a split, <= 2 per SM
+            splits = min(1 << max(0, (max(1, context // 512) - 1).bit_length()), 2 * sms)
+            logits = torch.empty(seqs, a.heads, splits, a.rank + 1, device=self.device,
+                                 dtype=torch.float32)
+            scale = 1.0 / math.sqrt(a.qk_dim or a.head_dim)
+            v = cache[..., : a.rank]
+            calls: list[Callable[[], object]] = [
+                lambda: decode_attention_fwd(q, cache, v, o, lse, table, lens, logits, splits,
+                                             scale, page, is_mla=True),
+                lambda: decode_attention_fwd(q, cache, v, o, lse, table, lens, logits, splits,
+                                             scale, page),
+                lambda: decode_attention_fwd(q, cache, v, o, table, lens, logits, splits, scale,
+                                             page),
+            ]
+            for call in calls:
+                try:
+                    call()
+                    torch.cuda.synchronize()
+                    return call
+                except (TypeError, RuntimeError, ValueError, AssertionError):
+                    continue
+        except Exception:  # not importable here: the stand-in
+            return None
+        return None
 
     def moe(self, m: Moe, tokens: int, hidden: int) -> Callable[[], object]:
         torch = self.torch
@@ -610,8 +849,10 @@ def time_table(
     times: list[KernelTime] = []
 
     def timed(
-        op: str, n: int, call: Callable[[], object], context: int = 0, group: int = 0
+        op: str, n: int, call: Callable[[], object] | None, context: int = 0, group: int = 0
     ) -> None:
+        if call is None:  # not runnable here: in ``untimed``, the roofline's figure
+            return
         # Eager: launched from Python, as vLLM runs a step larger than its captured graphs
         # (and every step on a CPU). On a GPU also from a CUDA graph, as it runs the rest.
         eager = _median_call_s(call, ops.sync, budget)
@@ -624,6 +865,9 @@ def time_table(
 
     inter = next((lin.n // 2 for lin in shape.linears if lin.name == "gate_up"), 0)
     width = sum(a.heads * a.head_dim for a in shape.attention[:1]) or shape.hidden
+    latent = next((a for a in shape.attention if a.latent and a.qk_dim and a.rank), None)
+    if latent is not None:  # MLA rotates only its rope dims: each query head's and the latent's
+        width = (latent.heads + 1) * (latent.head_dim - latent.rank)
     with torch.inference_mode():
         for n in ladder:
             for lin in shape.linears:
@@ -653,13 +897,15 @@ def time_table(
     method = (f"vLLM {key.vllm} ops where it has them, torch {key.torch} SDPA and elementwise, "
               f"on {device}") if ops.vllm_ops is not None else f"torch {key.torch} on {device}"
     missing = ["all-reduce and send/recv (timed per link by probe --measure)"]
-    if any(lin.weight_bits == 4 for lin in shape.linears):
-        missing.append("4-bit GEMMs are timed at 16 bits (no Marlin kernel timed)")
+    missing += sorted(set(ops.untimed.values()))
+    mixed = tuple(f"4-bit GEMMs timed through vLLM's {name}" for name in
+                  sorted({v[1] for v in ops._mixed.values() if v is not None}))
     if any(lin.weight_bits == 8 for lin in shape.linears) and device == "cpu":
         missing.append("FP8 GEMMs are timed at 16 bits on a CPU")
     return KernelTable(key, shape, tuple(times), method,
                        now or time.strftime("%Y-%m-%dT%H:%M:%S"), None, tuple(missing),
-                       (FLASH_PREFILL_NOTE,) if flash else ())
+                       ((FLASH_PREFILL_NOTE,) if flash else ()) + mixed,
+                       tuple(sorted(ops.untimed)))
 
 
 def cpu_device_name(cpuinfo: str, threads: int) -> str:
