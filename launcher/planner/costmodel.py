@@ -592,7 +592,10 @@ def cpu_attention_fit(step: EngineStep) -> attentionfit.AttentionFit | None:
     return attentionfit.fit(step.depth_pairs, depth=step.depth_tokens,
                             new=step.depth_new_tokens, token_s=step.prefill_token_s or 0.0,
                             host_token_s=PROMPT_TOKEN_HOST_S, pair_flops=step.model_pair_flops,
-                            params=step.model_params)
+                            # the FLOPs behind the per-token rate it is checked against: a format-5
+                            # record's rate is the layers' alone (the LM head's one row and the
+                            # embedding's lookup are not in it), so their weights, not all of them
+                            params=step.model_token_params or step.model_params)
 
 
 def cpu_attention_pair_s(step: EngineStep) -> float | None:

@@ -14,7 +14,9 @@ than the next (other work takes a core for seconds), so a difference of the roun
 - the kept figure is the median of the pairs' rates; the spread is their median absolute
   deviation over the median; and the rate is checked against the prefill per-token rate timed
   beside it: attention per pair over the per-token rate, relative to their FLOPs (the model's
-  attention FLOPs a pair over its 2 x active parameters a token), must fall in PLAUSIBLE;
+  attention FLOPs a pair over 2 x the weights behind the per-token rate: its layers' alone in a
+  format-5 record, where the LM head's row and the embedding's lookup are not per token),
+  must fall in PLAUSIBLE;
 - a reading with too few pairs, too wide a spread or an implausible median keeps the pairs'
   upper quartile where that is plausible (the slower side: a plan then errs towards slower
   turns at depth), else none (the plan says attention is untimed); the reason says which.

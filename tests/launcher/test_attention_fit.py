@@ -138,3 +138,33 @@ def test_pairs_that_did_not_find_the_context_are_dropped_and_none_found_is_untim
                host_token_s=HOST, pair_flops=FLOPS, params=PARAMS)
     assert none.pair_s is None
     assert "not found" in none.why
+
+
+def test_the_check_takes_the_weights_behind_a_format_5_records_per_token_rate() -> None:
+    """A format-5 record's prefill rate is its layers' alone (the LM head runs once a prompt,
+    the embedding is a lookup), so the attention reading is checked against those weights'
+    FLOPs. Against all the weights (the embedded model: tables ~42% of them) a plausible
+    reading, 1.5x the prefill's time per FLOP, read 2.6x and was thrown away: the agent plan
+    then planned turns at depth without attention (test_agent_cpu, 42-61% under)."""
+    from launcher.planner import costmodel
+    from launcher.probe.enginestep import EngineStep, StepKey
+
+    params, layers = 5_000_000, 2_900_000
+    token_s, pair_flops = 55e-6, 4096.0
+    # a rate 1.5x the layers' time per FLOP: 55 us / (2 x 2.9M) a FLOP x 4096 FLOPs x 1.5
+    pair_s = 1.5 * token_s * pair_flops / (2.0 * layers)
+    # the deep request's extra time: the pairs, and the host's cost of the context's length
+    extra = pair_s * 64 * 2048 + 2048 * costmodel.PROMPT_TOKEN_HOST_S
+    pairs = tuple(DepthPair(plain_s=0.2, deep_s=0.2 + extra, cached=2048) for _ in range(3))
+    step = EngineStep(key=StepKey("cpu", "0", "0"), step_s=5e-3, steps_s=(5e-3,),
+                      model_params=params, model_weight_bytes=2 * params, measured_at="now",
+                      prefill_fixed_s=0.012, prefill_token_s=token_s, depth_tokens=2048,
+                      depth_new_tokens=64, depth_pairs=pairs, model_pair_flops=pair_flops,
+                      model_token_params=layers, model_head_params=params - layers)
+    got = costmodel.cpu_attention_fit(step)
+    assert got is not None
+    assert got.reliable, got
+    assert got.pair_s is not None
+    assert math.isclose(got.pair_s, pair_s, rel_tol=1e-6)
+    assert got.plausibility is not None
+    assert PLAUSIBLE[0] <= got.plausibility <= PLAUSIBLE[1]
