@@ -50,6 +50,7 @@ from launcher.planner.schedsim import (
     StepBatch,
     StepTimer,
     Turn,
+    eager_launch_s,
     simulate_sessions,
 )
 from launcher.probe.kernels import KernelTable
@@ -282,6 +283,12 @@ class RooflineStep:
                                                         key[1] * memfit.BLOCK_TOKENS)
         return self._decode[key]
 
+    def launch_s(self, batch: StepBatch) -> float:
+        """The host's launching of the step, as loadsim's roofline step says it
+        (:func:`schedsim.eager_launch_s`: a step of prompt chunks layer by layer, a step of
+        decoders at once)."""
+        return eager_launch_s(batch, self.m.num_layers, self.lay.host.layer_launch_s)
+
 
 @dataclass(frozen=True)
 class CpuStep:
@@ -422,6 +429,7 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
         request_overhead_s=host.request_fixed_s if request_overhead_s is None
         else request_overhead_s, max_steps=max_steps, think_s=think_s,
         overhead_s_per_prompt_token=host.prompt_token_s,
+        serial_s_per_prompt_token=host.prompt_token_s,
         common_tokens=common_tokens, answers_cached=False)
 
 

@@ -51,6 +51,7 @@ from launcher.planner.schedsim import (
     StepTimer,
     TableStepCost,
     Workload,
+    eager_launch_s,
     measured_curve,
     simulate,
 )
@@ -262,10 +263,19 @@ class HostBound:
     cost: TableStepCost
     host: HostProfile
     engine_s: float = 0.0
+    layers: int = 0  # the model's, whose eager steps the host launches layer by layer
 
     def step_s(self, batch: StepBatch) -> float:
         return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled),
                    self.engine_s)
+
+    def launch_s(self, batch: StepBatch) -> float:
+        """The host's launching of the step (a :class:`schedsim.LaunchTimer`), as the
+        roofline's: a step of prompt chunks past the table's CUDA-graph range runs eagerly,
+        launched layer by layer at the host profile's ``layer_launch_s``; one within the range
+        replays a graph."""
+        return eager_launch_s(batch, self.layers, self.host.layer_launch_s,
+                              self.cost.max_graph_tokens)
 
     def idle_start_s(self) -> float:
         """The engine core's own work, in series before an idle engine's first step (the
@@ -294,7 +304,7 @@ def _timer(
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources
-    return HostBound(kc.cost, host, kc.overhead_s), kc.sources
+    return HostBound(kc.cost, host, kc.overhead_s, m.num_layers), kc.sources
 
 
 def _tp_allreduce(lay: Layout) -> AllReduce:

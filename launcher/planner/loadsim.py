@@ -35,6 +35,7 @@ from launcher.planner.schedsim import (
     SimResult,
     StepBatch,
     Workload,
+    eager_launch_s,
     percentiles,
     simulate,
 )
@@ -101,9 +102,7 @@ class RooflineStep:
         core does before it takes the step before's output: a step holding prompt chunks runs
         eagerly, each layer's kernels launched from Python (the host profile's
         ``layer_launch_s`` a layer); a step of decoders only replays a CUDA graph at once."""
-        if batch.prefill_tokens == 0:
-            return 0.0
-        return self.m.num_layers * self.lay.host.layer_launch_s
+        return eager_launch_s(batch, self.m.num_layers, self.lay.host.layer_launch_s)
 
 
 def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:

@@ -103,6 +103,18 @@ class LaunchTimer(StepTimer, Protocol):
     def launch_s(self, batch: StepBatch) -> float: ...
 
 
+def eager_launch_s(batch: StepBatch, layers: int, layer_launch_s: float,
+                   max_graph_tokens: int = 0) -> float:
+    """The host's launching of a step (:meth:`LaunchTimer.launch_s`), one rule for every step
+    timer: a step holding prompt chunks past the CUDA-graph range (``max_graph_tokens`` tokens;
+    0 where every such step runs eagerly, as the roofline times it) runs eagerly, each of its
+    ``layers`` layers' kernels launched from Python at ``layer_launch_s`` (the host profile's);
+    a step of decoders only, or one within the range, replays a CUDA graph at once."""
+    if batch.prefill_tokens == 0 or batch.tokens <= max_graph_tokens:
+        return 0.0
+    return layers * layer_launch_s
+
+
 @runtime_checkable
 class IdleStartTimer(StepTimer, Protocol):
     """A step timer of an engine that prepares each step beside the GPU's running one
@@ -682,6 +694,53 @@ def _launch_end(lim: SchedulerLimits, timer: StepTimer, batch: StepBatch, start:
     return max(start, chosen_at + launch)
 
 
+class _Handover:
+    """The outputs (first tokens, finished requests) of the step that ran last. Under async
+    scheduling, with a timer that says how long a launch takes, the engine core takes them only
+    once it has launched the next step (:func:`_launch_end`); else they go out as the step
+    ends. One for :func:`simulate` and :func:`simulate_sessions`."""
+
+    def __init__(self, lim: SchedulerLimits, timer: StepTimer) -> None:
+        self.holds = lim.async_scheduling and isinstance(timer, LaunchTimer)
+        self.held: list[_Req] = []
+
+    def ran(self, step: _Step) -> None:
+        """``step`` has ended: its outputs wait for the next launch (or go out now)."""
+        for r in step.ran:
+            if r.first == step.now or r.finished == step.now:
+                r.held_at = step.now
+                self.held.append(r)
+
+    def deliver(self, at: float) -> list[_Req]:
+        """Hand the held outputs over at ``at``; returns the requests that finished."""
+        out = []
+        for r in self.held:
+            if r.first == r.held_at:
+                r.first = at
+            if r.finished == r.held_at:
+                r.finished = at
+                out.append(r)
+        self.held.clear()
+        return out
+
+
+class _FrontEnd:
+    """vLLM's API server: a request reaches the scheduler its way in after it is sent, and no
+    sooner than its own serial work (parse, validation, hand-over on one event loop) after the
+    request handed over before it."""
+
+    def __init__(self) -> None:
+        self.handed = -math.inf  # when the last request was handed over
+
+    def reaches(self, ready_s: float, serial_s: float) -> float:
+        """When a request whose way in ends at ``ready_s`` reaches the scheduler."""
+        return max(ready_s, self.handed + serial_s)
+
+    def hand(self, ready_s: float, serial_s: float) -> float:
+        self.handed = self.reaches(ready_s, serial_s)
+        return self.handed
+
+
 def simulate(
     lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0,
     request_serial_s: float = 0.0,
@@ -703,34 +762,26 @@ def simulate(
     now, steps, most = 0.0, 0, 0
     last_start: float | None = None  # when the next step is chosen (None: the engine is idle)
     sent = 0
-    # the outputs of the step that ran last (first tokens, finished requests): under async
-    # scheduling the engine core takes them only once it has launched the next step, which
-    # matters where the timer says how long a launch takes (_launch_end)
-    held: list[_Req] = []
-    holds = lim.async_scheduling and isinstance(timer, LaunchTimer)
+    # the outputs of the step that ran last: under async scheduling the engine core takes them
+    # only once it has launched the next step (_launch_end)
+    out = _Handover(lim, timer)
+    front = _FrontEnd()
 
     def deliver(at: float) -> None:
         nonlocal to_send
-        for r in held:
-            if r.first == r.held_at:
-                r.first = at
-            if r.finished == r.held_at:
-                r.finished = at
-                done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
-                if closed and to_send:
-                    pending.append(at)
-                    to_send -= 1
-        held.clear()
-
-    handed = -math.inf  # when the front end handed the last request over
+        for r in out.deliver(at):
+            done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
+            if closed and to_send:
+                pending.append(at)
+                to_send -= 1
 
     def reaches(sent_s: float) -> float:
-        return max(sent_s + request_overhead_s, handed + request_serial_s)
+        return front.reaches(sent_s + request_overhead_s, request_serial_s)
 
     while len(done) < work.total:
         cut = _admission_cut(lim, now, last_start)
         while pending and reaches(pending[0]) <= cut:
-            handed = reaches(pending[0])
+            front.hand(pending[0] + request_overhead_s, request_serial_s)
             # without a shared prefix each request is a session of its own: preempted, it finds
             # its blocks again where no other request took them (vLLM's recompute preemption
             # frees them into the prefix cache), as simulate_sessions' requests do; nobody
@@ -757,11 +808,8 @@ def simulate(
         launched = _launch_end(lim, timer, step.batch, now, cut)
         deliver(launched)
         last_start, now = launched, step.now
-        for r in step.ran:
-            if r.first == now or r.finished == now:
-                r.held_at = now
-                held.append(r)
-        if not holds:
+        out.ran(step)
+        if not out.holds:
             deliver(now)  # the next step is chosen after this one's output: they go out now
         steps += 1
         most = max(most, len(step.ran))
@@ -868,6 +916,7 @@ def simulate_sessions(
     overhead_s_per_prompt_token: float = 0.0,
     common_tokens: int = 0,
     answers_cached: bool = True,
+    serial_s_per_prompt_token: float = 0.0,
 ) -> SessionsResult:
     """``sessions`` conversations through one replica, turn by turn. When they send:
 
@@ -889,7 +938,10 @@ def simulate_sessions(
     ever computed (KV offloading sized for all sessions) from which a prefix the GPUs lost is
     copied back at that many seconds per block, instead of recomputed. A request reaches the
     scheduler ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is
-    sent (the API server's and the host's work on it). ``max_steps`` (0: no limit): a SimError
+    sent (the API server's and the host's work on it), of which ``serial_s_per_prompt_token``
+    × its prompt is the front end's own, one request after another (as :func:`simulate`'s
+    ``request_serial_s``); steps launch and hand their outputs over in the engine core's order
+    (:func:`_launch_end`), as :func:`simulate`'s. ``max_steps`` (0: no limit): a SimError
     past that many scheduled steps, for callers that must answer quickly."""
     if sessions < 1 or not turns:
         raise SimError("sessions need at least one session and one turn")
@@ -919,20 +971,48 @@ def simulate_sessions(
     done: list[list[_Req]] = [[] for _ in turns]
     finished = 0
     now, steps = 0.0, 0
-    last_start: float | None = None  # when the step before the next one began (None: idle)
+    last_start: float | None = None  # when the next step is chosen (None: the engine is idle)
+    held = _Handover(lim, timer)
+    front = _FrontEnd()
+
+    def serial(k: int) -> float:
+        return serial_s_per_prompt_token * turns[k].prompt
+
+    def reaches() -> float:  # when the next request on its way reaches the scheduler
+        return front.reaches(pending[0][0], serial(pending[0][3])) if pending else math.inf
+
+    def deliver(at: float) -> None:
+        nonlocal finished
+        for r in held.deliver(at):
+            k = turn_of.pop(id(r))
+            done[k].append(r)
+            finished += 1
+            assert r.session is not None
+            if k + 1 == len(turns):
+                continue
+            if think_s is not None:
+                send(at + think_s, r.session, k + 1)
+            elif len(done[k]) == sessions:  # the last of the turn: all send the next one
+                for i in range(sessions):
+                    send(at, i, k + 1)
+
     while finished < sessions * len(turns):
         cut = _admission_cut(lim, now, last_start)
-        while pending and pending[0][0] <= cut:
+        while pending and reaches() <= cut:
+            front.hand(pending[0][0], serial(pending[0][3]))
             _, sent, i, k = heapq.heappop(pending)
             r = _Req(sent, turns[k].prompt, turns[k].gen, turns[k].prompt, session=i)
             turn_of[id(r)] = k
             eng.waiting.append(r)
-        arrival = pending[0][0] if pending else math.inf
         eng.now = now
         eng.copied()
         if not eng.waiting and not eng.running:
+            deliver(now)  # nothing launched after it: its outputs go out as it ends
+            if finished == sessions * len(turns):
+                break
             # idle until a copy from host memory or the next request arrives
-            now = max(now, min(min((r.ready for r in eng.loading), default=math.inf), arrival))
+            now = max(now, min(min((r.ready for r in eng.loading), default=math.inf),
+                               reaches()))
             last_start = None
             if math.isinf(now):
                 raise SimError("no session has a request left to send")  # never: a bug here
@@ -944,27 +1024,25 @@ def simulate_sessions(
         step = _step(eng, timer, now, 0)
         if step is None:
             if eng.loading:  # nothing to compute until a copy arrives
+                deliver(now)
                 now, last_start = max(now, min(r.ready for r in eng.loading)), None
                 continue
             raise SimError("the scheduler could not place any request (KV cache too small)")
         admitted = eng.preemptions == before and all(
             id(r) in step.chosen for r in step.ran) and len(step.ran) == running
-        last_start, now = now, step.now
-        for r in step.finished:
-            k = turn_of.pop(id(r))
-            done[k].append(r)
-            finished += 1
-            assert r.session is not None
-            if k + 1 == len(turns):
-                continue
-            if think_s is not None:
-                send(now + think_s, r.session, k + 1)
-            elif len(done[k]) == sessions:  # the last of the turn: all send the next one
-                for i in range(sessions):
-                    send(now, i, k + 1)
+        # the step before this one hands its outputs over once this one is launched, and the
+        # next step is chosen then (_launch_end)
+        launched = _launch_end(lim, timer, step.batch, now, cut)
+        deliver(launched)
+        last_start, now = launched, step.now
+        held.ran(step)
+        if not held.holds:
+            deliver(now)  # the next step is chosen after this one's output: they go out now
         if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
-            until = pending[0][0] if pending else math.inf
-            now, last_start, _ = _fast_decode(eng, timer, now, until, last_start)
+            # the decode steps after it replay CUDA graphs, launched at once: the outputs
+            # before them go out as they start
+            deliver(now)
+            now, last_start, _ = _fast_decode(eng, timer, now, reaches(), last_start)
     out = tuple(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
                       for r in sorted(rs, key=lambda r: r.session or 0)) for rs in done)
     return SessionsResult(out, eng.preemptions, eng.copied_blocks)
