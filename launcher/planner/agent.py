@@ -50,7 +50,6 @@ from launcher.planner.schedsim import (
     StepBatch,
     StepTimer,
     Turn,
-    eager_launch_s,
     simulate_sessions,
 )
 from launcher.probe.kernels import KernelTable
@@ -285,9 +284,9 @@ class RooflineStep:
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step, as loadsim's roofline step says it
-        (:func:`schedsim.eager_launch_s`: a step of prompt chunks layer by layer, a step of
+        (:meth:`HostProfile.eager_launch_s`: a step of prompt chunks layer by layer, a step of
         decoders at once)."""
-        return eager_launch_s(batch, self.m.num_layers, self.lay.host.layer_launch_s)
+        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens)
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,19 @@ class HostProfile:
         """The front end's time per step for ``sequences`` sequences: a step is never shorter."""
         return self.step_s + max(1.0, sequences) * self.seq_step_s
 
+    def eager_launch_s(self, layers: int, prefill_tokens: int, tokens: int,
+                       max_graph_tokens: int = 0) -> float:
+        """The host's launching of a step, one rule for every step timer's ``launch_s``
+        (schedsim.LaunchTimer): a step holding prompt chunks (``prefill_tokens`` of its
+        ``tokens``) past the CUDA-graph range (``max_graph_tokens``; 0 where every such step runs
+        eagerly, as the roofline times it) runs eagerly, each of its ``layers`` layers' kernels
+        launched from Python at ``layer_launch_s``; a step of decoders only, or one within the
+        range, replays a CUDA graph at once. A method of the profile the timers carry, so that a
+        timer called from the simulation never calls back into it."""
+        if prefill_tokens == 0 or tokens <= max_graph_tokens:
+            return 0.0
+        return layers * self.layer_launch_s
+
     @property
     def request_fixed_s(self) -> float:
         """(c) a request's fixed cost on its way to its first token besides the GPU's steps:

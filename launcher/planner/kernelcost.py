@@ -51,7 +51,6 @@ from launcher.planner.schedsim import (
     StepTimer,
     TableStepCost,
     Workload,
-    eager_launch_s,
     measured_curve,
     simulate,
 )
@@ -274,8 +273,8 @@ class HostBound:
         roofline's: a step of prompt chunks past the table's CUDA-graph range runs eagerly,
         launched layer by layer at the host profile's ``layer_launch_s``; one within the range
         replays a graph."""
-        return eager_launch_s(batch, self.layers, self.host.layer_launch_s,
-                              self.cost.max_graph_tokens)
+        return self.host.eager_launch_s(self.layers, batch.prefill_tokens, batch.tokens,
+                                        self.cost.max_graph_tokens)
 
     def idle_start_s(self) -> float:
         """The engine core's own work, in series before an idle engine's first step (the

@@ -35,7 +35,6 @@ from launcher.planner.schedsim import (
     SimResult,
     StepBatch,
     Workload,
-    eager_launch_s,
     percentiles,
     simulate,
 )
@@ -102,7 +101,7 @@ class RooflineStep:
         core does before it takes the step before's output: a step holding prompt chunks runs
         eagerly, each layer's kernels launched from Python (the host profile's
         ``layer_launch_s`` a layer); a step of decoders only replays a CUDA graph at once."""
-        return eager_launch_s(batch, self.m.num_layers, self.lay.host.layer_launch_s)
+        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens)
 
 
 def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:

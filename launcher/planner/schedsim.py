@@ -103,18 +103,6 @@ class LaunchTimer(StepTimer, Protocol):
     def launch_s(self, batch: StepBatch) -> float: ...
 
 
-def eager_launch_s(batch: StepBatch, layers: int, layer_launch_s: float,
-                   max_graph_tokens: int = 0) -> float:
-    """The host's launching of a step (:meth:`LaunchTimer.launch_s`), one rule for every step
-    timer: a step holding prompt chunks past the CUDA-graph range (``max_graph_tokens`` tokens;
-    0 where every such step runs eagerly, as the roofline times it) runs eagerly, each of its
-    ``layers`` layers' kernels launched from Python at ``layer_launch_s`` (the host profile's);
-    a step of decoders only, or one within the range, replays a CUDA graph at once."""
-    if batch.prefill_tokens == 0 or batch.tokens <= max_graph_tokens:
-        return 0.0
-    return layers * layer_launch_s
-
-
 @runtime_checkable
 class IdleStartTimer(StepTimer, Protocol):
     """A step timer of an engine that prepares each step beside the GPU's running one
