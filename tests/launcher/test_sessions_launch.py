@@ -5,8 +5,6 @@ table's timer says how long that launch takes by the same rule as the roofline's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from launcher.model.modelspec import load_model_spec
@@ -27,28 +25,14 @@ from launcher.planner.schedsim import (
 from tests.launcher.paths import MODELS, model
 from tests.launcher.test_agent_plan import PAIR, agent
 
-ASYNC = SchedulerLimits(max_num_batched_tokens=8192, max_num_seqs=256, kv_blocks=10_000,
-                        async_scheduling=True)
-SYNC = SchedulerLimits(max_num_batched_tokens=8192, max_num_seqs=256, kv_blocks=10_000)
-PREFILL_S, DECODE_S = 0.100, 0.010
-
-
-@dataclass(frozen=True)
-class Steps:
-    """A step with prompt chunks takes PREFILL_S, one of decoders only DECODE_S."""
-
-    def step_s(self, batch: StepBatch) -> float:
-        return PREFILL_S if batch.prefill_tokens else DECODE_S
-
-
-@dataclass(frozen=True)
-class Launching(Steps):
-    """The same steps, one with prompt chunks launched by the host in ``eager_s``."""
-
-    eager_s: float
-
-    def launch_s(self, batch: StepBatch) -> float:
-        return self.eager_s if batch.prefill_tokens else 0.0
+# the same stand-in timers and limits as the load simulation's launch tests
+from tests.launcher.test_schedsim_launch import (
+    ASYNC,
+    PREFILL_S,
+    SYNC,
+    Launching,
+    Steps,
+)
 
 
 def sessions_burst(lim: SchedulerLimits, timer: Steps, serial_s: float) -> list[float]:
