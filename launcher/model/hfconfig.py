@@ -51,6 +51,9 @@ class HfShape:
     attention: tuple[LayerAttention, ...]
     transformers_version: str
     rope_cache_elems: int = 0  # vLLM's rotary cos/sin tables: one per distinct rotary setting
+    # of other_params: the vision/audio towers and their projectors, which run for a request's
+    # images or audio only, never for a text token
+    tower_params: int = 0
 
 
 def _quiet() -> contextlib.AbstractContextManager[Any]:
@@ -111,7 +114,7 @@ def _build(conf: Any) -> Any:
 def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> HfShape:
     import torch
 
-    emb = head = linear = experts = other = 0
+    emb = head = linear = experts = other = towers = 0
     tied = bool(getattr(text, "tie_word_embeddings", getattr(conf, "tie_word_embeddings", True)))
     seen: set[int] = set()
     for name, module in model.named_modules():
@@ -123,6 +126,7 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
             full = f"{name}.{pname}"
             if any(t in full for t in _TOWERS):
                 other += n
+                towers += n
             elif isinstance(module, torch.nn.Embedding):
                 emb += n
             elif name.endswith("lm_head"):
@@ -153,6 +157,7 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
         attention=(attn := _attention(model, text)),
         transformers_version=version,
         rope_cache_elems=_rope_cache_elems(text, attn),
+        tower_params=towers,
     )
 
 
@@ -304,7 +309,8 @@ def _from_json(data: Any) -> HfShape:
     fields["attention"] = tuple(LayerAttention(**a) for a in fields["attention"])
     found = HfShape(**fields)
     ints = (found.embedding_params, found.lm_head_params, found.linear_params,
-            found.expert_params, found.other_params, found.rope_cache_elems)
+            found.expert_params, found.other_params, found.rope_cache_elems,
+            found.tower_params)
     if not all(type(n) is int for n in ints) or not isinstance(found.text, dict):
         raise TypeError("not a shape")
     return found

@@ -79,6 +79,9 @@ class ModelSpec:
     # the input embedding tables (per-layer input embeddings too): a row read per token, never
     # multiplied; with a tied LM head the head's table too (``lm_head_params`` counts its use)
     embedding_params: int = 0
+    # vision/audio towers and their projectors (part of ``params``): vLLM runs them on a
+    # request's images or audio, never on a text token, so no step's matmuls pass through them
+    tower_params: int = 0
 
     @property
     def lm_head_params(self) -> int:
@@ -90,9 +93,10 @@ class ModelSpec:
     @property
     def token_params(self) -> int:
         """Weights every token's matmuls pass through: the active weights less the embedding
-        tables (a lookup) and an untied LM head (run per sampled position: lm_head_params)."""
+        tables (a lookup), an untied LM head (run per sampled position: lm_head_params) and the
+        towers (run per image or audio clip, not per token)."""
         head = 0 if self.tied_embeddings else self.lm_head_params
-        return max(0, self.active_params - self.embedding_params - head)
+        return max(0, self.active_params - self.embedding_params - head - self.tower_params)
 
     @property
     def kv_groups(self) -> tuple[KvGroup, ...]:
@@ -480,6 +484,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         custom_code=hf is None and isinstance(cfg.get("auto_map"), Mapping)
         and bool(cfg.get("auto_map")),
         embedding_params=hf.embedding_params if hf else int(t["vocab_size"]) * d.hidden,
+        tower_params=hf.tower_params if hf else _vision_params(cfg),
     )
 
 

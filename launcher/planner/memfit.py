@@ -89,6 +89,12 @@ def embedding_bytes(m: ModelSpec) -> int:
     return m.vocab_size * m.hidden_size * 2
 
 
+def tower_bytes(m: ModelSpec) -> int:
+    """The vision/audio towers: kept in 16 bits whatever the checkpoint's quantization, and
+    read only when a request carries an image or a clip, never by a text step."""
+    return m.tower_params * 2
+
+
 def table_bytes(m: ModelSpec) -> int:
     """The input embedding and, when untied, the LM head."""
     return embedding_bytes(m) * (1 if m.tied_embeddings else 2)
