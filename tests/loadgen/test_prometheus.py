@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.loadgen.conftest import REPO, TTFT, run_cli
@@ -29,6 +30,18 @@ pytestmark = pytest.mark.prometheus
 def _value(rows: list[dict[str, object]]) -> float:
     assert len(rows) == 1, rows
     return float(rows[0]["value"][1])  # type: ignore[index]
+
+
+def test_a_test_pushgateway_starts_empty_whatever_an_earlier_one_held(tmp_path: Path) -> None:
+    # Every test here compares what Prometheus returns with this run's --json; a group left by
+    # an earlier Pushgateway (same job and run_id, another run's values) would be scraped first.
+    marker = f"leftover_{tmp_path.name}"
+    with pushgateway(tmp_path / "first") as pgw:
+        put = httpx.put(f"{pgw}/metrics/job/loadgen/run_id/{marker}", content=f"{marker} 1\n")
+        assert put.status_code == 200, put.text
+        assert marker in httpx.get(f"{pgw}/metrics").text
+    with pushgateway(tmp_path / "second") as pgw:
+        assert marker not in httpx.get(f"{pgw}/metrics").text
 
 
 def test_pushed_metrics_can_be_queried_from_prometheus(sim_url: str, tmp_path: Path) -> None:

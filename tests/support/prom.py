@@ -134,6 +134,11 @@ def pushgateway(workdir: Path) -> Iterator[str]:
     argv = [
         binary("prometheus-pushgateway"),
         f"--web.listen-address=127.0.0.1:{port}",
+        # Debian's build defaults this to /var/lib/prometheus/pushgateway.data, one file for every
+        # Pushgateway on the machine: each wrote its groups there on exit and the next loaded
+        # them, so a test's Prometheus scraped an earlier run's group of the same job and run_id
+        # (its values, not this run's) until the new push replaced it. Empty: memory only.
+        "--persistence.file=",
         "--log.level=warn",
     ]
     with _running(argv, f"http://127.0.0.1:{port}", workdir / "pushgateway.log") as url:
