@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -729,6 +729,61 @@ class _FrontEnd:
         return self.handed
 
 
+class _EngineCore:
+    """vLLM's engine core around the scheduler's steps, the one loop body of :func:`simulate`
+    and :func:`simulate_sessions`: when the next step is chosen (:func:`_admission_cut`), each
+    step run and its outputs handed over in the launch order (:func:`_launch_end`,
+    :class:`_Handover`), the engine going idle, and the decode steps taken at once
+    (:func:`_fast_decode`). ``finished(r, at)`` is told of each request whose last token went
+    out at ``at``."""
+
+    def __init__(self, lim: SchedulerLimits, timer: StepTimer,
+                 finished: Callable[[_Req, float], None]) -> None:
+        self.lim, self.timer, self.finished = lim, timer, finished
+        self.out = _Handover(lim, timer)
+        self.now = 0.0
+        self.last_start: float | None = None  # when the next step is chosen (None: idle)
+
+    def cut(self) -> float:
+        """The latest arrival the next step can hold (:func:`_admission_cut`)."""
+        return _admission_cut(self.lim, self.now, self.last_start)
+
+    def deliver(self, at: float) -> None:
+        """The held outputs go out at ``at``."""
+        for r in self.out.deliver(at):
+            self.finished(r, at)
+
+    def idle_until(self, at: float) -> None:
+        """Nothing to run (the outputs held went out as their step ended: :meth:`deliver`): the
+        engine waits until ``at``, and the next step starts an idle engine."""
+        self.now, self.last_start = max(self.now, at), None
+
+    def run(self, eng: _Engine, shared: int, cut: float) -> _Step | None:
+        """One step chosen at ``cut``: scheduled, timed and its outputs handed over; None where
+        the scheduler placed nothing (nothing changes then)."""
+        step = _step(eng, self.timer, self.now, shared)
+        if step is None:
+            return None
+        # the step before this one hands its outputs over once this one is launched, and the
+        # next step is chosen then (_launch_end)
+        launched = _launch_end(self.lim, self.timer, step.batch, self.now, cut)
+        self.deliver(launched)
+        self.last_start, self.now = launched, step.now
+        self.out.ran(step)
+        if not self.out.holds:
+            self.deliver(self.now)  # the next step is chosen after this one's output: now
+        return step
+
+    def decode_on(self, eng: _Engine, until: float) -> int:
+        """After a step in which every running request only decoded and nobody was admitted:
+        the decode steps after it, taken at once (:func:`_fast_decode`; each a CUDA-graph
+        replay, launched at once: the outputs before them go out as they start). How many."""
+        self.deliver(self.now)
+        self.now, self.last_start, n = _fast_decode(eng, self.timer, self.now, until,
+                                                    self.last_start)
+        return n
+
+
 def simulate(
     lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0,
     request_serial_s: float = 0.0,
@@ -747,27 +802,24 @@ def simulate(
         i / work.rate if work.rate is not None else 0.0 for i in range(first_wave)))
     to_send = work.total - first_wave
     done: list[RequestTiming] = []
-    now, steps, most = 0.0, 0, 0
-    last_start: float | None = None  # when the next step is chosen (None: the engine is idle)
+    steps, most = 0, 0
     sent = 0
-    # the outputs of the step that ran last: under async scheduling the engine core takes them
-    # only once it has launched the next step (_launch_end)
-    out = _Handover(lim, timer)
-    front = _FrontEnd()
 
-    def deliver(at: float) -> None:
+    def finished(r: _Req, at: float) -> None:
         nonlocal to_send
-        for r in out.deliver(at):
-            done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
-            if closed and to_send:
-                pending.append(at)
-                to_send -= 1
+        done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
+        if closed and to_send:
+            pending.append(at)
+            to_send -= 1
+
+    core = _EngineCore(lim, timer, finished)
+    front = _FrontEnd()
 
     def reaches(sent_s: float) -> float:
         return front.reaches(sent_s + request_overhead_s, request_serial_s)
 
     while len(done) < work.total:
-        cut = _admission_cut(lim, now, last_start)
+        cut = core.cut()
         while pending and reaches(pending[0]) <= cut:
             front.hand(pending[0] + request_overhead_s, request_serial_s)
             # without a shared prefix each request is a session of its own: preempted, it finds
@@ -779,37 +831,25 @@ def simulate(
                                     session=own))
             sent += 1
         if not eng.running and not eng.waiting:
-            deliver(now)  # nothing launched after it: its outputs go out as it ends
+            core.deliver(core.now)  # nothing launched after it: its outputs go out as it ends
             if len(done) == work.total:
                 break
-            # idle until the next request arrives
-            now, last_start = max(now, reaches(pending[0])), None
+            core.idle_until(reaches(pending[0]))  # until the next request arrives
             continue
-        if last_start is None and lim.async_scheduling and isinstance(timer, IdleStartTimer):
-            now += timer.idle_start_s()  # an idle engine: nothing hides its step's own work
+        if (core.last_start is None and lim.async_scheduling
+                and isinstance(timer, IdleStartTimer)):
+            core.now += timer.idle_start_s()  # an idle engine: nothing hides its step's work
         before, running = eng.preemptions, len(eng.running)
-        step = _step(eng, timer, now, work.shared_prefix)
+        step = core.run(eng, work.shared_prefix, cut)
         if step is None:
             raise SimError("the scheduler could not place any request (KV cache too small)")
-        # the step before this one hands its outputs over once this one is launched, and the
-        # next step is chosen then (_launch_end)
-        launched = _launch_end(lim, timer, step.batch, now, cut)
-        deliver(launched)
-        last_start, now = launched, step.now
-        out.ran(step)
-        if not out.holds:
-            deliver(now)  # the next step is chosen after this one's output: they go out now
         steps += 1
         most = max(most, len(step.ran))
         if (eng.preemptions == before and len(step.ran) == running
                 and step.batch.decode_seqs == len(eng.running) == len(step.chosen)):
             # every running request only decoded and nobody was admitted: so do the next steps
-            # until one finishes or the next request arrives (each a CUDA-graph replay,
-            # launched at once: the outputs before it go out as it starts)
-            deliver(now)
-            until = reaches(pending[0]) if pending else math.inf
-            now, last_start, fast = _fast_decode(eng, timer, now, until, last_start)
-            steps += fast
+            # until one finishes or the next request arrives
+            steps += core.decode_on(eng, reaches(pending[0]) if pending else math.inf)
     return SimResult(tuple(done), steps, eng.preemptions, most,
                      max(r.finished_s for r in done) - min(r.sent_s for r in done))
 
@@ -958,79 +998,66 @@ def simulate_sessions(
     turn_of: dict[int, int] = {}
     done: list[list[_Req]] = [[] for _ in turns]
     finished = 0
-    now, steps = 0.0, 0
-    last_start: float | None = None  # when the next step is chosen (None: the engine is idle)
-    held = _Handover(lim, timer)
-    front = _FrontEnd()
+    steps = 0
 
     def serial(k: int) -> float:
         return serial_s_per_prompt_token * turns[k].prompt
 
+    def answered(r: _Req, at: float) -> None:
+        nonlocal finished
+        k = turn_of.pop(id(r))
+        done[k].append(r)
+        finished += 1
+        assert r.session is not None
+        if k + 1 == len(turns):
+            return
+        if think_s is not None:
+            send(at + think_s, r.session, k + 1)
+        elif len(done[k]) == sessions:  # the last of the turn: all send the next one
+            for i in range(sessions):
+                send(at, i, k + 1)
+
+    core = _EngineCore(lim, timer, answered)
+    front = _FrontEnd()
+
     def reaches() -> float:  # when the next request on its way reaches the scheduler
         return front.reaches(pending[0][0], serial(pending[0][3])) if pending else math.inf
 
-    def deliver(at: float) -> None:
-        nonlocal finished
-        for r in held.deliver(at):
-            k = turn_of.pop(id(r))
-            done[k].append(r)
-            finished += 1
-            assert r.session is not None
-            if k + 1 == len(turns):
-                continue
-            if think_s is not None:
-                send(at + think_s, r.session, k + 1)
-            elif len(done[k]) == sessions:  # the last of the turn: all send the next one
-                for i in range(sessions):
-                    send(at, i, k + 1)
-
     while finished < sessions * len(turns):
-        cut = _admission_cut(lim, now, last_start)
+        cut = core.cut()
         while pending and reaches() <= cut:
             front.hand(pending[0][0], serial(pending[0][3]))
             _, sent, i, k = heapq.heappop(pending)
             r = _Req(sent, turns[k].prompt, turns[k].gen, turns[k].prompt, session=i)
             turn_of[id(r)] = k
             eng.waiting.append(r)
-        eng.now = now
+        eng.now = core.now
         eng.copied()
         if not eng.waiting and not eng.running:
-            deliver(now)  # nothing launched after it: its outputs go out as it ends
+            core.deliver(core.now)  # nothing launched after it: its outputs go out as it ends
             if finished == sessions * len(turns):
                 break
             # idle until a copy from host memory or the next request arrives
-            now = max(now, min(min((r.ready for r in eng.loading), default=math.inf),
-                               reaches()))
-            last_start = None
-            if math.isinf(now):
+            core.idle_until(min(min((r.ready for r in eng.loading), default=math.inf),
+                                reaches()))
+            if math.isinf(core.now):
                 raise SimError("no session has a request left to send")  # never: a bug here
             continue
         steps += 1
         if max_steps and steps > max_steps:
             raise SimError(f"more than {max_steps:,} scheduler steps")
         before, running = eng.preemptions, len(eng.running)
-        step = _step(eng, timer, now, 0)
+        step = core.run(eng, 0, cut)
         if step is None:
             if eng.loading:  # nothing to compute until a copy arrives
-                deliver(now)
-                now, last_start = max(now, min(r.ready for r in eng.loading)), None
+                core.deliver(core.now)
+                core.idle_until(min(r.ready for r in eng.loading))
                 continue
             raise SimError("the scheduler could not place any request (KV cache too small)")
         admitted = eng.preemptions == before and all(
             id(r) in step.chosen for r in step.ran) and len(step.ran) == running
-        # the step before this one hands its outputs over once this one is launched, and the
-        # next step is chosen then (_launch_end)
-        launched = _launch_end(lim, timer, step.batch, now, cut)
-        deliver(launched)
-        last_start, now = launched, step.now
-        held.ran(step)
-        if not held.holds:
-            deliver(now)  # the next step is chosen after this one's output: they go out now
         if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
-            # the decode steps after it replay CUDA graphs, launched at once: the outputs
-            # before them go out as they start
-            deliver(now)
-            now, last_start, _ = _fast_decode(eng, timer, now, reaches(), last_start)
+            core.decode_on(eng, reaches())  # the decode steps after it, taken at once
     out = tuple(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
                       for r in sorted(rs, key=lambda r: r.session or 0)) for rs in done)
     return SessionsResult(out, eng.preemptions, eng.copied_blocks)
