@@ -733,7 +733,8 @@ class _EngineCore:
     """vLLM's engine core around the scheduler's steps, the one loop body of :func:`simulate`
     and :func:`simulate_sessions`: when the next step is chosen (:func:`_admission_cut`), each
     step run and its outputs handed over in the launch order (:func:`_launch_end`,
-    :class:`_Handover`), the engine going idle, and the decode steps taken at once
+    :class:`_Handover`), the engine going idle and its first step after that paying the engine
+    core's own work (:class:`IdleStartTimer`), and the decode steps taken at once
     (:func:`_fast_decode`). ``finished(r, at)`` is told of each request whose last token went
     out at ``at``."""
 
@@ -760,13 +761,19 @@ class _EngineCore:
 
     def run(self, eng: _Engine, shared: int, cut: float) -> _Step | None:
         """One step chosen at ``cut``: scheduled, timed and its outputs handed over; None where
-        the scheduler placed nothing (nothing changes then)."""
-        step = _step(eng, self.timer, self.now, shared)
+        the scheduler placed nothing (nothing changes then). The first step after the engine
+        went idle begins after the engine core's own work on it (:class:`IdleStartTimer`)
+        where async scheduling would otherwise hide that work behind the step before."""
+        start = self.now
+        if (self.last_start is None and self.lim.async_scheduling
+                and isinstance(self.timer, IdleStartTimer)):
+            start += self.timer.idle_start_s()  # an idle engine: no step before hides it
+        step = _step(eng, self.timer, start, shared)
         if step is None:
             return None
         # the step before this one hands its outputs over once this one is launched, and the
         # next step is chosen then (_launch_end)
-        launched = _launch_end(self.lim, self.timer, step.batch, self.now, cut)
+        launched = _launch_end(self.lim, self.timer, step.batch, start, cut)
         self.deliver(launched)
         self.last_start, self.now = launched, step.now
         self.out.ran(step)
@@ -836,9 +843,6 @@ def simulate(
                 break
             core.idle_until(reaches(pending[0]))  # until the next request arrives
             continue
-        if (core.last_start is None and lim.async_scheduling
-                and isinstance(timer, IdleStartTimer)):
-            core.now += timer.idle_start_s()  # an idle engine: nothing hides its step's work
         before, running = eng.preemptions, len(eng.running)
         step = core.run(eng, work.shared_prefix, cut)
         if step is None:
@@ -969,8 +973,9 @@ def simulate_sessions(
     sent (the API server's and the host's work on it), of which ``serial_s_per_prompt_token``
     × its prompt is the front end's own, one request after another (as :func:`simulate`'s
     ``request_serial_s``); steps launch and hand their outputs over in the engine core's order
-    (:func:`_launch_end`), as :func:`simulate`'s. ``max_steps`` (0: no limit): a SimError
-    past that many scheduled steps, for callers that must answer quickly."""
+    (:func:`_launch_end`), and the first step after the engine went idle pays the engine
+    core's own work (:class:`IdleStartTimer`), as :func:`simulate`'s. ``max_steps`` (0: no
+    limit): a SimError past that many scheduled steps, for callers that must answer quickly."""
     if sessions < 1 or not turns:
         raise SimError("sessions need at least one session and one turn")
     if think_s is not None and not (math.isfinite(think_s) and think_s >= 0):
