@@ -328,7 +328,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
                f"{timing.measured_at}) with the installed vLLM's own functions, "
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "
                f"profile's x{speed:.2f}, this host's speed on those functions against the "
-               f"lent H200's host")
+               f"lent H200's host; the timing: {timing.steadiness_note()}")
 # A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
 # GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
 # weighted sum): assumed, before any MoE measurement, ~7 kernels at ~4 us each inside a CUDA

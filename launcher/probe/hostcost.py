@@ -28,26 +28,45 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import pickle
 import random
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.probe.kernels import number_field, text_field, write_cache_json
 
-FORMAT = 1
+FORMAT = 2  # 2: the timing's steadiness (Steadiness); 1 (read, said in the reason): one pass
 # The prompt lengths the per-token line goes through (a short request's and the H200 timing's
-# longest), and the sequences of the output path's two points. Each figure is the least of
-# REPEATS calls (timeit's rule: another process's load only adds to a function's own cost; on
-# this project's busy 2-core machine medians of 7 moved 0.46-1.5 us a token from run to run).
-# The timing takes about a second once vLLM is imported (15 s on that machine).
+# longest), and the sequences of the output path's two points.
 LONG_PROMPT = 32000
 SHORT_PROMPT = 16
 MANY_SEQUENCES = 32
-REPEATS = 9
-OUTPUT_STEPS = 64
+# The timing runs in ROUNDS, each the least of CALLS calls of each way-in function and of
+# OUTPUT_STEPS output steps, beside a fixed reference workload; the figures are the median of the
+# rounds the host ran at its usual speed. Measured on this project's 2-core build machine
+# (benchmarks/host_cost_spread.py, docs/planner.md): one pass of least-of-9 gave speeds
+# 0.75-1.23 over six fresh workers, idle, because (a) the machine's own speed moves 1.5x within
+# seconds (the same call's CPU time 4.7 then 7.6 ms, the reference workload likewise), (b) the
+# first pass of a process ran the way in 40% slower than the next, and (c) another CPU-bound
+# process preempted the 7 ms calls (per token x2), which wall time counted. So: CPU time of this
+# thread (preemption excluded), a warm-up round, the median over rounds, rounds whose reference
+# ran slow dropped, and rounds until two estimates agree, within TIME_BUDGET_S.
+CALLS = 5
+OUTPUT_STEPS = 16
+MIN_ROUNDS = 3
+MAX_ROUNDS = 16
+AGREE = 0.03  # two consecutive estimates of the speed this close end the timing
+SLOW_ROUND = 1.10  # a round whose reference ran this much slower than the fastest is dropped
+TIME_BUDGET_S = 3.0
+MIN_TIME_S = 1.0  # and never end before this: the build machine's slow spells last seconds
+# a timing whose terms moved more than this over its rounds, or whose host slowed this much, or
+# where other processes kept at least half the other cores busy, is said to be unsteady
+UNSTEADY = 1.10
 
 
 class HostCostError(ValueError):
@@ -65,6 +84,32 @@ class HostKey:
 
 
 @dataclass(frozen=True)
+class Steadiness:
+    """How steady the timing was: what the plan's reason line says of it."""
+
+    rounds: int  # the rounds the figures are the median of
+    dropped: int  # rounds left out: the reference workload ran over SLOW_ROUND slower in them
+    # (term, its largest round over its smallest, over those rounds), for the four terms
+    spread: tuple[tuple[str, float], ...]
+    speed_spread: float  # likewise of sqrt(prompt_token_s x seq_step_s), the planner's speed
+    host_slowed: float  # the reference workload's slowest round over its fastest, every round
+    others_busy: float  # cores other processes kept busy during the timing; -1: not known
+
+    def unsteady(self, cores: int) -> list[str]:
+        """Why these figures may be higher than this host's at rest (empty: none): other
+        processes busy on at least half the other cores (sharing caches, memory and clock
+        with the timed thread; a 2-core build machine's timing ran 1.6x slower beside two
+        CPU-bound loops), or the kept rounds' speed still apart (a host slowed through
+        the whole timing, which its reference cannot show)."""
+        why = []
+        if self.others_busy >= max(0.5, 0.5 * (cores - 1)):
+            why.append(f"other processes kept {self.others_busy:.1f} of {cores} cores busy")
+        if self.speed_spread > UNSTEADY:
+            why.append(f"its kept rounds' speed moved x{self.speed_spread:.2f}")
+        return why
+
+
+@dataclass(frozen=True)
 class HostTiming:
     """The timed parts, in seconds, one thread (what the functions cost, not the whole path)."""
 
@@ -74,11 +119,35 @@ class HostTiming:
     step_s: float  # the output path's fixed part per step
     seq_step_s: float  # the output path per sequence per step
     measured_at: str
+    steadiness: Steadiness | None = None  # None: a format-1 record (one pass, not measured)
+
+    def steadiness_note(self) -> str:
+        """The reason line's words on how steady the timing was."""
+        st = self.steadiness
+        if st is None:
+            return ("one pass, its steadiness not measured (a format-1 record: `probe "
+                    "--measure` again measures it)")
+        worst, ratio = max(st.spread, key=lambda item: item[1], default=("none", 1.0))
+        note = (f"median of {st.rounds} rounds, speed within x{st.speed_spread:.2f} "
+                f"(widest term {worst} x{ratio:.2f})")
+        if st.dropped:
+            note += (f", {st.dropped} more dropped (a fixed reference workload ran up to "
+                     f"x{st.host_slowed:.2f} slower in them)")
+        why = st.unsteady(self.key.cores)
+        return note + (f"; MAY BE HIGH: {'; '.join(why)}; time again on an idle host"
+                       if why else "")
 
 
 # ------------------------------------------------------------------------------------- JSON
 def to_json(rec: HostTiming) -> dict[str, Any]:
-    return {"version": FORMAT, **asdict(rec)}
+    """The record's JSON: format 2, or 1 for a record read from a format-1 file (no
+    steadiness), so that what is written reads back the same."""
+    raw = asdict(rec)
+    st = raw.pop("steadiness")
+    if st is None:
+        return {"version": 1, **raw}
+    st["spread"] = dict(st["spread"])
+    return {"version": FORMAT, **raw, "steadiness": st}
 
 
 def _num(raw: Any, what: str, hi: float) -> float:
@@ -89,15 +158,36 @@ def _text(raw: Any, what: str) -> str:
     return text_field(raw, what, HostCostError)
 
 
+def _steadiness(raw: Any) -> Steadiness:
+    if not isinstance(raw, dict) or not isinstance(raw.get("spread"), dict):
+        raise HostCostError("the host timing record's steadiness is not an object with a spread")
+    busy = raw.get("others_busy")
+    dropped = raw.get("dropped")
+    return Steadiness(
+        int(_num(raw.get("rounds"), "rounds", 1e4)),
+        0 if dropped == 0 and not isinstance(dropped, bool)
+        else int(_num(dropped, "dropped", 1e4)),
+        tuple((str(term)[:40], _num(v, f"spread of {str(term)[:40]}", 1e6))
+              for term, v in raw["spread"].items()),
+        _num(raw.get("speed_spread"), "speed_spread", 1e6),
+        _num(raw.get("host_slowed"), "host_slowed", 1e6),
+        # 0: nothing else ran; -1: not known (no /proc/stat)
+        float(busy) if busy in (0, -1) and not isinstance(busy, bool)
+        else _num(busy, "others_busy", 1e5),
+    )
+
+
 def from_json(raw: Any) -> HostTiming:
     """A saved timing; :class:`HostCostError` (one line) for anything unreadable. The bounds
     are far outside any host (a millisecond a prompt token, a second a step): a value past
-    them is a broken record, not a slow machine."""
+    them is a broken record, not a slow machine. A format-1 record (one pass, before the
+    rounds) reads with no steadiness, which the plan's reason line then says."""
     if not isinstance(raw, dict):
         raise HostCostError("a host timing record is not a JSON object")
-    if raw.get("version") != FORMAT:
-        raise HostCostError(f"host timing record version {str(raw.get('version'))[:20]!r} "
-                            f"is not {FORMAT}")
+    version = raw.get("version")
+    if version not in (1, FORMAT) or isinstance(version, bool):
+        raise HostCostError(f"host timing record version {str(version)[:20]!r} "
+                            f"is not 1 or {FORMAT}")
     k = raw.get("key")
     if not isinstance(k, dict):
         raise HostCostError("the host timing record has no key object")
@@ -110,6 +200,7 @@ def from_json(raw: Any) -> HostTiming:
         _num(raw.get("step_s"), "step_s", 1.0),
         _num(raw.get("seq_step_s"), "seq_step_s", 0.1),
         _text(raw.get("measured_at"), "measured_at"),
+        None if version == 1 else _steadiness(raw.get("steadiness")),
     )
 
 
@@ -159,8 +250,8 @@ class FrontEnd(Protocol):
         one new token each through the output processor and the stream chunk's JSON."""
 
 
-def least_s(f: Callable[[], object], n: int = REPEATS,
-            clock: Callable[[], float] = time.perf_counter) -> float:
+def least_s(f: Callable[[], object], n: int,
+            clock: Callable[[], float] = time.thread_time) -> float:
     best = math.inf
     for _ in range(n):
         t = clock()
@@ -169,30 +260,139 @@ def least_s(f: Callable[[], object], n: int = REPEATS,
     return best
 
 
-def _way_in_s(fe: FrontEnd, n: int, rng: random.Random, clock: Callable[[], float]) -> float:
-    ids = [rng.randrange(5, 4096) for _ in range(n)]
-    body = json.dumps({"model": "m", "prompt": ids, "max_tokens": 128, "stream": True}).encode()
-    return (least_s(lambda: fe.parse_body(body), clock=clock)
-            + least_s(lambda: fe.ipc(ids), clock=clock)
-            + least_s(lambda: fe.hash_blocks(ids), clock=clock))
+def reference_work() -> object:
+    """A fixed piece of pure-Python work like the way in's (a JSON parse, pickling, sha256),
+    timed beside every round: where it runs slower, the host itself was slower then."""
+    ids = json.loads(_REFERENCE_BODY)
+    return [hashlib.sha256(pickle.dumps(tuple(ids[i:i + 16]))).digest()
+            for i in range(0, len(ids), 16)]
+
+
+_REFERENCE_BODY = json.dumps(list(range(1000, 5000))).encode()
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(every CPU's busy seconds on this machine, this process's CPU seconds) from /proc/stat
+    and os.times(); None where there is no /proc/stat. Busy: user, nice, system, irq, softirq
+    and steal (another virtual machine's use of this one's CPUs)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        busy = sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8)) / ticks
+    except (OSError, ValueError, IndexError):
+        return None
+    own = os.times()
+    return busy, own.user + own.system
+
+
+@dataclass(frozen=True)
+class _Round:
+    reference: float  # the reference workload's least time in this round (the slowest of 3)
+    short: float  # the way in at SHORT_PROMPT tokens
+    long: float  # and at LONG_PROMPT
+    one: float  # the output path at 1 sequence
+    many: float  # and at MANY_SEQUENCES
+
+    def terms(self) -> dict[str, float]:
+        """The record's four terms from this round's points: the lines through them. A noisy
+        point that makes a slope non-positive keeps the larger figure whole, as a part per
+        token or sequence."""
+        per_token = (self.long - self.short) / (LONG_PROMPT - SHORT_PROMPT)
+        if per_token <= 0:
+            per_token = self.long / LONG_PROMPT
+        per_seq = (self.many - self.one) / (MANY_SEQUENCES - 1)
+        if per_seq <= 0:
+            per_seq = self.many / MANY_SEQUENCES
+        return {"prompt_token_s": per_token, "request_s": max(1e-7, self.short),
+                "step_s": max(1e-7, self.one - per_seq), "seq_step_s": per_seq}
+
+
+def _speed(terms: dict[str, float]) -> float:
+    """The planner's host speed up to a constant (hardware.host_profile: the geometric mean of
+    the per-token and per-sequence terms' ratios to the H200 host's)."""
+    return math.sqrt(terms["prompt_token_s"] * terms["seq_step_s"])
+
+
+def _median_round(rounds: list[_Round]) -> _Round:
+    return _Round(*(statistics.median(getattr(r, f.name) for r in rounds)
+                    for f in fields(_Round)))
+
+
+def _kept(rounds: list[_Round]) -> list[_Round]:
+    """The rounds the host ran at its usual speed: the reference within SLOW_ROUND of its
+    fastest round (all of them where the reference took no measurable time)."""
+    fastest = min(r.reference for r in rounds)
+    if fastest <= 0:
+        return rounds
+    return [r for r in rounds if r.reference <= SLOW_ROUND * fastest]
 
 
 def time_host(fe: FrontEnd, key: HostKey, *, seed: int | None = None, now: str | None = None,
-              clock: Callable[[], float] = time.perf_counter) -> HostTiming:
-    """Time ``fe``'s functions, one thread: the way in at SHORT_PROMPT and LONG_PROMPT tokens
-    (the line through them: a request's fixed part and a part per token), the output path at 1
-    and MANY_SEQUENCES sequences (likewise: per step and per sequence). A noisy point that makes
-    a slope non-positive keeps the larger figure whole, as a part per token or sequence."""
+              clock: Callable[[], float] = time.thread_time,
+              reference: Callable[[], object] = reference_work,
+              wall: Callable[[], float] = time.perf_counter,
+              busy: Callable[[], tuple[float, float] | None] = cpu_seconds) -> HostTiming:
+    """Time ``fe``'s functions, one thread, on ``clock`` (this thread's CPU time: another
+    process that takes the CPU away adds nothing): the way in at SHORT_PROMPT and LONG_PROMPT
+    tokens (the line through them: a request's fixed part and a part per token), the output
+    path at 1 and MANY_SEQUENCES sequences (likewise: per step and per sequence), in rounds
+    beside ``reference``. A first round warms up and is dropped; then rounds until at least
+    MIN_ROUNDS kept ones (:func:`_kept`) give two consecutive estimates of the speed within
+    AGREE after MIN_TIME_S, MAX_ROUNDS, or TIME_BUDGET_S of ``wall``. The figures are the
+    kept rounds' median; the record says how far they spread, how much the host slowed, and
+    how busy other processes kept the machine (``busy``) meanwhile."""
     rng = random.Random(seed)
-    short = _way_in_s(fe, SHORT_PROMPT, rng, clock)
-    long_ = _way_in_s(fe, LONG_PROMPT, rng, clock)
-    per_token = (long_ - short) / (LONG_PROMPT - SHORT_PROMPT)
-    if per_token <= 0:
-        per_token = long_ / LONG_PROMPT
-    one = least_s(fe.output_step(1), OUTPUT_STEPS, clock)
-    many = least_s(fe.output_step(MANY_SEQUENCES), OUTPUT_STEPS, clock)
-    per_seq = (many - one) / (MANY_SEQUENCES - 1)
-    if per_seq <= 0:
-        per_seq = many / MANY_SEQUENCES
-    return HostTiming(key, per_token, max(1e-7, short), max(1e-7, one - per_seq), per_seq,
-                      now or time.strftime("%Y-%m-%dT%H:%M:%S"))
+    ids = {n: [rng.randrange(5, 4096) for _ in range(n)] for n in (SHORT_PROMPT, LONG_PROMPT)}
+    bodies = {n: json.dumps({"model": "m", "prompt": v, "max_tokens": 128,
+                             "stream": True}).encode() for n, v in ids.items()}
+
+    def way_in(n: int) -> float:
+        return (least_s(lambda: fe.parse_body(bodies[n]), CALLS, clock)
+                + least_s(lambda: fe.ipc(ids[n]), CALLS, clock)
+                + least_s(lambda: fe.hash_blocks(ids[n]), CALLS, clock))
+
+    steps = fe.output_step(1), fe.output_step(MANY_SEQUENCES)
+
+    def one_round() -> _Round:  # the reference before, between and after the two paths
+        refs = [least_s(reference, CALLS, clock)]
+        short, long_ = way_in(SHORT_PROMPT), way_in(LONG_PROMPT)
+        refs.append(least_s(reference, CALLS, clock))
+        one = least_s(steps[0], OUTPUT_STEPS, clock)
+        many = least_s(steps[1], OUTPUT_STEPS, clock)
+        refs.append(least_s(reference, CALLS, clock))
+        return _Round(max(refs), short, long_, one, many)
+
+    start, cpu_start = wall(), busy()
+    one_round()  # warm-up: a process's first pass ran the way in 40% slower than the next
+    rounds: list[_Round] = []
+    estimates: list[float] = []
+    kept: list[_Round] = []
+    # MAX_ROUNDS once MIN_ROUNDS are kept (a host slow in most rounds is given more of them),
+    # never past the time budget
+    while not rounds or (wall() - start < TIME_BUDGET_S and len(rounds) < 3 * MAX_ROUNDS
+                         and (len(rounds) < MAX_ROUNDS or len(kept) < MIN_ROUNDS)):
+        rounds.append(one_round())
+        kept = _kept(rounds)
+        if len(kept) >= MIN_ROUNDS:
+            estimates.append(_speed(_median_round(kept).terms()))
+            if (len(estimates) >= 2 and abs(estimates[-1] / estimates[-2] - 1) <= AGREE
+                    and wall() - start >= MIN_TIME_S):
+                break
+    elapsed, cpu_end = wall() - start, busy()
+    terms = _median_round(kept).terms()
+    per_round = [r.terms() for r in kept]
+    others = -1.0
+    if cpu_start is not None and cpu_end is not None and elapsed > 0:
+        others = max(0.0, (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1])) / elapsed
+    refs = [r.reference for r in rounds]
+    steadiness = Steadiness(
+        rounds=len(kept), dropped=len(rounds) - len(kept),
+        spread=tuple((t, max(p[t] for p in per_round) / min(p[t] for p in per_round))
+                     for t in terms),
+        speed_spread=max(map(_speed, per_round)) / min(map(_speed, per_round)),
+        host_slowed=max(refs) / min(refs) if min(refs) > 0 else 1.0,
+        others_busy=round(others, 2))
+    return HostTiming(key, terms["prompt_token_s"], terms["request_s"], terms["step_s"],
+                      terms["seq_step_s"], now or time.strftime("%Y-%m-%dT%H:%M:%S"),
+                      steadiness)
