@@ -79,11 +79,12 @@ def _started(model: Path, env: Mapping[str, str], log: Path) -> tuple[supervise.
 
 
 def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
-            depth: int = enginestep.DEPTH_CONTEXT) -> str:
+            depth: int = enginestep.DEPTH_CONTEXT, batch: int = enginestep.BATCH_STREAMS) -> str:
     """Time the CPU engine here as loadgen measures it (the real vLLM OpenAI server on the
     embedded model: ``served`` when one is up, else one started for it) and keep the figures;
     the line to print. ``depth``: the cached context the attention timing puts before its new
-    tokens (0: not timed, ~10 s shorter on two cores)."""
+    tokens (0: not timed, ~10 s shorter on two cores); ``batch``: the streams the step at many
+    sequences is timed with (0: not timed, a few seconds shorter)."""
     path = ensure_tiny_model(env)
     spec = load_model_spec(str(path))
     cache = default_cache_dir(env)
@@ -93,7 +94,7 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
         child, url = _started(path, env, log)
         served = enginestep.Served(url, SERVED_NAME)
     try:
-        timed = enginestep.time_served(served, _vocab(path), depth=depth)
+        timed = enginestep.time_served(served, _vocab(path), depth=depth, batch=batch)
     finally:
         if child is not None:
             child.stop(10.0)
@@ -111,8 +112,16 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
             f"against a plain {rec.depth_new_tokens} ("
             + ", ".join(f"{(p.deep_s - p.plain_s) * 1e3:+.0f} ms" for p in rec.depth_pairs)
             + f"): {fit.why}")
+    many = rec.batch_step_s
+    wide = (f"a step of {batch} streams not timed" + ("" if batch < 2 else
+            " (in no round were they in flight together for half their decode)")
+            if many is None else
+            f"a step of {rec.batch_streams} streams {many * 1e3:.2f} ms median of "
+            f"{len(rec.batch_steps_s)} rounds ("
+            + ", ".join(f"{s * 1e3:.2f}" for s in rec.batch_steps_s) + " ms)")
     return (f"engine on {rec.key.device} (vLLM {rec.key.vllm}), served and streamed: decode step "
             f"{rec.step_s * 1e3:.2f} ms median of {len(rec.steps_s)} rounds "
             f"({min(rec.steps_s) * 1e3:.2f}-{max(rec.steps_s) * 1e3:.2f} ms); first token "
-            f"{fixed * 1e3:.1f} ms + {per_token * 1e6:.1f} us per prompt token; {deep}; {where}")
+            f"{fixed * 1e3:.1f} ms + {per_token * 1e6:.1f} us per prompt token; {wide}; {deep}; "
+            f"{where}")
 

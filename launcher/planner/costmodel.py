@@ -530,6 +530,9 @@ class CpuStepOverhead:
     pair_s: float | None = None
     # False: the timing was unreliable and ``pair_s`` is its slower side (attentionfit)
     pair_reliable: bool = True
+    # each sequence more in a decode step, beyond its token's arithmetic, where `probe
+    # --measure` timed a step of many streams (cpu_sequence_s); 0: not timed
+    seq_s: float = 0.0
 
 
 def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
@@ -573,12 +576,41 @@ def cpu_step_overhead(step: EngineStep | None, cores: int) -> CpuStepOverhead:
     elif prefill is not None:
         first += ("; attention over a cached context not timed in this record (`launcher "
                   "probe --measure` times it where the engine reports its cached tokens)")
+    seq, seq_why = cpu_sequence_s(step, cores, prefill.flops_s if prefill else None)
     return CpuStepOverhead(
         over, True,
         f"engine step overhead {over * 1e3:.1f} ms: vLLM's served decode step timed on this "
         f"machine {step.measured_at} ({step.step_s * 1e3:.1f} ms median of {len(step.steps_s)} "
         f"rounds, slowest/fastest {step.spread:.1f}x) less its model's {forward * 1e3:.1f} ms "
-        f"forward{first}", prefill, pair, fit is None or fit.reliable)
+        f"forward{first}; {seq_why}", prefill, pair, fit is None or fit.reliable, seq)
+
+
+def cpu_sequence_s(step: EngineStep, cores: int, flops_s: float | None) -> tuple[float, str]:
+    """The served CPU engine's own cost of each sequence more in a decode step (its sampling,
+    its output's hop to the API server, its SSE event, its attention at the timed context),
+    and the reason: `probe --measure`'s step with ``batch_streams`` streams in flight over its
+    one-stream step, less the roofline's arithmetic of the extra tokens (at ``flops_s``, the
+    rate timed beside it), per extra sequence. 0 where the record has no such step (before
+    format 6): a step at N streams is then the one-stream step plus N tokens' arithmetic, the
+    served engine's per-sequence work assumed to be none (on this project's 2-core machine that
+    put 8 and 32 streams' output at 1.25-1.70x and 1.48-1.81x of loadgen's, docs/planner.md
+    7c)."""
+    many, n = step.batch_step_s, step.batch_streams or 0
+    if many is None or n < 2:
+        return 0.0, ("the step's cost per sequence assumed: none beyond each token's "
+                     "arithmetic (not timed in this record: `launcher probe --measure` times "
+                     "a step of many streams)")
+    token, head = step.model_token_params, step.model_head_params
+
+    def forward(tokens: int) -> float:
+        flops = (gemm_flops(token, head, tokens, tokens) if token is not None
+                 and head is not None else 2.0 * step.model_params * tokens)
+        return cpu_forward_s(flops, step.model_weight_bytes, cores, flops_s=flops_s)
+
+    seq = max(0.0, (many - step.step_s - (forward(n) - forward(1))) / (n - 1))
+    return seq, (f"each sequence more in a step {seq * 1e3:.2f} ms: a step of {n} streams "
+                 f"timed the same way at {many * 1e3:.1f} ms (median of "
+                 f"{len(step.batch_steps_s)} rounds) over the one-stream step")
 
 
 def cpu_attention_fit(step: EngineStep) -> attentionfit.AttentionFit | None:
@@ -609,10 +641,11 @@ def cpu_attention_pair_s(step: EngineStep) -> float | None:
 
 def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency: int,
                 step_overhead_s: float = CPU_STEP_OVERHEAD_S,
-                prefill: CpuPrefill | None = None) -> Prediction:
+                prefill: CpuPrefill | None = None, seq_s: float = 0.0) -> Prediction:
     """The CPU engine, one replica: the same roofline with DRAM and AVX rates, plus the
     engine's step overhead; where `probe --measure` timed the served engine here, its step,
-    its time to first token and this CPU's measured rate instead of the assumed ones."""
+    its time to first token and this CPU's measured rate instead of the assumed ones, and a
+    step at many streams its cost per sequence more (``seq_s``, cpu_sequence_s)."""
     weights = streamed_weight_bytes(m, 1)
     over = step_overhead_s
     flops = prefill.flops_s if prefill else None
@@ -624,7 +657,8 @@ def predict_cpu(m: ModelSpec, cores: int, *, prompt: int, gen: int, concurrency:
                                                      cores, flops)
     tpot = cpu_forward_s(forward_flops(m, 1, 1), weights, cores, flops_s=flops) + over
     batch = max(1, concurrency)
-    step = cpu_forward_s(forward_flops(m, batch, batch), weights, cores, flops) + over
+    step = (cpu_forward_s(forward_flops(m, batch, batch), weights, cores, flops) + over
+            + (batch - 1) * seq_s)
     cycle = batch * ttft + gen * step
     return Prediction(
         prompt / ttft, 1 / tpot, batch * gen / cycle, ttft, ttft + (gen - 1) * tpot, batch

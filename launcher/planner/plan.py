@@ -102,6 +102,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         concurrency=policy.streams,
         step_overhead_s=over.seconds,
         prefill=over.prefill,
+        seq_s=over.seq_s,
     )
     measured = kernelcost.cpu_prediction(
         m, policy.kernels, kv_bytes=policy.cpu_kv_cache_gib * GIB, prompt=policy.prompt_tokens,

@@ -20,7 +20,12 @@ the prefix cache (a coding agent's turn), sent right before the round's long pro
 partner; medians of ROUNDS rounds, the pairs kept one by one (:mod:`launcher.probe.attentionfit`
 reads them). The planner then takes the engine's overheads from it: the measured step less what
 the roofline gives the tiny model's own forward pass, the prefill's per-token rate as this CPU's
-rate, and the deeper prompt's extra time as attention per (query, key) pair.
+rate, and the deeper prompt's extra time as attention per (query, key) pair. Many streams: after
+the rounds, BATCH_STREAMS streams sent at once (:func:`time_batch`), each a few fresh tokens
+after a cached LONG_PROMPT-token prefix (the one-stream step's context, without its prefill),
+each stream's decode step read as loadgen reads it, the median kept where they were in flight
+together (:func:`batch_step`): the step at that many sequences, from which the planner takes
+each sequence's own cost in a step.
 
 Pure parts (the record, its JSON and cache key, the stream's timing) need nothing; the timing
 talks HTTP to an engine that is already up (serve's, or the one the pipeline starts for it).
@@ -28,13 +33,14 @@ talks HTTP to an engine that is already up (serve's, or the one the pipeline sta
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
 import statistics
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +49,13 @@ import httpx
 from launcher.probe.attentionfit import DepthPair
 from launcher.probe.kernels import number_field, text_field, write_cache_json
 
-FORMAT = 5  # 1 was the offline engine's step, without the server's per-token work
+FORMAT = 6  # 1 was the offline engine's step, without the server's per-token work
 # 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
 # spread by. Both still read, their attention untimed (the plan says so). 4: without the timed
 # model's layer and LM-head weights apart: still read, its prefill rate not used (the plan says
-# so), since a rate per prompt token is one over the layers' weights alone
-READ_FORMATS = (2, 3, 4, FORMAT)
+# so), since a rate per prompt token is one over the layers' weights alone. 5: without the step
+# at many streams: still read, its per-sequence cost assumed (the plan says so)
+READ_FORMATS = (2, 3, 4, 5, FORMAT)
 # Tokens per timed generation and rounds: enough gaps that one late event moves the mean little,
 # few enough that a round takes about a second on two busy cores.
 STEPS = 128
@@ -65,6 +72,18 @@ LONG_PROMPT = 512
 # tokens' prefill (~0.7 s) and their attention over the context (~0.3 s at ~300 ns a pair). Its
 # plain partner is the round's long prompt, sent right after it: no request more.
 DEPTH_CONTEXT = 2048
+# The step at many sequences: this many streams sent at once, each SHORT_PROMPT fresh tokens
+# after a LONG_PROMPT-token prefix cached once before (so each decodes at the one-stream step's
+# context, and their prefill is one short step), STEPS + 1 tokens out; BATCH_ROUNDS times, the
+# median kept. 16: between the 8 and 32 streams a plan is asked for, and a second or so a round
+# on two cores (all 16 decode in a step of ~8 ms here).
+BATCH_STREAMS = 16
+BATCH_ROUNDS = 3
+# A round's streams must have been in flight together for at least this share of their decode:
+# first tokens further apart (one handed over late, or read late by a starved client: one
+# stream's first token 0.8 s after the others' here) time something else, and the round is not
+# kept.
+MIN_TOGETHER = 0.5
 REQUEST_TIMEOUT_S = 120.0
 
 
@@ -110,6 +129,15 @@ class EngineStep:
     # prompt token is the layers' alone. None: an older record, whose prefill rate is not used
     model_token_params: int | None = None
     model_head_params: int | None = None
+    # (format 6) the decode step with ``batch_streams`` sequences in flight, every kept round's
+    # (time_batch, batch_step); None/(): not timed (an older record, or no round kept)
+    batch_streams: int | None = None
+    batch_steps_s: tuple[float, ...] = ()
+
+    @property
+    def batch_step_s(self) -> float | None:
+        """The median step at ``batch_streams`` sequences (None: not timed)."""
+        return statistics.median(self.batch_steps_s) if self.batch_steps_s else None
 
     @property
     def depth_cached_tokens(self) -> int | None:
@@ -156,7 +184,8 @@ def from_json(raw: Any) -> EngineStep:
     split = (int(_num(raw.get("model_token_params"), "model_token_params", 1e13)),
              int(_num(raw.get("model_head_params"), "model_head_params", 1e13))
              ) if version >= 5 else (None, None)
-    return EngineStep(
+    streams, batch_steps = _batch(raw) if version >= 6 else (None, ())
+    rec = EngineStep(
         key,
         _num(raw.get("step_s"), "step_s", 60.0),
         tuple(_num(s, "a round's step", 60.0) for s in steps),
@@ -168,6 +197,25 @@ def from_json(raw: Any) -> EngineStep:
         *depth,
         *split,
     )
+    # by name: the starred parts above are of no fixed length to a type checker
+    return replace(rec, batch_streams=streams, batch_steps_s=batch_steps)
+
+
+def _batch(raw: dict[str, Any]) -> tuple[int | None, tuple[float, ...]]:
+    """The step at many streams: their count and every kept round's step, or neither."""
+    streams, steps = raw.get("batch_streams"), raw.get("batch_steps_s")
+    if streams is None and steps in (None, []):
+        return None, ()
+    if streams is None or steps is None:
+        raise EngineStepError("the timing at many streams is incomplete: "
+                              + ("batch_streams" if streams is None else "batch_steps_s")
+                              + " missing")
+    count = _count(streams, "batch_streams")
+    if count < 2:
+        raise EngineStepError(f"batch_streams {count} is not many streams")
+    if not isinstance(steps, list) or not steps or len(steps) > 1000:
+        raise EngineStepError("batch_steps_s is not a non-empty list")
+    return count, tuple(_num(s, "a round's step at many streams", 60.0) for s in steps)
 
 
 def _count(raw: Any, what: str) -> int:
@@ -293,6 +341,23 @@ def read_stream(sent: float, pieces: Iterable[tuple[float, bytes]]) -> Streamed:
     return Streamed(sent, tuple(times), tokens, cached)
 
 
+def batch_step(streams: Sequence[Streamed]) -> float | None:
+    """The decode step with ``streams`` in flight together: the median of their decode steps as
+    loadgen reads them (first to last token over the tokens between: events that merge under
+    load, or arrive in a burst after the client was held up mid-stream, move neither end; a
+    window between the streams' ends, counted by running token counts, lost 3 of 6 rounds
+    here to such a 0.5 s hold-up). None
+    where their first tokens lie further apart than (1 - MIN_TOGETHER) of the median stream's
+    decode: they were not in flight together for most of it."""
+    if len(streams) < 2 or any(not s.token_times for s in streams):
+        return None
+    firsts = [s.token_times[0] for s in streams]
+    span = statistics.median(s.token_times[-1] - s.token_times[0] for s in streams)
+    if span <= 0 or max(firsts) - min(firsts) > (1 - MIN_TOGETHER) * span:
+        return None
+    return statistics.median(s.step_s for s in streams)
+
+
 def prefill_line(short_s: float, long_s: float, short: int = SHORT_PROMPT,
                  long: int = LONG_PROMPT) -> tuple[float, float]:
     """(fixed, per token): the line through the time to first token of two prompt lengths. A
@@ -301,24 +366,61 @@ def prefill_line(short_s: float, long_s: float, short: int = SHORT_PROMPT,
     return max(1e-6, short_s - short * per_token), per_token
 
 
-def _stream(client: httpx.Client, served: Served, ids: list[int], gen: int) -> Streamed:
-    body = {"model": served.model, "prompt": ids, "max_tokens": gen, "min_tokens": gen,
+def _body(served: Served, ids: list[int], gen: int) -> dict[str, Any]:
+    """A streamed completion of exactly ``gen`` tokens, its usage at the end."""
+    return {"model": served.model, "prompt": ids, "max_tokens": gen, "min_tokens": gen,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def _checked(got: Streamed, gen: int) -> Streamed:
+    if got.completion_tokens != gen or not got.token_times:
+        raise EngineStepError(f"a timed request got {got.completion_tokens} tokens, not {gen} "
+                              "(the engine did not honour min_tokens/ignore_eos)")
+    return got
+
+
+def _refused(status: int, text: str) -> EngineStepError:
+    return EngineStepError(f"the engine answered HTTP {status} to a timed request: "
+                           f"{text[:200]!r}")
+
+
+def _stream(client: httpx.Client, served: Served, ids: list[int], gen: int) -> Streamed:
+    body = _body(served, ids, gen)
     pieces: list[tuple[float, bytes]] = []
     sent = time.perf_counter()
     with client.stream("POST", f"{served.url}/v1/completions", json=body,
                        headers=dict(served.headers)) as resp:
         if resp.status_code != 200:
             resp.read()
-            raise EngineStepError(f"the engine answered HTTP {resp.status_code} to a timed "
-                                  f"request: {resp.text[:200]!r}")
+            raise _refused(resp.status_code, resp.text)
         for piece in resp.iter_raw():
             pieces.append((time.perf_counter(), piece))
-    got = read_stream(sent, pieces)
-    if got.completion_tokens != gen or not got.token_times:
-        raise EngineStepError(f"a timed request got {got.completion_tokens} tokens, not {gen} "
-                              "(the engine did not honour min_tokens/ignore_eos)")
-    return got
+    return _checked(read_stream(sent, pieces), gen)
+
+
+async def _astream(client: httpx.AsyncClient, served: Served, ids: list[int],
+                   gen: int) -> Streamed:
+    pieces: list[tuple[float, bytes]] = []
+    sent = time.perf_counter()
+    async with client.stream("POST", f"{served.url}/v1/completions",
+                             json=_body(served, ids, gen),
+                             headers=dict(served.headers)) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            raise _refused(resp.status_code, resp.text)
+        async for piece in resp.aiter_raw():
+            pieces.append((time.perf_counter(), piece))
+    return _checked(read_stream(sent, pieces), gen)
+
+
+def time_batch(served: Served, prompts: Sequence[list[int]], gen: int) -> tuple[Streamed, ...]:
+    """``prompts`` sent at once, ``gen`` tokens each: from one event loop, so that they leave
+    together (threads of a client on two busy cores left up to 3 s apart)."""
+    async def all_at_once() -> list[Streamed]:
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(
+                max_connections=len(prompts) + 1)) as client:
+            return await asyncio.gather(*(_astream(client, served, p, gen) for p in prompts))
+    return tuple(asyncio.run(all_at_once()))
 
 
 @dataclass(frozen=True)
@@ -330,27 +432,33 @@ class Timed:
     # the round's long prompt as its plain partner (empty: not timed)
     depth_pairs: tuple[DepthPair, ...] = ()
     depth_tokens: int = 0
+    # each kept round's decode step with ``batch_streams`` streams in flight (empty: not timed)
+    batch_steps_s: tuple[float, ...] = ()
+    batch_streams: int = 0
 
 
 def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int = STEPS,
-                seed: int | None = None, depth: int = DEPTH_CONTEXT) -> Timed:
+                seed: int | None = None, depth: int = DEPTH_CONTEXT,
+                batch: int = BATCH_STREAMS) -> Timed:
     """Time a running engine as loadgen does, one stream at a time: per round a short prompt
     (time to first token), a long one that then generates ``steps`` + 1 tokens (its time to
     first token and its decode step), and as many new tokens after a cached context of
     ``depth`` tokens (0: not timed) sent right before the long one, its plain partner: the two
     first tokens are then milliseconds apart, so a machine whose speed moves between rounds
     moves both (attentionfit). The context is sent once before the rounds and the same in every
-    round. Every other prompt is new token ids, so that nothing else comes from the
-    prefix cache: drawn from a fresh seed on every call unless ``seed`` is given (a second
-    timing of one engine with the first one's prompts met them cached: a 512-token first
-    token 3.6x faster than loadgen's). :class:`EngineStepError` (one line) when the engine
-    fails a request."""
+    round. Then, ``batch`` (0: not timed) streams at once, BATCH_ROUNDS times, each a fresh
+    SHORT_PROMPT after a LONG_PROMPT prefix sent once before them: the step with that many in
+    flight (batch_step; a round it cannot read is not kept). Every other prompt is new
+    token ids, so that nothing else comes from the prefix cache: drawn from a fresh seed on
+    every call unless ``seed`` is given (a second timing of one engine with the first one's
+    prompts met them cached: a 512-token first token 3.6x faster than loadgen's).
+    :class:`EngineStepError` (one line) when the engine fails a request."""
     rng = random.Random(seed)  # None: seeded from the OS, as loadgen draws a seed per run
 
     def ids(n: int) -> list[int]:  # above the few special ids a vocabulary starts with
         return [rng.randrange(min(5, vocab - 1), vocab) for _ in range(n)]
 
-    short, long_, step, pairs = [], [], [], []
+    short, long_, step, pairs, many = [], [], [], [], []
     context = ids(depth)
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
@@ -366,13 +474,22 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                 step.append(max(1e-6, got.step_s))
                 if at is not None and at.cached_tokens is not None:
                     pairs.append(DepthPair(got.ttft_s, at.ttft_s, at.cached_tokens))
+            if batch > 1:
+                prefix = ids(LONG_PROMPT)
+                _stream(client, served, prefix, 1)  # into the prefix cache
+                for warm in (True, *[False] * BATCH_ROUNDS):  # a first batch of a size is slow
+                    streams = time_batch(served, [prefix + ids(SHORT_PROMPT)
+                                                  for _ in range(batch)], 9 if warm else steps + 1)
+                    step_at = None if warm else batch_step(streams)
+                    if step_at is not None:
+                        many.append(step_at)
     except httpx.HTTPError as exc:
         raise EngineStepError(f"a timed request to {served.url} failed: "
                               f"{type(exc).__name__}: {str(exc)[:200]}") from None
     # a server that does not count cached tokens leaves attention untimed, never guessed
     timed_depth = len(pairs) == rounds
     return Timed(tuple(step), tuple(short), tuple(long_), tuple(pairs) if timed_depth else (),
-                 depth if timed_depth else 0)
+                 depth if timed_depth else 0, tuple(many), batch if many else 0)
 
 
 def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_params: int,
@@ -388,4 +505,5 @@ def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_
                       now or time.strftime("%Y-%m-%dT%H:%M:%S"), fixed, per_token,
                       timed.depth_tokens if timed_depth else None,
                       LONG_PROMPT if timed_depth else None, timed.depth_pairs, pair_flops,
-                      token_params, head_params)
+                      token_params, head_params,
+                      timed.batch_streams if timed.batch_steps_s else None, timed.batch_steps_s)

@@ -237,3 +237,89 @@ def test_plan_uses_the_step_probe_kept_for_this_machine_but_not_for_a_saved_topo
     topo.write_text(json.dumps({"format": "toposerve-topology/1", "gpus": []}))
     elsewhere = run_plan(env, "--topology", str(topo))
     assert "timed on this machine" not in elsewhere, elsewhere
+
+
+def streamed(first: float, step: float, tokens: int, stall: tuple[float, float] = (0, 0)
+             ) -> enginestep.Streamed:
+    """A stream sent at 0 whose first token came at ``first`` and one more every ``step``
+    seconds, read by a client held up over ``stall`` (from, to): what came in between arrives
+    together when it wakes."""
+    times = [first + i * step for i in range(tokens)]
+    held = [stall[1] if stall[0] <= t < stall[1] else t for t in times]
+    return enginestep.Streamed(0.0, tuple(held), tokens)
+
+
+def test_the_step_at_many_streams_is_their_median_decode_step_while_in_flight_together() -> None:
+    """Streams handed over a little apart: the step is their decode step as loadgen reads it,
+    whether or not the client was held up mid-stream (the tokens then arrive in a burst);
+    streams whose first tokens lie too far apart to have decoded together for half their
+    tokens give no step."""
+    together = [streamed(0.02 + 0.003 * i, 0.008, 129) for i in range(16)]
+    assert enginestep.batch_step(together) == pytest.approx(0.008)
+    held = [streamed(0.02 + 0.003 * i, 0.008, 129, stall=(0.4, 0.9)) for i in range(16)]
+    assert enginestep.batch_step(held) == pytest.approx(0.008)
+    late = [*together[:15], streamed(0.8, 0.008, 129)]
+    assert enginestep.batch_step(late) is None
+    assert enginestep.batch_step(together[:1]) is None
+
+
+def at_many(rec: EngineStep, step_s: float, streams: int = 16) -> EngineStep:
+    return replace(rec, batch_streams=streams, batch_steps_s=(step_s, step_s * 1.05, step_s))
+
+
+def test_a_record_with_its_step_at_many_streams_survives_json_and_a_format_5_one_reads_assumed(
+) -> None:
+    rec = at_many(record(0.004), 0.009)
+    assert enginestep.from_json(json.loads(json.dumps(enginestep.to_json(rec)))) == rec
+    five = {**json.loads(json.dumps(enginestep.to_json(record(0.004)))), "version": 5}
+    five.pop("batch_streams")
+    five.pop("batch_steps_s")
+    old = enginestep.from_json(five)
+    assert old.batch_step_s is None
+    over = costmodel.cpu_step_overhead(old, cores=2)
+    assert over.seq_s == 0.0
+    assert "cost per sequence assumed" in over.why, over.why
+    saved = json.loads(json.dumps(enginestep.to_json(rec)))
+    with pytest.raises(EngineStepError, match="batch_steps_s missing"):
+        enginestep.from_json({**saved, "batch_steps_s": None})
+    with pytest.raises(EngineStepError, match="not many streams"):
+        enginestep.from_json({**saved, "batch_streams": 1})
+
+
+def test_each_sequence_more_costs_the_timed_step_at_many_less_one_over_the_extra_streams() -> None:
+    """A step of 16 streams timed at 9 ms against one stream's 4 ms: each of the 15 more costs
+    (9 - 4 - their tokens' arithmetic) / 15; the plan's step at 32 streams pays 31 of them, at
+    one stream none; its many-stream throughput falls by that, its one-stream decode not."""
+    m = load_model_spec(str(ensure_tiny_model()))
+
+    def timed(rec: EngineStep) -> EngineStep:  # as the pipeline keeps it, prefill and all
+        return replace(rec, model_params=m.active_params,
+                       model_weight_bytes=int(costmodel.streamed_weight_bytes(m, 1)),
+                       model_token_params=m.token_params, model_head_params=m.lm_head_params,
+                       prefill_fixed_s=0.013, prefill_token_s=45e-6)
+
+    one, many = timed(record(0.004)), timed(at_many(record(0.004), 0.009))
+    over = costmodel.cpu_step_overhead(many, cores=2)
+    assert over.prefill is not None
+
+    def fwd(n: int) -> float:  # the tokens' arithmetic at the prefill rate timed beside it
+        return costmodel.cpu_forward_s(costmodel.gemm_flops(m.token_params, m.lm_head_params,
+                                                            n, n),
+                                       costmodel.streamed_weight_bytes(m, 1), 2,
+                                       over.prefill.flops_s)
+    assert over.seq_s == pytest.approx((0.009 - 0.004 - (fwd(16) - fwd(1))) / 15, rel=1e-6)
+    assert "each sequence more in a step" in over.why, over.why
+    # a step of many no slower than one stream (noise): no negative cost
+    assert costmodel.cpu_step_overhead(timed(at_many(record(0.004), 0.003)), 2).seq_s == 0.0
+    for n in (1, 32):
+        flat = plan(Topology(gpus=(), engine_step=one), m, Policy(cpu_cores=2, concurrency=n))
+        wide = plan(Topology(gpus=(), engine_step=many), m, Policy(cpu_cores=2, concurrency=n))
+        assert wide.predicted.decode_tok_s == pytest.approx(flat.predicted.decode_tok_s)
+        p = wide.predicted
+        step = 0.004 + fwd(n) - fwd(1) + (n - 1) * over.seq_s
+        assert p.throughput_tok_s == pytest.approx(n * 256 / (n * p.ttft_s + 256 * step),
+                                                   rel=1e-6)
+        if n == 1:
+            assert p.throughput_tok_s == pytest.approx(flat.predicted.throughput_tok_s)
+        else:
+            assert p.throughput_tok_s < 0.6 * flat.predicted.throughput_tok_s
