@@ -51,6 +51,7 @@ from launcher.planner.schedsim import (
     StepTimer,
     Turn,
     simulate_sessions,
+    vllm_async_scheduling,
 )
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Gpu, Topology
@@ -403,6 +404,8 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     ``probe --measure`` timed on the serving host, else the shipped one, 4.5 ms; the CPU
     engine's: ``CpuStep.way_in_s``) plus its prompt's tokens at the same profile's
     ``prompt_token_s`` (shipped: 1.09 us), cached or not, as :func:`turn_ttft_s` charges them.
+    The engine schedules asynchronously where vLLM does by default
+    (:func:`schedsim.vllm_async_scheduling`: a GPU replica without pipeline stages).
     A SimError where a turn does not fit the KV cache or the simulation passes ``max_steps``
     (0: no limit)."""
     lim_e = limits or r.limits or DEFAULT_LIMITS
@@ -421,7 +424,10 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     if timer is None:
         assert r.lay is not None
         timer = step_timer(m, r.lay, tables, graph_steps)
-    lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block)
+    # the served engine schedules asynchronously where vLLM does by default: a GPU replica
+    # without pipeline stages, not the CPU engine (the load simulation's rule)
+    lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block,
+                          async_scheduling=vllm_async_scheduling(gpu=r.lay is not None, pp=r.pp))
     host = r.lay.host if r.lay is not None else hardware.SERVER_HOST
     return simulate_sessions(
         lim, timer, turns, sessions, host_copy_s_per_block=per_block,

@@ -28,6 +28,7 @@ from tests.launcher.test_agent_plan import PAIR, agent
 # the same stand-in timers and limits as the load simulation's launch tests
 from tests.launcher.test_schedsim_launch import (
     ASYNC,
+    DECODE_S,
     PREFILL_S,
     SYNC,
     Launching,
@@ -106,8 +107,10 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
 
 def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> None:
     # two sessions' 512-token turns sent together: the second is handed over 512 tokens of the
-    # host's way-in work after the first, so the first prompt runs alone and the second's first
-    # token comes a step later
+    # host's way-in work after the first, so the first prompt runs alone. The GPU engine
+    # schedules asynchronously (schedsim.vllm_async_scheduling): the step after it was chosen
+    # as it started, before the second came, and only decodes the first; the second's prompt
+    # runs in the step after that
     m = load_model_spec(model("llama-3.1-8b"))
     room = agent(PAIR, "llama-3.1-8b", 2, 8000)[1].room
     assert room.lay is not None
@@ -116,4 +119,4 @@ def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> N
                                    timer=Steps())
     way_in = host.request_fixed_s + 512 * host.prompt_token_s
     assert [r.ttft_s for r in res.turns[0]] == pytest.approx(
-        [way_in + PREFILL_S, way_in + 2 * PREFILL_S])
+        [way_in + PREFILL_S, way_in + PREFILL_S + DECODE_S + PREFILL_S])
