@@ -94,6 +94,10 @@ class Steadiness:
     speed_spread: float  # likewise of sqrt(prompt_token_s x seq_step_s), the planner's speed
     host_slowed: float  # the reference workload's slowest round over its fastest, every round
     others_busy: float  # cores other processes kept busy during the timing; -1: not known
+    # the reference workload's median over the kept rounds, CPU seconds (0: not recorded): a
+    # slow spell through a whole timing moves no figure within it, only this against another
+    # timing of the same host (on the 2-core build machine 1 fresh worker in 6 timed x1.45 slow)
+    reference_s: float = 0.0
 
     def unsteady(self, cores: int) -> list[str]:
         """Why these figures may be higher than this host's at rest (empty: none): other
@@ -130,8 +134,10 @@ class HostTiming:
         worst, ratio = max(st.spread, key=lambda item: item[1], default=("none", 1.0))
         note = (f"median of {st.rounds} rounds, speed within x{st.speed_spread:.2f} "
                 f"(widest term {worst} x{ratio:.2f})")
+        if st.reference_s:
+            note += f", reference workload {st.reference_s * 1e3:.2f} ms"
         if st.dropped:
-            note += (f", {st.dropped} more dropped (a fixed reference workload ran up to "
+            note += (f", {st.dropped} more dropped (the reference ran up to "
                      f"x{st.host_slowed:.2f} slower in them)")
         why = st.unsteady(self.key.cores)
         return note + (f"; MAY BE HIGH: {'; '.join(why)}; time again on an idle host"
@@ -174,6 +180,7 @@ def _steadiness(raw: Any) -> Steadiness:
         # 0: nothing else ran; -1: not known (no /proc/stat)
         float(busy) if busy in (0, -1) and not isinstance(busy, bool)
         else _num(busy, "others_busy", 1e5),
+        0.0 if raw.get("reference_s") is None else _num(raw["reference_s"], "reference_s", 1.0),
     )
 
 
@@ -392,7 +399,8 @@ def time_host(fe: FrontEnd, key: HostKey, *, seed: int | None = None, now: str |
                      for t in terms),
         speed_spread=max(map(_speed, per_round)) / min(map(_speed, per_round)),
         host_slowed=max(refs) / min(refs) if min(refs) > 0 else 1.0,
-        others_busy=round(others, 2))
+        others_busy=round(others, 2),
+        reference_s=_median_round(kept).reference)
     return HostTiming(key, terms["prompt_token_s"], terms["request_s"], terms["step_s"],
                       terms["seq_step_s"], now or time.strftime("%Y-%m-%dT%H:%M:%S"),
                       steadiness)
