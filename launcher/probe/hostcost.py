@@ -34,7 +34,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,6 +98,10 @@ class Steadiness:
     # slow spell through a whole timing moves no figure within it, only this against another
     # timing of the same host (on the 2-core build machine 1 fresh worker in 6 timed x1.45 slow)
     reference_s: float = 0.0
+    # where the same host's kept timing (``before``, its measured_at) ran the reference faster:
+    # this one's reference over that one's (1.0: none kept, or not slower); see :func:`save`
+    slower_than_before: float = 1.0
+    before: str = ""
 
     def unsteady(self, cores: int) -> list[str]:
         """Why these figures may be higher than this host's at rest (empty: none): other
@@ -110,6 +114,9 @@ class Steadiness:
             why.append(f"other processes kept {self.others_busy:.1f} of {cores} cores busy")
         if self.speed_spread > UNSTEADY:
             why.append(f"its kept rounds' speed moved x{self.speed_spread:.2f}")
+        if self.slower_than_before > UNSTEADY:
+            why.append(f"its reference ran x{self.slower_than_before:.2f} slower than in this "
+                       f"host's timing of {self.before}")
         return why
 
 
@@ -181,6 +188,9 @@ def _steadiness(raw: Any) -> Steadiness:
         float(busy) if busy in (0, -1) and not isinstance(busy, bool)
         else _num(busy, "others_busy", 1e5),
         0.0 if raw.get("reference_s") is None else _num(raw["reference_s"], "reference_s", 1.0),
+        1.0 if raw.get("slower_than_before") is None
+        else _num(raw["slower_than_before"], "slower_than_before", 1e6),
+        _text(raw.get("before", ""), "before"),
     )
 
 
@@ -225,8 +235,25 @@ def cache_path(cache_dir: Path, key: HostKey) -> Path:
 
 
 def save(cache_dir: Path, rec: HostTiming) -> Path | None:
-    """Keep the timing where a later plan finds it; None when the cache is not writable."""
-    return write_cache_json(cache_path(cache_dir, rec.key), to_json(rec))
+    """Keep the timing where a later plan finds it; None when the cache is not writable. A
+    slow spell through a whole timing moves nothing inside it, so where this host's kept timing
+    ran the reference workload more than UNSTEADY faster, the new one (still the one kept: the
+    host may be slower for good) says so, and the plan's reason line with it."""
+    return write_cache_json(cache_path(cache_dir, rec.key), to_json(against_kept(cache_dir, rec)))
+
+
+def against_kept(cache_dir: Path, rec: HostTiming) -> HostTiming:
+    """``rec`` with its reference compared with this host's kept timing's (:func:`save`)."""
+    old, st = load(cache_dir, rec.key), rec.steadiness
+    if old is None or old.steadiness is None or st is None:
+        return rec
+    if not (old.steadiness.reference_s > 0 and st.reference_s > 0):
+        return rec
+    ratio = st.reference_s / old.steadiness.reference_s
+    if ratio <= UNSTEADY:
+        return rec
+    return replace(rec, steadiness=replace(st, slower_than_before=round(ratio, 3),
+                                           before=old.measured_at))
 
 
 def load(cache_dir: Path, key: HostKey) -> HostTiming | None:

@@ -198,6 +198,36 @@ def test_a_plans_reason_line_says_how_steady_the_timing_was() -> None:
     assert "not measured (a format-1 record" in hardware.host_profile(H200_LIKE).source
 
 
+def test_a_timing_slow_all_through_is_said_against_the_hosts_kept_timing(
+    tmp_path: Path,
+) -> None:
+    # a slow spell through the whole timing: every call, the reference's too, 1.45x; nothing
+    # inside the timing moves (the sixth fresh worker of benchmarks/host_cost_spread.py)
+    usual = replace(_timed(Spells(random.Random(0), switch=0.0, **FIGURES)), measured_at="t0")
+    slow = Spells(random.Random(1), switch=0.0, slow=1.45, **FIGURES)
+    slow.in_spell = True
+    spell = _timed(slow)
+    assert spell.steadiness is not None
+    spell = replace(spell, steadiness=replace(spell.steadiness, others_busy=0.0))
+    assert spell.steadiness is not None
+    assert spell.steadiness.speed_spread < 1.1
+    assert spell.prompt_token_s == pytest.approx(1.45 * 0.4e-6, rel=0.06)
+    assert "MAY BE HIGH" not in spell.steadiness_note()
+    assert hostcost.save(tmp_path, usual) is not None
+    assert hostcost.load(tmp_path, KEY) == usual  # nothing kept before it: kept as it is
+    assert hostcost.save(tmp_path, spell) is not None
+    kept = hostcost.load(tmp_path, KEY)
+    assert kept is not None
+    assert kept.prompt_token_s == spell.prompt_token_s  # the new timing is kept
+    assert kept.steadiness is not None
+    assert kept.steadiness.slower_than_before == pytest.approx(1.45, rel=0.03)
+    assert "MAY BE HIGH: its reference ran x1.4" in kept.steadiness_note()
+    assert "slower than in this host's timing of t0" in kept.steadiness_note()
+    # the usual host again, against that slow one: nothing to say
+    assert hostcost.save(tmp_path, usual) is not None
+    assert hostcost.load(tmp_path, KEY) == usual
+
+
 def test_a_format_1_record_still_reads_and_says_it_was_one_pass(tmp_path: Path) -> None:
     raw = hostcost.to_json(H200_LIKE)
     assert raw["version"] == 1
