@@ -11,7 +11,9 @@ deadline and ended by its pid), as a machine busy with other work would.
 
 In process by default (vLLM imported once, ~20 s on two cores); ``--fresh`` runs each timing in
 a worker process of its own, exactly as `probe --measure` does (``python -m
-launcher.probe.vllmfront``), so that first-call effects are in every run.
+launcher.probe.vllmfront``), so that first-call effects are in every run. Each record is kept as
+the probe keeps it (``hostcost.save``, in a temporary cache), so its reason line also says where
+its reference workload ran slower than in the run before.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from launcher.model.tinymodel import ensure_tiny_model
 from launcher.pipeline.hostcosts import key_here
@@ -81,6 +86,7 @@ def main() -> None:
     print(f"{'run':>3} {'busy':>4} {'us/tok':>7} {'req us':>7} {'step us':>7} {'seq us':>7} "
           f"{'in':>5} {'out':>5} {'speed':>6} {'wall s':>6}  steadiness")
     runs: dict[int, list[hostcost.HostTiming]] = {0: [], args.busy: []}
+    cache = Path(tempfile.mkdtemp(prefix="host-cost-spread-"))
     for i in range(args.n):
         load = args.busy if args.busy and i >= args.n // 2 else 0
         procs = _busy(load)
@@ -92,12 +98,15 @@ def main() -> None:
             for proc in procs:
                 proc.kill()
                 proc.wait()
+        hostcost.save(cache, rec)
+        rec = hostcost.load(cache, rec.key) or rec
         runs[load].append(rec)
         way_in, way_out, speed = _speed(rec)
         note = getattr(rec, "steadiness_note", None)
         print(f"{i:>3} {load:>4} {rec.prompt_token_s * 1e6:7.3f} {rec.request_s * 1e6:7.1f} "
               f"{rec.step_s * 1e6:7.1f} {rec.seq_step_s * 1e6:7.1f} {way_in:5.2f} {way_out:5.2f} "
               f"{speed:6.3f} {wall:6.2f}  {note() if note else '(format 1: not measured)'}")
+    shutil.rmtree(cache, ignore_errors=True)
     for load, recs in runs.items():
         if recs:
             print(f"spread, {len(recs)} runs with {load} busy process(es): {_spread(recs)}")
