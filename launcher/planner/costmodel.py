@@ -44,6 +44,7 @@ from launcher.planner.hardware import (
     CPU_STEP_OVERHEAD_S,
     EAGER_HOST_LAYER_S,
     EAGER_LAYER_S,
+    KERNEL_LAUNCH_S,
     MEM_EFFICIENCY,
     MFU_DECODE,
     MOE_LAYER_DECODE_S,
@@ -384,8 +385,14 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float) -> 
 
 def eager_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
     """The host's launching of one eager prefill layer: the dense layer's floor
-    (``HostProfile.layer_launch_s``) and, for a mixture-of-experts layer, its fused-MoE path's
-    own (MOE_LAYER_PREFILL_S at the shipped host's speed, scaled with the rest of the host).
+    (``HostProfile.layer_launch_s``, the reference layer's: Llama's 10 kernels), the kernels the
+    family's layer launches beyond those (families.eager_layer_kernels, counted from vLLM's own
+    model code by launcher.probe.layerops; KERNEL_LAUNCH_S each, as measured on the H200's
+    host) and, for a mixture-of-experts layer, its fused-MoE path's own (MOE_LAYER_PREFILL_S);
+    all at the shipped host's speed, scaled with the rest of the host. A kernel's launch is a
+    small part of the layer's floor (10 x 7 us of 0.7 ms): what else the host does a layer is
+    not yet known, so the floor stays one fitted figure a layer (docs/planner.md, "An eager
+    layer's host cost by its kernels").
 
     vLLM's fused MoE is a custom op that torch.compile leaves opaque, so its router, top-k,
     token-to-expert alignment, two Triton grouped GEMMs, activation and sum are dispatched from
@@ -400,8 +407,10 @@ def eager_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
     says so in the family registry (DeepSeek's MLA prefill path, grouped router and shared
     experts: families.DEEPSEEK_EAGER_LAYER_HOST_S)."""
     speed = host.layer_launch_s / EAGER_HOST_LAYER_S  # this host against the shipped one
+    kernels = families.eager_layer_kernels(m.family) - families.REFERENCE_LAYER_KERNELS
     extra = families.eager_layer_host_extra_s(m.family)  # the family's own (families.py)
-    return host.layer_launch_s + speed * ((MOE_LAYER_PREFILL_S if m.num_experts else 0.0) + extra)
+    moe = MOE_LAYER_PREFILL_S if m.num_experts else 0.0
+    return host.layer_launch_s + speed * (kernels * KERNEL_LAUNCH_S + moe + extra)
 
 
 def prefill_at_depth_s(m: ModelSpec, lay: Layout, new: int, depth: int = 0,

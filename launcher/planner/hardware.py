@@ -216,6 +216,15 @@ ACT_BYTES = 2  # bf16/fp16 activations on the wire
 # one figure: their runs' hosts ran the same host-only work 1.4-1.5x apart (docs/planner.md).
 EAGER_HOST_LAYER_S = 0.7e-3
 MOE_LAYER_PREFILL_S = 1.3e-3
+# One kernel more (or fewer) in an eager prefill layer than the reference layer's 10 (Llama's,
+# inside EAGER_HOST_LAYER_S; families.eager_layer_kernels counts each family's from vLLM's
+# model code). MEASURED on the lent H200's host, not fitted: an RMSNorm or a gated activation
+# (2-4 us on the GPU, so the launch is the time) launched one at a time from Python took
+# 6.0-9.8 us, median 7.1, over the six kernel tables of the third H200 table
+# (benchmarks/gpu/results/2026-12-02-h200-table3/kernels.tgz, the "eager:" ops at 1 token).
+# Ten launches are 0.07 ms of the fitted 0.7 ms layer: most of an eager layer's host time is
+# not its kernels' launches (docs/planner.md, "An eager layer's host cost by its kernels").
+KERNEL_LAUNCH_S = 7.1e-6
 
 
 @dataclass(frozen=True)
