@@ -13,9 +13,13 @@ from pathlib import Path
 
 from launcher.model.modelspec import load_model_spec
 from launcher.planner import loadsim
+from launcher.planner.cudagraphs import Requested
 from launcher.planner.layouts import Links, Shape, best_candidate
 from launcher.planner.plantypes import Policy
 from launcher.probe.topology import load_topology
+
+# the runs' engines captured CUDA graphs up to 64 tokens (benchmarks/gpu/run_config.sh)
+RUNS_GRAPHS = Requested(64)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "gpu" / "results"
@@ -75,7 +79,7 @@ def main() -> int:
                      force_pp=pp, force_dp=1, gpu_memory_utilization=util,
                      prompt_tokens=cfg["prompt"], gen_tokens=cfg["gen"])
         usable = [g for g in topo.gpus if not g.mig_enabled]
-        cand, lay = best_candidate(m, pol, Links(topo), usable, Shape(tp, pp, 1))
+        cand, lay = best_candidate(m, pol, Links(topo, RUNS_GRAPHS), usable, Shape(tp, pp, 1))
         assert lay is not None
         assert cand.predicted is not None
         assert cand.fit is not None

@@ -54,12 +54,19 @@ def host_timing_file(out: Path, case: str, ratio: float) -> Path:
     return path
 
 
+# the engine flags the records' runs started vLLM with (benchmarks/gpu/run_config.sh; its
+# CUDA-graph range decides how the plan times a prompt step): graphs to 64 tokens
+RUNS_COMPILATION = ('{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],'
+                    '"pass_config":{"fuse_allreduce_rms":false}}')
+
+
 def plan_line(case: str, scen: str, model: str, util: float, topo: Path,
-              host: Path | None = None) -> str:
+              host: Path | None = None, compilation: str = RUNS_COMPILATION) -> str:
     cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
            "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
            "--gpu-memory-utilization", str(util), *SCENARIOS[scen],
-           *(["--host-timing", str(host)] if host else [])]
+           *(["--host-timing", str(host)] if host else []),
+           "--", "--load-format", "dummy", "--compilation-config", compilation]
     got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     try:
         d = json.loads(got.stdout)
@@ -80,6 +87,9 @@ def main() -> int:
     ap.add_argument("--predictions", type=Path, default=None,
                     help="the machine's plans whose cases and scenarios are planned again "
                          "(default: RESULTS_DIR/predictions.jsonl)")
+    ap.add_argument("--compilation-config", default=RUNS_COMPILATION,
+                    help="the engine's --compilation-config the runs had (default: graphs to "
+                         "64 tokens, as run_config.sh; '{}' for the -default folders)")
     ap.add_argument("--host-speed", action="append", default=[], metavar="CASE=RATIO",
                     help="plan CASE for a host RATIO x as slow as the shipped profile's")
     args = ap.parse_args()
@@ -101,7 +111,8 @@ def main() -> int:
     with ThreadPoolExecutor(2) as pool:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
                                                   util.get(j[0], 0.9), args.topology,
-                                                  hosts.get(j[0])), jobs))
+                                                  hosts.get(j[0]), args.compilation_config),
+                                   jobs))
     (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")
     return 0

@@ -32,6 +32,7 @@ from pathlib import Path
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner import loadsim
 from launcher.planner.costmodel import Layout
+from launcher.planner.cudagraphs import Requested
 from launcher.planner.layouts import Links, Shape, best_candidate
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import (
@@ -42,6 +43,9 @@ from launcher.planner.schedsim import (
     simulate,
 )
 from launcher.probe.topology import load_topology
+
+# the runs' engines captured CUDA graphs up to 64 tokens (benchmarks/gpu/run_config.sh)
+RUNS_GRAPHS = Requested(64)
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "gpu" / "results"
@@ -117,7 +121,8 @@ def main() -> int:
         util = 0.3 if "small3b" in rel else 0.9
         pol = Policy(workload="throughput", concurrency=n, force_tp=1, force_pp=1, force_dp=1,
                      gpu_memory_utilization=util, prompt_tokens=prompt, gen_tokens=gen)
-        cand, lay = best_candidate(m, pol, Links(topo), list(topo.gpus), Shape(1, 1, 1))
+        cand, lay = best_candidate(m, pol, Links(topo, RUNS_GRAPHS), list(topo.gpus),
+                                   Shape(1, 1, 1))
         assert lay is not None
         assert cand.fit is not None
         assert cand.predicted is not None

@@ -13,10 +13,13 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   tokens route to (``experts_touched``), and 4-bit weights at Marlin's own rate, the same at
   every batch up to 64 rows (``weight_stream_efficiency``). A step costs the larger of compute
   and memory.
-- fixed costs: an eager prefill layer takes at least the host's launching of it
-  (``eager_host_layer_s``: the dense layer's, the fused-MoE op's dispatch, a family's own
-  extras from the family registry), which the GPU's arithmetic runs beside; every step
-  ``STEP_OVERHEAD_S``.
+- fixed costs, by how the served engine's CUDA graphs run the step (``Layout.graphs``,
+  :mod:`launcher.planner.cudagraphs`): past the capture range a layer takes at least the host's
+  launching of it (``eager_host_layer_s``: the dense layer's, the fused-MoE op's dispatch, a
+  family's own extras from the family registry), which the GPU's arithmetic runs beside, and
+  the GPU pays ``EAGER_LAYER_S`` a layer; within it a prompt step replays piecewise graphs
+  (``piecewise_host_layer_s`` a layer for the attention run between the pieces) and a decode
+  step one full graph, each padded to the next captured size; every step ``STEP_OVERHEAD_S``.
 - the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
   end's work for its sequences (a fixed part and a part per sequence, in processes beside the
   GPU's: the longer of the two counts), and a request pays a fixed cost and one per prompt token
@@ -31,12 +34,14 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.model import families, quantization
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware
+from launcher.planner.cudagraphs import VLLM_DEFAULT, CudaGraphs, StepMode
 from launcher.planner.hardware import (
     ACT_BYTES,
     CPU_GFLOPS_PER_CORE,
@@ -100,6 +105,9 @@ class Layout:
     pp_link: Link  # the slowest hop between consecutive stages
     kv_budget_bytes: float  # KV-cache memory of one replica, all its GPUs together
     host: HostProfile = SERVER_HOST  # the serving host's work around the GPUs'
+    # the served engine's CUDA graphs (launcher.planner.cudagraphs: the one place that says
+    # which steps replay which graphs); by default vLLM's for max_num_seqs 256
+    graphs: CudaGraphs = VLLM_DEFAULT
 
 
 # --------------------------------------------------------------------------------------- links
@@ -219,7 +227,7 @@ def weight_stream_efficiency(m: ModelSpec, batch: float, gpus: Sequence[Gpu] = (
     and the KV read explain both at one rate). The rate of the pass is
     ``QUANT_STREAM_EFFICIENCY`` of the bf16 path's. Past 64 rows the arithmetic (the
     prefill's and the batched decode's compute terms) takes over. ``batch`` is kept for the
-    other kernels' sake: no path here depends on it yet."""
+    rows a GEMM runs, which decide Marlin's passes."""
     if m.quantization in ("awq", "gptq"):
         worst = max((quantization.mixed_input_gemm(g.cc).passes(batch) for g in gpus),
                     default=1.0)
@@ -358,29 +366,49 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     plan's prefill and the scheduler simulation's steps are this one model too. A step never
     takes less than the host's front end needs for its ``sequences`` (:class:`HostProfile`).
     ``sampled``: the positions the LM head runs for (:func:`forward_flops`); by default one
-    per sequence (a whole prompt, or a prompt's last chunk), 0 for a chunk that is not."""
+    per sequence (a whole prompt, or a prompt's last chunk), 0 for a chunk that is not.
+    Within the served engine's CUDA-graph range (``lay.graphs``) the step replays piecewise
+    graphs padded to the next captured size: the GEMMs run the padded rows, the attention (run
+    eagerly between the pieces) the real ones; past it every kernel is launched eagerly."""
     gpus = [g for stage in lay.stages for g in stage]
     attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
     heads = sequences if sampled is None else sampled
-    compute = forward_flops(m, tokens, heads) / (lay.tp * _prefill_flops_s(gpus))
+    mode = lay.graphs.mode(tokens, tokens)
+    rows = lay.graphs.padded(tokens)
+    compute = forward_flops(m, rows, heads) / (lay.tp * _prefill_flops_s(gpus))
     # a prompt's GEMMs read the weights through the same kernels a decode step does (Marlin's
     # pass for 4-bit weights: weight_stream_efficiency)
-    memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, tokens, gpus)
+    memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, rows, gpus)
               / (lay.tp * _mem_bytes_s(gpus)))
-    return max(_prefill_layers_s(m, lay, tokens, max(compute, memory) + attn),
+    return max(_prefill_layers_s(m, lay, rows, max(compute, memory) + attn, mode),
                lay.host.step_floor_s(sequences))
 
 
-def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float) -> float:
+def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
+                      mode: StepMode = "eager") -> float:
     """A prefill step whose arithmetic takes ``work_s`` over the TP group: with its
-    all-reduces, PP hops, per-layer launches and the engine core's overhead."""
+    all-reduces, PP hops, per-layer launches and the engine core's overhead. ``mode``: how
+    the served engine's graphs run it (eager, or piecewise graphs within their range)."""
     act = tokens * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
-    # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, the eager
-    # kernels' own cost) against the host's launching of it, whichever is longer
-    gpu_layer = (work_s + comm) / m.num_layers + EAGER_LAYER_S
-    return m.num_layers * max(gpu_layer, eager_host_layer_s(m, lay.host)) + hops + STEP_OVERHEAD_S
+    # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, an eager
+    # layer's kernels' own cost) against the host's launching of it, whichever is longer
+    gpu_layer = (work_s + comm) / m.num_layers + (EAGER_LAYER_S if mode == "eager" else 0.0)
+    host_layer = (eager_host_layer_s(m, lay.host) if mode == "eager"
+                  else piecewise_host_layer_s(m, lay.host))
+    return m.num_layers * max(gpu_layer, host_layer) + hops + STEP_OVERHEAD_S
+
+
+def piecewise_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
+    """The host's work a layer of a piecewise-graph step: the graph pieces' replays and the
+    attention ops run eagerly between them (:attr:`HostProfile.piecewise_layer_s`), and a
+    family's own extra Python work as in an eager layer (families.eager_layer_host_extra_s:
+    DeepSeek's is mostly its MLA prefill path, which is inside the attention op vLLM runs
+    between the pieces; taken whole, not split). A mixture-of-experts layer adds nothing: the
+    fused-MoE op is not a splitting op, so it is inside a piece and replayed."""
+    speed = host.layer_launch_s / EAGER_HOST_LAYER_S  # this host against the shipped one
+    return host.piecewise_layer_s + speed * families.eager_layer_host_extra_s(m.family)
 
 
 def eager_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
@@ -433,23 +461,37 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     the GPUs' work with the engine core's overhead, or the host's front end's work for the
     ``batch`` sequences (:class:`HostProfile`), whichever is longer. A small model's step is
     the host's (the Llama-3.2-1B shape on an H200: 2.04 ms at one stream, 3.24 ms at 32,
-    against 0.62 and 0.78 ms of GPU work)."""
+    against 0.62 and 0.78 ms of GPU work).
+
+    Within the served engine's CUDA-graph range (``lay.graphs``) the step replays one full
+    graph padded to the next captured size (its GEMMs run the padded rows); past it the step
+    runs eagerly as a prefill step past the range does: each layer launched from the host
+    (:func:`eager_host_layer_s`) beside the GPU's work, which pays EAGER_LAYER_S a layer."""
     gpus = [g for stage in lay.stages for g in stage]
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
+    whole = math.ceil(micro)  # one token a sequence: the step's tokens on a stage
+    mode = lay.graphs.mode(0, whole)
+    rows = float(lay.graphs.padded(whole)) if mode == "full" else micro
     share = stage_share(m, lay.pp)
     w_stage = streamed_weight_bytes(m, micro) * share / lay.tp
-    w_stage /= weight_stream_efficiency(m, micro, gpus)
+    w_stage /= weight_stream_efficiency(m, rows, gpus)
     # memfit's division of the cache (KV heads over TP, layers over PP), as sized
     kv_stage = micro * m.kv_bytes(context) / kv_shards(m, lay.tp, lay.pp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
     # every sequence samples: one token through the layers and the LM head each
-    flops = (forward_flops(m, micro, micro) + micro * _attention_flops(m, 1, context)) \
+    flops = (forward_flops(m, rows, micro) + micro * _attention_flops(m, 1, context)) \
         * share / lay.tp
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
     moe = moe_layers(m) * share * MOE_LAYER_DECODE_S
-    stage = max(memory, compute) + comm + moe + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
+    layers = m.num_layers * share
+    if mode == "eager":  # past the graphs: launched layer by layer, as an eager prefill layer
+        gpu = max(memory, compute) + comm + moe + layers * EAGER_LAYER_S
+        work = max(gpu, layers * eager_host_layer_s(m, lay.host))
+    else:
+        work = max(memory, compute) + comm + moe
+    stage = work + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
     return max(lay.pp * stage + STEP_OVERHEAD_S, lay.host.step_floor_s(batch))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from launcher.planner.cudagraphs import CudaGraphs
     from launcher.probe.gpuperf import GpuPerf
     from launcher.probe.hostcost import HostTiming
 
@@ -225,6 +226,20 @@ MOE_LAYER_PREFILL_S = 1.3e-3
 # Ten launches are 0.07 ms of the fitted 0.7 ms layer: most of an eager layer's host time is
 # not its kernels' launches (docs/planner.md, "An eager layer's host cost by its kernels").
 KERNEL_LAUNCH_S = 7.1e-6
+# A step with prompt tokens within the CUDA-graph capture range replays piecewise graphs
+# (launcher.planner.cudagraphs): per layer the host replays the graph pieces and runs the ops
+# between them eagerly (vLLM 0.26's and 0.32's splitting ops, as the H200's log lists them: the
+# KV-cache write and the attention). DERIVED from the eager layer's host cost (layer_launch_s),
+# not fitted to any run: the share of an eager layer's host dispatches such a step still makes,
+# counting every dispatch alike. A dense decoder layer past the range dispatches its compiled
+# pieces' 8 kernels (fused add + RMSNorm, qkv GEMM, rotary; o GEMM, fused add + RMSNorm, gate_up
+# GEMM, SiLU-and-mul, down GEMM) and the 2 ops between them; within it, 3 piece replays and the
+# same 2 ops: 5 of 10. "Alike" is an ASSUMPTION: the kernels' launches themselves are a small
+# part of the layer's 0.7 ms (the H200's kernel tables, kernels.tgz of 2026-12-02-h200-table3:
+# 4-10 us each launched from Python), so the share says how much of the rest of the host's
+# per-layer work (Python around each dispatch site) a piecewise step keeps, which nothing timed
+# yet; SmolLM2's one default-range run agrees (docs/planner.md), which is not a validation.
+PIECEWISE_HOST_SHARE = 5 / 10
 
 
 @dataclass(frozen=True)
@@ -252,18 +267,33 @@ class HostProfile:
         """The front end's time per step for ``sequences`` sequences: a step is never shorter."""
         return self.step_s + max(1.0, sequences) * self.seq_step_s
 
+    @property
+    def piecewise_layer_s(self) -> float:
+        """The host's work a layer of a piecewise-graph step (PIECEWISE_HOST_SHARE of an eager
+        layer's launching)."""
+        return PIECEWISE_HOST_SHARE * self.layer_launch_s
+
     def eager_launch_s(self, layers: int, prefill_tokens: int, tokens: int,
-                       max_graph_tokens: int = 0) -> float:
+                       max_graph_tokens: int = 0, graphs: CudaGraphs | None = None) -> float:
         """The host's launching of a step, one rule for every step timer's ``launch_s``
-        (schedsim.LaunchTimer): a step holding prompt chunks (``prefill_tokens`` of its
-        ``tokens``) past the CUDA-graph range (``max_graph_tokens``; 0 where every such step runs
-        eagerly, as the roofline times it) runs eagerly, each of its ``layers`` layers' kernels
-        launched from Python at ``layer_launch_s``; a step of decoders only, or one within the
-        range, replays a CUDA graph at once. A method of the profile the timers carry, so that a
-        timer called from the simulation never calls back into it."""
-        if prefill_tokens == 0 or tokens <= max_graph_tokens:
+        (schedsim.LaunchTimer), by how the served engine's ``graphs`` run a step of ``tokens``
+        (``prefill_tokens`` of them prompt tokens; :meth:`CudaGraphs.mode`): past the capture
+        range eagerly, decoders only or not, each of its ``layers`` layers' kernels launched
+        from Python at ``layer_launch_s``; within it a step of decoders replays one full graph
+        at once, and a step with prompt tokens replays piecewise graphs with the attention
+        between them run from Python (:attr:`piecewise_layer_s` a layer). Without ``graphs``
+        (callers that give the range as a number, ``max_graph_tokens``, 0 for none): the rule
+        before the graphs were modelled, a step of prompt chunks past the range eager, anything
+        else at once. A method of the profile the timers carry, so that a timer called from the
+        simulation never calls back into it."""
+        if graphs is None:
+            if prefill_tokens == 0 or tokens <= max_graph_tokens:
+                return 0.0
+            return layers * self.layer_launch_s
+        mode = graphs.mode(prefill_tokens, tokens)
+        if mode == "full":
             return 0.0
-        return layers * self.layer_launch_s
+        return layers * (self.piecewise_layer_s if mode == "piecewise" else self.layer_launch_s)
 
     @property
     def request_fixed_s(self) -> float:

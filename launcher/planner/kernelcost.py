@@ -34,8 +34,10 @@ from launcher.planner.costmodel import (
     Prediction,
     causal_pairs,
     eager_host_layer_s,
+    piecewise_host_layer_s,
     request_host_s,
 )
+from launcher.planner.cudagraphs import EAGER, CudaGraphs, default_sizes
 from launcher.planner.hardware import HostProfile
 from launcher.planner.memfit import (
     BLOCK_TOKENS,
@@ -168,7 +170,7 @@ def step_cost(
     *,
     allreduce: AllReduce = AllReduce(),
     assumed_step_overhead_s: float,
-    max_graph_tokens: int = 512,
+    max_graph_tokens: int = 0,
     measured_step_overhead: tuple[float, str] | None = None,
     layer_launch_s: float = 0.0,
     overlap_overhead: bool = False,
@@ -177,6 +179,8 @@ def step_cost(
     or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed.
     ``layer_launch_s``: the serving host's launching of one eager layer (the roofline's
     costmodel.eager_host_layer_s): a step past the graphs takes at least that a layer.
+    ``max_graph_tokens``: the largest step the engine replays from CUDA graphs (0: none, every
+    step eager; a GPU layout's is its ``Layout.graphs``, which :func:`layout_step` passes).
     ``overlap_overhead``: the engine's step overhead runs beside the GPU's step (vLLM's
     asynchronous scheduling on a GPU prepares step k+1 while the GPU runs step k), so it is
     left out of the steps and returned as ``overhead_s`` for :class:`HostBound` to bound them
@@ -263,18 +267,46 @@ class HostBound:
     host: HostProfile
     engine_s: float = 0.0
     layers: int = 0  # the model's, whose eager steps the host launches layer by layer
+    # the served engine's graphs; None: vLLM's default sizes up to the table's range
+    # (``cost.max_graph_tokens``)
+    graphs: CudaGraphs | None = None
+    # the host's work a layer of a piecewise-graph step (costmodel.piecewise_host_layer_s of
+    # the model); None: the host profile's dense figure
+    piecewise_layer_s: float | None = None
+
+    @property
+    def served(self) -> CudaGraphs:
+        """The graphs this timer's steps run under (one rule: launcher.planner.cudagraphs)."""
+        if self.graphs is not None:
+            return self.graphs
+        return CudaGraphs(default_sizes(self.cost.max_graph_tokens))
 
     def step_s(self, batch: StepBatch) -> float:
-        return max(self.cost.step_s(batch), self.host.step_floor_s(batch.sampled),
-                   self.engine_s)
+        """The table's step, padded to the captured size within the graphs' range (the GEMMs
+        and the rest of ``forward`` run the padded rows; attention the real ones), and no
+        shorter than the front end's work, the engine core's, or, in a piecewise-graph step,
+        the host's replays of its pieces with the attention between them (the roofline's
+        per-layer floor: costmodel.piecewise_host_layer_s)."""
+        graphs, tokens = self.served, batch.tokens
+        mode = graphs.mode(batch.prefill_tokens, tokens)
+        gpu = self.cost.step_s(batch)
+        if mode != "eager":
+            gpu += self.cost.forward(graphs.padded(tokens)) - self.cost.forward(tokens)
+        pieces = 0.0
+        if mode == "piecewise":
+            per = (self.piecewise_layer_s if self.piecewise_layer_s is not None
+                   else self.host.piecewise_layer_s)
+            pieces = self.layers * per
+        return max(gpu, self.host.step_floor_s(batch.sampled), self.engine_s, pieces)
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), as the
-        roofline's: a step of prompt chunks past the table's CUDA-graph range runs eagerly,
-        launched layer by layer at the host profile's ``layer_launch_s``; one within the range
-        replays a graph."""
+        roofline's (:meth:`HostProfile.eager_launch_s` under the same graphs): past the range
+        eagerly, layer by layer at the host profile's ``layer_launch_s``, decoders only or
+        not; within it a decode step's full graph at once, a prompt step's pieces with the
+        attention between them."""
         return self.host.eager_launch_s(self.layers, batch.prefill_tokens, batch.tokens,
-                                        self.cost.max_graph_tokens)
+                                        graphs=self.served)
 
     def idle_start_s(self) -> float:
         """The engine core's own work, in series before an idle engine's first step (the
@@ -288,22 +320,24 @@ def _timer(
     *,
     allreduce: AllReduce,
     assumed_step_overhead_s: float,
-    max_graph_tokens: int,
+    graphs: CudaGraphs,
     measured_step_overhead: tuple[float, str] | None = None,
     host: HostProfile | None = None,
 ) -> tuple[StepTimer, tuple[str, ...]]:
     """The step timer a table gives (and its sources): where ``host`` is a GPU server's, eager
-    steps launched at its pace for ``m`` (costmodel.eager_host_layer_s, the roofline's figure)
-    and every step bound by its front end; the CPU engine's (``host`` None) as timed. The one
-    constructor of a table's steps."""
+    steps launched at its pace for ``m`` (costmodel.eager_host_layer_s, the roofline's figure),
+    steps within the served engine's ``graphs`` padded and run as those graphs run them
+    (:class:`HostBound`), and every step bound by its front end; the CPU engine's (``host``
+    None) as timed. The one constructor of a table's steps."""
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
-                   max_graph_tokens=max_graph_tokens,
+                   max_graph_tokens=graphs.max_tokens,
                    measured_step_overhead=measured_step_overhead,
                    layer_launch_s=eager_host_layer_s(m, host) if host is not None else 0.0,
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources
-    return HostBound(kc.cost, host, kc.overhead_s, m.num_layers), kc.sources
+    return HostBound(kc.cost, host, kc.overhead_s, m.num_layers, graphs,
+                     piecewise_host_layer_s(m, host)), (*kc.sources, graphs.source)
 
 
 def _tp_allreduce(lay: Layout) -> AllReduce:
@@ -312,15 +346,17 @@ def _tp_allreduce(lay: Layout) -> AllReduce:
 
 
 def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
-                max_graph_tokens: int) -> StepTimer:
-    """The step timer of a GPU layout's kernel table (over its TP link, eager past
-    ``max_graph_tokens``, the engine's CUDA-graph range, on its host): what
-    :func:`layout_prediction` predicts with, for the load and agent simulations to time the
-    same steps."""
+                max_graph_tokens: int | None = None) -> StepTimer:
+    """The step timer of a GPU layout's kernel table (over its TP link, under the served
+    engine's CUDA graphs ``lay.graphs``, on its host): what :func:`layout_prediction` predicts
+    with, for the load and agent simulations to time the same steps. ``max_graph_tokens``
+    (callers that hold the range as a number): vLLM's default sizes up to it instead."""
     table = roofline_filled(m, table, lay)  # ops the table lacks: the roofline's figures
+    graphs = (lay.graphs if max_graph_tokens is None
+              else CudaGraphs(default_sizes(max_graph_tokens)))
     timer, _ = _timer(m, table, allreduce=_tp_allreduce(lay),
-                      assumed_step_overhead_s=hardware.STEP_OVERHEAD_S,
-                      max_graph_tokens=max_graph_tokens, host=lay.host)
+                      assumed_step_overhead_s=hardware.STEP_OVERHEAD_S, graphs=graphs,
+                      host=lay.host)
     return timer
 
 
@@ -367,7 +403,7 @@ def as_prediction(
     request_overhead_s: float,
     allreduce: AllReduce = AllReduce(),
     dp: int = 1,
-    max_graph_tokens: int = 512,
+    graphs: CudaGraphs = EAGER,
     measured_step_overhead: tuple[float, str] | None = None,
     kv_dtype_bytes: int = 2,
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
@@ -377,10 +413,11 @@ def as_prediction(
     scheduler; ``dp`` replicas share the streams. With the sources said. The KV pool is
     memfit's (:func:`memfit.pool_blocks` of ``kv_bytes``, counted in the simulation's blocks
     for a request of ``prompt + gen``: sliding windows and block rounding as vLLM counts
-    them). With ``host`` (a GPU server's), no step is shorter than its front end's work."""
+    them). With ``host`` (a GPU server's), no step is shorter than its front end's work.
+    ``graphs``: the served engine's CUDA graphs (a GPU layout's ``Layout.graphs``; none on the
+    CPU engine)."""
     timer, sources = _timer(m, table, allreduce=allreduce,
-                            assumed_step_overhead_s=assumed_step_overhead_s,
-                            max_graph_tokens=max_graph_tokens,
+                            assumed_step_overhead_s=assumed_step_overhead_s, graphs=graphs,
                             measured_step_overhead=measured_step_overhead, host=host)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
@@ -423,12 +460,11 @@ def layout_prediction(
     gen: int,
     concurrency: int,
     kv_dtype_bytes: int = 2,
-    max_graph_tokens: int = 512,
 ) -> tuple[Prediction, KernelTable] | None:
     """A GPU candidate's prediction from its kernel table, with the table; None where there is
     none (the roofline then predicts) or the layout has pipeline stages (left to the
-    roofline). ``kv_dtype_bytes``: the fit's KV element size (1 under FP8 KV);
-    ``max_graph_tokens``: the engine's CUDA-graph range (Policy.graph_steps)."""
+    roofline). ``kv_dtype_bytes``: the fit's KV element size (1 under FP8 KV); the engine's
+    CUDA graphs are the layout's (``lay.graphs``)."""
     names = {g.name for stage in lay.stages for g in stage}
     if lay.pp != 1 or len(names) != 1:
         return None
@@ -444,7 +480,7 @@ def layout_prediction(
         # simulation count it (costmodel.request_host_s)
         request_overhead_s=request_host_s(lay.host, prompt), allreduce=_tp_allreduce(lay),
         dp=lay.dp,
-        kv_dtype_bytes=kv_dtype_bytes, host=lay.host, max_graph_tokens=max_graph_tokens,
+        kv_dtype_bytes=kv_dtype_bytes, host=lay.host, graphs=lay.graphs,
     )
     return pred, table
 
@@ -465,6 +501,6 @@ def cpu_prediction(
         assumed_step_overhead_s=hardware.CPU_STEP_OVERHEAD_S,
         measured_step_overhead=(step_overhead.seconds, step_overhead.why)
         if step_overhead is not None and step_overhead.measured else None,
-        request_overhead_s=hardware.REQUEST_OVERHEAD_S, max_graph_tokens=0,
+        request_overhead_s=hardware.REQUEST_OVERHEAD_S, graphs=EAGER,
         in_flight=CPU_BATCHES_IN_FLIGHT,
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from launcher.model.modelspec import GIB, ModelSpec
-from launcher.planner import costmodel, hardware, memfit
+from launcher.planner import costmodel, cudagraphs, hardware, memfit
 from launcher.planner.costmodel import Layout, Link, Prediction
 from launcher.planner.plantypes import (
     MIN_CONTEXT,
@@ -35,8 +35,12 @@ class Links:
     group's joining (keyed by the GPUs' numbers, which name one GPU of ``topo`` here as in
     :meth:`between`), and the fits and predictions (:attr:`memo`)."""
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(self, topo: Topology, graphs: cudagraphs.Requested = cudagraphs.VLLM_RULE
+                 ) -> None:
         self.topo = topo
+        # what decides the served engine's CUDA graphs (the policy's: Policy.cuda_graphs);
+        # each layout resolves them on its own GPUs (replica_layout)
+        self.graphs = graphs
         self._cache: dict[tuple[int, int], Link] = {}
         self._joined: dict[tuple[int, ...], Link] = {}
         self._groups: dict[tuple[int, ...], tuple[float, float, int]] = {}
@@ -147,7 +151,8 @@ def replica_layout(
     """The cost model's view of one replica: ``replica``'s GPUs in vLLM's rank order (stage,
     then TP rank), each stage's TP group joined by its worst link, the stages by the worst hop
     between them (``internode`` among them where they span nodes), ``kv_budget`` bytes of KV
-    cache, and the host's front end (``links.host``)."""
+    cache, the host's front end (``links.host``) and the served engine's CUDA graphs on these
+    GPUs (``links.graphs``)."""
     stages = tuple(tuple(replica[i * s.tp : (i + 1) * s.tp]) for i in range(s.pp))
     tp_link, pp_link = _stage_links(links, stages, s, internode)
     return Layout(
@@ -159,6 +164,7 @@ def replica_layout(
         pp_link=pp_link,
         kv_budget_bytes=kv_budget,
         host=links.host,
+        graphs=links.graphs.on(g.cc for g in replica),
     )
 
 
@@ -330,7 +336,6 @@ def evaluate(
         m, policy.kernels, lay, batched_tokens=f.limits.batched_tokens,
         max_num_seqs=policy.max_num_seqs, prompt=policy.prompt_tokens, gen=policy.gen_tokens,
         concurrency=policy.streams, kv_dtype_bytes=f.kv_dtype_bytes,
-        max_graph_tokens=policy.graph_steps,
     )
     if measured is not None:
         return replace(cand, predicted=measured[0], kernel_table=measured[1],

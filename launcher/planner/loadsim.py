@@ -98,10 +98,12 @@ class RooflineStep:
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), which the engine
-        core does before it takes the step before's output: a step holding prompt chunks runs
-        eagerly, each layer's kernels launched from Python (the host profile's
-        ``layer_launch_s`` a layer); a step of decoders only replays a CUDA graph at once."""
-        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens)
+        core does before it takes the step before's output, as the served engine's graphs
+        (``lay.graphs``) run it (:meth:`HostProfile.eager_launch_s`): past their range eagerly,
+        each layer's kernels launched from Python, decoders only or not; within it a decode
+        step's full graph at once, a prompt step's pieces with the attention between them."""
+        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens,
+                                            graphs=self.lay.graphs)
 
 
 def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:
@@ -121,8 +123,8 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> Sc
 
 
 def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, streams: int,
-                max_num_seqs: int, table: KernelTable | None = None,
-                graph_steps: int = 512) -> tuple[SchedulerLimits, SimResult]:
+                max_num_seqs: int, table: KernelTable | None = None
+                ) -> tuple[SchedulerLimits, SimResult]:
     """One replica's ``streams`` of loadgen's closed loop as it measures by default, through
     the simulated scheduler: the streams' requests sent at one moment, each stream sending its
     next one when its last ends, LOADGEN_REQUESTS_PER_STREAM in all (no prefix shared), so the
@@ -130,11 +132,12 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
     host profile's way in, the front end handing them over one at a time (its work on each
     prompt's tokens: parse, validation, IPC), so a burst reaches an idle engine core one
     request first. Steps are timed by the roofline (:class:`RooflineStep`, which also gives
-    each step's launch) or, with the kernel ``table``, as :mod:`kernelcost` times them. Raises
-    SimError where the workload cannot run."""
+    each step's launch) or, with the kernel ``table``, as :mod:`kernelcost` times them; both
+    under the served engine's CUDA graphs, ``lay.graphs``. Raises SimError where the workload
+    cannot run."""
     lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
     timer = (RooflineStep(m, lay) if table is None
-             else layout_step(m, table, lay, max_graph_tokens=graph_steps))
+             else layout_step(m, table, lay))
     return lim, simulate(
         lim, timer, Workload(prompt, gen, concurrency=streams,
                              requests=LOADGEN_REQUESTS_PER_STREAM * streams),
@@ -143,13 +146,13 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
-               concurrency: int, max_num_seqs: int, table: KernelTable | None = None,
-               graph_steps: int = 512) -> tuple[Prediction, tuple[str, ...]]:
+               concurrency: int, max_num_seqs: int, table: KernelTable | None = None
+               ) -> tuple[Prediction, tuple[str, ...]]:
     """``pred`` (the closed formulas') with the load of ``concurrency`` streams from the
     simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
     where the layout has pipeline stages or the workload cannot run. With the kernel ``table``
     the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them
-    (``graph_steps``: the engine's CUDA-graph range, Policy.graph_steps)."""
+    (under the layout's CUDA graphs, ``lay.graphs``, as the roofline's are)."""
     host = (host_line(lay.host),)
     if lay.pp > 1:
         return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
@@ -159,7 +162,7 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
     per_replica = max(1, -(-concurrency // lay.dp))
     try:
         lim, run = loadgen_run(m, lay, f, prompt=prompt, gen=gen, streams=per_replica,
-                               max_num_seqs=max_num_seqs, table=table, graph_steps=graph_steps)
+                               max_num_seqs=max_num_seqs, table=table)
     except SimError as e:
         return pred, (f"load at the requested concurrency: not simulated ({e})", *host)
     requests = run.requests
@@ -204,8 +207,7 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
     lay = candidate_layout(c, topo, links, c.fit.kv_budget)
     pred, why = under_load(m, lay, c.fit, c.predicted, prompt=policy.prompt_tokens,
                            gen=policy.gen_tokens, concurrency=policy.streams,
-                           max_num_seqs=policy.max_num_seqs, table=c.kernel_table,
-                           graph_steps=policy.graph_steps)
+                           max_num_seqs=policy.max_num_seqs, table=c.kernel_table)
     return replace(c, predicted=pred), why
 
 

@@ -191,7 +191,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
             "(`sudo nvidia-smi -i 0 -mig 0`, for each GPU, then reset it) or serve one MIG slice "
             "by hand (CUDA_VISIBLE_DEVICES=MIG-<uuid>)"
         )
-    links = Links(topology)
+    links = Links(topology, policy.cuda_graphs)
     if policy.nodes > 1:
         # the best layout on one node first (the same search), for replicas per node against
         # the split over nodes

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from launcher.model.modelspec import GIB
-from launcher.planner import hardware, memfit
+from launcher.planner import cudagraphs, hardware, memfit
 from launcher.planner.costmodel import Prediction
 from launcher.planner.memfit import Fit
 from launcher.probe.kernels import KernelTable
@@ -62,13 +62,18 @@ class Policy:
     graph_tokens: int | None = None
 
     @property
+    def cuda_graphs(self) -> cudagraphs.Requested:
+        """What decides the served engine's CUDA graphs: the flags' range, else vLLM's default
+        rule over ``max_num_seqs`` (launcher.planner.cudagraphs, the one place of that rule;
+        each layout resolves it on its GPUs)."""
+        return cudagraphs.Requested(self.graph_tokens, self.max_num_seqs)
+
+    @property
     def graph_steps(self) -> int:
         """Steps of at most this many tokens replay CUDA graphs; longer ones run eagerly:
-        the flags' figure, else vLLM's default capture range, min(2 x max_num_seqs, 512)
-        (vllm/config: set_cudagraph_sizes)."""
-        if self.graph_tokens is not None:
-            return self.graph_tokens
-        return min(2 * self.max_num_seqs, 512)
+        the flags' figure, else vLLM's default capture range, min(2 x max_num_seqs, 512), on
+        GPUs other than data-centre Blackwell (:attr:`cuda_graphs`)."""
+        return self.cuda_graphs.max_tokens
 
     @property
     def streams(self) -> int:

@@ -92,14 +92,12 @@ class SearchMemo:
     def layout_prediction(
         self, m: ModelSpec, tables: Sequence[KernelTable], lay: Layout, *, batched_tokens: int,
         max_num_seqs: int, prompt: int, gen: int, concurrency: int, kv_dtype_bytes: int,
-        max_graph_tokens: int,
     ) -> tuple[Prediction, KernelTable] | None:
         key = ("table", self._id(m), self._id(tables), self.layout_key(lay), batched_tokens,
-               max_num_seqs, prompt, gen, concurrency, kv_dtype_bytes, max_graph_tokens)
+               max_num_seqs, prompt, gen, concurrency, kv_dtype_bytes)
         return self._get(key, lambda: kernelcost.layout_prediction(
             m, tables, lay, batched_tokens=batched_tokens, max_num_seqs=max_num_seqs,
-            prompt=prompt, gen=gen, concurrency=concurrency, kv_dtype_bytes=kv_dtype_bytes,
-            max_graph_tokens=max_graph_tokens))
+            prompt=prompt, gen=gen, concurrency=concurrency, kv_dtype_bytes=kv_dtype_bytes))
 
     def predict(self, m: ModelSpec, lay: Layout, *, prompt: int, gen: int, concurrency: int,
                 kv_sequences: int, max_num_seqs: int, batched_tokens: int) -> Prediction:

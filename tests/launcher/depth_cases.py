@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.model.modelspec import GIB, ModelSpec, spec_from_config
@@ -21,6 +21,7 @@ from launcher.planner.agent import AgentAsk, Room
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import SessionsResult, Turn
 from launcher.probe.topology import load_topology
+from tests.launcher.gpushapes import RECORDS_GRAPHS
 from tests.launcher.paths import H200, REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "depth" / "issue24-h200.json"
@@ -67,7 +68,9 @@ def depth_cases() -> list[Case]:
                  AgentAsk(1, max(1, d), new, c["gen"]))
         assert r.lay is not None
         assert r.limits is not None
-        warm, cold = agent.turn_ttft_s(spec(c["model"]), r.lay, d, new, r.limits.batched_tokens)
+        # the records' engines captured CUDA graphs to 64 tokens (agent_turns.sh's default)
+        lay = replace(r.lay, graphs=RECORDS_GRAPHS.on())
+        warm, cold = agent.turn_ttft_s(spec(c["model"]), lay, d, new, r.limits.batched_tokens)
         out.append(Case(f"{c['model']} {d:,} {'cold' if c['cold'] else 'cached'}",
                         c["measured_ttft_p50_s"], c["before_s"], cold if c["cold"] else warm))
     return out

@@ -16,6 +16,7 @@ from launcher.model import families
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, hardware
 from launcher.planner.costmodel import Layout
+from launcher.planner.cudagraphs import EAGER
 from launcher.planner.hardware import SERVER_HOST, HostProfile
 from tests.launcher.gpushapes import one_gpu, spec
 
@@ -60,10 +61,15 @@ def test_a_4bit_prompt_chunk_reads_its_weights_through_the_same_pass(
     # a short chunk's GEMMs are Marlin's too: bound by the pass, not by the bf16 rate
     m, lay = awq
     gpu_only = replace(lay, host=NO_HOST)
-    fixed = m.num_layers * hardware.EAGER_LAYER_S + hardware.STEP_OVERHEAD_S
-    weights_s = costmodel.prefill_step_s(m, gpu_only, 4) - fixed
     pass_s = m.weight_bytes / (4.04e12 * costmodel.weight_stream_efficiency(m, 4))
+    # within the CUDA-graph range (the records' 64 tokens) the pieces replay: no eager cost
+    assert gpu_only.graphs.mode(4, 4) == "piecewise"
+    weights_s = costmodel.prefill_step_s(m, gpu_only, 4) - hardware.STEP_OVERHEAD_S
     assert weights_s == pytest.approx(pass_s, rel=0.05)
+    # eager, as a chunk past the range runs: the same pass and each layer's eager cost
+    eager = replace(gpu_only, graphs=EAGER)
+    fixed = m.num_layers * hardware.EAGER_LAYER_S + hardware.STEP_OVERHEAD_S
+    assert costmodel.prefill_step_s(m, eager, 4) - fixed == pytest.approx(pass_s, rel=0.05)
 
 
 def test_an_moe_layers_fused_moe_dispatch_runs_beside_the_gpus_arithmetic() -> None:

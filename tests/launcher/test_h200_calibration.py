@@ -17,6 +17,7 @@ from launcher.model.modelspec import GIB, ModelSpec, load_model_spec
 from launcher.planner import memfit
 from launcher.planner.plan import Plan, Policy, plan
 from launcher.probe.topology import Topology, load_topology
+from tests.launcher.gpushapes import RECORDS_GRAPHS
 from tests.launcher.paths import H200, REPO, TOPOLOGIES
 
 RESULTS = REPO / "benchmarks" / "gpu" / "results" / "2026-11-30-h200x2-session2"
@@ -114,6 +115,7 @@ def test_prediction_within_25_percent_of_the_h200_measurement(
         prompt_tokens=new_tokens,
         gen_tokens=c["gen"],
         concurrency=c["concurrency"],
+        graph_tokens=RECORDS_GRAPHS.tokens,  # the runs' CUDA graphs: to 64 tokens
     )
     chosen = plan(topology(kind), spec(model), policy)
     assert (chosen.tp, chosen.pp, chosen.dp) == (tp, pp, 1)
@@ -183,7 +185,8 @@ def logged_gib(folder: str, pattern: str) -> float:
 
 def one_h200_plan(model: str, util: float, concurrency: int = 1) -> Plan:
     policy = Policy(
-        force_tp=1, force_pp=1, force_dp=1, gpu_memory_utilization=util, concurrency=concurrency
+        force_tp=1, force_pp=1, force_dp=1, gpu_memory_utilization=util, concurrency=concurrency,
+        graph_tokens=RECORDS_GRAPHS.tokens,  # the runs' CUDA graphs: to 64 tokens
     )
     return plan(topology("nvlink"), spec(model), policy)
 

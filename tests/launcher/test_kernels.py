@@ -216,13 +216,14 @@ def test_on_a_gpu_server_the_engines_step_work_runs_beside_the_gpus_step() -> No
     """vLLM schedules asynchronously on a GPU: the engine core prepares step k+1 while the GPU
     runs step k, so its own work a step bounds the step (as the front end's does) instead of
     adding to it; the CPU engine (no host profile) runs it in series."""
+    from launcher.planner.cudagraphs import VLLM_DEFAULT
     from launcher.planner.hardware import SERVER_HOST
     from launcher.planner.kernelcost import _timer
 
     table = synthetic_table()
     decode = StepBatch(decode_seqs=1, decode_context=100, sampled=1)
     common = {"allreduce": AllReduce(), "assumed_step_overhead_s": 0.003,
-              "max_graph_tokens": 512}
+              "graphs": VLLM_DEFAULT}
     m = load_model_spec(str(MODELS / "llama-3.1-8b"))  # dense: no launch pace past a decode
     series, _ = _timer(m, table, **common)
     beside, why = _timer(m, table, **common, host=SERVER_HOST)

@@ -16,6 +16,7 @@ from launcher.planner.memfit import Fit
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import LaunchTimer, StepBatch
 from launcher.probe.topology import load_topology
+from tests.launcher.gpushapes import RECORDS_GRAPHS
 from tests.launcher.paths import H200, REPO
 
 MODEL = REPO / "benchmarks" / "gpu" / "models" / "qwen2.5-14b-shape"
@@ -26,7 +27,9 @@ def one_gpu(streams: int) -> tuple[ModelSpec, Layout, Fit, Policy]:
     topo = load_topology(str(H200), {})
     pol = Policy(workload="throughput", concurrency=streams, force_tp=1, force_pp=1,
                  force_dp=1, prompt_tokens=512, gen_tokens=256)
-    cand, lay = best_candidate(m, pol, Links(topo), list(topo.gpus), Shape(1, 1, 1))
+    # the H200 records' graphs: to 64 tokens
+    cand, lay = best_candidate(m, pol, Links(topo, RECORDS_GRAPHS), list(topo.gpus),
+                               Shape(1, 1, 1))
     assert lay is not None
     assert cand.fit is not None
     return m, lay, cand.fit, pol

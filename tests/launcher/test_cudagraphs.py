@@ -1,0 +1,135 @@
+"""The served vLLM's CUDA graphs, in one place (launcher/planner/cudagraphs.py), and every step
+timer running a step as those graphs run it: vLLM's default capture sizes, a step padded to the
+next captured size, piecewise graphs for prompt steps within the range (the attention between
+the pieces launched from Python), and every step past the range eager, decoders only or not,
+on the roofline and the kernel-table path alike."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from launcher.planner import costmodel, cudagraphs, hardware, loadsim
+from launcher.planner.cudagraphs import EAGER, CudaGraphs, Requested, default_sizes
+from launcher.planner.hardware import SERVER_HOST
+from launcher.planner.kernelcost import HostBound
+from launcher.planner.plantypes import Policy
+from launcher.planner.schedsim import StepBatch, TableStepCost
+from tests.launcher.gpushapes import one_gpu, spec
+
+# what the lent H200's vLLM 0.26 logged at start-up with no graph flags (max_num_seqs 256):
+# benchmarks/gpu/results/2026-12-02-h200-table3/smollm2-default/logs/vllm-18610.log
+H200_LOGGED = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+
+
+def test_vllms_default_capture_sizes_are_the_ones_the_h200_logged() -> None:
+    assert Requested().on().sizes == H200_LOGGED
+    assert cudagraphs.VLLM_DEFAULT.max_tokens == Policy().graph_steps == 512
+
+
+def test_the_default_range_follows_max_num_seqs_the_budget_and_blackwell() -> None:
+    assert Requested(max_num_seqs=16).on().max_tokens == 32 == Policy(max_num_seqs=16).graph_steps
+    assert Requested(max_num_seqs=12).on().sizes[-2:] == (16, 24)  # 12 itself is appended
+    assert 12 in Requested(max_num_seqs=12).on().sizes
+    assert Requested(batched_tokens=300).on().max_tokens == 300
+    # data-centre Blackwell's ceiling is 1024, still at most 2 x max_num_seqs
+    assert Requested(max_num_seqs=1024).on([(10, 0)]).max_tokens == 1024
+    assert Requested().on([(10, 0)]).max_tokens == 512
+    assert Requested(max_num_seqs=1024).on([(10, 0), (9, 0)]).max_tokens == 512
+    # the flags' range wins; 0 is --enforce-eager
+    assert Requested(64).on([(10, 0)]).sizes == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+    assert Requested(0).on().sizes == ()
+
+
+def test_a_step_is_padded_to_the_next_captured_size_within_the_range_only() -> None:
+    g = CudaGraphs(default_sizes(512))
+    assert [g.padded(n) for n in (1, 3, 9, 257, 512, 513)] == [1, 4, 16, 272, 512, 513]
+
+
+def test_decoders_replay_a_full_graph_prompts_piecewise_and_past_the_range_both_run_eagerly(
+) -> None:
+    g = CudaGraphs(default_sizes(64))
+    assert g.mode(0, 64) == "full"
+    assert g.mode(10, 64) == "piecewise"
+    assert g.mode(0, 65) == g.mode(10, 65) == "eager"
+    assert EAGER.mode(0, 1) == "eager"
+
+
+def test_the_host_launches_each_kind_of_step_by_one_rule() -> None:
+    g = CudaGraphs(default_sizes(64))
+    h = SERVER_HOST
+    assert h.eager_launch_s(10, 0, 32, graphs=g) == 0.0
+    assert h.eager_launch_s(10, 16, 32, graphs=g) == pytest.approx(10 * h.piecewise_layer_s)
+    assert h.eager_launch_s(10, 0, 65, graphs=g) == pytest.approx(10 * h.layer_launch_s)
+    assert h.eager_launch_s(10, 65, 65, graphs=g) == pytest.approx(10 * h.layer_launch_s)
+    assert h.piecewise_layer_s == pytest.approx(hardware.PIECEWISE_HOST_SHARE * h.layer_launch_s)
+    # without graphs: the rule callers that hold the range as a number had
+    assert h.eager_launch_s(10, 0, 600) == 0.0
+    assert h.eager_launch_s(10, 16, 32, 64) == 0.0
+
+
+def test_a_small_models_prompt_within_the_range_is_bound_by_the_pieces_host_work() -> None:
+    # SmolLM2's 512-token prompt on one H200: past the range each layer takes the eager host
+    # floor and the GPU's eager cost; within it the layer's piece replays and attention, and
+    # the GPU's arithmetic without an eager launch's own cost
+    m = spec("smollm2-1.7b-shape")
+    lay = one_gpu(m, cudagraphs.VLLM_RULE)
+    assert lay.graphs.max_tokens == 512
+    eager = costmodel.prefill_step_s(m, one_gpu(m), 512)  # the records' graphs to 64
+    graphs = costmodel.prefill_step_s(m, lay, 512)
+    assert eager == pytest.approx(
+        m.num_layers * costmodel.eager_host_layer_s(m, lay.host) + hardware.STEP_OVERHEAD_S)
+    assert graphs == pytest.approx(
+        m.num_layers * lay.host.piecewise_layer_s + hardware.STEP_OVERHEAD_S)
+    assert graphs < eager
+
+
+def test_a_graph_steps_gemms_run_the_padded_rows() -> None:
+    # a large model's prompt step is bound by its arithmetic: 257 tokens run 272 rows
+    m = spec("qwen2.5-32b-shape")
+    lay = one_gpu(m, cudagraphs.VLLM_RULE)
+    padded = costmodel.prefill_step_s(m, lay, 257, sampled=0)
+    assert padded == pytest.approx(costmodel.prefill_step_s(m, lay, 272, sampled=0), rel=0.02)
+    assert padded > costmodel.prefill_step_s(m, lay, 256, sampled=0) * 1.04
+
+
+def test_decoders_past_the_range_run_eagerly_on_the_roofline_and_the_table_alike() -> None:
+    m = spec("smollm2-1.7b-shape")
+    lay = one_gpu(m, Requested(16))
+    within, past = (StepBatch(decode_seqs=n, decode_context=n * 600, sampled=n) for n in (16, 32))
+    roof = loadsim.RooflineStep(m, lay)
+    launch = m.num_layers * lay.host.layer_launch_s
+    assert roof.launch_s(within) == 0.0
+    assert roof.launch_s(past) == pytest.approx(launch)
+    # the eager decode step takes at least the eager layers' host launch, as a prompt's does
+    assert roof.step_s(past) >= m.num_layers * costmodel.eager_host_layer_s(m, lay.host)
+    assert roof.step_s(within) < m.num_layers * costmodel.eager_host_layer_s(m, lay.host)
+    cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-4, 1e-3),
+                         eager_forward_s=(2e-4, 2e-3), max_graph_tokens=16)
+    table = HostBound(cost, lay.host, layers=m.num_layers, graphs=lay.graphs)
+    assert table.launch_s(within) == 0.0
+    assert table.launch_s(past) == pytest.approx(launch)
+    assert cost.forward(32) == pytest.approx(2e-3 * 32 / 1024 + 2e-4 * (1 - 31 / 1023),
+                                             rel=0.05)
+
+
+def test_the_tables_piecewise_step_is_padded_and_bound_by_the_pieces_host_work() -> None:
+    cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-5, 1.024e-3))
+    timer = HostBound(cost, replace(SERVER_HOST, step_s=0.0, seq_step_s=0.0), layers=10,
+                      graphs=CudaGraphs(default_sizes(512)), piecewise_layer_s=1e-5)
+    # 257 tokens run as 272 (the forward's), the host's pieces 10 x 10 us below it
+    assert timer.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(
+        cost.forward(272))
+    slow = replace(timer, piecewise_layer_s=1e-3)
+    assert slow.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(10e-3)
+
+
+def test_the_plans_flags_decide_the_graphs_its_layouts_run_under() -> None:
+    from launcher.planner.layouts import Links
+    from tests.launcher.gpushapes import topology
+
+    topo = topology()
+    assert Links(topo).graphs == cudagraphs.VLLM_RULE
+    assert Policy(graph_tokens=64).cuda_graphs.on().max_tokens == 64
+    assert Policy(max_num_seqs=8).cuda_graphs.on().max_tokens == 16
