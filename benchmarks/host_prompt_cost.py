@@ -7,7 +7,9 @@ printed without keeping it, beside the lent H200 host's figures the shipped prof
 
 (Until session 11 this script held its own copy of the timing: the H200 host's figures in
 benchmarks/gpu/results/2026-12-02-h200-soak32b/host-cost.txt are that copy's; the functions
-are the same, the probe takes the least of its repeats where the copy took the median.)
+are the same; the copy took the median of its repeats, the probe (hostcost.time_host) times each
+function as the least of a few calls in a round and takes the median of the rounds it kept, those
+whose reference workload ran within SLOW_ROUND of the fastest round's.)
 """
 
 from __future__ import annotations
