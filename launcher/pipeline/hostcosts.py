@@ -83,10 +83,22 @@ def measure(env: Mapping[str, str], gpus: bool) -> str:
     rec = hostcost.parse(lines[-1] if lines else "")
     if rec.key != key:
         raise hostcost.HostCostError("the host timing worker answered for another host key")
-    kept = hostcost.save(default_cache_dir(env), rec)
+    cache = default_cache_dir(env)
+    # what is kept, compared with this host's earlier timing (a slow spell through the whole
+    # timing shows only there), so that the line says the steadiness the plan will say
+    rec = hostcost.against_kept(cache, rec)
+    kept = hostcost.save(cache, rec)
     where = f"kept in {kept}" if kept else "not kept (the cache cannot be written)"
+    return measured_line(rec, where)
+
+
+def measured_line(rec: hostcost.HostTiming, where: str) -> str:
+    """The line `probe --measure` prints for a host timing: its figures, how steady the timing
+    was (:meth:`HostTiming.steadiness_note`, the words the plan's host line carries) and
+    ``where`` it was kept."""
+    key = rec.key
     return (f"host front end on {key.cpu} ({key.cores} cores, vLLM {key.vllm}), the installed "
             f"vLLM's own functions, one thread: {rec.prompt_token_s * 1e6:.2f} us a prompt "
             f"token, {rec.request_s * 1e6:.0f} us a short request's way in, output path "
-            f"{rec.step_s * 1e6:.1f} us a step + {rec.seq_step_s * 1e6:.1f} us a sequence; "
-            f"{where}")
+            f"{rec.step_s * 1e6:.1f} us a step + {rec.seq_step_s * 1e6:.1f} us a sequence "
+            f"({rec.steadiness_note()}); {where}")

@@ -228,6 +228,33 @@ def test_a_timing_slow_all_through_is_said_against_the_hosts_kept_timing(
     assert hostcost.load(tmp_path, KEY) == usual
 
 
+def test_probe_measures_printed_line_says_how_steady_the_timing_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the worker stubbed to answer a timing made slow all through, after a usual one was kept:
+    # the printed line carries the steadiness the plan's host line will say, the comparison
+    # with the kept timing included
+    usual = replace(_timed(Spells(random.Random(0), switch=0.0, **FIGURES)), measured_at="t0")
+    slow = Spells(random.Random(1), switch=0.0, slow=1.45, **FIGURES)
+    slow.in_spell = True
+    spell = _timed(slow)
+    assert spell.steadiness is not None
+    spell = replace(spell, steadiness=replace(spell.steadiness, others_busy=0.0))
+    assert hostcost.save(tmp_path, usual) is not None
+    answer = json.dumps(hostcost.to_json(spell))
+    monkeypatch.setattr(hostcosts, "key_here", lambda: KEY)
+    monkeypatch.setattr(hostcosts, "ensure_tiny_model", lambda env: tmp_path)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(
+        a, 0, stdout=answer + "\n", stderr=""))
+    line = hostcosts.measure({"TOPOSERVE_CACHE": str(tmp_path)}, gpus=False)
+    kept = hostcost.load(tmp_path, KEY)
+    assert kept is not None
+    assert kept.steadiness_note() in line
+    assert "median of " in line
+    assert "MAY BE HIGH: its reference ran x1.4" in line
+    assert f"kept in {tmp_path}" in line
+
+
 def test_a_format_1_record_still_reads_and_says_it_was_one_pass(tmp_path: Path) -> None:
     raw = hostcost.to_json(H200_LIKE)
     assert raw["version"] == 1
