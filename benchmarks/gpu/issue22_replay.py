@@ -129,7 +129,8 @@ def main() -> int:
         pred, _ = loadsim.under_load(m, lay, cand.fit, cand.predicted, prompt=prompt, gen=gen,
                                      concurrency=n, max_num_seqs=pol.max_num_seqs)
         assert isinstance(pred, loadsim.SimulatedPrediction)
-        lim = loadsim.scheduler_limits(m, cand.fit, pol.max_num_seqs, prompt + gen)
+        lim = loadsim.scheduler_limits(m, cand.fit, pol.max_num_seqs, prompt + gen,
+                                       pp=lay.pp)
         sent = [float(r["t_sent_s"]) for r in rs]
         way_in = lay.host.request_fixed_s + prompt * lay.host.prompt_token_s
         headers = [s + float(r["headers_s"]) for s, r in zip(sent, rs, strict=True)]

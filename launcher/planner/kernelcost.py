@@ -55,6 +55,7 @@ from launcher.planner.schedsim import (
     Workload,
     measured_curve,
     simulate,
+    vllm_async_scheduling,
 )
 from launcher.planner.tablegaps import roofline_filled
 from launcher.probe.kernels import (
@@ -408,6 +409,7 @@ def as_prediction(
     kv_dtype_bytes: int = 2,
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
     host: HostProfile | None = None,
+    pp: int = 1,
 ) -> tuple[Prediction, tuple[str, ...]]:
     """The cost model's :class:`Prediction` from a kernel table, through the simulated
     scheduler; ``dp`` replicas share the streams. With the sources said. The KV pool is
@@ -415,7 +417,9 @@ def as_prediction(
     for a request of ``prompt + gen``: sliding windows and block rounding as vLLM counts
     them). With ``host`` (a GPU server's), no step is shorter than its front end's work.
     ``graphs``: the served engine's CUDA graphs (a GPU layout's ``Layout.graphs``; none on the
-    CPU engine)."""
+    CPU engine). The engine schedules asynchronously where vLLM does by default
+    (:func:`schedsim.vllm_async_scheduling` of a GPU server, ``host``, of ``pp`` stages: the
+    one rule of the load and agent simulations too)."""
     timer, sources = _timer(m, table, allreduce=allreduce,
                             assumed_step_overhead_s=assumed_step_overhead_s, graphs=graphs,
                             measured_step_overhead=measured_step_overhead, host=host)
@@ -423,9 +427,8 @@ def as_prediction(
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
                                      block, in_flight)
-    # a GPU server (``host``) schedules asynchronously, as loadsim's simulation has it
     lim = SchedulerLimits(batched_tokens, max_num_seqs, blocks, block,
-                          async_scheduling=host is not None)
+                          async_scheduling=vllm_async_scheduling(gpu=host is not None, pp=pp))
     p = predict(timer, lim, prompt=prompt, gen=gen, concurrency=per_replica,
                 request_overhead_s=request_overhead_s)
     busy = min(max(1, dp), -(-concurrency // per_replica))
@@ -480,7 +483,7 @@ def layout_prediction(
         # simulation count it (costmodel.request_host_s)
         request_overhead_s=request_host_s(lay.host, prompt), allreduce=_tp_allreduce(lay),
         dp=lay.dp,
-        kv_dtype_bytes=kv_dtype_bytes, host=lay.host, graphs=lay.graphs,
+        kv_dtype_bytes=kv_dtype_bytes, host=lay.host, graphs=lay.graphs, pp=lay.pp,
     )
     return pred, table
 

@@ -37,6 +37,7 @@ from launcher.planner.schedsim import (
     Workload,
     percentiles,
     simulate,
+    vllm_async_scheduling,
 )
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
@@ -106,20 +107,22 @@ class RooflineStep:
                                             graphs=self.lay.graphs)
 
 
-def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int) -> SchedulerLimits:
-    """The replica's scheduler: the fit's batched-token budget, ``max_num_seqs``, and its KV
-    pool (``f.kv_blocks``) in blocks of :data:`BLOCK_TOKENS` tokens of every layer. A pool block
-    spans one layer of each group, so with sliding-window groups one request takes fewer than
-    its tokens' blocks (:func:`memfit.request_blocks`): the pool is counted here in the
-    simulation's blocks (a request of ``tokens`` takes ⌈tokens / 16⌉), scaled so that it holds
-    as many such requests as the fit does (:func:`memfit.scheduler_blocks`)."""
+def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int, *,
+                     pp: int) -> SchedulerLimits:
+    """The scheduler of a GPU replica of ``pp`` pipeline stages: the fit's batched-token
+    budget, ``max_num_seqs``, and its KV pool (``f.kv_blocks``) in blocks of
+    :data:`BLOCK_TOKENS` tokens of every layer. A pool block spans one layer of each group, so
+    with sliding-window groups one request takes fewer than its tokens' blocks
+    (:func:`memfit.request_blocks`): the pool is counted here in the simulation's blocks (a
+    request of ``tokens`` takes ⌈tokens / 16⌉), scaled so that it holds as many such requests
+    as the fit does (:func:`memfit.scheduler_blocks`). Asynchronous scheduling where vLLM has
+    it by default, by the one rule every simulated engine follows
+    (:func:`schedsim.vllm_async_scheduling`; the served vLLM's release is not known to the
+    planner: the one served here)."""
     blocks = memfit.scheduler_blocks(m, f.kv_blocks, tokens, f.limits.batched_tokens,
                                      f.kv_dtype_bytes)
-    # a GPU replica without pipeline stages (the only one simulated here; CPU plans are made
-    # elsewhere): vLLM turns async scheduling on by default there (vllm/config/vllm.py
-    # ``VllmConfig.__post_init__``; off with PP on the V1 runner and on the CPU engine)
     return SchedulerLimits(f.limits.batched_tokens, max_num_seqs, blocks, BLOCK_TOKENS,
-                           async_scheduling=True)
+                           async_scheduling=vllm_async_scheduling(gpu=True, pp=pp))
 
 
 def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, streams: int,
@@ -135,7 +138,7 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
     each step's launch) or, with the kernel ``table``, as :mod:`kernelcost` times them; both
     under the served engine's CUDA graphs, ``lay.graphs``. Raises SimError where the workload
     cannot run."""
-    lim = scheduler_limits(m, f, max_num_seqs, prompt + gen)
+    lim = scheduler_limits(m, f, max_num_seqs, prompt + gen, pp=lay.pp)
     timer = (RooflineStep(m, lay) if table is None
              else layout_step(m, table, lay))
     return lim, simulate(
