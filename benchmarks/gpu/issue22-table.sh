@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | glm | gemma12 | awq8b | qwen4b | small24
+# STEP: predict | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
 #       | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
 #       | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
 #  predict  plans of every case below (or of $PREDICT_CASES) for each of its scenarios
@@ -23,7 +23,9 @@
 #  gemma12  Gemma-3-12B shape (sliding window on 5 of 6 layers): single, c32, long16 (0.4)
 #  awq8b    Llama-3.1-8B AWQ INT4 shape: single, c32 (0.3)
 #  qwen4b   Qwen3-4B shape (small dense): single, c32, depth (0.3)
-#  small24  Mistral-Small-24B shape: long16, single, c32, depth (0.5)
+#  qwen14   Qwen3-14B shape: long16, single, c32, depth (0.4); aiconfigurator estimates it
+#  small24  Mistral-Small-24B shape: long16, single, c32, depth (0.5) (if time allows: the
+#           Mistral family; aiconfigurator refuses MistralForCausalLM)
 # The third table's shapes (2026-12-02, session 12/13), the issue's categories first; each
 # folder's SOURCE.md says where its config came from and what was changed (the 4,096-token
 # vocabulary and ids 0/1 for bos/eos, so sampled ids stay inside the small tokenizer):
@@ -57,7 +59,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
 declare -A MODEL=([glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
-  [awq8b]=llama-3.1-8b-awq-shape [qwen4b]=qwen3-4b-shape [small24]=mistral-small-24b-shape
+  [awq8b]=llama-3.1-8b-awq-shape [qwen4b]=qwen3-4b-shape [small24]=mistral-small-24b-shape [qwen14]=qwen3-14b-shape
   [moonlight]=moonlight-16b-a3b-shape [smollm2]=smollm2-1.7b-shape
   [awq14]=qwen2.5-14b-awq-shape [gemma2]=gemma-2-9b-shape [long14]=qwen2.5-14b-shape
   [nemo12]=mistral-nemo-12b-shape
@@ -65,7 +67,7 @@ declare -A MODEL=([glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
 declare -A SCEN=([glm]="single c32" [gemma12]="single c32 long16" [awq8b]="single c32"
-  [qwen4b]="single c32 depth" [small24]="long16 single c32 depth"
+  [qwen4b]="single c32 depth" [small24]="long16 single c32 depth" [qwen14]="long16 single c32 depth"
   [moonlight]="single c32" [smollm2]="single c32" [awq14]="single c32"
   [gemma2]="single c32" [long14]="long16 single c32" [nemo12]="long16 single c32"
   [small]="single c32" [qwen7b]="single c32" [mla]="single c32"
@@ -75,7 +77,7 @@ declare -A SCEN=([glm]="single c32" [gemma12]="single c32 long16" [awq8b]="singl
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5
+declare -A UTIL=([glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
@@ -121,7 +123,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-glm gemma12 awq8b qwen4b small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;

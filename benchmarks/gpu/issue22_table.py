@@ -23,7 +23,7 @@ import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_
 # the fresh shapes of session 15, then session 12's (issue22-table.sh lists them), then older
 MODEL = {"glm": "glm-4.7-flash-shape", "gemma12": "gemma-3-12b-shape",
          "awq8b": "llama-3.1-8b-awq-shape", "qwen4b": "qwen3-4b-shape",
-         "small24": "mistral-small-24b-shape",
+         "qwen14": "qwen3-14b-shape", "small24": "mistral-small-24b-shape",
          "moonlight": "moonlight-16b-a3b-shape", "smollm2": "smollm2-1.7b-shape",
          "awq14": "qwen2.5-14b-awq-shape", "gemma2": "gemma-2-9b-shape",
          "long14": "qwen2.5-14b-shape", "nemo12": "mistral-nemo-12b-shape",
@@ -32,7 +32,8 @@ MODEL = {"glm": "glm-4.7-flash-shape", "gemma12": "gemma-3-12b-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
          "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
 LABEL = {"glm": "GLM-4.7-Flash (MLA MoE)", "gemma12": "Gemma-3-12B (sliding)",
-         "awq8b": "Llama-3.1-8B AWQ", "qwen4b": "Qwen3-4B", "small24": "Mistral-Small-24B",
+         "awq8b": "Llama-3.1-8B AWQ", "qwen4b": "Qwen3-4B", "qwen14": "Qwen3-14B",
+         "small24": "Mistral-Small-24B",
          "moonlight": "Moonlight-16B-A3B (MLA MoE)", "smollm2": "SmolLM2-1.7B",
          "awq14": "Qwen2.5-14B AWQ", "gemma2": "Gemma-2-9B (sliding)", "long14": "Qwen2.5-14B",
          "nemo12": "Mistral-Nemo-12B",
