@@ -284,10 +284,12 @@ class RooflineStep:
         return self._decode[key]
 
     def launch_s(self, batch: StepBatch) -> float:
-        """The host's launching of the step, as loadsim's roofline step says it
-        (:meth:`HostProfile.eager_launch_s`: a step of prompt chunks layer by layer, a step of
-        decoders at once)."""
-        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens)
+        """The host's launching of the step, as loadsim's roofline step says it, under the
+        served engine's CUDA graphs (``lay.graphs``; :meth:`HostProfile.eager_launch_s`): past
+        their range eagerly, layer by layer, decoders only or not; within it a decode step's
+        full graph at once, a prompt step's pieces with the attention between them."""
+        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens,
+                                            graphs=self.lay.graphs)
 
 
 @dataclass(frozen=True)
@@ -324,17 +326,16 @@ class CpuStep:
         return max(0.0, fixed - self.over.seconds)
 
 
-def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable],
-               graph_steps: int = 512) -> StepTimer:
+def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable]) -> StepTimer:
     """This model's kernel table for the layout where one is kept (as the plan's own figures
-    use it: :func:`kernelcost.layout_step`, with the engine's CUDA-graph range
-    ``graph_steps``), else the roofline."""
+    use it: :func:`kernelcost.layout_step`, under the layout's CUDA graphs ``lay.graphs``),
+    else the roofline (under the same graphs)."""
     names = {g.name for st in lay.stages for g in st}
     table = (kernelcost.table_for(tables, m, lay.tp, next(iter(names)))
              if lay.pp == 1 and len(names) == 1 else None)
     if table is None:
         return RooflineStep(m, lay)
-    return kernelcost.layout_step(m, table, lay, max_graph_tokens=graph_steps)
+    return kernelcost.layout_step(m, table, lay)
 
 
 def agent_turns(ask: AgentAsk, context: int | None = None) -> tuple[Turn, ...]:
@@ -369,8 +370,7 @@ class Simulated:
 
 def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offload: bool,
                   context: int | None = None, tables: Sequence[KernelTable] = (),
-                  limits: memfit.EngineLimits | None = None,
-                  graph_steps: int = 512) -> Simulated | None:
+                  limits: memfit.EngineLimits | None = None) -> Simulated | None:
     """``sessions`` sessions' turns on one replica of ``r`` (None: a turn does not fit its KV
     cache at all). ``offload``: a host tier holds every prefix, copied back over PCIe."""
     assert r.lay is not None
@@ -380,8 +380,7 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
     common = min(ask.common_tokens, turns[0].prompt)
     try:
         res = simulate_turns(m, r, turns, sessions, think_s=ask.think_s, offload=offload,
-                             common_tokens=common, tables=tables, limits=limits,
-                             graph_steps=graph_steps)
+                             common_tokens=common, tables=tables, limits=limits)
     except SimError:
         return None
     return Simulated(turns, res)
@@ -389,7 +388,7 @@ def simulate_room(m: ModelSpec, r: Room, ask: AgentAsk, sessions: int, *, offloa
 
 def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, *,
                    think_s: float | None, offload: bool, common_tokens: int = 0,
-                   tables: Sequence[KernelTable] = (), graph_steps: int = 512,
+                   tables: Sequence[KernelTable] = (),
                    limits: memfit.EngineLimits | None = None, max_steps: int = SIM_MAX_STEPS,
                    timer: StepTimer | None = None,
                    request_overhead_s: float | None = None) -> SessionsResult:
@@ -398,8 +397,9 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     figures and of their checks against loadgen's runs. Each turn resends the previous answer
     as other tokens (only the previous prompt is cached, loadgen/agent.py); the first turns
     begin with ``common_tokens`` shared by every session. ``timer``: the step's cost (default:
-    the layout's, :func:`step_timer`; the CPU engine's: :class:`CpuStep`); ``offload``: a host
-    tier holds every prefix, copied back over PCIe. A request's way in before its first step:
+    the layout's, :func:`step_timer`, under its CUDA graphs ``r.lay.graphs``; the CPU
+    engine's: :class:`CpuStep`); ``offload``: a host tier holds every prefix, copied back over
+    PCIe. A request's way in before its first step:
     ``request_overhead_s`` (default the layout's host profile's ``request_fixed_s``: the one
     ``probe --measure`` timed on the serving host, else the shipped one, 4.5 ms; the CPU
     engine's: ``CpuStep.way_in_s``) plus its prompt's tokens at the same profile's
@@ -423,7 +423,7 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
                      / -(-longest // block))
     if timer is None:
         assert r.lay is not None
-        timer = step_timer(m, r.lay, tables, graph_steps)
+        timer = step_timer(m, r.lay, tables)
     # the served engine schedules asynchronously where vLLM does by default: a GPU replica
     # without pipeline stages, not the CPU engine (the load simulation's rule)
     lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block,
@@ -458,8 +458,11 @@ def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: i
 
 def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate],
           ask: AgentAsk) -> list[Room]:
-    """Every candidate that fits the model, at its own KV size and, where the GPUs run it, FP8."""
-    links = Links(topo)
+    """Every candidate that fits the model, at its own KV size and, where the GPUs run it, FP8;
+    each layout under the CUDA graphs the policy's engine captures on its GPUs
+    (:attr:`Policy.cuda_graphs`, as the plan's own layouts), which every figure of the room
+    runs its steps and launches under."""
+    links = Links(topo, policy.cuda_graphs)
     by_index = {g.index: g for g in topo.gpus}
     out: list[Room] = []
     for c in cands:
@@ -552,7 +555,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         """The option's TTFT p50 at depth with the sessions taking their turns; where it is
         not simulated, ``alone`` (one session's turn), said in the reasons."""
         sims[name] = simulate_room(m, r, ask, r.need, offload=offload, context=context,
-                                   tables=policy.kernels, graph_steps=policy.graph_steps)
+                                   tables=policy.kernels)
         got = sims[name]
         return got.ttft_s if got is not None else alone
 

@@ -16,6 +16,7 @@ from launcher.planner.hardware import SERVER_HOST
 from launcher.planner.kernelcost import HostBound
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import StepBatch, TableStepCost
+from launcher.probe.topology import load_topology
 from tests.launcher.gpushapes import one_gpu, spec
 
 # what the lent H200's vLLM 0.26 logged at start-up with no graph flags (max_num_seqs 256):
@@ -133,3 +134,21 @@ def test_the_plans_flags_decide_the_graphs_its_layouts_run_under() -> None:
     assert Links(topo).graphs == cudagraphs.VLLM_RULE
     assert Policy(graph_tokens=64).cuda_graphs.on().max_tokens == 64
     assert Policy(max_num_seqs=8).cuda_graphs.on().max_tokens == 16
+
+
+def test_the_agent_plans_rooms_run_under_the_plans_graphs() -> None:
+    # the user's graph flags (--cuda-graph-sizes 64, Policy.graph_tokens) reach every room's
+    # layout, whose steps and launches the agent plan times, as they reach the plan's own
+    from launcher.pipeline.run import plan_with_agent
+    from launcher.planner.agent import AgentAsk
+    from tests.launcher.paths import topo
+
+    m = spec("llama-3.2-3b-shape")
+    for policy, top in ((Policy(graph_tokens=64), 64), (Policy(), 512)):
+        _, ap = plan_with_agent(load_topology(topo("2x3090-p2p-x16"), {}), m, policy,
+                                AgentAsk(2, 4000), None)
+        assert ap is not None
+        assert ap.rooms
+        for r in ap.rooms:
+            assert r.lay is not None
+            assert r.lay.graphs.max_tokens == top

@@ -400,6 +400,7 @@ def test_every_simulation_times_a_tables_eager_step_as_the_roofline_launches_the
     its own host work (DeepSeek's, families.py) lasts at least the roofline's launch of that
     model's layers, not a dense layer's."""
     from launcher.planner import agent, costmodel
+    from launcher.planner.cudagraphs import Requested
     from launcher.planner.hardware import SERVER_HOST
     from launcher.planner.kernelcost import layout_step
     from launcher.planner.layouts import Links, candidate_layout
@@ -416,8 +417,9 @@ def test_every_simulation_times_a_tables_eager_step_as_the_roofline_launches_the
     launch = costmodel.eager_host_layer_s(m, SERVER_HOST)
     assert launch > SERVER_HOST.layer_launch_s  # the MoE path and the family's own
     eager = StepBatch(prefill_tokens=512, prefill_pairs=0, sampled=1)
+    lay64 = candidate_layout(c, topo, Links(topo, Requested(64)), c.fit.kv_budget)
     for timer in (layout_step(m, table, lay, max_graph_tokens=64),
-                  agent.step_timer(m, lay, (table,), 64)):
+                  agent.step_timer(m, lay64, (table,))):
         assert timer.step_s(eager) >= m.num_layers * launch
     assert layout_step(m, table, lay, max_graph_tokens=512).step_s(eager) < m.num_layers * launch
 

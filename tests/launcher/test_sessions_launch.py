@@ -103,11 +103,20 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
     lay = candidate_layout(c, topo, Links(topo, Requested(64)), c.fit.kv_budget)
     eager = StepBatch(prefill_tokens=512, sampled=1)
     want = m.num_layers * lay.host.layer_launch_s
-    for timer in (layout_step(m, table, lay), layout_step(m, table, lay, max_graph_tokens=64),
-                  agent_mod.step_timer(m, lay, (table,), 64),
-                  agent_mod.RooflineStep(m, lay), loadsim.RooflineStep(m, lay)):
+    timers = (layout_step(m, table, lay), layout_step(m, table, lay, max_graph_tokens=64),
+              agent_mod.step_timer(m, lay, (table,)),
+              agent_mod.RooflineStep(m, lay), loadsim.RooflineStep(m, lay))
+    for timer in timers:
         assert isinstance(timer, LaunchTimer)
         assert timer.launch_s(eager) == pytest.approx(want)
+    # every path launches under the layout's graphs (lay.graphs, to 64 tokens): a prompt step
+    # within them replays the pieces, a step of decoders past them runs eagerly
+    within = StepBatch(prefill_tokens=32, sampled=1)
+    decoders = StepBatch(decode_seqs=100, decode_context=100 * 600, sampled=100)
+    for timer in timers:
+        assert isinstance(timer, LaunchTimer)
+        assert timer.launch_s(within) == pytest.approx(m.num_layers * lay.host.piecewise_layer_s)
+        assert timer.launch_s(decoders) == pytest.approx(want)
     # within the range: the piecewise graphs' host work, not the eager layers'
     assert layout_step(m, table, lay, max_graph_tokens=512).launch_s(eager) == pytest.approx(  # type: ignore[attr-defined]
         m.num_layers * lay.host.piecewise_layer_s)
