@@ -43,6 +43,10 @@ class BadResponse(Exception):
     status outside 100-599, bytes the parser refuses before the head ended)."""
 
 
+class _Unasked(Exception):
+    """Raised inside the parser: a response began while none was awaited."""
+
+
 class Reader(Protocol):
     """What a connection hands the parts of one response to, as they are parsed."""
 
@@ -164,7 +168,9 @@ class ClientConnection(asyncio.Protocol):
             self._bad(f"{self.PEER} switched protocols (101) on a request that asked for none")
             return
         except httptools.HttpParserError as exc:
-            if self.in_head:
+            if isinstance(exc.__context__, _Unasked):  # httptools wraps what a callback raised
+                self._bad(f"{self.PEER} sent a response nobody asked for")
+            elif self.in_head:
                 self._bad(f"{self.PEER}'s response head is not valid HTTP/1.1 ({exc})")
             else:  # a broken body: the answer cannot end, nor the connection be reused
                 self._bad(f"{self.PEER}'s response body is not valid HTTP/1.1 ({exc})")
@@ -175,6 +181,15 @@ class ClientConnection(asyncio.Protocol):
                 self._bad(f"{self.PEER}'s response head is over {MAX_HEAD_BYTES} bytes")
 
     # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # A response begins while none is awaited: after the answer ended (in the same read or
+        # later, while the connection idles). The connection is out of step with its requests:
+        # what follows would be read as the answer to the next request sent on it, or reach
+        # the reader after its answer ended. Closed, as h11 and urllib3 do; nothing of it is
+        # handed on.
+        if not self.reading:
+            raise _Unasked
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.in_head:  # not trailers: they are dropped
@@ -204,7 +219,8 @@ class ClientConnection(asyncio.Protocol):
         self.reader.on_head(status, self.headers, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
-        self.reader.on_body(body)
+        if self.reading:  # not the body of an answer to HEAD, which ended with its head
+            self.reader.on_body(body)
 
     def on_message_complete(self) -> None:
         if self.interim:

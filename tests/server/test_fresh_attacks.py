@@ -1,0 +1,87 @@
+"""Attacks beyond issue 25's list, each over raw loopback sockets against a real proxy (a hostile
+engine from tests.server.hostile.scripted_engine, or a hostile client). Each failed on the code
+before its fix (b0e451b).
+
+- An engine that writes bytes after its answer ended (a second, unasked-for response, or the
+  start of one): they reached the client after its stream or answer, or broke the next request
+  sent on that connection. A connection that answers what it was not asked is out of step with
+  its requests: it is closed, as mature clients do, and what it sent is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.server.conftest import SpawnProxy
+from tests.server.hostile import (
+    json_answer,
+    post_json,
+    scripted_engine,
+    sse_chunks,
+)
+from tests.server.test_http_layers import ANSWER, CHAT
+
+TOKEN = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+         b'"delta":{"content":"tok"},"finish_reason":null}]}\n\n')
+STRAY = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 12\r\n\r\n"
+         b"data: EVIL\n\n")
+
+
+# -- an engine answering what it was not asked -----------------------------------------------
+
+@pytest.mark.parametrize(("path", "events"), [
+    ("/v1/chat/completions", [TOKEN, b"data: [DONE]\n\n"]),
+    ("/v1/messages", [b'event: message_start\ndata: {"type": "message_start"}\n\n',
+                      b'event: message_stop\ndata: {"type": "message_stop"}\n\n']),
+    ("/v1/responses", [b'event: response.completed\ndata: {"type": "response.completed"}\n\n']),
+])
+def test_bytes_after_the_engines_stream_ended_never_reach_the_client(
+        spawn_proxy: SpawnProxy, path: str, events: list[bytes]) -> None:
+    def script(conn: socket.socket, method: str, target: str, body: bytes) -> None:
+        conn.sendall(sse_chunks(events) + STRAY)  # the stray answer in the same write
+
+    with scripted_engine(script) as engine:
+        p = spawn_proxy([engine])
+        reply = post_json(p.url, path, {**CHAT, "stream": True, "max_tokens": 5})
+        assert reply.status == 200
+        assert reply.body == b"".join(events)
+
+
+def test_bytes_after_a_large_answer_ended_never_reach_the_client(spawn_proxy: SpawnProxy) -> None:
+    # Over 1 MiB: relayed as it arrives, with the engine's Content-Length.
+    big = json.dumps({**ANSWER, "filler": "y" * (2 << 20)}).encode()
+
+    def script(conn: socket.socket, method: str, target: str, body: bytes) -> None:
+        conn.sendall(json_answer(big) + b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nEVIL!")
+
+    with scripted_engine(script) as engine:
+        p = spawn_proxy([engine])
+        reply = post_json(p.url, "/v1/chat/completions", CHAT)
+        assert (reply.status, reply.body) == (200, big)
+        assert "Traceback" not in p.log()
+        assert "internal error" not in p.log()
+
+
+def test_a_connection_that_starts_an_unasked_answer_is_not_reused(spawn_proxy: SpawnProxy) -> None:
+    body = json.dumps(ANSWER).encode()
+    answered = [0]
+
+    def script(conn: socket.socket, method: str, target: str, req: bytes) -> None:
+        answered[0] += 1
+        conn.sendall(json_answer(body))
+        if answered[0] == 1:  # then, while the connection idles, the head of another answer
+            time.sleep(0.2)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+
+    with scripted_engine(script) as engine:
+        p = spawn_proxy([engine], "--first-byte-timeout", "30", "--health-interval", "60")
+        assert post_json(p.url, "/v1/chat/completions", CHAT).status == 200
+        time.sleep(0.6)
+        t0 = time.monotonic()
+        reply = post_json(p.url, "/v1/chat/completions", CHAT)
+        assert (reply.status, reply.body) == (200, body)
+        assert time.monotonic() - t0 < 5
