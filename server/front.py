@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import httptools
 
+from server import anthropic
 from server.asgi import (
     DISCONNECT_HOOK,
     AsgiDownstream,
@@ -142,9 +143,23 @@ class HeadLimit:
         return None
 
 
-def refusal(default_headers: Any, status: int, message: str, code: str) -> bytes:
-    """A whole HTTP response: the OpenAI-format error, and the connection closing after it."""
-    body = json.dumps(error_body(message, "invalid_request_error", code, None)).encode()
+def request_target(url: bytes, head: bytes = b"") -> str:
+    """The request's target as far as it is known: the parser's ``url``, else the second word
+    of ``head``'s first line (a head refused before the parser read it)."""
+    if not url:
+        words = head[:head.find(b"\n")].split(b" ", 2) if b"\n" in head else head.split(b" ", 2)
+        url = words[1] if len(words) > 1 else b""
+    return url[:4096].decode("latin-1")
+
+
+def refusal(default_headers: Any, status: int, message: str, code: str,
+            target: str = "") -> bytes:
+    """A whole HTTP response: the error in the format of the route ``target`` names (the
+    Anthropic one on /v1/messages, else OpenAI's), and the connection closing after it."""
+    if anthropic.is_anthropic(target):
+        body = json.dumps(anthropic.error_body(status, message)).encode()
+    else:
+        body = json.dumps(error_body(message, "invalid_request_error", code, None)).encode()
     parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
     for name, value in default_headers:
         parts += (name, b": ", value, b"\r\n")
@@ -162,11 +177,12 @@ class Refusal:
     __slots__ = ("budget", "timer", "transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 default_headers: Any, status: int, message: str, code: str) -> None:
+                 default_headers: Any, status: int, message: str, code: str,
+                 target: str = "") -> None:
         log.info("refused a request: %d %s", status, message)
         self.transport = transport
         self.budget = LINGER_BYTES
-        transport.write(refusal(default_headers, status, message, code))
+        transport.write(refusal(default_headers, status, message, code, target))
         try:
             transport.write_eof()
         except (NotImplementedError, RuntimeError, OSError):  # pragma: no cover - TLS
@@ -186,6 +202,9 @@ class Refusal:
 refuse = Refusal
 
 
+INVALID_HTTP = ("the request is not valid HTTP/1.1 ({why}); send plain HTTP/1.1 requests (no "
+                "HTTP/2, one Content-Length or chunked body, no folded header lines or control "
+                "characters in headers)")
 UPGRADE_REFUSED = ("this server does not switch protocols (Upgrade, websocket, CONNECT): send "
                    "plain HTTP/1.1 requests without an Upgrade header")
 
@@ -740,10 +759,11 @@ class FrontProtocol(asyncio.Protocol):
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._disarm()
+        target = request_target(self.url, bytes(self.buf[:8192]))
         self.buf.clear()
         self.read_paused = False
         self.refused = refuse(self.transport, self.loop, self.host.default_headers,
-                              status, message, code)
+                              status, message, code, target)
 
     def _task_done(self, task: asyncio.Task[None], ex: Exchange) -> None:
         self.host.finished(task)

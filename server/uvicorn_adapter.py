@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -35,6 +36,7 @@ from server.asgi import (
 )
 from server.downstream import ChunkWriter
 from server.front import (
+    INVALID_HTTP,
     UPGRADE_REFUSED,
     Guards,
     HeadLimit,
@@ -42,6 +44,7 @@ from server.front import (
     StallTimer,
     head_too_large,
     refuse,
+    request_target,
     wants_upgrade,
 )
 
@@ -210,7 +213,7 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             # the bound is looser by at most one read, never absent.
             over = self._head.feed(data)
             if over is not None:
-                self._refuse(431, head_too_large(self._head, over), "header_too_large")
+                self._refuse(431, head_too_large(self._head, over), "header_too_large", data)
                 return
             super().data_received(data)
             # uvicorn stops its keep-alive timer on any byte, and arms nothing until a request
@@ -222,10 +225,18 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                     and getattr(self, "timeout_keep_alive_task", None) is None):
                 self._arm()
 
-        def _refuse(self, status: int, message: str, code: str) -> None:
+        def _refuse(self, status: int, message: str, code: str, head: bytes = b"") -> None:
             self._disarm()
             self._refused = refuse(self.transport, self.loop, self.server_state.default_headers,
-                                   status, message, code)
+                                   status, message, code, request_target(self.url, head))
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to a request llhttp refuses is plain text, closed at once (which
+            # can reset the answer away while the client still sends): here the route's error
+            # format and the refusal's lingering close. uvicorn calls this inside its
+            # ``except HttpParserError``, so the parser's reason is the exception being handled.
+            why = sys.exc_info()[1]
+            self._refuse(400, INVALID_HTTP.format(why=why or msg), "invalid_http")
 
         def _unsupported_upgrade_warning(self) -> None:
             if self._refused is None:  # pragma: no cover - every upgrade is refused first

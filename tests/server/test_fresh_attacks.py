@@ -6,6 +6,10 @@ before its fix (b0e451b).
   start of one): they reached the client after its stream or answer, or broke the next request
   sent on that connection. A connection that answers what it was not asked is out of step with
   its requests: it is closed, as mature clients do, and what it sent is dropped.
+- A request the HTTP parser refuses (CL with TE, obs-fold, a NUL in a header, an HTTP/2
+  preface...) got uvicorn's plain-text ``Invalid HTTP request received.`` and a close that could
+  reset the answer away: now the route's error format (Anthropic's on /v1/messages) and the
+  same lingering close as every other refusal.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import pytest
 
 from tests.server.conftest import SpawnProxy
 from tests.server.hostile import (
+    connect,
     json_answer,
     post_json,
+    read_reply,
     scripted_engine,
     sse_chunks,
 )
@@ -85,3 +91,47 @@ def test_a_connection_that_starts_an_unasked_answer_is_not_reused(spawn_proxy: S
         reply = post_json(p.url, "/v1/chat/completions", CHAT)
         assert (reply.status, reply.body) == (200, body)
         assert time.monotonic() - t0 < 5
+
+
+# -- requests the HTTP parser refuses ---------------------------------------------------------
+
+UNPARSABLE = {
+    "content-length and chunked": (b"content-length: 4\r\ntransfer-encoding: chunked\r\n\r\n"
+                                   b"0\r\n\r\n"),
+    "obs-fold": b"x-a: b\r\n c\r\ncontent-length: 0\r\n\r\n",
+    "NUL in a header": b"x-a: b\x00c\r\ncontent-length: 0\r\n\r\n",
+    "space before the colon": b"transfer-encoding : chunked\r\n\r\n0\r\n\r\n",
+    "chunk size overflow": b"transfer-encoding: chunked\r\n\r\nfffffffffffffffffff\r\nab",
+}
+
+
+@pytest.mark.parametrize("what", list(UNPARSABLE))
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models", "/v1/messages"])
+def test_a_request_the_parser_refuses_gets_the_routes_error_format(
+        spawn_proxy: SpawnProxy, sim_url: str, what: str, path: str) -> None:
+    p = spawn_proxy([sim_url])
+    method = b"GET" if path == "/v1/models" else b"POST"
+    with connect(p.url) as sock:
+        sock.sendall(b"%b %b HTTP/1.1\r\nhost: 127.0.0.1\r\n" % (method, path.encode())
+                     + UNPARSABLE[what] + b"x" * 200_000)  # and more the proxy will not read
+        reply = read_reply(sock)
+    assert reply.status == 400
+    assert reply.headers["content-type"] == "application/json"
+    error = reply.json()["error"]
+    if path == "/v1/messages":
+        assert reply.json()["type"] == "error"
+        assert error["type"] == "invalid_request_error"
+    else:
+        assert error["code"] == "invalid_http"
+    assert "HTTP/1.1" in error["message"]
+    assert reply.closed
+
+
+def test_an_http2_preface_gets_a_json_400_naming_http_1_1(spawn_proxy: SpawnProxy,
+                                                          sim_url: str) -> None:
+    p = spawn_proxy([sim_url])
+    with connect(p.url) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        reply = read_reply(sock)
+    assert reply.status == 400
+    assert reply.json()["error"]["code"] == "invalid_http"
