@@ -21,6 +21,15 @@ from loadgen.errors import PromptError
 
 _LETTERS = string.ascii_lowercase
 _MAX_FIT_STEPS = 40
+# fit_text's sample: at most this many words, and at most one word per _SAMPLE_SHARE tokens of
+# the target (seeded pseudo-words are up to ~4-5 tokens each), so the sample stays within it.
+_SAMPLE_WORDS = 256
+_SAMPLE_SHARE = 5
+# Each estimate aims this share of the way to the target: a sample's tokens per word is off by a
+# few percent (256 words of 2-9 letters), and a text past the target may be past the context.
+_AIM = 0.9
+# A gap this small is closed with one-token fillers, one count.
+_FILL_MAX = 64
 # Short words that are one token in every vocabulary worth benchmarking.
 _FILLERS = ("a", "i", "o", "e")
 
@@ -58,8 +67,16 @@ def fit_text(count: Callable[[str], int], target: int, seed: str, prefix: str = 
     """Text whose templated token count (`count`) is exactly `target`.
 
     Tokenizers split on spaces before merging, so counts add up word by word: estimate the
-    words needed from one sample, then drop words or add one-letter words (one token each in
-    any real vocabulary) until the count is right. A few /tokenize calls per prompt.
+    words needed from a sample, then add words, drop words or add one-letter words (one token
+    each in any real vocabulary) until the count is right. A few counts per prompt.
+
+    No text counted on the way is much longer than the target. A server without /tokenize
+    counts by answering a request (UsageCounter) and refuses one past the model's context, and
+    the seeded pseudo-words are often several tokens each (4.3 on average in the embedded
+    model's vocabulary, over 1,000 words): a sample of one word per token of the target, as
+    this once took, was counted at up to 4x the target and refused (HTTP 400) for any --prompt
+    above a quarter of the context there. So the sample is a fifth of that, the first text aims
+    below the target by _AIM, and the gap left is closed from below.
     """
     base = count(prefix)
     if base > target:
@@ -67,18 +84,27 @@ def fit_text(count: Callable[[str], int], target: int, seed: str, prefix: str = 
             f"the chat template alone is {base} tokens, more than --prompt {target};"
             " raise --prompt or use completions mode"
         )
-    words = seeded_words(seed, max(1, target - base))
-    sample = count(_join(prefix, words))
-    per_word = max(1.0, (sample - base) / len(words))
-    chosen = words[: int((target - base) / per_word)]
+    room = target - base
+    # every word is at least one token, so never more than `room` words are needed
+    words = seeded_words(seed, max(1, room))
+    sampled = words[: max(1, min(_SAMPLE_WORDS, room // _SAMPLE_SHARE))]
+    per_word = max(1.0, (count(_join(prefix, sampled)) - base) / len(sampled))
+    chosen = words[: int(_AIM * room / per_word)]
     for _ in range(_MAX_FIT_STEPS):
         got = count(_join(prefix, chosen))
         if got == target:
             return _join(prefix, chosen)
-        if got < target:
-            chosen = chosen + [_FILLERS[i % len(_FILLERS)] for i in range(target - got)]
-        else:
+        if got > target:  # each word is a token or more: dropping as many words as tokens over
             chosen = chosen[: max(0, len(chosen) - (got - target))]
+            continue
+        gap = target - got
+        if gap <= _FILL_MAX:
+            chosen = chosen + [_FILLERS[i % len(_FILLERS)] for i in range(gap)]
+            continue
+        if chosen:  # what these words really took, a better estimate than the sample's
+            per_word = max(1.0, (got - base) / len(chosen))
+        more = words[len(chosen) : len(chosen) + max(1, int(_AIM * gap / per_word))]
+        chosen = chosen + (more or [_FILLERS[i % len(_FILLERS)] for i in range(gap)])
     raise PromptError(
         f"could not make a chat prompt of exactly {target} tokens with the server's tokenizer;"
         " try another --prompt or --seed, or use completions mode"

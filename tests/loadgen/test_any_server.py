@@ -89,6 +89,27 @@ def test_without_any_tokenizer_prompts_are_calibrated_from_usage(
     assert all(r["prompt_expected"] == 200 for r in data["requests"])
 
 
+@pytest.mark.parametrize("args", [("--prompt", "3000"), ("--prompt", "3000", "--chat"),
+                                  ("--workload", "agent", "--sessions", "1", "--turns", "2",
+                                   "--think", "0")])
+def test_prompts_near_the_models_context_are_calibrated_from_usage_without_a_refusal(
+    plain: str, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Calibrating from usage counts by sending: no text counted on the way may be past the
+    stand-in's 4096-token context (before: one seeded word per target token, 4.3 tokens each
+    in the embedded model's vocabulary, answered HTTP 400)."""
+    out = tmp_path / "r.json"
+    code, _, stderr = _run(plain, out, *args)
+    assert code == 0, stderr
+    data = _load(out)
+    assert data["prompts"]["source"] == "usage"
+    assert all(r["error"] is None for r in data["requests"])
+    if "--prompt" in args:
+        assert {r["prompt_tokens"] for r in data["requests"]} == {3000}
+    else:  # the default context capped to the model's: the last turn close to its 4096
+        assert max(r["prompt_tokens"] for r in data["requests"]) > 3900
+
+
 def test_every_request_prompt_differs_so_no_prefix_cache_flatters_it(
     plain: str, tiny_model_path: str, tmp_path: Path
 ) -> None:

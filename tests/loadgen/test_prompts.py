@@ -83,3 +83,19 @@ def test_fit_text_refuses_when_the_template_alone_is_too_long() -> None:
 def test_seeded_words_are_deterministic() -> None:
     assert seeded_words("x", 5) == seeded_words("x", 5)
     assert seeded_words("x", 5) != seeded_words("y", 5)
+
+
+@pytest.mark.parametrize("target", [512, 1000, 4000, 30000])
+@pytest.mark.parametrize("per_word", [{1: 1}, {1: 1, 2: 1, 3: 1}, {1: 1, 9: 5, 8: 5, 7: 4, 6: 4}])
+def test_fitting_never_counts_a_text_longer_than_the_target(
+    target: int, per_word: dict[int, int]
+) -> None:
+    """A server without /tokenize counts by answering, and refuses a text past the model's
+    context: calibrating a prompt near the context must not count a longer one (the sample of
+    one pseudo-word per target token was 2-5x the target: HTTP 400 at --prompt 3000 of 4096)."""
+    calls, count = _counter(7, per_word)
+    text = fit_text(count, target, "s")  # type: ignore[arg-type]
+    fitting = list(calls)
+    assert len(fitting) < 12
+    assert count(text) == target  # type: ignore[operator]
+    assert max(count(c) for c in fitting) <= target  # type: ignore[operator]
