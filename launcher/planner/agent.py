@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 from launcher.model.modelspec import GIB, ModelSpec
@@ -283,13 +284,19 @@ class RooflineStep:
                                                         key[1] * memfit.BLOCK_TOKENS)
         return self._decode[key]
 
+    @cached_property
+    def layer_host(self) -> hardware.LayerHost:
+        """The model's host work a layer, the same figure the step's host floor takes."""
+        return costmodel.layer_host(self.m, self.lay.host)
+
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step, as loadsim's roofline step says it, under the
-        served engine's CUDA graphs (``lay.graphs``; :meth:`HostProfile.eager_launch_s`): past
-        their range eagerly, layer by layer, decoders only or not; within it a decode step's
-        full graph at once, a prompt step's pieces with the attention between them."""
-        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens,
-                                            graphs=self.lay.graphs)
+        served engine's CUDA graphs (``lay.graphs``; :meth:`LayerHost.launch_s` of the model's
+        layer, as the step's own floor has it): past their range eagerly, layer by layer,
+        decoders only or not; within it a decode step's full graph at once, a prompt step's
+        pieces with the attention between them."""
+        return self.layer_host.launch_s(self.m.num_layers, self.lay.graphs,
+                                        batch.prefill_tokens, batch.tokens)
 
 
 @dataclass(frozen=True)

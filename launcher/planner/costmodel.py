@@ -58,6 +58,7 @@ from launcher.planner.hardware import (
     SERVER_HOST,
     STEP_OVERHEAD_S,
     HostProfile,
+    LayerHost,
 )
 from launcher.planner.memfit import embedding_bytes, kv_shards, stage_share, tower_bytes
 from launcher.probe import attentionfit
@@ -395,9 +396,16 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
     # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, an eager
     # layer's kernels' own cost) against the host's launching of it, whichever is longer
     gpu_layer = (work_s + comm) / m.num_layers + (EAGER_LAYER_S if mode == "eager" else 0.0)
-    host_layer = (eager_host_layer_s(m, lay.host) if mode == "eager"
-                  else piecewise_host_layer_s(m, lay.host))
+    host_layer = layer_host(m, lay.host).per_layer_s(mode)
     return m.num_layers * max(gpu_layer, host_layer) + hops + STEP_OVERHEAD_S
+
+
+def layer_host(m: ModelSpec, host: HostProfile) -> LayerHost:
+    """``m``'s host work a layer on ``host``, eager (:func:`eager_host_layer_s`) and in
+    piecewise graphs (:func:`piecewise_host_layer_s`): the one figure of a step's host floor
+    (here, and kernelcost.HostBound) and of the engine core's launching of it (every step
+    timer's ``launch_s``: :meth:`LayerHost.launch_s`)."""
+    return LayerHost(eager_host_layer_s(m, host), piecewise_host_layer_s(m, host))
 
 
 def piecewise_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
@@ -488,7 +496,7 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     layers = m.num_layers * share
     if mode == "eager":  # past the graphs: launched layer by layer, as an eager prefill layer
         gpu = max(memory, compute) + comm + moe + layers * EAGER_LAYER_S
-        work = max(gpu, layers * eager_host_layer_s(m, lay.host))
+        work = max(gpu, layers * layer_host(m, lay.host).eager_s)
     else:
         work = max(memory, compute) + comm + moe
     stage = work + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launcher.planner.cudagraphs import CudaGraphs
+    from launcher.planner.cudagraphs import CudaGraphs, StepMode
     from launcher.probe.gpuperf import GpuPerf
     from launcher.probe.hostcost import HostTiming
 
@@ -243,6 +243,41 @@ PIECEWISE_HOST_SHARE = 5 / 10
 
 
 @dataclass(frozen=True)
+class LayerHost:
+    """The serving host's work a layer of one model's step, by how the served engine's CUDA
+    graphs run the step (:meth:`CudaGraphs.mode`): ``eager_s`` a layer whose kernels are
+    launched from Python (past the capture range), ``piecewise_s`` a layer of piecewise graphs
+    (the pieces' replays and the attention run between them), nothing for a full graph's one
+    replay. ONE figure for both places it is charged: the step's host floor (a layer never takes
+    less: costmodel's prefill and decode steps, kernelcost.HostBound) and the engine core's
+    launching of the step, which under async scheduling holds the step before's outputs
+    (every step timer's ``launch_s``, schedsim.LaunchTimer). Both are the same Python work in
+    the engine core's thread (the single-process executor runs the forward inline there), so a
+    family's extra dispatches (a fused-MoE op's, DeepSeek's MLA path) count in both:
+    costmodel.layer_host gives a model's; :attr:`HostProfile.reference_layer` the reference
+    (Llama) layer's."""
+
+    eager_s: float
+    piecewise_s: float
+
+    def per_layer_s(self, mode: StepMode) -> float:
+        """A layer's host work in a step run in ``mode``."""
+        if mode == "full":
+            return 0.0
+        return self.piecewise_s if mode == "piecewise" else self.eager_s
+
+    def launch_s(self, layers: int, graphs: CudaGraphs, prefill_tokens: int,
+                 tokens: int) -> float:
+        """The host's launching of a step of ``tokens`` tokens (``prefill_tokens`` of them
+        prompt tokens) of ``layers`` layers under the served engine's ``graphs``: past the range
+        eagerly, decoders only or not; within it a decode step's full graph at once, a prompt
+        step's pieces with the attention between them. The one rule of every step timer's
+        ``launch_s``: a method of a value the timers carry, so that a timer called from the
+        simulation never calls back into a module."""
+        return layers * self.per_layer_s(graphs.mode(prefill_tokens, tokens))
+
+
+@dataclass(frozen=True)
 class HostProfile:
     """The serving host's CPU work around the GPU's: ONE model for every host term the cost
     model has (costmodel.decode_step_s, prefill_step_s, the TTFT's way in, the agent plan's).
@@ -273,27 +308,12 @@ class HostProfile:
         layer's launching)."""
         return PIECEWISE_HOST_SHARE * self.layer_launch_s
 
-    def eager_launch_s(self, layers: int, prefill_tokens: int, tokens: int,
-                       max_graph_tokens: int = 0, graphs: CudaGraphs | None = None) -> float:
-        """The host's launching of a step, one rule for every step timer's ``launch_s``
-        (schedsim.LaunchTimer), by how the served engine's ``graphs`` run a step of ``tokens``
-        (``prefill_tokens`` of them prompt tokens; :meth:`CudaGraphs.mode`): past the capture
-        range eagerly, decoders only or not, each of its ``layers`` layers' kernels launched
-        from Python at ``layer_launch_s``; within it a step of decoders replays one full graph
-        at once, and a step with prompt tokens replays piecewise graphs with the attention
-        between them run from Python (:attr:`piecewise_layer_s` a layer). Without ``graphs``
-        (callers that give the range as a number, ``max_graph_tokens``, 0 for none): the rule
-        before the graphs were modelled, a step of prompt chunks past the range eager, anything
-        else at once. A method of the profile the timers carry, so that a timer called from the
-        simulation never calls back into it."""
-        if graphs is None:
-            if prefill_tokens == 0 or tokens <= max_graph_tokens:
-                return 0.0
-            return layers * self.layer_launch_s
-        mode = graphs.mode(prefill_tokens, tokens)
-        if mode == "full":
-            return 0.0
-        return layers * (self.piecewise_layer_s if mode == "piecewise" else self.layer_launch_s)
+    @property
+    def reference_layer(self) -> LayerHost:
+        """The reference (Llama) layer's host work on this host: ``layer_launch_s`` eager,
+        :attr:`piecewise_layer_s` in piecewise graphs, no family's extras (a model's:
+        costmodel.layer_host)."""
+        return LayerHost(self.layer_launch_s, self.piecewise_layer_s)
 
     @property
     def request_fixed_s(self) -> float:

@@ -33,12 +33,11 @@ from launcher.planner.costmodel import (
     Layout,
     Prediction,
     causal_pairs,
-    eager_host_layer_s,
-    piecewise_host_layer_s,
+    layer_host,
     request_host_s,
 )
 from launcher.planner.cudagraphs import EAGER, CudaGraphs, default_sizes
-from launcher.planner.hardware import HostProfile
+from launcher.planner.hardware import HostProfile, LayerHost
 from launcher.planner.memfit import (
     BLOCK_TOKENS,
     CPU_BATCHED_TOKENS,
@@ -271,9 +270,13 @@ class HostBound:
     # the served engine's graphs; None: vLLM's default sizes up to the table's range
     # (``cost.max_graph_tokens``)
     graphs: CudaGraphs | None = None
-    # the host's work a layer of a piecewise-graph step (costmodel.piecewise_host_layer_s of
-    # the model); None: the host profile's dense figure
-    piecewise_layer_s: float | None = None
+    # the model's host work a layer, eager and in piecewise graphs (costmodel.layer_host: the
+    # roofline's figure, family extras and all); None: the host profile's reference layer
+    layer: LayerHost | None = None
+
+    @property
+    def layer_host(self) -> LayerHost:
+        return self.layer if self.layer is not None else self.host.reference_layer
 
     @property
     def served(self) -> CudaGraphs:
@@ -287,27 +290,23 @@ class HostBound:
         and the rest of ``forward`` run the padded rows; attention the real ones), and no
         shorter than the front end's work, the engine core's, or, in a piecewise-graph step,
         the host's replays of its pieces with the attention between them (the roofline's
-        per-layer floor: costmodel.piecewise_host_layer_s)."""
+        per-layer floor: :attr:`layer_host`, costmodel.layer_host)."""
         graphs, tokens = self.served, batch.tokens
         mode = graphs.mode(batch.prefill_tokens, tokens)
         gpu = self.cost.step_s(batch)
         if mode != "eager":
             gpu += self.cost.forward(graphs.padded(tokens)) - self.cost.forward(tokens)
-        pieces = 0.0
-        if mode == "piecewise":
-            per = (self.piecewise_layer_s if self.piecewise_layer_s is not None
-                   else self.host.piecewise_layer_s)
-            pieces = self.layers * per
+        pieces = self.layers * self.layer_host.per_layer_s(mode) if mode == "piecewise" else 0.0
         return max(gpu, self.host.step_floor_s(batch.sampled), self.engine_s, pieces)
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), as the
-        roofline's (:meth:`HostProfile.eager_launch_s` under the same graphs): past the range
-        eagerly, layer by layer at the host profile's ``layer_launch_s``, decoders only or
-        not; within it a decode step's full graph at once, a prompt step's pieces with the
-        attention between them."""
-        return self.host.eager_launch_s(self.layers, batch.prefill_tokens, batch.tokens,
-                                        graphs=self.served)
+        roofline's (:meth:`LayerHost.launch_s` of the same layer figure, under the same
+        graphs): past the range eagerly, layer by layer, decoders only or not; within it a
+        decode step's full graph at once, a prompt step's pieces with the attention between
+        them."""
+        return self.layer_host.launch_s(self.layers, self.served, batch.prefill_tokens,
+                                        batch.tokens)
 
     def idle_start_s(self) -> float:
         """The engine core's own work, in series before an idle engine's first step (the
@@ -326,19 +325,20 @@ def _timer(
     host: HostProfile | None = None,
 ) -> tuple[StepTimer, tuple[str, ...]]:
     """The step timer a table gives (and its sources): where ``host`` is a GPU server's, eager
-    steps launched at its pace for ``m`` (costmodel.eager_host_layer_s, the roofline's figure),
+    steps launched at its pace for ``m`` (costmodel.layer_host, the roofline's figure),
     steps within the served engine's ``graphs`` padded and run as those graphs run them
     (:class:`HostBound`), and every step bound by its front end; the CPU engine's (``host``
     None) as timed. The one constructor of a table's steps."""
+    layer = layer_host(m, host) if host is not None else None
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=graphs.max_tokens,
                    measured_step_overhead=measured_step_overhead,
-                   layer_launch_s=eager_host_layer_s(m, host) if host is not None else 0.0,
+                   layer_launch_s=layer.eager_s if layer is not None else 0.0,
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources
     return HostBound(kc.cost, host, kc.overhead_s, m.num_layers, graphs,
-                     piecewise_host_layer_s(m, host)), (*kc.sources, graphs.source)
+                     layer), (*kc.sources, graphs.source)
 
 
 def _tp_allreduce(lay: Layout) -> AllReduce:

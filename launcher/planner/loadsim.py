@@ -20,11 +20,12 @@ step after another cannot represent; their plans keep the closed formula and say
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, memfit
 from launcher.planner.costmodel import Layout, Prediction
-from launcher.planner.hardware import HostProfile
+from launcher.planner.hardware import HostProfile, LayerHost
 from launcher.planner.kernelcost import layout_step
 from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
@@ -97,14 +98,20 @@ class RooflineStep:
                     sequences=max(1, sampled), sampled=sampled))
         return found
 
+    @cached_property
+    def layer_host(self) -> LayerHost:
+        """The model's host work a layer, the same figure the step's host floor takes."""
+        return costmodel.layer_host(self.m, self.lay.host)
+
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), which the engine
         core does before it takes the step before's output, as the served engine's graphs
-        (``lay.graphs``) run it (:meth:`HostProfile.eager_launch_s`): past their range eagerly,
-        each layer's kernels launched from Python, decoders only or not; within it a decode
-        step's full graph at once, a prompt step's pieces with the attention between them."""
-        return self.lay.host.eager_launch_s(self.m.num_layers, batch.prefill_tokens, batch.tokens,
-                                            graphs=self.lay.graphs)
+        (``lay.graphs``) run it (:meth:`LayerHost.launch_s` of the model's layer, family extras
+        and all, as the step's own floor has it): past their range eagerly, each layer's
+        kernels launched from Python, decoders only or not; within it a decode step's full
+        graph at once, a prompt step's pieces with the attention between them."""
+        return self.layer_host.launch_s(self.m.num_layers, self.lay.graphs,
+                                        batch.prefill_tokens, batch.tokens)
 
 
 def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int, *,

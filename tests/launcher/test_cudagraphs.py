@@ -12,7 +12,7 @@ import pytest
 
 from launcher.planner import costmodel, cudagraphs, hardware, loadsim
 from launcher.planner.cudagraphs import EAGER, CudaGraphs, Requested, default_sizes
-from launcher.planner.hardware import SERVER_HOST
+from launcher.planner.hardware import SERVER_HOST, LayerHost
 from launcher.planner.kernelcost import HostBound
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import StepBatch, TableStepCost
@@ -60,14 +60,14 @@ def test_decoders_replay_a_full_graph_prompts_piecewise_and_past_the_range_both_
 def test_the_host_launches_each_kind_of_step_by_one_rule() -> None:
     g = CudaGraphs(default_sizes(64))
     h = SERVER_HOST
-    assert h.eager_launch_s(10, 0, 32, graphs=g) == 0.0
-    assert h.eager_launch_s(10, 16, 32, graphs=g) == pytest.approx(10 * h.piecewise_layer_s)
-    assert h.eager_launch_s(10, 0, 65, graphs=g) == pytest.approx(10 * h.layer_launch_s)
-    assert h.eager_launch_s(10, 65, 65, graphs=g) == pytest.approx(10 * h.layer_launch_s)
+    ref = h.reference_layer
+    assert ref.launch_s(10, g, 0, 32) == 0.0
+    assert ref.launch_s(10, g, 16, 32) == pytest.approx(10 * h.piecewise_layer_s)
+    assert ref.launch_s(10, g, 0, 65) == pytest.approx(10 * h.layer_launch_s)
+    assert ref.launch_s(10, g, 65, 65) == pytest.approx(10 * h.layer_launch_s)
     assert h.piecewise_layer_s == pytest.approx(hardware.PIECEWISE_HOST_SHARE * h.layer_launch_s)
-    # without graphs: the rule callers that hold the range as a number had
-    assert h.eager_launch_s(10, 0, 600) == 0.0
-    assert h.eager_launch_s(10, 16, 32, 64) == 0.0
+    # no graphs (--enforce-eager, the CPU engine): every step launched layer by layer
+    assert ref.launch_s(10, EAGER, 0, 1) == pytest.approx(10 * h.layer_launch_s)
 
 
 def test_a_small_models_prompt_within_the_range_is_bound_by_the_pieces_host_work() -> None:
@@ -118,11 +118,12 @@ def test_decoders_past_the_range_run_eagerly_on_the_roofline_and_the_table_alike
 def test_the_tables_piecewise_step_is_padded_and_bound_by_the_pieces_host_work() -> None:
     cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-5, 1.024e-3))
     timer = HostBound(cost, replace(SERVER_HOST, step_s=0.0, seq_step_s=0.0), layers=10,
-                      graphs=CudaGraphs(default_sizes(512)), piecewise_layer_s=1e-5)
+                      graphs=CudaGraphs(default_sizes(512)),
+                      layer=LayerHost(SERVER_HOST.layer_launch_s, 1e-5))
     # 257 tokens run as 272 (the forward's), the host's pieces 10 x 10 us below it
     assert timer.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(
         cost.forward(272))
-    slow = replace(timer, piecewise_layer_s=1e-3)
+    slow = replace(timer, layer=LayerHost(SERVER_HOST.layer_launch_s, 1e-3))
     assert slow.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(10e-3)
 
 
@@ -152,3 +153,28 @@ def test_the_agent_plans_rooms_run_under_the_plans_graphs() -> None:
         for r in ap.rooms:
             assert r.lay is not None
             assert r.lay.graphs.max_tokens == top
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite-shape", "qwen3-30b-a3b-shape",
+                                  "gemma-3-12b-shape", "smollm2-1.7b-shape"])
+def test_a_steps_launch_is_the_host_work_its_step_is_floored_by(name: str) -> None:
+    # the engine core's launching of a step and the step's own host floor are the same Python
+    # work a layer (family extras and all: a fused-MoE op's dispatch, DeepSeek's MLA path), so
+    # a host-bound step lasts its launch plus the engine core's overhead, eager or piecewise,
+    # on the roofline and on a kernel table alike
+    m = spec(name)
+    lay = one_gpu(m, Requested(64))
+    roof = loadsim.RooflineStep(m, lay)
+    for batch in (StepBatch(prefill_tokens=128, sampled=1),  # past the range: eager
+                  StepBatch(prefill_tokens=32, sampled=1)):  # within it: piecewise
+        assert roof.launch_s(batch) > 0
+        assert roof.launch_s(batch) == pytest.approx(
+            roof.step_s(batch) - hardware.STEP_OVERHEAD_S, rel=1e-6)
+    mine = costmodel.layer_host(m, lay.host)
+    assert roof.launch_s(StepBatch(prefill_tokens=128, sampled=1)) == pytest.approx(
+        m.num_layers * costmodel.eager_host_layer_s(m, lay.host))
+    cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-6, 1e-5))  # a GPU far ahead of its host
+    table = HostBound(cost, replace(lay.host, step_s=0.0, seq_step_s=0.0), layers=m.num_layers,
+                      graphs=lay.graphs, layer=mine)
+    within = StepBatch(prefill_tokens=32, sampled=1)
+    assert table.launch_s(within) == pytest.approx(table.step_s(within))

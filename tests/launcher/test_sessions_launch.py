@@ -9,7 +9,7 @@ import pytest
 
 from launcher.model.modelspec import load_model_spec
 from launcher.planner import agent as agent_mod
-from launcher.planner import loadsim
+from launcher.planner import costmodel, loadsim
 from launcher.planner.cudagraphs import Requested
 from launcher.planner.hardware import SERVER_HOST
 from launcher.planner.kernelcost import HostBound
@@ -102,7 +102,10 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
     assert c.fit is not None
     lay = candidate_layout(c, topo, Links(topo, Requested(64)), c.fit.kv_budget)
     eager = StepBatch(prefill_tokens=512, sampled=1)
-    want = m.num_layers * lay.host.layer_launch_s
+    # DeepSeek's layer, family extras and all (costmodel.layer_host), as its steps' own floor
+    layer = costmodel.layer_host(m, lay.host)
+    assert layer.eager_s > lay.host.layer_launch_s
+    want = m.num_layers * layer.eager_s
     timers = (layout_step(m, table, lay), layout_step(m, table, lay, max_graph_tokens=64),
               agent_mod.step_timer(m, lay, (table,)),
               agent_mod.RooflineStep(m, lay), loadsim.RooflineStep(m, lay))
@@ -115,11 +118,11 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
     decoders = StepBatch(decode_seqs=100, decode_context=100 * 600, sampled=100)
     for timer in timers:
         assert isinstance(timer, LaunchTimer)
-        assert timer.launch_s(within) == pytest.approx(m.num_layers * lay.host.piecewise_layer_s)
+        assert timer.launch_s(within) == pytest.approx(m.num_layers * layer.piecewise_s)
         assert timer.launch_s(decoders) == pytest.approx(want)
     # within the range: the piecewise graphs' host work, not the eager layers'
     assert layout_step(m, table, lay, max_graph_tokens=512).launch_s(eager) == pytest.approx(  # type: ignore[attr-defined]
-        m.num_layers * lay.host.piecewise_layer_s)
+        m.num_layers * layer.piecewise_s)
 
 
 def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> None:
