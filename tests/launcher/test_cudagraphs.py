@@ -178,3 +178,28 @@ def test_a_steps_launch_is_the_host_work_its_step_is_floored_by(name: str) -> No
                       graphs=lay.graphs, layer=mine)
     within = StepBatch(prefill_tokens=32, sampled=1)
     assert table.launch_s(within) == pytest.approx(table.step_s(within))
+
+
+def test_no_planner_signature_holds_a_graph_range_of_its_own() -> None:
+    # the range comes from the layout's graphs (Policy.cuda_graphs, resolved on its GPUs) or
+    # cudagraphs' one named default, never from a number written beside a parameter (the agent
+    # plan's three `graph_steps: int = 512` went their own way from Policy.graph_steps)
+    import importlib
+    import inspect
+    import pkgutil
+
+    import launcher.planner
+
+    found = []
+    for info in pkgutil.iter_modules(launcher.planner.__path__):
+        mod = importlib.import_module(f"launcher.planner.{info.name}")
+        owned = [o for _, o in inspect.getmembers(mod)
+                 if getattr(o, "__module__", "") == mod.__name__]
+        funcs = [o for o in owned if inspect.isfunction(o)]
+        funcs += [f for c in owned if inspect.isclass(c)
+                  for _, f in inspect.getmembers(c, inspect.isfunction)]
+        for f in funcs:
+            for p in inspect.signature(f).parameters.values():
+                if "graph" in p.name and isinstance(p.default, int) and p.default > 0:
+                    found.append(f"{mod.__name__}.{f.__qualname__}({p.name}={p.default})")
+    assert not found
