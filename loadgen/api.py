@@ -121,7 +121,17 @@ def _prepare_depth(config: Config, depth: int) -> Workload:
     try:
         return prepare(depth_config(config, depth))
     except ContextTooShort as exc:
-        raise ContextTooShort(f"--depth {depth} (context + --prompt): {exc}") from None
+        if exc.max_len is None:
+            raise ContextTooShort(f"--depth {depth} (context + --prompt): {exc}") from None
+        # in the user's terms: D, --prompt and --gen as given, and the deepest that fits
+        asked = depth + config.prompt + config.gen
+        deepest = exc.max_len - config.prompt - config.gen
+        fix = (f"the deepest that fits is --depth {deepest}; lower --depth" if deepest >= 0
+               else "lower --prompt and --gen")
+        raise ContextTooShort(
+            f"--depth {depth} + --prompt {config.prompt} + --gen {config.gen} = {asked} tokens,"
+            f" past the {exc.max_len}-token context of the served model: {fix}, or serve the"
+            " model with a longer --max-model-len", exc.max_len) from None
 
 
 async def _prime(workload: Workload) -> RequestResult:

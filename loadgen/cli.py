@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=(),
         metavar="D[,D...]",
         help="measure after D tokens of context (cached unless --depth-cold); a sweep like"
-        " 0,8k,32k (k = 1000, K = 1024)",
+        " 0,8k,32k (k, m: x1000; K, M: x1024)",
     )
     p.add_argument(
         "--depth-cold",

@@ -33,11 +33,21 @@ class TargetError(LoadgenError):
 
 
 class ContextTooShort(TargetError):
-    """--prompt + --gen exceed the model's max_model_len."""
+    """--prompt + --gen exceed the model's max_model_len (``max_len``, where the server said it:
+    a caller that knows what made the prompt long, --depth, says it in its terms)."""
+
+    def __init__(self, message: str, max_len: int | None = None) -> None:
+        super().__init__(message)
+        self.max_len = max_len
 
 
 class NoTokenize(TargetError):
-    """The server has no usable vLLM-style /tokenize (loadgen then counts another way)."""
+    """The server has no usable vLLM-style /tokenize (loadgen then counts another way).
+    ``refusal``: the server's own answer ("HTTP 400: ..."), where it answered one."""
+
+    def __init__(self, message: str, refusal: str | None = None) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 class PromptError(LoadgenError):

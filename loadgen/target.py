@@ -58,17 +58,18 @@ def reason(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {detail}"
 
 
-def _check(response: httpx.Response, what: str) -> Any:
+def _check(response: httpx.Response) -> Any:
+    # response.url names the route: said once ("POST http://h:p/v1/chat/completions answered
+    # HTTP 400: ..."), the server's own reason after it
+    where = f"{response.request.method} {response.url}"
     if response.status_code in (401, 403):
-        raise TargetError(f"{response.url} refused {what} ({reason(response)}): pass --api-key")
+        raise TargetError(f"{where} was refused ({reason(response)}): pass --api-key")
     if response.status_code != 200:
-        raise TargetError(f"{response.url} answered {what} with {reason(response)}")
+        raise TargetError(f"{where} answered {reason(response)}")
     try:
         return response.json()
     except ValueError:
-        raise TargetError(
-            f"{response.url} answered {what} with something that is not JSON"
-        ) from None
+        raise TargetError(f"{where} answered with something that is not JSON") from None
 
 
 class TargetClient:
@@ -84,7 +85,7 @@ class TargetClient:
 
     def models(self) -> list[dict[str, Any]]:
         with _translated(self.url, "/v1/models"):
-            body = _check(self._http.get("/v1/models"), "/v1/models")
+            body = _check(self._http.get("/v1/models"))
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list) or not data:
             raise TargetError(f"{self.url}/v1/models lists no model: is the engine loaded?")
@@ -96,9 +97,10 @@ class TargetClient:
             response = self._http.post("/tokenize", json={"model": model, **fields})
         if response.status_code in (400, 404, 405, 422, 501):
             raise NoTokenize(
-                f"{self.url} has no vLLM-style /tokenize for this request ({reason(response)})"
+                f"{self.url} has no vLLM-style /tokenize for this request ({reason(response)})",
+                reason(response),
             )
-        body = _check(response, "/tokenize")
+        body = _check(response)
         if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
             raise NoTokenize(f"{self.url}/tokenize answered without a vLLM-style token list")
         return body
@@ -106,7 +108,7 @@ class TargetClient:
     def post(self, path: str, body: dict[str, Any]) -> Any:
         """A control-plane POST (calibration requests), JSON in and out."""
         with _translated(self.url, path):
-            return _check(self._http.post(path, json=body), path)
+            return _check(self._http.post(path, json=body))
 
     def metrics_text(self, url: str | None = None) -> str | None:
         """The /metrics exposition (of `url` when given, e.g. the engine behind a proxy), or
@@ -161,5 +163,6 @@ def check_context(max_len: int | None, prompt: int, gen: int, model: str) -> Non
         raise ContextTooShort(
             f"model {model!r} has a context of {max_len} tokens, shorter than --prompt {prompt}"
             f" + --gen {gen} = {prompt + gen}: lower them, or serve it with a longer"
-            " --max-model-len"
+            " --max-model-len",
+            max_len,
         )

@@ -67,8 +67,8 @@ class RemoteCounter:
             # Its /tokenize counted text a moment ago: a refusal of messages is the server's
             # chat template (vLLM: none set), and its own words say so.
             raise TargetError(
-                f"the server cannot render a chat prompt: {exc}; serve the model with a chat"
-                " template (vLLM: --chat-template FILE)"
+                f"the server cannot render a chat prompt ({exc.refusal or exc}): serve the"
+                " model with a chat template (vLLM: --chat-template FILE)"
             ) from None
         return _count(body)
 

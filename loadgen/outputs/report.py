@@ -159,10 +159,22 @@ def format_depth_notes(level: LevelResult) -> list[str]:
         )
     prefill = f"prefill of the {d.new_tokens} new tokens p50 {_rate(s.prefill_new_tok_s.p50)} tok/s"
     if s.cached_reported:
+        # What prefill really computed, beside the new tokens' rate: cold (or a context the
+        # cache lost) it is the whole prompt, which the new tokens' rate alone would hide.
         lines.append(
             f"{d.mode}: cached tokens p50 {_whole(s.cached_tokens.p50)} of"
-            f" {d.tokens + d.new_tokens} (hit rate {s.hit_rate or 0:.0%}, from usage); {prefill}"
+            f" {d.tokens + d.new_tokens} (hit rate {s.hit_rate or 0:.0%}, from usage); {prefill};"
+            f" of every uncached token p50 {_rate(s.uncached_tok_s.p50)} tok/s"
         )
+        if not d.cold and d.tokens and (s.cached_tokens.p50 or 0) < d.tokens / 2:
+            # The context was sent once before, yet the measured requests found most of it
+            # uncached: their figures are cold ones, which the mode alone would not say.
+            lines.append(
+                f"cached asked, but the measured requests found p50 {_whole(s.cached_tokens.p50)}"
+                f" of the {d.tokens}-token context cached: the server's prefix cache is off or"
+                " evicted it (vLLM: --enable-prefix-caching, a larger KV cache); these figures"
+                " are close to --depth-cold's"
+            )
     elif d.tokens:
         lines.append(
             f"{d.mode}: {prefill}; the server reported no cached tokens"

@@ -251,3 +251,22 @@ def test_a_server_that_refuses_vllms_length_fields_is_measured_without_them(
     assert data["config"]["exact_length"] is False
     assert [(r["prompt_tokens"], r["completion_tokens"], r["error"]) for r in data["requests"]] \
         == [(64, 3, None)] * 3
+
+
+def test_a_refused_control_request_names_its_route_once_and_the_servers_reason(
+    plain: str,
+) -> None:
+    from loadgen.errors import TargetError
+    from loadgen.target import TargetClient
+
+    client = TargetClient(plain, None)
+    try:
+        with pytest.raises(TargetError) as refused:
+            client.post("/v1/completions", {"model": "standin-model", "prompt": "a " * 5000,
+                                            "max_tokens": 1})
+    finally:
+        client.close()
+    said = str(refused.value)
+    assert said.startswith(f"POST {plain}/v1/completions answered HTTP 400: ")
+    assert said.count("/v1/completions") == 1
+    assert "maximum context length" in said  # the stand-in's own words

@@ -96,6 +96,41 @@ def test_a_level_at_depth_is_read_from_its_requests_usage(
     assert (none.cached_reported, none.hit_rate) == (0, None)
 
 
+def test_a_cold_depth_says_the_rate_of_every_uncached_token_beside_the_new_tokens() -> None:
+    """Cold, the server prefills the whole context: the new tokens' rate alone (128 tokens over
+    the TTFT of 2,128) would read as a slow engine, not as what it computed."""
+    from loadgen.outputs.report import format_depth_notes
+    from loadgen.outputs.results import LevelResult
+    from loadgen.stats import summarize
+
+    requests = tuple(_result(i, 2128, 0, 1.0) for i in range(3))
+    level = LevelResult(1, None, summarize(requests, (0.0, 3.0)), requests,
+                        depth=DepthRun(2000, 128, cold=True))
+    (line,) = format_depth_notes(level)
+    assert "prefill of the 128 new tokens p50 128.0 tok/s" in line
+    assert "of every uncached token p50 2,128.0 tok/s" in line
+
+
+def test_a_cached_depth_whose_context_the_server_did_not_keep_says_so() -> None:
+    """A server without prefix caching (vLLM --no-enable-prefix-caching) reports 0 cached
+    tokens after the prime: the level asked for a cached context and measured a cold one."""
+    from loadgen.outputs.report import format_depth_notes
+    from loadgen.outputs.results import LevelResult
+    from loadgen.stats import summarize
+
+    def notes(cached: int) -> list[str]:
+        requests = tuple(_result(i, 1128, cached, 0.5) for i in range(3))
+        level = LevelResult(1, None, summarize(requests, (0.0, 3.0)), requests,
+                            depth=DepthRun(1000, 128, cold=False))
+        return format_depth_notes(level)
+
+    missed = notes(0)[-1]
+    assert missed.startswith("cached asked, but the measured requests found p50 0 of the"
+                             " 1000-token context cached")
+    assert "--enable-prefix-caching" in missed
+    assert not any("cached asked" in line for line in notes(896))  # whole blocks of it: kept
+
+
 def test_a_binary_suffix_with_decimals_is_refused_with_the_decimal_spelling() -> None:
     with pytest.raises(BadArgument, match=r"did you mean 1\.5k"):
         parse_tokens("1.5K")
@@ -206,6 +241,9 @@ def test_an_agent_run_against_a_model_without_chat_template_says_so_in_the_serve
     assert "chat template" in err  # transformers' words, passed on as vLLM does
     assert "--chat-template" in err
     assert "Traceback" not in err
+    # the server's reason, not a claim that it lacks the /tokenize it just answered
+    assert err.startswith("loadgen: error: the server cannot render a chat prompt (HTTP 400: ")
+    assert "no vLLM-style /tokenize" not in err
 
 
 # ---- --tokenizer against a server that counts one more token ---------------------------
@@ -286,8 +324,11 @@ def test_depth_requests_are_context_plus_new_tokens_with_the_context_cached_or_c
 
     too_deep = run_cli("--url", url, "--depth", "4k", "--tokenizer", tiny_model_path)
     assert too_deep.returncode == 1
-    assert "--depth 4000 (context + --prompt): model" in too_deep.stderr
-    assert "shorter than --prompt 4512" in too_deep.stderr
+    # one line in the user's terms: what was asked, the context, the deepest that fits
+    assert too_deep.stderr.strip().splitlines() == [
+        "loadgen: error: --depth 4000 + --prompt 512 + --gen 256 = 4768 tokens, past the"
+        " 4096-token context of the served model: the deepest that fits is --depth 3328; lower"
+        " --depth, or serve the model with a longer --max-model-len"]
 
 
 def test_depth_runs_are_pushed_with_a_depth_label(
