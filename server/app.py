@@ -43,6 +43,7 @@ from server.asgi import Message, Receive, Scope, Send, body_buffered, disconnect
 from server.config import ProxyConfig
 from server.enginestats import EngineCacheStats
 from server.errors import (
+    SHUTDOWN_MESSAGE,
     BadRequest,
     BodyTooLarge,
     Forbidden,
@@ -240,6 +241,17 @@ class Proxy:
             return
         except ClientGone:
             return
+        except asyncio.CancelledError:  # by the server, past --drain-timeout: body still coming
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # for the bounded answer; the request ends with it
+            cut = UpstreamUnavailable(SHUTDOWN_MESSAGE)
+            self.metrics.requests.labels("unknown", path, str(cut.status)).inc()
+            log.info("%s POST %s %d", rid, path, cut.status)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await send_error(send, cut, rid)
+            return
         strip = False
         if obj.get("stream"):
             options = obj.get("stream_options") or {}
@@ -383,8 +395,24 @@ class ProxyApp:
                    if scope["type"] == "http" else None)
         if refusal is not None:
             await self.refuse(scope, send, refusal)
-        else:
+            return
+        try:
             await self.fastapi(scope, receive, send)
+        except asyncio.CancelledError:
+            await self.cut_at_shutdown(scope, send)
+
+    async def cut_at_shutdown(self, scope: Scope, send: Send) -> None:
+        """uvicorn cancels the requests still running past its graceful-shutdown timeout
+        (--drain-timeout). The relay tells its own client (a 503 or the stream's error event);
+        one cancelled elsewhere (its body still arriving, /ready or /metrics asking an engine)
+        gets the same 503 here. Not re-raised: uvicorn would log each as an 'Exception in ASGI
+        application' with a traceback and answer one not yet answered with a text/plain 500."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        with contextlib.suppress(Exception):  # an answer already begun: the relay's, ended
+            async with asyncio.timeout(1.0):
+                await self.refuse(scope, send, UpstreamUnavailable(SHUTDOWN_MESSAGE))
 
     def lean_handler(self) -> Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]:
         """What the lean front (server.front) calls for the generation routes: the proxy's own

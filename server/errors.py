@@ -102,6 +102,10 @@ class UpstreamBadResponse(ProxyError):
     status, type, code = 502, "server_error", "bad_engine_response"
 
 
+# What a request still running past --drain-timeout is told (a 503, or its stream's error event)
+SHUTDOWN_MESSAGE = "the proxy is shutting down; retry the request"
+
+
 def error_body(message: str, err_type: str, code: str | None,
                param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}

@@ -55,7 +55,7 @@ from server.asgi import (
     client_left,
     new_disconnect_hook,
 )
-from server.errors import error_body
+from server.errors import SHUTDOWN_MESSAGE, error_body
 
 log = logging.getLogger("toposerve")
 GENERATION_PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions"})
@@ -775,11 +775,17 @@ class FrontProtocol(asyncio.Protocol):
         ex.flush_head()  # a started answer ends as it did without the hold: head, then close
         if not ex.response_started:
             ex.keep_alive = False
-            body = json.dumps(error_body("internal error in the proxy; see its log",
-                                         "internal_error", None, None)).encode()
+            if task.cancelled():  # the server's, past --drain-timeout, before any answer
+                status, extra = 503, [(b"retry-after", b"5")]
+                body = json.dumps(error_body(SHUTDOWN_MESSAGE, "server_error",
+                                             "engine_unavailable", None)).encode()
+            else:
+                status, extra = 500, []
+                body = json.dumps(error_body("internal error in the proxy; see its log",
+                                             "internal_error", None, None)).encode()
             with contextlib.suppress(Exception):
-                ex._start(500, [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())])
+                ex._start(status, [(b"content-type", b"application/json"),
+                                   (b"content-length", str(len(body)).encode()), *extra])
                 self.transport.write(body)
         self.transport.close()  # the answer cannot be completed: the client must see an end
 

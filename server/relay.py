@@ -42,6 +42,7 @@ from server.dialects import Dialect, StreamRules, dialect_for
 from server.downstream import ChunkWriter, Downstream
 from server.enginestatus import EngineStatus
 from server.errors import (
+    SHUTDOWN_MESSAGE,
     ProxyError,
     TooManyRequests,
     UpstreamBadResponse,
@@ -78,7 +79,6 @@ THREAD_PARSE_BYTES = 64 * 1024  # a buffered answer from this size on is parsed 
 USAGE_TAIL_BYTES = 16 * 1024
 # The server cancelled the request task (its drain timeout ran out at shutdown): the stream
 # ends with an error event in its dialect, and the access log says 503.
-SHUTDOWN_MESSAGE = "the proxy is shutting down; retry the request"
 
 
 @dataclass
@@ -217,8 +217,11 @@ class Relay:
         except asyncio.CancelledError:
             guard.stop()
             if guard.reason is None:  # the server's: shutdown past its drain timeout
+                # The client is told, and the request ends there: uvicorn no longer waits for
+                # it, and a re-raised cancellation would only be logged as an 'Exception in
+                # ASGI application' with a traceback, one per request cut.
                 await self._shutdown(call, task, down)
-                raise
+                return
             task.uncancel()
             await self._cancelled(call, guard.reason, down)
         except Exception as exc:  # a bug of the proxy: still an error answer, never a hang
@@ -493,10 +496,10 @@ class Relay:
 
     async def _shutdown(self, call: Call, task: asyncio.Task[Any], down: Downstream) -> None:
         """Cut by the server at shutdown: the client is told (an error event, or a 503), and
-        the access log says so, before the cancellation goes on."""
+        the access log says so."""
         if call.finished:
             return
-        task.uncancel()  # for the bounded send below; the cancellation is re-raised after
+        task.uncancel()  # for the bounded send below
         await self._fail(call, UpstreamUnavailable(SHUTDOWN_MESSAGE), down, bound_s=1.0)
 
     async def _fail(self, call: Call, exc: ProxyError, down: Downstream,

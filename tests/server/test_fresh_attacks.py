@@ -15,6 +15,8 @@ before its fix (b0e451b).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 
@@ -28,11 +30,14 @@ from tests.server.hostile import (
     read_reply,
     scripted_engine,
     sse_chunks,
+    wait_for,
 )
 from tests.server.test_http_layers import ANSWER, CHAT
 
 TOKEN = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
          b'"delta":{"content":"tok"},"finish_reason":null}]}\n\n')
+MESSAGES_STREAM = {"model": "sim-model", "max_tokens": 30000, "stream": True,
+                   "messages": [{"role": "user", "content": "hi"}]}
 STRAY = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 12\r\n\r\n"
          b"data: EVIL\n\n")
 
@@ -135,3 +140,45 @@ def test_an_http2_preface_gets_a_json_400_naming_http_1_1(spawn_proxy: SpawnProx
         reply = read_reply(sock)
     assert reply.status == 400
     assert reply.json()["error"]["code"] == "invalid_http"
+
+
+# -- SIGTERM past --drain-timeout while bodies still arrive ----------------------------------
+
+def test_requests_cut_at_shutdown_before_their_answer_get_a_503_and_no_traceback(
+        spawn_proxy: SpawnProxy, sim_url: str) -> None:
+    p = spawn_proxy([sim_url], "--drain-timeout", "1")
+    slow = []  # heads sent, bodies never finished: still being read when the drain ends
+    for path, framing in [("/v1/chat/completions", b"content-length: 1000\r\n\r\n{"),
+                          ("/v1/chat/completions", b"transfer-encoding: chunked\r\n\r\n1\r\n{\r\n"),
+                          ("/v1/messages", b"content-length: 1000\r\n\r\n{")]:
+        sock = connect(p.url, timeout=20)
+        sock.sendall(b"POST %b HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                     % path.encode() + framing)
+        slow.append((path, sock))
+    stream = connect(p.url, timeout=20)
+    stream.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                   b"application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%b" % (
+                       len(body := json.dumps(MESSAGES_STREAM).encode()), body))
+    assert stream.recv(65536).startswith(b"HTTP/1.1 200")
+    time.sleep(0.3)
+    os.kill(p.pid, signal.SIGTERM)
+    for path, sock in slow:
+        with sock:
+            reply = read_reply(sock, timeout=20)
+        assert reply.status == 503, (path, reply.body)
+        assert reply.headers["retry-after"]
+        answer = reply.json()
+        error = answer["error"]
+        assert "shutting down" in error["message"]
+        if path == "/v1/messages":
+            assert answer["type"] == "error"
+            assert error["type"] == "overloaded_error"
+    got = b""
+    with stream:
+        while chunk := stream.recv(65536):
+            got += chunk
+    assert b"event: error" in got
+    assert got.endswith(b"0\r\n\r\n")
+    assert wait_for(lambda: "Finished server process" in p.log(), timeout=20)
+    assert "Traceback" not in p.log()
+    assert "Exception in ASGI application" not in p.log()
