@@ -99,6 +99,7 @@ def render(
     chat_template: str | None = None,
     place: NodePlace | None = None,
     extras: EngineExtras | None = None,
+    no_chat_template: bool = False,
 ) -> Rendered:
     """The engines that run ``plan``: replica ``i`` listens on ``port + i``. ``extras``: flags
     beyond the layout (serve's), each kept only where the installed vLLM takes it."""
@@ -118,6 +119,14 @@ def render(
         notes.append("config.json names its own modelling code (auto_map) for a model type this "
                      "transformers does not know: vLLM will refuse it without "
                      "--trust-remote-code; pass --trust-remote-code if you trust the repository")
+    if no_chat_template and not any(a == "--chat-template" or a.startswith("--chat-template=")
+                                    for a in extra_args):
+        # vLLM starts without one and refuses each chat request (HTTP 400), which is what every
+        # coding agent sends: said before the start, not found by the first client
+        notes.append("the model's files have no chat template: vLLM will serve completions "
+                     "only and refuse every chat request (HTTP 400), which is what coding agents "
+                     "send; for chat pass `-- --chat-template FILE` (an instruct model's "
+                     "template), or serve the instruct variant")
     parser_note = choose_tool_parser(plan.family, tokenizer_tokens, chat_template)[1]
     if parser_note and cmd.tool_parser is None:
         notes.append(parser_note)

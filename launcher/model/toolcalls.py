@@ -126,6 +126,20 @@ def chat_template(model_dir: str | Path | None) -> str | None:
     return raw if isinstance(raw, str) else None
 
 
+def lacks_chat_template(model_dir: str | Path | None) -> bool:
+    """True only when the model's folder holds its whole tokenizer (tokenizer.json, or a
+    SentencePiece tokenizer.model) and no chat template in any file vLLM reads one from
+    (chat_template.jinja, a processor's chat_template.json, tokenizer_config.json's): a base
+    model, whose chat requests vLLM refuses. A hub model's planning fetch holds only some of
+    those files, so there it is never sure: False."""
+    if model_dir is None:
+        return False
+    root = Path(model_dir)
+    if not ((root / "tokenizer.json").is_file() or (root / "tokenizer.model").is_file()):
+        return False
+    return chat_template(root) is None and not (root / "chat_template.json").is_file()
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

@@ -27,7 +27,7 @@ from launcher.engine.vllmflags import OptionalFlag, installed_engine_flags, last
 from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.model import tinymodel
 from launcher.model.modelspec import ModelSpec, find_config, load_model_spec
-from launcher.model.toolcalls import chat_template, tokenizer_tokens
+from launcher.model.toolcalls import chat_template, lacks_chat_template, tokenizer_tokens
 from launcher.pipeline import enginesteps, hostcosts, kerneltables
 from launcher.pipeline.requests import PlanRequest, ServeRequest
 from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
@@ -103,7 +103,8 @@ def render_at(planned: Planned, place: NodePlace | None) -> Rendered:
         trust_remote_code=engine.trust_remote_code, ray_address=engine.ray_address,
         user_env=planned.env, cpu_ids=engine.cpu_ids, revision=planned.request.revision,
         tokenizer_tokens=tokenizer_tokens(model.path), chat_template=chat_template(model.path),
-        custom_code=model.custom_code, place=place, extras=planned.extras)
+        custom_code=model.custom_code, place=place, extras=planned.extras,
+        no_chat_template=lacks_chat_template(model.path))
     return replace(rendered, notes=(*planned.chosen.notes, *rendered.notes))
 
 

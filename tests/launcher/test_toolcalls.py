@@ -14,6 +14,7 @@ from launcher.model.toolcalls import (
     FAMILY_PARSERS,
     chat_template,
     choose_tool_parser,
+    lacks_chat_template,
     tokenizer_tokens,
 )
 
@@ -194,3 +195,37 @@ def test_plan_serves_qwen3_coder_with_its_own_parser(tmp_path: Path, capsys: obj
     _write(tmp_path, "tokenizer_config.json", {"chat_template": QWEN3_CODER})
     argv = _plan_argv(tmp_path, capsys)
     assert argv[argv.index("--tool-call-parser") + 1] == "qwen3_coder"
+
+
+def test_a_base_model_is_known_to_lack_a_chat_template_only_with_its_whole_tokenizer(
+    tmp_path: Path,
+) -> None:
+    """A hub model's planning fetch has tokenizer_config.json without tokenizer.json: its
+    template may be in a file not fetched, so nothing is said; a whole local tokenizer with no
+    template in any file vLLM reads is a base model."""
+    _write(tmp_path, "tokenizer_config.json", {"bos_token": "<s>"})
+    assert not lacks_chat_template(tmp_path)  # not sure: no tokenizer.json
+    _write(tmp_path, "tokenizer.json", {"model": {}})
+    assert lacks_chat_template(tmp_path)
+    _write(tmp_path, "chat_template.json", {"chat_template": "{{ messages }}"})  # a processor's
+    assert not lacks_chat_template(tmp_path)
+    (tmp_path / "chat_template.json").unlink()
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    assert not lacks_chat_template(tmp_path)
+    assert not lacks_chat_template(None)
+
+
+def test_plan_says_a_base_model_will_refuse_an_agents_chat_requests_unless_given_a_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.cli.main import main
+    from tests.launcher.paths import model, topo
+
+    (tmp_path / "config.json").write_text(Path(model("llama-3.1-8b"), "config.json").read_text())
+    _write(tmp_path, "tokenizer.json", {"model": {}})
+    _write(tmp_path, "tokenizer_config.json", {"bos_token": "<|begin_of_text|>"})
+    args = ["plan", "--model", str(tmp_path), "--topology", topo("h200x2-nvlink")]
+    assert main(args) == 0
+    assert "no chat template: vLLM will serve completions only" in capsys.readouterr().out
+    assert main([*args, "--", "--chat-template", "/t.jinja"]) == 0
+    assert "no chat template" not in capsys.readouterr().out
