@@ -447,6 +447,12 @@ def format_agent_notes(a: AgentResult) -> list[str]:
             " nor the toposerve proxy's toposerve_engine_prefix_cache_*; pass --metrics-url"
             " http://ENGINE/metrics)"
         )
+    if a.cache_source is None or "usage" not in a.cache_source:
+        # the per-turn hit column is then all "-": say why, as the depth lines do
+        notes.append(
+            "cache hit per turn: the server reported no cached tokens in usage"
+            " (vLLM: --enable-prompt-tokens-details, which `launcher serve` sets)"
+        )
     return notes
 
 

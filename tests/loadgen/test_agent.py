@@ -166,3 +166,23 @@ def test_agent_flags_that_make_no_sense_together_are_refused(cached: str) -> Non
     result = run_cli("--url", cached, "--workload", "agent", "--context", "9:3")
     assert result.returncode == 2
     assert "FIRST:LAST" in result.stderr
+
+
+@pytest.mark.parametrize(("source", "said"), [(None, True), ("metrics", True), ("usage", False),
+                                              ("usage+metrics", False)])
+def test_a_server_without_cached_tokens_in_usage_is_told_beside_the_empty_hit_column(
+    source: str | None, said: bool
+) -> None:
+    """The per-turn 'cache hit' column reads usage's cached_tokens; a server that gives none
+    (the simulated engine, vLLM without --enable-prompt-tokens-details) shows '-' in every row,
+    which needs the reason, as the depth lines give it."""
+    from loadgen.agent import AgentResult, TurnResult
+    from loadgen.outputs.report import format_agent_notes
+    from loadgen.stats import dist
+
+    one = dist([0.1])
+    turn = TurnResult(1, 2, 0, one, one, one, one, one, None, None)
+    pc = {"hit_rate": 0.5, "queries": 100.0} if source and "metrics" in source else None
+    notes = format_agent_notes(AgentResult(2, 1, (100, 300), 0.0, (turn,), pc, source))
+    told = [n for n in notes if n.startswith("cache hit per turn: the server reported no")]
+    assert bool(told) == said
