@@ -775,6 +775,13 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     options.append(Option("shorter", cut, f"--context {shorter:,} fits the cache as it is" if cut
                           else "a shorter context: not needed" if room.fits
                           else "no context fits: fewer --sessions", warm if cut else None))
+    if not room.fits and not cut:
+        # as the GPU plan refuses sessions that no layout and no context holds: here the one
+        # cache there is can still grow, which is the first fix
+        raise ValueError(f"{ask.sessions} session(s) of {ask.request_tokens:,} tokens do not fit "
+                         f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) even with "
+                         f"a short context: set VLLM_CPU_KVCACHE_SPACE={need_gib:g} (GiB of host "
+                         "memory) or ask for fewer --sessions")
     choice: OptionName = "shorter" if cut and not room.fits else "gpu"
     context = ask.context if choice == "gpu" else shorter
     reasons = [f"agent workload: {ask.sessions} session(s), each keeping a {ask.context:,}-token "
@@ -795,6 +802,9 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                    + f", TTFT p50 by depth: {sim.line(ask)}" if sim is not None else
                    "    gpu: one session's turn alone (the engine step is not timed here: "
                    "`launcher probe --measure`)")
+    chosen = next(o for o in options if o.name == choice)
+    reasons.append(f"agent plan: {choice} on the CPU engine, whose KV cache is host memory "
+                   f"({chosen.reason})")  # the line the GPU plan ends with
     flags = [FlagWish(("--performance-mode", "interactivity"),
                       f"{ask.sessions} session(s): latency first")
              ] if ask.sessions <= INTERACTIVITY_MAX_SESSIONS else []

@@ -427,3 +427,23 @@ def test_the_simulated_turns_pay_the_way_in_of_the_host_the_layout_was_planned_f
             .ttft_s for r in (room, slow)]
     assert ttft[1] - ttft[0] == pytest.approx(0.25 + first[0].prompt * host.prompt_token_s,
                                               rel=0.02)
+
+
+def test_the_cpu_engine_refuses_sessions_no_context_fits_and_names_the_cache_that_holds_them(
+) -> None:
+    """As the GPU plan refuses sessions no layout holds at any context, the CPU plan does, with
+    its own first fix (a bigger VLLM_CPU_KVCACHE_SPACE) instead of serving them anyway; where a
+    shorter context fits, it ends with the choice line the GPU plan ends with."""
+    from launcher.probe.topotypes import Topology
+
+    m = load_model_spec(model("llama-3.1-8b"))  # 128 KiB a token: 1 GiB holds 8,192
+    cpu = Topology(gpus=())
+    with pytest.raises(PlanError, match=r"^64 session\(s\) of 8,768 tokens do not fit the CPU "
+                       r"engine's KV cache \(1 GiB\) even with a short context: set "
+                       r"VLLM_CPU_KVCACHE_SPACE=[0-9.]+ \(GiB of host memory\) or ask for fewer "
+                       r"--sessions$"):
+        plan_with_agent(cpu, m, Policy(), AgentAsk(64, 8000), None)
+    _, ap = plan_with_agent(cpu, m, Policy(), AgentAsk(4, 8000), None)
+    assert ap is not None
+    assert ap.choice == "shorter"
+    assert ap.reasons[-1].startswith("agent plan: shorter on the CPU engine")
