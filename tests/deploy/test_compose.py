@@ -108,6 +108,21 @@ def test_vllm_runs_the_official_image_with_every_gpu_reserved(compose: dict[str,
     assert vllm["ipc"] == "host"  # NCCL shared memory between TP/PP workers
 
 
+def test_vllm_runs_with_the_prefix_cache_flags_launcher_serve_gives_it(
+    compose: dict[str, Any]
+) -> None:
+    """Without --enable-prompt-tokens-details vLLM's usage has no cached_tokens: `loadgen
+    --depth` and the agent workload against the compose stack would say "the server reported no
+    cached tokens" and the dashboard's cached-tokens columns would stay empty."""
+    from launcher.engine.enginecmd import EngineCommand
+
+    served = EngineCommand(model="m", host="127.0.0.1", port=8001).argv()
+    wanted = [a for a in served if a in ("--enable-prefix-caching",
+                                         "--enable-prompt-tokens-details")]
+    assert len(wanted) == 2
+    assert set(wanted) <= set(compose["services"]["vllm"]["command"].split())
+
+
 def test_proxy_gets_the_gpus_for_nvml_only(compose: dict[str, Any]) -> None:
     proxy = compose["services"]["proxy"]
     devices = proxy["deploy"]["resources"]["reservations"]["devices"]
