@@ -238,6 +238,12 @@ def validate(config: Config) -> Config:
          "--depth sets the shared context itself: drop --shared-prefix"),
         (not config.depth_cold or bool(config.depth), "--depth-cold needs --depth D"),
         (
+            # without it the counts are the server's own (/tokenize: a mismatch fails anyway) or
+            # calibrated from its usage (nothing to be strict against): the flag would do nothing
+            not config.strict_counts or bool(config.tokenizer),
+            "--strict-counts checks the server's counts against --tokenizer's: add --tokenizer",
+        ),
+        (
             config.soak_tokens is None or config.soak_tokens >= 1,
             "--soak-tokens must be at least 1 token",
         ),

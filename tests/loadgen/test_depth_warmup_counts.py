@@ -403,6 +403,7 @@ def test_an_agent_soak_keeps_taking_turns_until_the_conversation_crosses_the_tok
         (("--soak-tokens", "64k"), "add --workload agent"),
         (("--workload", "agent", "--soak-tokens", "64k", "--turn-tokens", "0"), "--turn-tokens"),
         (("--warmup", "-1"), "--warmup cannot be negative"),
+        (("--strict-counts",), "--strict-counts checks the server's counts against --tokenizer"),
     ],
 )
 def test_depth_soak_and_warmup_options_that_cannot_work_are_one_line_before_anything_is_sent(
