@@ -22,12 +22,16 @@ import time
 
 import pytest
 
+from server.uvicorn_adapter import MAX_PIPELINED
 from tests.server.conftest import SpawnProxy
 from tests.server.hostile import (
+    address,
     connect,
+    exchange,
     json_answer,
     post_json,
     read_reply,
+    rss_bytes,
     scripted_engine,
     sse_chunks,
     wait_for,
@@ -182,3 +186,35 @@ def test_requests_cut_at_shutdown_before_their_answer_get_a_503_and_no_traceback
     assert wait_for(lambda: "Finished server process" in p.log(), timeout=20)
     assert "Traceback" not in p.log()
     assert "Exception in ASGI application" not in p.log()
+
+
+# -- deep pipelining on the routes uvicorn serves ----------------------------------------------
+
+def test_a_read_of_pipelined_requests_queues_a_bounded_number(spawn_proxy: SpawnProxy,
+                                                              sim_url: str) -> None:
+    p = spawn_proxy([sim_url])
+    one = b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+    flood = one * (256 * 1024 // len(one))  # 6,393 requests in one write
+    before = rss_bytes(p.pid)
+    socks = []
+    try:
+        for _ in range(10):  # clients that send and do not read
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(address(p.url))
+            sock.sendall(flood)
+            socks.append(sock)
+        time.sleep(2)
+        grown = rss_bytes(p.pid) - before
+        assert exchange(p.url, "GET", "/health", timeout=5).status == 200
+    finally:
+        for sock in socks:
+            sock.close()
+    assert grown < 40 << 20, f"RSS grew {grown >> 20} MiB"  # ~300 MiB at ecd2510
+    with connect(p.url) as sock:  # a pipelining client gets the queued answers, then the close
+        sock.sendall(one * 40)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert got.count(b"HTTP/1.1 200 OK") == MAX_PIPELINED + 1
+    assert got.endswith(b'{"status":"ok"}')
