@@ -25,6 +25,7 @@ import logging
 import sys
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from server.asgi import (
@@ -281,6 +282,8 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                 log.info("a client pipelined over %d requests: the queued ones are answered, "
                          "then its connection is closed", MAX_PIPELINED)
                 raise _PipelineFull
+            if self.url[:1] not in (b"/", b"*"):
+                self._host_from_target()
             if self.parser.should_upgrade() or wants_upgrade(self.headers):
                 self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
                 return
@@ -296,6 +299,22 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                 hook["downstream"] = CycleDownstream(
                     cycle.receive, cycle.send, hook)  # type: ignore[arg-type]
                 hook["body_buffered"] = functools.partial(cycle_body_buffered, cycle)
+
+        def _host_from_target(self) -> None:
+            """An absolute-form target (``POST http://name/v1/... HTTP/1.1``): RFC 9112 3.2.2
+            says to ignore ``Host`` and take the target's authority, so that is the Host the
+            app (and its local-serving check) sees. uvicorn keeps the header and the target's
+            name is lost, which let a target naming any host pass a Host check on loopback."""
+            try:
+                parsed = httptools.parse_url(self.url)
+                name = parsed.host or b""
+            except (httptools.HttpParserInvalidURLError, ValueError):
+                parsed, name = None, b""
+            authority = b"[%b]" % name if b":" in name else name
+            if parsed is not None and parsed.port:
+                authority += b":%d" % parsed.port
+            # In place: uvicorn's scope holds this very list.
+            self.headers[:] = [*(h for h in self.headers if h[0] != b"host"), (b"host", authority)]
 
         def on_body(self, body: bytes) -> None:
             if self._refused is None:

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from server.uvicorn_adapter import MAX_PIPELINED
-from tests.server.conftest import SpawnProxy
+from tests.server.conftest import ProxyProc, SpawnProxy
 from tests.server.hostile import (
     address,
     connect,
@@ -37,6 +37,7 @@ from tests.server.hostile import (
     wait_for,
 )
 from tests.server.test_http_layers import ANSWER, CHAT
+from tests.server.test_local_guard import MESSAGES, raw
 
 TOKEN = (b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
          b'"delta":{"content":"tok"},"finish_reason":null}]}\n\n')
@@ -218,3 +219,20 @@ def test_a_read_of_pipelined_requests_queues_a_bounded_number(spawn_proxy: Spawn
             got += chunk
     assert got.count(b"HTTP/1.1 200 OK") == MAX_PIPELINED + 1
     assert got.endswith(b'{"status":"ok"}')
+
+
+# -- the Host an absolute-form target names ----------------------------------------------------
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/chat/completions"), ("GET", "/v1/models"), ("POST", "/v1/messages")])
+def test_an_absolute_form_target_naming_another_host_is_refused_on_loopback(
+        proxy: ProxyProc, sim_url: str, method: str, path: str) -> None:
+    body = json.dumps(MESSAGES).encode() if method == "POST" else b""
+    status, _, answer = raw(proxy.url, method, f"http://attacker.example{path}",
+                            [("host", "127.0.0.1"), ("content-type", "application/json")], body)
+    assert status == 403  # RFC 9112 3.2.2: the target's authority is the request's Host
+    assert "--allowed-hosts" in json.dumps(answer)  # either dialect
+    status, _, _ = raw(proxy.url, method, f"http://127.0.0.1:8000{path}",
+                       [("host", "attacker.example"), ("content-type", "application/json")],
+                       body)
+    assert status == 200
