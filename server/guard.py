@@ -17,7 +17,9 @@ local models have had exactly this hole (Ollama, llama.cpp, Jupyter closed it th
   Absent (curl, SDKs, agents): passes. The proxy's own origin (as the Host names it), a
   loopback origin on any port, a local app's scheme (Ollama's defaults: ``vscode-webview``,
   ``vscode-file``, ``app``, ``tauri``) and ``--allowed-origins`` pass; ``null`` (sandboxed
-  frames, ``file:``) and anything unparseable are refused.
+  frames, ``file:``) and anything unparseable are refused. A request without Origin that a
+  browser marks ``Sec-Fetch-Site: cross-site`` (an image or script load from another site's
+  page) is refused too, unless it is a navigation (``Sec-Fetch-Mode: navigate``).
 - CORS: a page from an origin in ``--allowed-origins`` (``*``: any) gets CORS headers on every
   answer (``Access-Control-Allow-Origin`` its origin, ``Vary: Origin``, ``Retry-After`` and
   ``X-Request-Id`` exposed) and its preflights (``OPTIONS`` with
@@ -118,9 +120,15 @@ def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refu
     give them), or None."""
     host: bytes | None = None
     origin: bytes | None = None
+    fetch_site = fetch_mode = b""
     seen: set[bytes] = set()
     for name, value in headers:
-        if name in SINGLETON_HEADERS:
+        if name[:10] == b"sec-fetch-":
+            if name == b"sec-fetch-site":
+                fetch_site = value.strip().lower()
+            elif name == b"sec-fetch-mode":
+                fetch_mode = value.strip().lower()
+        elif name in SINGLETON_HEADERS:
             if name in seen:
                 return AmbiguousHeaders(
                     f"the request has more than one {name.decode()} header; send it once")
@@ -135,7 +143,12 @@ def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refu
             "[::1]) nor an allowed host, as a web page reaching this proxy by DNS rebinding "
             f"would: connect to http://127.0.0.1:{pol.port}, or start the proxy with "
             "--allowed-hosts NAME for a name of your own")
-    if pol.check_origin and origin is not None and not origin_allowed(pol, origin, host):
+    if pol.check_origin and (
+            (origin is not None and not origin_allowed(pol, origin, host))
+            # No Origin, yet a browser says another site's page sent it: a no-cors load (an
+            # image, a script, a prefetch) that the Origin check never sees. A user following
+            # a link (a navigation) still gets through, as Fetch Metadata's isolation policy has it.
+            or (origin is None and fetch_site == b"cross-site" and fetch_mode != b"navigate")):
         return OriginRefused(
             "cross-site request refused: a web page from another origin may not use a proxy "
             "that has no API key; start the proxy with --api-key-file FILE (or "

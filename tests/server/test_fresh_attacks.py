@@ -236,3 +236,22 @@ def test_an_absolute_form_target_naming_another_host_is_refused_on_loopback(
                        [("host", "attacker.example"), ("content-type", "application/json")],
                        body)
     assert status == 200
+
+
+# -- cross-site loads without Origin -----------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/v1/models", "/metrics", "/v1/chat/completions"])
+def test_a_cross_site_load_without_origin_is_refused_but_a_navigation_is_served(
+        proxy: ProxyProc, sim_url: str, path: str) -> None:
+    method = "POST" if path == "/v1/chat/completions" else "GET"
+    body = json.dumps({**MESSAGES}).encode() if method == "POST" else b""
+    base = [("host", "127.0.0.1"), ("content-type", "application/json")]
+    status, _, answer = raw(proxy.url, method, path, [
+        *base, ("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors")], body)
+    assert status == 403
+    assert answer["error"]["code"] == "cross_site_request"
+    for fetch in ([("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")],
+                  [("sec-fetch-site", "same-origin"), ("sec-fetch-mode", "cors")],
+                  [("sec-fetch-site", "none")], []):
+        status, _, _ = raw(proxy.url, method, path, [*base, *fetch], body)
+        assert status == 200, fetch
