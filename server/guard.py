@@ -59,7 +59,9 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 LOCAL_APP_SCHEMES = frozenset({"vscode-webview", "vscode-file", "app", "tauri"})
 # Names that never leave the machine or the local network (RFC 6761, 6762, 8375; cloud
 # metadata services answer on ``metadata.google.internal`` and bare ``metadata``).
-INTERNAL_SUFFIXES = (".localhost", ".internal", ".local", ".localdomain", ".home.arpa", ".lan")
+# Kubernetes' service names (``name.namespace.svc``, resolved by the cluster's search domains) too.
+INTERNAL_SUFFIXES = (".localhost", ".internal", ".local", ".localdomain", ".home.arpa", ".lan",
+                     ".svc")
 _HOST_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
 _PORT = re.compile(r"[0-9]{1,5}")
 _NUMERIC_HOST = re.compile(r"[0-9a-fx.]+")  # what inet_aton may read as an IPv4 address
@@ -380,8 +382,10 @@ _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 
 def is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Globally reachable unicast, including any IPv4 an IPv6 address carries inside."""
-    if not ip.is_global or ip.is_multicast:
+    """Globally reachable unicast, including any IPv4 an IPv6 address carries inside. Reserved
+    ranges are not: Python counts ::/8 global, and it holds the IPv4-compatible (``::7f00:1``)
+    and IPv4-translated (``::ffff:0:7f00:1``) spellings of inside addresses."""
+    if not ip.is_global or ip.is_multicast or ip.is_reserved:
         return False
     if isinstance(ip, ipaddress.IPv6Address):
         inner = [ip.sixtofour, ip.teredo[1] if ip.teredo else None,

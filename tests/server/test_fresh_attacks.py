@@ -291,3 +291,20 @@ def test_health_answers_while_a_large_relayed_body_is_checked_for_media(
     # still holds the GIL in C); 0.68-0.72 s at ff99a02, which parsed in the thread but walked
     # the objects and freed them on the event loop, and parsed through no Python hook
     assert slowest[0] < 0.5, f"/health took {slowest[0]:.2f} s"
+
+
+# -- media URLs: more spellings of inside -----------------------------------------------------
+
+@pytest.mark.parametrize("url", [
+    "http://[::ffff:0:127.0.0.1]/", "http://[::ffff:0:a9fe:a9fe]/latest/meta-data/",
+    "http://[::127.0.0.1]/", "http://[::7f00:1]:8000/v1/models", "http://[64:ff9b:1::a00:1]/",
+    "http://kubernetes.default.svc/", "http://redis.cache.svc:6379/"])
+def test_reserved_ipv6_spellings_and_cluster_service_names_are_refused_as_media(
+        proxy: ProxyProc, sim_url: str, url: str) -> None:
+    content = [{"type": "image_url", "image_url": {"url": url}}]
+    status, _, answer = raw(proxy.url, "POST", "/v1/chat/completions",
+                            [("host", "127.0.0.1"), ("content-type", "application/json")],
+                            json.dumps({**MESSAGES, "messages": [
+                                {"role": "user", "content": content}]}).encode())
+    assert status == 400
+    assert answer["error"]["code"] == "internal_media_url"
