@@ -27,6 +27,20 @@ each stream's decode step read as loadgen reads it, the median kept where they w
 together (:func:`batch_step`): the step at that many sequences, from which the planner takes
 each sequence's own cost in a step.
 
+What arrives is not always when it was made: on this 2-core machine under load (~3.6) vLLM's
+server held a stream's token events back and sent the whole generation at once, each event in its
+own write, one token each (``return_token_ids`` said so), 33 events within 0.3 ms, some 200 ms
+after the first token was made; the client at nice -15 saw the same, so it is the server's doing
+(its engine core makes a step's output while its output thread waits for the interpreter), not a
+client read late. (last - first) / (tokens - 1) then read a step of 0.01 ms, and the prefill line
+through that late first token 421 us a token against 53 in the round after it. So a stream is read
+only where its tokens came paced (:meth:`Streamed.unread`): one whose first token arrived in one
+burst with later ones (closer than BURST_GAP_S) says neither when its first token came nor its
+step, and a round whose long stream is one is not kept, its reason kept in the record
+(``dropped``) and said on `probe --measure`'s line, and run again, up to as many rounds more; no
+round kept is a one-line :class:`EngineStepError`, never a step of 0. The short prompt asks one
+token, which nothing after it can hold back (its two tokens came at once in 1 of 4 quiet rounds).
+
 Pure parts (the record, its JSON and cache key, the stream's timing) need nothing; the timing
 talks HTTP to an engine that is already up (serve's, or the one the pipeline starts for it).
 """
@@ -35,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import random
 import statistics
@@ -49,13 +64,15 @@ import httpx
 from launcher.probe.attentionfit import DepthPair
 from launcher.probe.kernels import number_field, text_field, write_cache_json
 
-FORMAT = 6  # 1 was the offline engine's step, without the server's per-token work
+FORMAT = 7  # 1 was the offline engine's step, without the server's per-token work
 # 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
 # spread by. Both still read, their attention untimed (the plan says so). 4: without the timed
 # model's layer and LM-head weights apart: still read, its prefill rate not used (the plan says
 # so), since a rate per prompt token is one over the layers' weights alone. 5: without the step
-# at many streams: still read, its per-sequence cost assumed (the plan says so)
-READ_FORMATS = (2, 3, 4, 5, FORMAT)
+# at many streams: still read, its per-sequence cost assumed (the plan says so). 6: without the
+# rounds not kept; its steps may have been read from tokens the server held back (a step below
+# BURST_GAP_S is refused on reading, as any record's is)
+READ_FORMATS = (2, 3, 4, 5, 6, FORMAT)
 # Tokens per timed generation and rounds: enough gaps that one late event moves the mean little,
 # few enough that a round takes about a second on two busy cores.
 STEPS = 128
@@ -84,6 +101,12 @@ BATCH_ROUNDS = 3
 # stream's first token 0.8 s after the others' here) time something else, and the round is not
 # kept.
 MIN_TOGETHER = 0.5
+# Token events closer together than this arrived in one burst, not one decode step apart: events
+# the server wrote back to back after holding them came ~10 us apart here (33 in 0.3 ms), while
+# the CPU engine's quickest step (the first after a prefill) was 2.3 ms apart on a quiet machine
+# and a served step of vLLM on a GPU is not below a millisecond. Not fitted: a bound between the
+# two, 50x the one and 4x below the other. It is also the least step a record may hold.
+BURST_GAP_S = 0.5e-3
 REQUEST_TIMEOUT_S = 120.0
 
 
@@ -133,6 +156,10 @@ class EngineStep:
     # (time_batch, batch_step); None/(): not timed (an older record, or no round kept)
     batch_streams: int | None = None
     batch_steps_s: tuple[float, ...] = ()
+    # (format 7) why each round that was run and not kept was not (Streamed.unread, batch_why):
+    # the stream's tokens the server held back and sent in one burst, or many streams not in
+    # flight together
+    dropped: tuple[str, ...] = ()
 
     @property
     def batch_step_s(self) -> float | None:
@@ -185,6 +212,7 @@ def from_json(raw: Any) -> EngineStep:
              int(_num(raw.get("model_head_params"), "model_head_params", 1e13))
              ) if version >= 5 else (None, None)
     streams, batch_steps = _batch(raw) if version >= 6 else (None, ())
+    dropped = _dropped(raw.get("dropped")) if version >= 7 else ()
     rec = EngineStep(
         key,
         _num(raw.get("step_s"), "step_s", 60.0),
@@ -197,8 +225,25 @@ def from_json(raw: Any) -> EngineStep:
         *depth,
         *split,
     )
+    # a step no decode makes: read from events that came in one burst (a format 6 record could
+    # hold one); refused, so the plan does not build on it
+    least = min(rec.step_s, *rec.steps_s, *batch_steps)
+    if least < BURST_GAP_S:
+        raise EngineStepError(f"a decode step of {least * 1e3:.3f} ms in the record is below "
+                              f"{BURST_GAP_S * 1e3:g} ms, no decode step: its tokens were read "
+                              "as they came in a burst (`launcher probe --measure` times the "
+                              "engine again)")
     # by name: the starred parts above are of no fixed length to a type checker
-    return replace(rec, batch_streams=streams, batch_steps_s=batch_steps)
+    return replace(rec, batch_streams=streams, batch_steps_s=batch_steps, dropped=dropped)
+
+
+def _dropped(raw: Any) -> tuple[str, ...]:
+    """The reasons rounds were not kept: a list of one-line texts (none: every round kept)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > 1000:
+        raise EngineStepError("dropped is not a list of reasons")
+    return tuple(_text(r, "a dropped round's reason") for r in raw)
 
 
 def _batch(raw: dict[str, Any]) -> tuple[int | None, tuple[float, ...]]:
@@ -302,10 +347,49 @@ class Streamed:
         return self.token_times[0] - self.sent
 
     @property
-    def step_s(self) -> float:
-        """loadgen's decode, as a step: (last token - first token) / (completion tokens - 1)."""
-        tokens = self.completion_tokens or len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / max(1, tokens - 1)
+    def tokens(self) -> int:
+        """The completion tokens: the server's usage, else one a token event."""
+        return self.completion_tokens or len(self.token_times)
+
+    @property
+    def held(self) -> int:
+        """The token events that arrived in one burst with the first: each less than
+        BURST_GAP_S after the one before (0: the first token came alone)."""
+        held = 0
+        for before, after in itertools.pairwise(self.token_times):
+            if after - before >= BURST_GAP_S:
+                break
+            held += 1
+        return held
+
+    def unread(self) -> str | None:
+        """Why neither this stream's first token nor its decode step can be read (None: both
+        can). A first token that came in one burst with later ones was held back (by the server
+        before it wrote them, or by a client that read them late) until those were made: its
+        time is theirs, and the decode from it is short by as many steps, to none when the whole
+        generation came at once. A step below BURST_GAP_S is no decode step either (a first
+        token that came alone, the rest in a burst after it)."""
+        n = self.tokens
+        if n < 2 or len(self.token_times) < 2:
+            return f"its {n} token(s) came in {len(self.token_times)} event(s): no step to read"
+        if self.held:
+            return (f"its first token came in one burst with {self.held} more of its {n} tokens "
+                    f"(within {(self.token_times[self.held] - self.token_times[0]) * 1e3:.2f} ms:"
+                    " held back, then sent at once)")
+        step = self.step_s
+        if step is None or step < BURST_GAP_S:
+            span = self.token_times[-1] - self.token_times[0]
+            return (f"its {n} tokens came within {span * 1e3:.2f} ms, a step no decode makes "
+                    "(held back, then sent at once)")
+        return None
+
+    @property
+    def step_s(self) -> float | None:
+        """loadgen's decode, as a step: (last token - first token) / (completion tokens - 1);
+        None where the stream has no two tokens. Read it where :meth:`unread` is None."""
+        if self.tokens < 2 or not self.token_times:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (self.tokens - 1)
 
 
 def read_stream(sent: float, pieces: Iterable[tuple[float, bytes]]) -> Streamed:
@@ -346,16 +430,32 @@ def batch_step(streams: Sequence[Streamed]) -> float | None:
     loadgen reads them (first to last token over the tokens between: events that merge under
     load, or arrive in a burst after the client was held up mid-stream, move neither end; a
     window between the streams' ends, counted by running token counts, lost 3 of 6 rounds
-    here to such a 0.5 s hold-up). None
-    where their first tokens lie further apart than (1 - MIN_TOGETHER) of the median stream's
-    decode: they were not in flight together for most of it."""
-    if len(streams) < 2 or any(not s.token_times for s in streams):
+    here to such a 0.5 s hold-up), of those whose step can be read (:meth:`Streamed.unread`).
+    None where :func:`batch_why` says why not."""
+    if batch_why(streams) is not None:
         return None
+    return statistics.median(s.step_s or 0.0 for s in streams if s.unread() is None)
+
+
+def batch_why(streams: Sequence[Streamed]) -> str | None:
+    """Why ``streams`` give no step at many (None: they do): fewer than two, fewer than half
+    whose first token and step can be read (:meth:`Streamed.unread`: the others held back and
+    sent in a burst), or the readable ones' first tokens further apart than (1 - MIN_TOGETHER)
+    of their median decode: they were not in flight together for most of it."""
+    if len(streams) < 2:
+        return f"{len(streams)} stream(s) is not many"
+    held = [why for s in streams if (why := s.unread()) is not None]
+    read = [s for s in streams if s.unread() is None]
+    if len(read) < max(2, len(streams) / 2):
+        return f"{len(held)} of {len(streams)} streams unread, one as {held[0]}"
+    streams = read
     firsts = [s.token_times[0] for s in streams]
     span = statistics.median(s.token_times[-1] - s.token_times[0] for s in streams)
-    if span <= 0 or max(firsts) - min(firsts) > (1 - MIN_TOGETHER) * span:
-        return None
-    return statistics.median(s.step_s for s in streams)
+    if max(firsts) - min(firsts) > (1 - MIN_TOGETHER) * span:
+        return (f"their first tokens came {(max(firsts) - min(firsts)) * 1e3:.0f} ms apart over "
+                f"a {span * 1e3:.0f} ms decode: not in flight together for "
+                f"{MIN_TOGETHER:.0%} of it")
+    return None
 
 
 def prefill_line(short_s: float, long_s: float, short: int = SHORT_PROMPT,
@@ -435,30 +535,41 @@ class Timed:
     # each kept round's decode step with ``batch_streams`` streams in flight (empty: not timed)
     batch_steps_s: tuple[float, ...] = ()
     batch_streams: int = 0
+    # why each round run and not kept was not (one line each, at most 200 characters)
+    dropped: tuple[str, ...] = ()
 
 
 def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int = STEPS,
                 seed: int | None = None, depth: int = DEPTH_CONTEXT,
                 batch: int = BATCH_STREAMS) -> Timed:
     """Time a running engine as loadgen does, one stream at a time: per round a short prompt
-    (time to first token), a long one that then generates ``steps`` + 1 tokens (its time to
-    first token and its decode step), and as many new tokens after a cached context of
+    (time to first token, its only token), a long one that then generates ``steps`` + 1 tokens
+    (its time to first token and its decode step), and as many new tokens after a cached context of
     ``depth`` tokens (0: not timed) sent right before the long one, its plain partner: the two
     first tokens are then milliseconds apart, so a machine whose speed moves between rounds
     moves both (attentionfit). The context is sent once before the rounds and the same in every
     round. Then, ``batch`` (0: not timed) streams at once, BATCH_ROUNDS times, each a fresh
     SHORT_PROMPT after a LONG_PROMPT prefix sent once before them: the step with that many in
-    flight (batch_step; a round it cannot read is not kept). Every other prompt is new
+    flight (batch_step; a round it cannot read is not kept). A round whose long stream cannot
+    be read (:meth:`Streamed.unread`: its tokens held back and sent in a burst)
+    is not kept either, its reason kept, and run again: up to ``rounds`` (and BATCH_ROUNDS)
+    rounds more, until ``rounds`` are kept. Every other prompt is new
     token ids, so that nothing else comes from the prefix cache: drawn from a fresh seed on
     every call unless ``seed`` is given (a second timing of one engine with the first one's
     prompts met them cached: a 512-token first token 3.6x faster than loadgen's).
-    :class:`EngineStepError` (one line) when the engine fails a request."""
+    :class:`EngineStepError` (one line) when the engine fails a request, or no round's
+    streams could be read."""
     rng = random.Random(seed)  # None: seeded from the OS, as loadgen draws a seed per run
 
     def ids(n: int) -> list[int]:  # above the few special ids a vocabulary starts with
         return [rng.randrange(min(5, vocab - 1), vocab) for _ in range(n)]
 
-    short, long_, step, pairs, many = [], [], [], [], []
+    short: list[float] = []
+    long_: list[float] = []
+    step: list[float] = []
+    many: list[float] = []
+    pairs: list[DepthPair] = []
+    dropped: list[str] = []
     context = ids(depth)
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
@@ -466,30 +577,51 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                 _stream(client, served, ids(LONG_PROMPT), 8)
             if depth:  # into the prefix cache, where an agent's previous turn left it
                 _stream(client, served, context, 1)
-            for _ in range(rounds):
-                short.append(_stream(client, served, ids(SHORT_PROMPT), 2).ttft_s)
+            for run in range(1, 2 * rounds + 1):
+                if len(step) == rounds:
+                    break
+                # one token: a first token the server holds back until its generation is made
+                # is then on time (two were sent at once here, the first a step late)
+                first = _stream(client, served, ids(SHORT_PROMPT), 1)
                 at = _stream(client, served, context + ids(LONG_PROMPT), 1) if depth else None
                 got = _stream(client, served, ids(LONG_PROMPT), steps + 1)
+                why = got.unread()
+                if why is not None:
+                    dropped.append(f"round {run}: the long prompt's stream: {why}"[:200])
+                    continue
+                short.append(first.ttft_s)
                 long_.append(got.ttft_s)
-                step.append(max(1e-6, got.step_s))
+                step.append(got.step_s or 0.0)  # read: unread() is None
                 if at is not None and at.cached_tokens is not None:
                     pairs.append(DepthPair(got.ttft_s, at.ttft_s, at.cached_tokens))
+            if not step:
+                raise EngineStepError(f"no timed round could be read, {len(dropped)} run: "
+                                      f"{dropped[-1][:200]} (a machine this loaded holds "
+                                      "the engine's tokens back: time it when it is quieter)")
             if batch > 1:
                 prefix = ids(LONG_PROMPT)
                 _stream(client, served, prefix, 1)  # into the prefix cache
-                for warm in (True, *[False] * BATCH_ROUNDS):  # a first batch of a size is slow
-                    streams = time_batch(served, [prefix + ids(SHORT_PROMPT)
-                                                  for _ in range(batch)], 9 if warm else steps + 1)
-                    step_at = None if warm else batch_step(streams)
-                    if step_at is not None:
+                # a first batch of a size is slow: one warm round, unread, first
+                for run in range(2 * BATCH_ROUNDS + 1):
+                    if len(many) == BATCH_ROUNDS:
+                        break
+                    streams = time_batch(served, [prefix + ids(SHORT_PROMPT) for _ in
+                                                  range(batch)], 9 if not run else steps + 1)
+                    if not run:
+                        continue
+                    step_at = batch_step(streams)
+                    if step_at is None:
+                        dropped.append(f"round {run} at {batch} streams: "
+                                       f"{batch_why(streams)}"[:200])
+                    else:
                         many.append(step_at)
     except httpx.HTTPError as exc:
         raise EngineStepError(f"a timed request to {served.url} failed: "
                               f"{type(exc).__name__}: {str(exc)[:200]}") from None
     # a server that does not count cached tokens leaves attention untimed, never guessed
-    timed_depth = len(pairs) == rounds
+    timed_depth = len(pairs) == len(step)
     return Timed(tuple(step), tuple(short), tuple(long_), tuple(pairs) if timed_depth else (),
-                 depth if timed_depth else 0, tuple(many), batch if many else 0)
+                 depth if timed_depth else 0, tuple(many), batch if many else 0, tuple(dropped))
 
 
 def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_params: int,
@@ -497,7 +629,10 @@ def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_
            now: str | None = None) -> EngineStep:
     """The kept measurement: medians of the rounds, and at depth every round's pair (what
     they say is attentionfit's to read); ``pair_flops``: the timed model's attention FLOPs a
-    (query, key) pair; ``token_params``/``head_params``: its layers' and LM head's weights."""
+    (query, key) pair; ``token_params``/``head_params``: its layers' and LM head's weights;
+    the reasons rounds were not kept go with it."""
+    if not timed.steps_s:
+        raise EngineStepError("no timed round was kept: nothing to record")
     fixed, per_token = prefill_line(statistics.median(timed.short_ttft_s),
                                     statistics.median(timed.long_ttft_s))
     timed_depth = bool(timed.depth_pairs)
@@ -506,4 +641,5 @@ def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_
                       timed.depth_tokens if timed_depth else None,
                       LONG_PROMPT if timed_depth else None, timed.depth_pairs, pair_flops,
                       token_params, head_params,
-                      timed.batch_streams if timed.batch_steps_s else None, timed.batch_steps_s)
+                      timed.batch_streams if timed.batch_steps_s else None, timed.batch_steps_s,
+                      timed.dropped)
