@@ -114,16 +114,17 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
             + f"): {fit.why}")
     many = rec.batch_step_s
     wide = (f"a step of {batch} streams not timed" + ("" if batch < 2 else
-            " (no round of them could be read: see the rounds not kept)")
+            " (no round of them could be read: see the rounds not read as they came)")
             if many is None else
             f"a step of {rec.batch_streams} streams {many * 1e3:.2f} ms median of "
             f"{len(rec.batch_steps_s)} rounds ("
             + ", ".join(f"{s * 1e3:.2f}" for s in rec.batch_steps_s) + " ms)")
-    # a round not kept is said with its reason: the tokens the server held back are why a
-    # loaded machine's figures are fewer rounds than asked
-    dropped = (f"; {len(rec.dropped)} round(s) not kept ({rec.dropped[0]}"
-               + (f"; and {len(rec.dropped) - 1} more" if len(rec.dropped) > 1 else "") + ")"
-               if rec.dropped else "")
+    # a round not read as it came is said with its reason (the tokens the server held back on
+    # a loaded machine) and what was done: its step read from the stream's end, or not kept
+    unread = rec.unread_rounds
+    dropped = (f"; {len(unread)} round(s) not read as they came ({unread[0]}"
+               + (f"; and {len(unread) - 1} more" if len(unread) > 1 else "") + ")"
+               if unread else "")
     return (f"engine on {rec.key.device} (vLLM {rec.key.vllm}), served and streamed: decode step "
             f"{rec.step_s * 1e3:.2f} ms median of {len(rec.steps_s)} rounds "
             f"({min(rec.steps_s) * 1e3:.2f}-{max(rec.steps_s) * 1e3:.2f} ms); first token "

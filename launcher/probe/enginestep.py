@@ -33,16 +33,16 @@ own write, one token each (``return_token_ids`` said so), 33 events within 0.3 m
 after the first token was made; the client at nice -15 saw the same, so it is the server's doing
 (its engine core makes a step's output while its output thread waits for the interpreter), not a
 client read late. (last - first) / (tokens - 1) then read a step of 0.01 ms, and the prefill line
-through that late first token 421 us a token against 53 in the round after it. So a stream is read
-only where its tokens came paced (:meth:`Streamed.unread`): one whose first token arrived in one
-burst with later ones (closer than BURST_GAP_S) says neither when its first token came nor its
-step, and a round whose long stream is one is not kept, its reason kept in the record
-(``dropped``) and said on `probe --measure`'s line, and run again, up to as many rounds more; no
-round kept is a one-line :class:`EngineStepError`, never a step of 0. The short prompt asks one
-token, which nothing after it can hold back (its two tokens came at once in 1 of 4 quiet rounds).
-
-Pure parts (the record, its JSON and cache key, the stream's timing) need nothing; the timing
-talks HTTP to an engine that is already up (serve's, or the one the pipeline starts for it).
+through that late first token 421 us a token against 53 in the round after it. What cannot be
+held back is read instead: a one-token request's first token (nothing after it to wait for) and
+a stream's end (what was held is sent once the generation is made). So every first token timed
+is a one-token request's (the long prompt's too, the same length as the decode's), and a stream
+whose first token arrived in one burst with later ones (closer than BURST_GAP_S), or whose step
+reads below it (:meth:`Streamed.unread`), has its step read from its end less that one-token
+request's first token (:meth:`Streamed.end_step_s`). Each such round is said in the record
+(``unread_rounds``) and on `probe --measure`'s line; a round whose step cannot be read that way
+either is not kept and run again, up to as many rounds more; none kept is a one-line
+:class:`EngineStepError`, never a step of 0.
 """
 
 from __future__ import annotations
@@ -156,10 +156,10 @@ class EngineStep:
     # (time_batch, batch_step); None/(): not timed (an older record, or no round kept)
     batch_streams: int | None = None
     batch_steps_s: tuple[float, ...] = ()
-    # (format 7) why each round that was run and not kept was not (Streamed.unread, batch_why):
-    # the stream's tokens the server held back and sent in one burst, or many streams not in
-    # flight together
-    dropped: tuple[str, ...] = ()
+    # (format 7) each round whose streams could not be read as they came, why (Streamed.unread,
+    # batch_why: tokens the server held back and sent in one burst, many streams not in flight
+    # together) and what was done (its step read from the stream's end, or the round not kept)
+    unread_rounds: tuple[str, ...] = ()
 
     @property
     def batch_step_s(self) -> float | None:
@@ -212,7 +212,7 @@ def from_json(raw: Any) -> EngineStep:
              int(_num(raw.get("model_head_params"), "model_head_params", 1e13))
              ) if version >= 5 else (None, None)
     streams, batch_steps = _batch(raw) if version >= 6 else (None, ())
-    dropped = _dropped(raw.get("dropped")) if version >= 7 else ()
+    unread_rounds = _unread_rounds(raw.get("unread_rounds")) if version >= 7 else ()
     rec = EngineStep(
         key,
         _num(raw.get("step_s"), "step_s", 60.0),
@@ -234,16 +234,17 @@ def from_json(raw: Any) -> EngineStep:
                               "as they came in a burst (`launcher probe --measure` times the "
                               "engine again)")
     # by name: the starred parts above are of no fixed length to a type checker
-    return replace(rec, batch_streams=streams, batch_steps_s=batch_steps, dropped=dropped)
+    return replace(rec, batch_streams=streams, batch_steps_s=batch_steps,
+                   unread_rounds=unread_rounds)
 
 
-def _dropped(raw: Any) -> tuple[str, ...]:
-    """The reasons rounds were not kept: a list of one-line texts (none: every round kept)."""
+def _unread_rounds(raw: Any) -> tuple[str, ...]:
+    """The rounds not read as they came: a list of one-line texts (none: every one was)."""
     if raw is None:
         return ()
     if not isinstance(raw, list) or len(raw) > 1000:
-        raise EngineStepError("dropped is not a list of reasons")
-    return tuple(_text(r, "a dropped round's reason") for r in raw)
+        raise EngineStepError("unread_rounds is not a list of reasons")
+    return tuple(_text(r, "an unread round's reason") for r in raw)
 
 
 def _batch(raw: dict[str, Any]) -> tuple[int | None, tuple[float, ...]]:
@@ -391,6 +392,16 @@ class Streamed:
             return None
         return (self.token_times[-1] - self.token_times[0]) / (self.tokens - 1)
 
+    def end_step_s(self, first_token_s: float) -> float | None:
+        """The decode step from what a server that holds tokens back cannot move: the stream's
+        end (what it held is sent when the generation is made) less ``first_token_s``, the time
+        to first token of a one-token request of the same prompt length, over the tokens after
+        the first. None where that is below BURST_GAP_S: no decode step either."""
+        if self.tokens < 2 or not self.token_times:
+            return None
+        step = (self.token_times[-1] - self.sent - first_token_s) / (self.tokens - 1)
+        return step if step >= BURST_GAP_S else None
+
 
 def read_stream(sent: float, pieces: Iterable[tuple[float, bytes]]) -> Streamed:
     """The token events of an SSE body given as (arrival time, bytes) pieces; an event is
@@ -535,30 +546,32 @@ class Timed:
     # each kept round's decode step with ``batch_streams`` streams in flight (empty: not timed)
     batch_steps_s: tuple[float, ...] = ()
     batch_streams: int = 0
-    # why each round run and not kept was not (one line each, at most 200 characters)
-    dropped: tuple[str, ...] = ()
+    # each round not read as it came: why, and what was done (one line each, at most 200
+    # characters)
+    unread_rounds: tuple[str, ...] = ()
 
 
 def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int = STEPS,
                 seed: int | None = None, depth: int = DEPTH_CONTEXT,
                 batch: int = BATCH_STREAMS) -> Timed:
     """Time a running engine as loadgen does, one stream at a time: per round a short prompt
-    (time to first token, its only token), a long one that then generates ``steps`` + 1 tokens
-    (its time to first token and its decode step), and as many new tokens after a cached context of
-    ``depth`` tokens (0: not timed) sent right before the long one, its plain partner: the two
-    first tokens are then milliseconds apart, so a machine whose speed moves between rounds
-    moves both (attentionfit). The context is sent once before the rounds and the same in every
-    round. Then, ``batch`` (0: not timed) streams at once, BATCH_ROUNDS times, each a fresh
-    SHORT_PROMPT after a LONG_PROMPT prefix sent once before them: the step with that many in
-    flight (batch_step; a round it cannot read is not kept). A round whose long stream cannot
-    be read (:meth:`Streamed.unread`: its tokens held back and sent in a burst)
-    is not kept either, its reason kept, and run again: up to ``rounds`` (and BATCH_ROUNDS)
-    rounds more, until ``rounds`` are kept. Every other prompt is new
-    token ids, so that nothing else comes from the prefix cache: drawn from a fresh seed on
+    (time to first token, its only token), a long one (its time to first token, its only token)
+    and another that then generates ``steps`` + 1 tokens (its decode step), and as many new
+    tokens after a cached context of ``depth`` tokens (0: not timed) sent right before the long
+    one, its plain partner: the two first tokens are then milliseconds apart, so a machine whose
+    speed moves between rounds moves both (attentionfit). The context is sent once before the
+    rounds and the same in every round. Then, ``batch`` (0: not timed) streams at once,
+    BATCH_ROUNDS times, each a fresh SHORT_PROMPT after a LONG_PROMPT prefix sent once before
+    them: the step with that many in flight (batch_step; a round it cannot read is not kept). A
+    decode stream that cannot be read as it came (:meth:`Streamed.unread`: its tokens held back
+    and sent in a burst) has its step read from its end (:meth:`Streamed.end_step_s`), said; a
+    round whose step cannot be read either way is not kept, said, and run again: up to
+    ``rounds`` (and BATCH_ROUNDS) rounds more, until ``rounds`` are kept. Every other prompt is
+    new token ids, so that nothing else comes from the prefix cache: drawn from a fresh seed on
     every call unless ``seed`` is given (a second timing of one engine with the first one's
     prompts met them cached: a 512-token first token 3.6x faster than loadgen's).
-    :class:`EngineStepError` (one line) when the engine fails a request, or no round's
-    streams could be read."""
+    :class:`EngineStepError` (one line) when the engine fails a request, or no round's streams
+    could be read."""
     rng = random.Random(seed)  # None: seeded from the OS, as loadgen draws a seed per run
 
     def ids(n: int) -> list[int]:  # above the few special ids a vocabulary starts with
@@ -569,7 +582,7 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
     step: list[float] = []
     many: list[float] = []
     pairs: list[DepthPair] = []
-    dropped: list[str] = []
+    unread_rounds: list[str] = []
     context = ids(depth)
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
@@ -580,23 +593,29 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
             for run in range(1, 2 * rounds + 1):
                 if len(step) == rounds:
                     break
-                # one token: a first token the server holds back until its generation is made
-                # is then on time (two were sent at once here, the first a step late)
+                # first tokens of one-token requests: a server that holds a stream's tokens back
+                # until its generation is made then sends each on time (a stream's first of
+                # two came a step late here, of 33 a whole decode late)
                 first = _stream(client, served, ids(SHORT_PROMPT), 1)
                 at = _stream(client, served, context + ids(LONG_PROMPT), 1) if depth else None
+                plain = _stream(client, served, ids(LONG_PROMPT), 1)
                 got = _stream(client, served, ids(LONG_PROMPT), steps + 1)
-                why = got.unread()
+                read, why = got.step_s, got.unread()
                 if why is not None:
-                    dropped.append(f"round {run}: the long prompt's stream: {why}"[:200])
+                    read = got.end_step_s(plain.ttft_s)
+                    done = ("step read from its end" if read is not None else
+                            "step not read, not from its end either: not kept")
+                    unread_rounds.append(f"round {run}: the decode's {done}: {why}"[:200])
+                if read is None:
                     continue
                 short.append(first.ttft_s)
-                long_.append(got.ttft_s)
-                step.append(got.step_s or 0.0)  # read: unread() is None
+                long_.append(plain.ttft_s)
+                step.append(read)
                 if at is not None and at.cached_tokens is not None:
-                    pairs.append(DepthPair(got.ttft_s, at.ttft_s, at.cached_tokens))
+                    pairs.append(DepthPair(plain.ttft_s, at.ttft_s, at.cached_tokens))
             if not step:
-                raise EngineStepError(f"no timed round could be read, {len(dropped)} run: "
-                                      f"{dropped[-1][:200]} (a machine this loaded holds "
+                raise EngineStepError(f"no timed round could be read, {len(unread_rounds)} run: "
+                                      f"{unread_rounds[-1][:200]} (a machine this loaded holds "
                                       "the engine's tokens back: time it when it is quieter)")
             if batch > 1:
                 prefix = ids(LONG_PROMPT)
@@ -611,8 +630,8 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                         continue
                     step_at = batch_step(streams)
                     if step_at is None:
-                        dropped.append(f"round {run} at {batch} streams: "
-                                       f"{batch_why(streams)}"[:200])
+                        unread_rounds.append(f"round {run} at {batch} streams, not kept: "
+                                             f"{batch_why(streams)}"[:200])
                     else:
                         many.append(step_at)
     except httpx.HTTPError as exc:
@@ -621,7 +640,8 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
     # a server that does not count cached tokens leaves attention untimed, never guessed
     timed_depth = len(pairs) == len(step)
     return Timed(tuple(step), tuple(short), tuple(long_), tuple(pairs) if timed_depth else (),
-                 depth if timed_depth else 0, tuple(many), batch if many else 0, tuple(dropped))
+                 depth if timed_depth else 0, tuple(many), batch if many else 0,
+                 tuple(unread_rounds))
 
 
 def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_params: int,
@@ -642,4 +662,4 @@ def record(key: StepKey, timed: Timed, *, params: int, weight_bytes: int, token_
                       LONG_PROMPT if timed_depth else None, timed.depth_pairs, pair_flops,
                       token_params, head_params,
                       timed.batch_streams if timed.batch_steps_s else None, timed.batch_steps_s,
-                      timed.dropped)
+                      timed.unread_rounds)
