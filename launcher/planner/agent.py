@@ -15,6 +15,9 @@ its whole prefix again. This module decides, for the plan's candidate layouts:
 - or whether only a shorter context fits;
 
 with a reason for each, and a predicted time to first token per turn at depth for each option.
+The plan serves the fastest of the options that serve S sessions at depth D (a cache holding
+fewer than S still serves them, recomputing; :func:`choose_option`), and a shorter context only
+where none of them can run.
 That figure is not one session's turn alone: the S sessions' turns run through the simulation of
 vLLM's scheduler (:func:`launcher.planner.schedsim.simulate_sessions`: its budget of batched
 tokens, chunked prefill, the sequence limit, the KV blocks and the prefix cache, with the
@@ -79,6 +82,19 @@ SIM_MAX_STEPS = 2000
 SIM_MAX_SESSIONS = 256  # per replica: each step's cost grows with the requests it holds
 
 OptionName = Literal["gpu", "fp8", "offload", "shorter"]
+# The options that serve what was asked (S sessions at depth D), in the order of what they cost
+# besides time: the GPUs' cache at the model's element size (nothing), FP8 KV (some accuracy at
+# depth), offloading (host memory and a copy over PCIe each turn). The plan takes the fastest
+# predicted turn at depth among them; this order only breaks ties (:data:`EQUAL_TTFT`). A
+# shorter context is not among them: it serves another depth, and is chosen only where none of
+# these can run.
+SERVING: tuple[OptionName, ...] = ("gpu", "fp8", "offload")
+# ASSUMED, not fitted: predicted turn TTFTs within 10% of the fastest are taken as equal, and
+# between equals the option earlier in SERVING (the one that costs less) is kept. 10% is below
+# the plan's own error at depth against issue 24's H200 runs (9 of 12 depth cases within 15%,
+# docs/planner.md section 9), so a difference inside it does not justify FP8's accuracy or the
+# host memory; the choice is said with every figure.
+EQUAL_TTFT = 0.10
 # vLLM's scheduler limits where a room was made without its cards' (vllm_defaults on 80 GB+)
 DEFAULT_LIMITS = memfit.EngineLimits(8192, 256)
 # The sessions a cache holds are counted between turns: no batch of theirs in flight, so a
@@ -157,9 +173,20 @@ class Room:
 @dataclass(frozen=True)
 class Option:
     name: OptionName
-    ok: bool
+    ok: bool  # it can run (a turn fits, the host memory is there); a figure then goes with it
     reason: str
     ttft_s: float | None  # predicted time to first token per turn at depth; None: not possible
+    # the sessions' mean of the same turn, where they were simulated together: what the choice
+    # ranks by (:func:`choose_option`), as the median hides the session that waits for room
+    ttft_mean_s: float | None = None
+    # one session's turn alone on the option's room (cached, recomputed, or copied back): the
+    # figure every option that runs has, by which the choice ranks where one was not simulated
+    alone_s: float | None = None
+
+    @property
+    def serves_ask(self) -> bool:
+        """It runs the S sessions at the asked depth (a shorter context serves another)."""
+        return self.ok and self.name in SERVING and self.ttft_s is not None
 
 
 @dataclass(frozen=True)
@@ -366,6 +393,12 @@ class Simulated:
         """The median session's time to first token of the last turn (at the asked depth)."""
         return self.result.ttft(len(self.turns) - 1).p50
 
+    @property
+    def ttft_mean_s(self) -> float:
+        """The sessions' mean time to first token of the last turn: a session that waits for
+        room one turn in S counts, which the median leaves out."""
+        return self.result.ttft(len(self.turns) - 1).mean
+
     def line(self, ask: AgentAsk) -> str:
         cells = []
         for i, t in enumerate(self.turns):
@@ -505,6 +538,56 @@ def _best(rs: Sequence[Room]) -> Room:
     return min(rs, key=lambda r: (round(r.ttft_warm_s, 4), r.tp * r.pp, -r.held))
 
 
+def choose_option(options: Sequence[Option], ask: AgentAsk) -> tuple[OptionName, str]:
+    """The option served and why, in words for the plan's last line: the fastest predicted turn
+    at depth (:attr:`Option.rank_s`, the sessions' mean) among the options that serve the
+    asked sessions at the asked depth (:attr:`Option.serves_ask`), the cheaper of those within
+    :data:`EQUAL_TTFT` of it (:data:`SERVING`'s order); a shorter context only where none of
+    them can run."""
+    serving = sorted((o for o in options if o.serves_ask), key=lambda o: SERVING.index(o.name))
+    asked = f"{ask.sessions} session(s) at {ask.context:,}"
+    # Like with like: the sessions' simulated mean where every serving option has one; where
+    # one was not simulated its figure is one session's turn alone, which leaves out the turns'
+    # wait for room, so then every option is compared by its turn alone.
+    simulated = all(o.ttft_mean_s is not None for o in serving)
+    by = "the sessions' mean" if simulated else "one session's turn alone, as not every one " \
+        "was simulated"
+
+    def rank_s(o: Option) -> float:
+        got = o.ttft_mean_s if simulated else o.alone_s if o.alone_s is not None else o.ttft_s
+        return math.inf if got is None else got
+
+    if serving:
+        fastest = min(rank_s(o) for o in serving)
+        pick = next(o for o in serving if rank_s(o) <= fastest * (1 + EQUAL_TTFT))
+        others = [f"{o.name} ~{_ms(rank_s(o))}" for o in serving if o is not pick]
+        why = (f"the fastest predicted turn at depth (~{_ms(rank_s(pick))}, {by}) of "
+               f"the options that serve {asked}"
+               + (f" (else {', '.join(others)})" if others else ""))
+        if rank_s(pick) > fastest:
+            why += (f", kept over a turn within {EQUAL_TTFT:.0%} of it as it costs less "
+                    "(16-bit KV before FP8 before offloading)")
+        short = next((o for o in options if o.name == "shorter" and o.ok), None)
+        if short is not None and short.ttft_s is not None:
+            why += (f"; a shorter context would be ~{_ms(rank_s(short))} but does not serve the "
+                    "asked depth")
+        return pick.name, why
+    if any(o.name == "shorter" and o.ok for o in options):
+        return "shorter", f"as no option serves {asked} (each is said above)"
+    raise ValueError(f"{ask.sessions} session(s) do not fit any layout even with a short "
+                     "context: ask for fewer --sessions")
+
+
+def _option_line(o: Option) -> str:
+    """An option's line in the plan's reasons, its predicted turn at depth always said."""
+    return (f"  option {o.name}: "
+            + ("yes" if o.serves_ask else "alternative (another depth)" if o.ok else "no")
+            + f": {o.reason}; turn TTFT p50 at depth "
+            + (f"~{_ms(o.ttft_s)}" if o.ttft_s is not None else "none")
+            + (f" (the sessions' mean ~{_ms(o.ttft_mean_s)})" if o.ttft_mean_s is not None
+               else ""))
+
+
 def _arrivals(ask: AgentAsk) -> str:
     if ask.think_s is None:
         return "sending each turn at the same moment (the worst case)"
@@ -556,33 +639,49 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                 f"replica on its GPUs; one session's turn at depth alone "
                 f"{_ms(r.ttft_warm_s)} cached, {_ms(r.ttft_cold_s)} recomputed" for r in all_rooms]
     sims: dict[str, Simulated | None] = {}
+    alone_by: dict[str, float] = {}
 
     def sim(name: str, r: Room, alone: float, *, offload: bool = False,
             context: int | None = None) -> float:
         """The option's TTFT p50 at depth with the sessions taking their turns; where it is
         not simulated, ``alone`` (one session's turn), said in the reasons."""
+        alone_by[name] = alone
         sims[name] = simulate_room(m, r, ask, r.need, offload=offload, context=context,
                                    tables=policy.kernels)
         got = sims[name]
         return got.ttft_s if got is not None else alone
 
     options: list[Option] = []
+    on: dict[OptionName, Room] = {}  # the room each option that can run runs on
     fit16 = [r for r in sixteen if r.fits]
     fit8 = [r for r in eight if r.fits]
-    biggest16 = max(sixteen, key=lambda r: (r.held / r.need, -r.ttft_warm_s))
+
+    def roomiest_of(rs: Sequence[Room]) -> Room:
+        return max(rs, key=lambda r: (r.held / r.need, -r.ttft_warm_s))
+
+    def evicting(name: OptionName, r: Room, what: str) -> Option:
+        """The option on a cache that holds fewer prefixes than sessions: it serves the ask
+        where it holds one whole turn (each evicted prefix recomputed on its next turn, the
+        turns waiting for room), else it cannot run at all (vLLM keeps a running request's KV
+        wholly on the GPUs)."""
+        if r.held < 1:
+            return Option(name, False, f"{what}{r.layout} holds {r.held} of {r.need} "
+                          f"session(s): not one turn of {ask.request_tokens:,} tokens fits its "
+                          "KV cache, so it cannot run", None)
+        on[name] = r
+        return Option(name, True, f"{what}{r.layout} holds {r.held} of {r.need} session(s): "
+                      "with the sessions taking turns the LRU cache evicts each prefix before "
+                      "its next turn, which is then recomputed, and the turns wait for room",
+                      sim(name, r, r.ttft_cold_s))
 
     # 1. the GPUs' own cache at the model's element size
     if fit16:
-        r = _best(fit16)
+        on["gpu"] = r = _best(fit16)
         options.append(Option("gpu", True, f"{r.layout} holds all {r.need} session(s) per "
                               "replica in its GPU cache: every turn after the first hits the "
                               "prefix cache", sim("gpu", r, r.ttft_warm_s)))
     else:
-        r = biggest16
-        options.append(Option("gpu", False, f"the roomiest layout, {r.layout}, holds {r.held} "
-                              f"of {r.need} session(s): with the sessions taking turns the LRU "
-                              "cache evicts each prefix before its next turn, which is then "
-                              "recomputed", sim("gpu", r, r.ttft_cold_s)))
+        options.append(evicting("gpu", roomiest_of(sixteen), "the roomiest layout, "))
     # 2. FP8 KV
     if not eight:
         options.append(Option("fp8", False, "FP8 KV cache: not proposed on these GPUs (compute "
@@ -590,22 +689,23 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                               if policy.kv_cache_bytes == 2 else
                               "FP8 KV cache already asked for (your --kv-cache-dtype)", None))
     elif fit8:
-        r = _best(fit8)
+        on["fp8"] = r = _best(fit8)
         options.append(Option("fp8", True, f"--kv-cache-dtype {r.kv_dtype}: one byte per KV "
                               f"element, {r.layout} then holds {r.held} session(s) per replica "
                               "(FP8 KV costs a little accuracy on long contexts)",
                               sim("fp8", r, r.ttft_warm_s)))
     else:
-        r = max(eight, key=lambda x: x.held / x.need)
-        options.append(Option("fp8", False, f"--kv-cache-dtype {r.kv_dtype}: even so "
-                              f"{r.layout} holds {r.held} of {r.need} session(s)", None))
+        r = roomiest_of(eight)
+        options.append(evicting("fp8", r, f"--kv-cache-dtype {r.kv_dtype}: even so "))
     # 3. KV offloading to host memory, on the layout that holds the most of them
     offload_room, offload_gib = _offload(m, sixteen + eight, ask, host_free_bytes, options)
     if offload_room is not None:  # its figure: the sessions' turns with the host tier
+        on["offload"] = offload_room
         last = options.pop()
         options.append(replace(last, ttft_s=sim("offload", offload_room, last.ttft_s or 0.0,
                                                 offload=True)))
-    # 4. a shorter context on the roomiest layout
+    # 4. a shorter context on the roomiest layout: another depth than the one asked, named with
+    # its figure as the alternative, and chosen only where nothing above can run
     roomiest = max(all_rooms, key=lambda r: (shorter_context(m, r, ask), -r.ttft_warm_s))
     shorter = shorter_context(m, roomiest, ask)
     if shorter >= d:
@@ -614,6 +714,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                               f"{d:,}", None))
     elif shorter > 0:
         assert roomiest.lay is not None
+        on["shorter"] = roomiest
         warm_short = sim("shorter", roomiest,
                          turn_ttft_s(m, roomiest.lay, shorter, ask.turn_tokens)[0],
                          context=shorter)
@@ -625,23 +726,15 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         options.append(Option("shorter", False, "no context of any length fits the sessions "
                               f"on {roomiest.layout}: fewer --sessions", None))
 
-    choice: OptionName
-    if fit16:
-        choice, room, context = "gpu", _best(fit16), d
-    elif fit8:
-        choice, room, context = "fp8", _best(fit8), d
-    elif offload_room is not None:
-        choice, room, context = "offload", offload_room, d
-    elif 0 < shorter < d:
-        choice, room, context = "shorter", roomiest, shorter
-    else:
-        raise ValueError(f"{s} session(s) do not fit any layout even with a short context: "
-                         "ask for fewer --sessions")
+    options = [replace(o, alone_s=alone_by.get(o.name),
+                       ttft_mean_s=None if (got := sims.get(o.name)) is None
+                       else got.ttft_mean_s) for o in options]
+    choice, why = choose_option(options, ask)
+    room = on[choice]
+    context = shorter if choice == "shorter" else d
     chosen = next(o for o in options if o.name == choice)
     for o in options:
-        reasons.append(f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
-                       + (f"; turn TTFT p50 at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None
-                          else ""))
+        reasons.append(_option_line(o))
         if o.name not in sims:
             continue
         got = sims[o.name]
@@ -653,7 +746,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
             reasons.append(f"    {o.name}: {len(got.result.turns[0])} session(s) a replica "
                            f"{_arrivals(ask)} through a simulation of vLLM's scheduler, TTFT "
                            f"p50 by depth: {got.line(ask)}")
-    reasons.append(f"agent plan: {choice} on {room.layout} ({chosen.reason})")
+    reasons.append(f"agent plan: {choice} on {room.layout}, {why} ({chosen.reason})")
     if room.dp > 1:
         reasons.append(f"{room.dp} replicas each keep their own sessions (the proxy's prefix "
                        "affinity sends a session back to its replica): replicas add throughput, "
@@ -709,7 +802,10 @@ def _offload(m: ModelSpec, rs: Sequence[Room], ask: AgentAsk, host_free_bytes: i
                           f"on {r.layout} {r.kv_dtype}: the GPUs hold {r.held} of {r.need} "
                           f"session(s), host memory the rest ({HOST_OFFLOAD_SHARE:.0%} of "
                           f"{host_free_bytes / GIB:.0f} GiB free allowed); a turn whose prefix "
-                          f"was moved out copies it back over PCIe in {_ms(r.copy_s)}", ttft))
+                          f"was moved out copies it back over PCIe in {_ms(r.copy_s)}"
+                          + ("" if r.fits else f", and at most {r.held} turn(s) of that depth "
+                             "run at once (vLLM keeps a running request's KV on the GPUs): the "
+                             "others wait for room"), ttft))
     return r, float(gib)
 
 
@@ -761,11 +857,17 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                          ) if over.measured and over.prefill is not None else None
     need_gib = math.ceil(ask.sessions * room.request_bytes(m, ask.request_tokens)
                          / (1 - memfit.CONTEXT_MARGIN) / GIB * 10) / 10
+    # as on the GPUs: a cache holding one whole turn at least serves the sessions (the evicted
+    # prefixes recomputed, the turns waiting for room); one holding none cannot run them
     options = [
-        Option("gpu", room.fits, f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) "
+        Option("gpu", held >= 1, f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) "
                f"holds {held} of {ask.sessions} session(s)"
-               + ("" if room.fits else f"; VLLM_CPU_KVCACHE_SPACE={need_gib:g} would hold them"),
-               sim.ttft_s if sim is not None else warm if room.fits else cold),
+               + ("" if room.fits else (", the others' prefixes recomputed each turn" if held
+                                        else f": not one turn of {ask.request_tokens:,} "
+                                        "tokens fits, so it cannot run")
+                  + f"; VLLM_CPU_KVCACHE_SPACE={need_gib:g} would hold them"),
+               None if held < 1 else sim.ttft_s if sim is not None
+               else warm if room.fits else cold),
         Option("fp8", False, "FP8 KV cache: not proposed on the CPU engine", None),
         Option("offload", False, "KV offloading: the CPU engine's cache is host memory already",
                None),
@@ -775,20 +877,18 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     options.append(Option("shorter", cut, f"--context {shorter:,} fits the cache as it is" if cut
                           else "a shorter context: not needed" if room.fits
                           else "no context fits: fewer --sessions", warm if cut else None))
-    if not room.fits and not cut:
+    if held < 1 and not cut:
         # as the GPU plan refuses sessions that no layout and no context holds: here the one
         # cache there is can still grow, which is the first fix
         raise ValueError(f"{ask.sessions} session(s) of {ask.request_tokens:,} tokens do not fit "
                          f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) even with "
                          f"a short context: set VLLM_CPU_KVCACHE_SPACE={need_gib:g} (GiB of host "
                          "memory) or ask for fewer --sessions")
-    choice: OptionName = "shorter" if cut and not room.fits else "gpu"
+    choice, why = choose_option(options, ask)  # the GPU plan's rule: shorter only as the last
     context = ask.context if choice == "gpu" else shorter
     reasons = [f"agent workload: {ask.sessions} session(s), each keeping a {ask.context:,}-token "
                "prefix, on the CPU engine"]
-    reasons += [f"  option {o.name}: {'yes' if o.ok else 'no'}: {o.reason}"
-                + (f"; turn TTFT at depth ~{_ms(o.ttft_s)}" if o.ttft_s is not None else "")
-                for o in options]
+    reasons += [_option_line(o) for o in options]
     reasons.append(f"    gpu: {ask.sessions} session(s) {_arrivals(ask)} through a simulation "
                    f"of vLLM's scheduler with the engine step timed here, "
                    + (f"attention over the cached context timed here ({over.pair_s * 1e9:.0f} ns "
@@ -803,8 +903,8 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                    "    gpu: one session's turn alone (the engine step is not timed here: "
                    "`launcher probe --measure`)")
     chosen = next(o for o in options if o.name == choice)
-    reasons.append(f"agent plan: {choice} on the CPU engine, whose KV cache is host memory "
-                   f"({chosen.reason})")  # the line the GPU plan ends with
+    reasons.append(f"agent plan: {choice} on the CPU engine, whose KV cache is host memory, "
+                   f"{why} ({chosen.reason})")  # the line the GPU plan ends with
     flags = [FlagWish(("--performance-mode", "interactivity"),
                       f"{ask.sessions} session(s): latency first")
              ] if ask.sessions <= INTERACTIVITY_MAX_SESSIONS else []
