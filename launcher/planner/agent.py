@@ -15,9 +15,12 @@ its whole prefix again. This module decides, for the plan's candidate layouts:
 - or whether only a shorter context fits;
 
 with a reason for each, and a predicted time to first token per turn at depth for each option.
-The plan serves the fastest of the options that serve S sessions at depth D (a cache holding
-fewer than S still serves them, recomputing; :func:`choose_option`), and a shorter context only
-where none of them can run.
+The plan serves the fastest of the options that keep all S prefixes at depth D (on the GPUs,
+or in host memory with offloading; :func:`choose_option`). A cache holding fewer than S runs the
+sessions too, but its LRU evicts every prefix before its next turn (the turns cycle), so each
+turn recomputes its whole prefix: that is named with its figure and chosen only where neither a
+kept prefix nor a shorter context is possible (a shorter context keeps the prefixes, at
+another depth).
 That figure is not one session's turn alone: the S sessions' turns run through the simulation of
 vLLM's scheduler (:func:`launcher.planner.schedsim.simulate_sessions`: its budget of batched
 tokens, chunked prefill, the sequence limit, the KV blocks and the prefix cache, with the
@@ -182,11 +185,22 @@ class Option:
     # one session's turn alone on the option's room (cached, recomputed, or copied back): the
     # figure every option that runs has, by which the choice ranks where one was not simulated
     alone_s: float | None = None
+    # every session's prefix stays (on the GPUs, or in the host tier): False where the cache
+    # holds fewer than S and LRU evicts each before its next turn (every turn recomputes)
+    keeps_prefixes: bool = True
 
     @property
     def serves_ask(self) -> bool:
-        """It runs the S sessions at the asked depth (a shorter context serves another)."""
-        return self.ok and self.name in SERVING and self.ttft_s is not None
+        """It keeps the S sessions' prefixes at the asked depth (what the agent plan is for; a
+        shorter context keeps them at another depth)."""
+        return self.ok and self.name in SERVING and self.ttft_s is not None \
+            and self.keeps_prefixes
+
+    @property
+    def recomputes(self) -> bool:
+        """It runs the S sessions at the asked depth, each turn recomputing its prefix."""
+        return self.ok and self.name in SERVING and self.ttft_s is not None \
+            and not self.keeps_prefixes
 
 
 @dataclass(frozen=True)
@@ -540,16 +554,20 @@ def _best(rs: Sequence[Room]) -> Room:
 
 def choose_option(options: Sequence[Option], ask: AgentAsk) -> tuple[OptionName, str]:
     """The option served and why, in words for the plan's last line: the fastest predicted turn
-    at depth (:attr:`Option.rank_s`, the sessions' mean) among the options that serve the
-    asked sessions at the asked depth (:attr:`Option.serves_ask`), the cheaper of those within
-    :data:`EQUAL_TTFT` of it (:data:`SERVING`'s order); a shorter context only where none of
-    them can run."""
-    serving = sorted((o for o in options if o.serves_ask), key=lambda o: SERVING.index(o.name))
+    at depth (the sessions' mean) among the options that keep every session's prefix
+    (:attr:`Option.serves_ask`), the cheaper of those within :data:`EQUAL_TTFT` of it
+    (:data:`SERVING`'s order); else a shorter context, which keeps them at another depth; else
+    the fastest option that runs the sessions recomputing their prefixes every turn (an agent's
+    turn then costs its whole prefix again, what this plan exists to avoid, so it comes last)."""
     asked = f"{ask.sessions} session(s) at {ask.context:,}"
-    # Like with like: the sessions' simulated mean where every serving option has one; where
+    serving = sorted((o for o in options if o.serves_ask), key=lambda o: SERVING.index(o.name))
+    recomputing = sorted((o for o in options if o.recomputes),
+                         key=lambda o: SERVING.index(o.name))
+    # Like with like: the sessions' simulated mean where every compared option has one; where
     # one was not simulated its figure is one session's turn alone, which leaves out the turns'
     # wait for room, so then every option is compared by its turn alone.
-    simulated = all(o.ttft_mean_s is not None for o in serving)
+    compared = serving or recomputing
+    simulated = all(o.ttft_mean_s is not None for o in compared)
     by = "the sessions' mean" if simulated else "one session's turn alone, as not every one " \
         "was simulated"
 
@@ -557,23 +575,38 @@ def choose_option(options: Sequence[Option], ask: AgentAsk) -> tuple[OptionName,
         got = o.ttft_mean_s if simulated else o.alone_s if o.alone_s is not None else o.ttft_s
         return math.inf if got is None else got
 
-    if serving:
-        fastest = min(rank_s(o) for o in serving)
-        pick = next(o for o in serving if rank_s(o) <= fastest * (1 + EQUAL_TTFT))
-        others = [f"{o.name} ~{_ms(rank_s(o))}" for o in serving if o is not pick]
-        why = (f"the fastest predicted turn at depth (~{_ms(rank_s(pick))}, {by}) of "
-               f"the options that serve {asked}"
+    def fastest_of(pool: list[Option]) -> tuple[Option, str]:
+        fastest = min(rank_s(o) for o in pool)
+        pick = next(o for o in pool if rank_s(o) <= fastest * (1 + EQUAL_TTFT))
+        others = [f"{o.name} ~{_ms(rank_s(o))}" for o in pool if o is not pick]
+        why = (f"~{_ms(rank_s(pick))} ({by})"
                + (f" (else {', '.join(others)})" if others else ""))
         if rank_s(pick) > fastest:
             why += (f", kept over a turn within {EQUAL_TTFT:.0%} of it as it costs less "
                     "(16-bit KV before FP8 before offloading)")
-        short = next((o for o in options if o.name == "shorter" and o.ok), None)
+        return pick, why
+
+    short = next((o for o in options if o.name == "shorter" and o.ok), None)
+    if serving:
+        pick, why = fastest_of(serving)
+        why = (f"the fastest predicted turn at depth, {why}, of the options that keep the "
+               f"prefixes of {asked}")
         if short is not None and short.ttft_s is not None:
-            why += (f"; a shorter context would be ~{_ms(rank_s(short))} but does not serve the "
+            why += (f"; a shorter context would be ~{_ms(short.ttft_s)} but does not serve the "
                     "asked depth")
         return pick.name, why
-    if any(o.name == "shorter" and o.ok for o in options):
-        return "shorter", f"as no option serves {asked} (each is said above)"
+    slow = ""
+    if recomputing:
+        quick = min(recomputing, key=rank_s)
+        slow = (f"; {quick.name} would run {asked} at ~{_ms(rank_s(quick))} a turn, "
+                "recomputing each evicted prefix")
+    if short is not None:
+        return "shorter", f"as no option keeps the prefixes of {asked} (each is said above){slow}"
+    if recomputing:
+        pick, why = fastest_of(recomputing)
+        return pick.name, (f"no option keeps the prefixes of {asked} and no shorter context "
+                           f"fits: the fastest that runs them, every turn recomputing its "
+                           f"prefix, {why}")
     raise ValueError(f"{ask.sessions} session(s) do not fit any layout even with a short "
                      "context: ask for fewer --sessions")
 
@@ -581,7 +614,8 @@ def choose_option(options: Sequence[Option], ask: AgentAsk) -> tuple[OptionName,
 def _option_line(o: Option) -> str:
     """An option's line in the plan's reasons, its predicted turn at depth always said."""
     return (f"  option {o.name}: "
-            + ("yes" if o.serves_ask else "alternative (another depth)" if o.ok else "no")
+            + ("yes" if o.serves_ask else "runs, recomputing each turn's prefix" if o.recomputes
+               else "alternative (another depth)" if o.ok else "no")
             + f": {o.reason}; turn TTFT p50 at depth "
             + (f"~{_ms(o.ttft_s)}" if o.ttft_s is not None else "none")
             + (f" (the sessions' mean ~{_ms(o.ttft_mean_s)})" if o.ttft_mean_s is not None
@@ -672,7 +706,7 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         return Option(name, True, f"{what}{r.layout} holds {r.held} of {r.need} session(s): "
                       "with the sessions taking turns the LRU cache evicts each prefix before "
                       "its next turn, which is then recomputed, and the turns wait for room",
-                      sim(name, r, r.ttft_cold_s))
+                      sim(name, r, r.ttft_cold_s), keeps_prefixes=False)
 
     # 1. the GPUs' own cache at the model's element size
     if fit16:
@@ -867,7 +901,7 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
                                         "tokens fits, so it cannot run")
                   + f"; VLLM_CPU_KVCACHE_SPACE={need_gib:g} would hold them"),
                None if held < 1 else sim.ttft_s if sim is not None
-               else warm if room.fits else cold),
+               else warm if room.fits else cold, keeps_prefixes=room.fits),
         Option("fp8", False, "FP8 KV cache: not proposed on the CPU engine", None),
         Option("offload", False, "KV offloading: the CPU engine's cache is host memory already",
                None),

@@ -115,12 +115,17 @@ def test_offloading_beyond_half_the_free_ram_is_refused_with_the_figures() -> No
     off = option(ap, "offload")
     assert not off.ok
     assert "of the 64 GiB free is 32 GiB" in off.reason
-    # FP8 holds 6 of 8 and recomputes the others' prefixes: it serves the asked depth, which
-    # the shorter context (faster) does not, so that is named and not chosen
-    assert ap.choice == "fp8"
-    assert ap.context == 65536
-    assert option(ap, "shorter").ok
-    assert "a shorter context would be" in ap.reasons[-1]
+    # FP8 holds 6 of 8: the sessions taking turns, LRU evicts every prefix before its next
+    # turn, so each turn recomputes 64k tokens (tens of seconds, said with its figure); a
+    # shorter context keeps all eight prefixes, at another depth, and is chosen
+    fp8 = option(ap, "fp8")
+    assert fp8.recomputes
+    assert not fp8.serves_ask
+    assert ap.choice == "shorter"
+    assert 0 < ap.context < 65536
+    assert option(ap, "shorter").ttft_s < fp8.ttft_s / 10
+    assert "recomputing each evicted prefix" in ap.reasons[-1]
+    assert any(r.startswith("  option fp8: runs, recomputing") for r in ap.reasons)
 
 
 def test_with_the_free_ram_unknown_no_offloading_is_proposed() -> None:
@@ -474,7 +479,8 @@ def test_the_agent_plan_serves_the_asked_depth_with_its_fastest_option_and_names
     gpu, fp8, off, short = (option(ap, n) for n in ("gpu", "fp8", "offload", "shorter"))
     assert not gpu.ok
     assert gpu.ttft_s is None
-    assert fp8.serves_ask
+    assert fp8.recomputes  # holds one of four: every turn recomputes its prefix
+    assert not fp8.serves_ask
     assert off.serves_ask
     assert off.ttft_mean_s < fp8.ttft_mean_s
     assert ap.choice == "offload"
@@ -513,8 +519,9 @@ def test_an_offloaded_turn_copies_one_prefix_in_milliseconds_and_waits_for_room(
 
 
 def _opt(name: agent_mod.OptionName, p50: float | None, mean: float | None,
-         alone: float | None = None, ok: bool = True) -> agent_mod.Option:
-    return agent_mod.Option(name, ok, name, p50, ttft_mean_s=mean, alone_s=alone)
+         alone: float | None = None, ok: bool = True, keeps: bool = True) -> agent_mod.Option:
+    return agent_mod.Option(name, ok, name, p50, ttft_mean_s=mean, alone_s=alone,
+                            keeps_prefixes=keeps)
 
 
 def test_the_choice_is_the_fastest_serving_option_whatever_its_place_in_the_order() -> None:
@@ -538,21 +545,29 @@ def test_the_choice_is_the_fastest_serving_option_whatever_its_place_in_the_orde
     short = _opt("shorter", 0.2, 0.2)
     assert pick(_opt("fp8", 60.0, 60.0), short) == "fp8"
     assert pick(_opt("gpu", None, None, ok=False), short) == "shorter"
+    # an option that runs the sessions but keeps fewer prefixes than sessions recomputes every
+    # turn: a shorter context, which keeps them, goes first; it is taken only where nothing else
+    recomputing = _opt("fp8", 60.0, 60.0, keeps=False)
+    assert pick(recomputing, short) == "shorter"
+    assert pick(recomputing, _opt("gpu", 90.0, 90.0, keeps=False),
+                _opt("shorter", None, None, ok=False)) == "fp8"
+    assert pick(recomputing, _opt("offload", 70.0, 70.0), short) == "offload"
     with pytest.raises(ValueError, match="fewer --sessions"):
         pick(_opt("gpu", None, None, ok=False), _opt("shorter", None, None, ok=False))
 
 
-def test_the_cpu_engine_serves_sessions_its_cache_holds_one_of_and_names_a_shorter_context(
+def test_the_cpu_engine_keeps_both_prefixes_at_a_shorter_context_rather_than_recomputing(
 ) -> None:
-    """1 GiB of CPU KV cache holds one of two 4,000-token sessions: the sessions are served at
-    the asked depth (the other's prefix recomputed each turn); it used to pick 3,200 tokens."""
+    """1 GiB of CPU KV cache holds one of two 4,000-token sessions: run at that depth, the two
+    sessions' turns would evict each other's prefix every turn (said, with its figure); the
+    plan keeps both at the context the cache holds, as on the GPUs."""
     from launcher.probe.topotypes import Topology
 
     m = load_model_spec(model("llama-3.1-8b"))
     _, ap = plan_with_agent(Topology(gpus=()), m, Policy(), AgentAsk(2, 4000), None)
     assert ap is not None
-    assert ap.choice == "gpu"
-    assert ap.context == 4000
+    assert option(ap, "gpu").recomputes
+    assert ap.choice == "shorter"
+    assert 0 < ap.context < 4000
     assert option(ap, "shorter").ok
-    assert not option(ap, "shorter").serves_ask
-    assert "a shorter context would be" in ap.reasons[-1]
+    assert "recomputing each evicted prefix" in ap.reasons[-1]
