@@ -198,17 +198,22 @@ def test_a_plans_reason_line_says_how_steady_the_timing_was() -> None:
     assert "not measured (a format-1 record" in hardware.host_profile(H200_LIKE).source
 
 
-def test_a_timing_slow_all_through_is_said_against_the_hosts_kept_timing(
-    tmp_path: Path,
-) -> None:
-    # a slow spell through the whole timing: every call, the reference's too, 1.45x; nothing
-    # inside the timing moves (the sixth fresh worker of benchmarks/host_cost_spread.py)
+def _usual_then_slow_all_through() -> tuple[HostTiming, HostTiming]:
+    """A usual timing (measured at "t0") and one made in a slow spell through the whole timing:
+    every call, the reference's too, 1.45x, nothing inside it moving (the sixth fresh worker of
+    benchmarks/host_cost_spread.py), its other processes idle."""
     usual = replace(_timed(Spells(random.Random(0), switch=0.0, **FIGURES)), measured_at="t0")
     slow = Spells(random.Random(1), switch=0.0, slow=1.45, **FIGURES)
     slow.in_spell = True
     spell = _timed(slow)
     assert spell.steadiness is not None
-    spell = replace(spell, steadiness=replace(spell.steadiness, others_busy=0.0))
+    return usual, replace(spell, steadiness=replace(spell.steadiness, others_busy=0.0))
+
+
+def test_a_timing_slow_all_through_is_said_against_the_hosts_kept_timing(
+    tmp_path: Path,
+) -> None:
+    usual, spell = _usual_then_slow_all_through()
     assert spell.steadiness is not None
     assert spell.steadiness.speed_spread < 1.1
     assert spell.prompt_token_s == pytest.approx(1.45 * 0.4e-6, rel=0.06)
@@ -234,12 +239,7 @@ def test_probe_measures_printed_line_says_how_steady_the_timing_was(
     # the worker stubbed to answer a timing made slow all through, after a usual one was kept:
     # the printed line carries the steadiness the plan's host line will say, the comparison
     # with the kept timing included
-    usual = replace(_timed(Spells(random.Random(0), switch=0.0, **FIGURES)), measured_at="t0")
-    slow = Spells(random.Random(1), switch=0.0, slow=1.45, **FIGURES)
-    slow.in_spell = True
-    spell = _timed(slow)
-    assert spell.steadiness is not None
-    spell = replace(spell, steadiness=replace(spell.steadiness, others_busy=0.0))
+    usual, spell = _usual_then_slow_all_through()
     assert hostcost.save(tmp_path, usual) is not None
     answer = json.dumps(hostcost.to_json(spell))
     monkeypatch.setattr(hostcosts, "key_here", lambda: KEY)
