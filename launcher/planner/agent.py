@@ -190,17 +190,20 @@ class Option:
     keeps_prefixes: bool = True
 
     @property
+    def runs_at_depth(self) -> bool:
+        """It runs the S sessions at the asked depth, with a figure (a shorter context runs
+        them at another)."""
+        return self.ok and self.name in SERVING and self.ttft_s is not None
+
+    @property
     def serves_ask(self) -> bool:
-        """It keeps the S sessions' prefixes at the asked depth (what the agent plan is for; a
-        shorter context keeps them at another depth)."""
-        return self.ok and self.name in SERVING and self.ttft_s is not None \
-            and self.keeps_prefixes
+        """It keeps the S sessions' prefixes at the asked depth: what the agent plan is for."""
+        return self.runs_at_depth and self.keeps_prefixes
 
     @property
     def recomputes(self) -> bool:
         """It runs the S sessions at the asked depth, each turn recomputing its prefix."""
-        return self.ok and self.name in SERVING and self.ttft_s is not None \
-            and not self.keeps_prefixes
+        return self.runs_at_depth and not self.keeps_prefixes
 
 
 @dataclass(frozen=True)
@@ -595,12 +598,12 @@ def choose_option(options: Sequence[Option], ask: AgentAsk) -> tuple[OptionName,
             why += (f"; a shorter context would be ~{_ms(short.ttft_s)} but does not serve the "
                     "asked depth")
         return pick.name, why
-    slow = ""
-    if recomputing:
-        quick = min(recomputing, key=rank_s)
-        slow = (f"; {quick.name} would run {asked} at ~{_ms(rank_s(quick))} a turn, "
-                "recomputing each evicted prefix")
     if short is not None:
+        slow = ""
+        if recomputing:
+            quick = min(recomputing, key=rank_s)
+            slow = (f"; {quick.name} would run {asked} at ~{_ms(rank_s(quick))} a turn, "
+                    "recomputing each evicted prefix")
         return "shorter", f"as no option keeps the prefixes of {asked} (each is said above){slow}"
     if recomputing:
         pick, why = fastest_of(recomputing)
@@ -694,10 +697,10 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         return max(rs, key=lambda r: (r.held / r.need, -r.ttft_warm_s))
 
     def evicting(name: OptionName, r: Room, what: str) -> Option:
-        """The option on a cache that holds fewer prefixes than sessions: it serves the ask
-        where it holds one whole turn (each evicted prefix recomputed on its next turn, the
-        turns waiting for room), else it cannot run at all (vLLM keeps a running request's KV
-        wholly on the GPUs)."""
+        """The option on a cache that holds fewer prefixes than sessions: it runs the sessions
+        at the asked depth where it holds one whole turn, recomputing each evicted prefix on
+        its next turn and the turns waiting for room (:attr:`Option.recomputes`), else it
+        cannot run at all (vLLM keeps a running request's KV wholly on the GPUs)."""
         if r.held < 1:
             return Option(name, False, f"{what}{r.layout} holds {r.held} of {r.need} "
                           f"session(s): not one turn of {ask.request_tokens:,} tokens fits its "
