@@ -455,8 +455,9 @@ def batch_why(streams: Sequence[Streamed]) -> str | None:
     of their median decode: they were not in flight together for most of it."""
     if len(streams) < 2:
         return f"{len(streams)} stream(s) is not many"
-    held = [why for s in streams if (why := s.unread()) is not None]
-    read = [s for s in streams if s.unread() is None]
+    whys = [(s, s.unread()) for s in streams]  # each stream's events walked once
+    held = [why for _, why in whys if why is not None]
+    read = [s for s, why in whys if why is None]
     if len(read) < max(2, len(streams) / 2):
         return f"{len(held)} of {len(streams)} streams unread, one as {held[0]}"
     streams = read
