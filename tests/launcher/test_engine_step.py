@@ -174,7 +174,8 @@ JSON = st.recursive(
 @given(st.dictionaries(st.sampled_from(["version", "key", "step_s", "steps_s", "model_params",
                                         "model_weight_bytes", "measured_at", "prefill_fixed_s",
                                         "prefill_token_s", "depth_tokens", "depth_new_tokens",
-                                        "depth_pairs", "model_pair_flops"]), JSON))
+                                        "depth_pairs", "model_pair_flops", "batch_streams",
+                                        "batch_steps_s", "unread_rounds"]), JSON))
 @settings(max_examples=300)
 def test_any_saved_record_reads_or_is_refused_in_one_line(raw: dict[str, Any]) -> None:
     good = enginestep.to_json(at_depth(record(0.01)))
