@@ -5,7 +5,8 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
+# STEP: predict | awq70 | qwen8b | gemma4b | qwen3b
+#       | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
 #       | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
 #       | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
 #  predict  plans of every case below (or of $PREDICT_CASES) for each of its scenarios
@@ -15,6 +16,28 @@
 #           `launcher probe --measure --model` of every case in $PREDICT_CASES (its kernel table,
 #           kept where plans find it) -> $OUT/probe.txt. The order that shows both paths, each
 #           before anything is served: PRED_TAG=roofline predict, probe, PRED_TAG=tables predict
+# Fresh shapes for the fifth table (2026-12-03, session 16), never served before, at vLLM's DEFAULT
+# CUDA-graph range: each case below carries COMPILATION_CONFIG='{}' (RANGE), in its plans and its
+# start alike, unless COMPILATION_CONFIG is set for the whole run. Each folder's SOURCE.md says
+# where its config came from.
+#  awq70    Llama-3.3-70B-Instruct AWQ INT4 shape (4-bit, group 128; 33.2 GiB): single, c32,
+#           long16 (0.5: the plan's KV holds 110k tokens, 4 x 16.5k = 66k with room)
+#  qwen8b   Qwen3-8B shape (dense, 36 layers; aiconfigurator 0.12 estimates it): single, c32,
+#           depth (0.3)
+#  gemma4b  Gemma-3-4B shape (text only; 29 of 34 layers sliding over 1,024): single, c32,
+#           long16 (0.3)
+#  qwen3b   Qwen2.5-3B shape (small dense, 2 KV heads, tied embeddings): single, c32 (0.3)
+# No latent-attention MoE this time: no published config.json of an unserved one (GigaChat3-10B-
+# A1.8B, Kanana-2-30B-A3B) could be found to copy from.
+# Time on the H200 (ready-after from the earlier summary.txt files, plus each scenario's share
+# of the gap between the fourth table's starts): awq70 ~200-240 s ready + ~150-180 s of
+# scenarios (70B decode at ~43 tok/s, 16k prompts 1 and 4 at once) = ~400 s, a call of its own;
+# qwen8b ~125 + ~80 s (depth) and gemma4b ~130 + ~55 s (long16) = ~400 s together; qwen3b
+# ~80 + ~25 s. Order, one 600 s call each (after predict, ~30 s, in the first):
+#   1. PREDICT_CASES="awq70 qwen8b gemma4b qwen3b" bash benchmarks/gpu/issue22-table.sh predict
+#      then bash benchmarks/gpu/issue22-table.sh qwen3b          (~140 s with the plans)
+#   2. bash benchmarks/gpu/issue22-table.sh awq70                 (~400 s)
+#   3. bash benchmarks/gpu/issue22-table.sh qwen8b gemma4b        (~400 s)
 # Fresh shapes for the fourth table (2026-12-03, session 15), never served before, planned by the
 # code sent with them before any of them started:
 #  glm      GLM-4.7-Flash shape (latent attention, 64 experts top 4 + 1 shared): single, c32 (0.6),
@@ -48,7 +71,9 @@
 #  qwen3    Qwen3-32B shape (q/k norms, 64 heads): single, c32, long16, depth
 #  small3b  Llama-3.2-3B shape: single, c32, long16, depth
 # One GPU, --gpu-memory-utilization per case (UTIL below), random weights (--load-format dummy).
-# CUDA graphs to 64 tokens (run_config.sh's COMPILATION_CONFIG, passed to the plans as well);
+# CUDA graphs to 64 tokens for the cases before the fifth table (run_config.sh's default; RANGE
+# below gives each case its range, passed to the plans and to run_config.sh alike, and
+# COMPILATION_CONFIG set in the environment overrides every case's);
 # vLLM's own default range (to 512 tokens, so a 512-token prompt replays piecewise graphs) is
 # COMPILATION_CONFIG='{}', e.g. `COMPILATION_CONFIG='{}' PRED_TAG=default NAME_SUFFIX=-default
 # PREDICT_CASES=smollm2 bash benchmarks/gpu/issue22-table.sh predict smollm2`: the roofline
@@ -58,7 +83,9 @@ M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
+declare -A MODEL=([awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
+  [gemma4b]=gemma-3-4b-shape [qwen3b]=qwen2.5-3b-shape
+  [glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
   [awq8b]=llama-3.1-8b-awq-shape [qwen4b]=qwen3-4b-shape [small24]=mistral-small-24b-shape [qwen14]=qwen3-14b-shape
   [moonlight]=moonlight-16b-a3b-shape [smollm2]=smollm2-1.7b-shape
   [awq14]=qwen2.5-14b-awq-shape [gemma2]=gemma-2-9b-shape [long14]=qwen2.5-14b-shape
@@ -66,7 +93,9 @@ declare -A MODEL=([glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
   [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([glm]="single c32" [gemma12]="single c32 long16" [awq8b]="single c32"
+declare -A SCEN=([awq70]="single c32 long16" [qwen8b]="single c32 depth"
+  [gemma4b]="single c32 long16" [qwen3b]="single c32"
+  [glm]="single c32" [gemma12]="single c32 long16" [awq8b]="single c32"
   [qwen4b]="single c32 depth" [small24]="long16 single c32 depth" [qwen14]="long16 single c32 depth"
   [moonlight]="single c32" [smollm2]="single c32" [awq14]="single c32"
   [gemma2]="single c32" [long14]="long16 single c32" [nemo12]="long16 single c32"
@@ -77,12 +106,17 @@ declare -A SCEN=([glm]="single c32" [gemma12]="single c32 long16" [awq8b]="singl
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
+declare -A UTIL=([awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
+  [glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
-# as run_config.sh sets it (keep the two in step)
-COMPILE_CFG=${COMPILATION_CONFIG:-'{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'}
+# as run_config.sh sets it (keep the two in step): graphs to 64 tokens
+GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
+# each case's CUDA-graph range, the same in its plans and its start: the fifth table's cases at
+# vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
+declare -A RANGE=([awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
+compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
 # predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
@@ -91,17 +125,19 @@ predict() {
   # shellcheck disable=SC2046
   # the engine flags run_config.sh starts vLLM with (its CUDA-graph range among them), so that
   # the plan predicts the server that is measured
+  local cfg; cfg=$(compile_cfg "$case")
   timeout 120 python3 -m launcher plan --json --model "$M/${MODEL[$case]}" $(base "$case") "$@" \
-    -- --load-format dummy --compilation-config "$COMPILE_CFG" 2>&1 |
-    python3 -c "
-import json, sys
+    -- --load-format dummy --compilation-config "$cfg" 2>&1 |
+    CFG=$cfg python3 -c "
+import json, os, sys
 raw = sys.stdin.read()
 try:
     d = json.loads(raw)
 except ValueError:
     print(json.dumps({'case': '$case', 'scenario': '$scen', 'error': raw.strip()[-300:]})); sys.exit()
 out = {'case': '$case', 'scenario': '$scen', 'max_model_len': d['max_model_len'], **d['predicted'],
-       'kernel_table': any('kernel table' in r for r in d.get('reasons', []))}
+       'kernel_table': any('kernel table' in r for r in d.get('reasons', [])),
+       'compilation_config': os.environ['CFG']}
 if d.get('agent'):
     out['agent_rooms'] = d['agent']['rooms']
 print(json.dumps(out))"
@@ -123,7 +159,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;
@@ -146,6 +182,7 @@ for step in "$@"; do
   # the MoE routing the plans assume (see glm above); vLLM reads it in the engine's processes
   routing=; [[ $step == glm ]] && routing=uniform_random
   VLLM_MOE_ROUTING_SIMULATION_STRATEGY=${routing:-${VLLM_MOE_ROUTING_SIMULATION_STRATEGY:-}} \
+  COMPILATION_CONFIG=$(compile_cfg "$step") \
   PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step${NAME_SUFFIX:-}" \
     "$M/${MODEL[$step]}" "$(base "$step")" "${SCEN[$step]}"
 done
