@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,17 @@ RUNS_COMPILATION = ('{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],'
                     '"pass_config":{"fuse_allreduce_rms":false}}')
 
 
+def table_map(name: str) -> dict[str, str]:
+    """issue22-table.sh's ``declare -A NAME=(...)`` (UTIL, RANGE): what each case was served
+    with, read where the runs read it so that a case added there is planned as it ran."""
+    text = (ROOT / "benchmarks" / "gpu" / "issue22-table.sh").read_text()
+    body = re.search(rf"^declare -A {name}=\((.*?)\)$", text, re.M | re.S)
+    if body is None:
+        raise SystemExit(f"issue22-table.sh declares no {name}")
+    return {k: v.strip("'\"") for k, v in re.findall(r"\[(\w+)\]=('[^']*'|\"[^\"]*\"|\S+)",
+                                                     body.group(1))}
+
+
 def plan_line(case: str, scen: str, model: str, util: float, topo: Path,
               host: Path | None = None, compilation: str = RUNS_COMPILATION) -> str:
     cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
@@ -87,9 +99,10 @@ def main() -> int:
     ap.add_argument("--predictions", type=Path, default=None,
                     help="the machine's plans whose cases and scenarios are planned again "
                          "(default: RESULTS_DIR/predictions.jsonl)")
-    ap.add_argument("--compilation-config", default=RUNS_COMPILATION,
-                    help="the engine's --compilation-config the runs had (default: graphs to "
-                         "64 tokens, as run_config.sh; '{}' for the -default folders)")
+    ap.add_argument("--compilation-config", default=None,
+                    help="the engine's --compilation-config the runs had (default: each case's "
+                         "RANGE in issue22-table.sh, else graphs to 64 tokens as run_config.sh; "
+                         "'{}' for the -default folders)")
     ap.add_argument("--host-speed", action="append", default=[], metavar="CASE=RATIO",
                     help="plan CASE for a host RATIO x as slow as the shipped profile's")
     args = ap.parse_args()
@@ -99,7 +112,9 @@ def main() -> int:
 
     source = args.predictions or args.results / "predictions.jsonl"
     old = [json.loads(x) for x in source.read_text().splitlines()]
-    util = {"long8b": 0.3, "small3b": 0.3}
+    # each case's --gpu-memory-utilization and CUDA-graph range as issue22-table.sh served it
+    util = {k: float(v) for k, v in table_map("UTIL").items()}
+    ranges = table_map("RANGE")
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)
     hosts = {case: host_timing_file(args.out, case, float(ratio))
@@ -110,8 +125,9 @@ def main() -> int:
             link.symlink_to((args.results / case).resolve())
     with ThreadPoolExecutor(2) as pool:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
-                                                  util.get(j[0], 0.9), args.topology,
-                                                  hosts.get(j[0]), args.compilation_config),
+                                                  util[j[0]], args.topology, hosts.get(j[0]),
+                                                  args.compilation_config
+                                                  or ranges.get(j[0], RUNS_COMPILATION)),
                                    jobs))
     (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")
