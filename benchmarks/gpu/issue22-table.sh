@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | awq70 | qwen8b | gemma4b | qwen3b
+# STEP: predict | awq70 | qwen8b | gemma4b | qwen3b | mlalong
 #       | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
 #       | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
 #       | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
@@ -27,8 +27,13 @@
 #  gemma4b  Gemma-3-4B shape (text only; 29 of 34 layers sliding over 1,024): single, c32,
 #           long16 (0.3)
 #  qwen3b   Qwen2.5-3B shape (small dense, 2 KV heads, tied embeddings): single, c32 (0.3)
-# No latent-attention MoE this time: no published config.json of an unserved one (GigaChat3-10B-
-# A1.8B, Kanana-2-30B-A3B) could be found to copy from.
+#  mlalong  GLM-4.7-Flash shape (latent attention, 64 experts top 4 + 1 shared) under a WORKLOAD
+#           never measured: 16k prompts one and four at once (the fourth table measured single
+#           and c32 only, at graphs to 64; both again here at the default range, where decode is a
+#           seen figure); the router drawn uniformly at random as glm's (0.6, as glm). The
+#           DeepSeek-V2-Lite shape cannot take 16k prompts (its config keeps 8,192 positions)
+# No unserved latent-attention MoE: no published config.json of one (GigaChat3-10B-A1.8B,
+# Kanana-2-30B-A3B) could be found to copy from, hence the new workload on a served shape.
 # Time on the H200 (ready-after from the earlier summary.txt files, plus each scenario's share
 # of the gap between the fourth table's starts): awq70 ~200-240 s ready + ~150-180 s of
 # scenarios (70B decode at ~43 tok/s, 16k prompts 1 and 4 at once) = ~400 s, a call of its own;
@@ -83,7 +88,7 @@ M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
+declare -A MODEL=([mlalong]=glm-4.7-flash-shape [awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
   [gemma4b]=gemma-3-4b-shape [qwen3b]=qwen2.5-3b-shape
   [glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
   [awq8b]=llama-3.1-8b-awq-shape [qwen4b]=qwen3-4b-shape [small24]=mistral-small-24b-shape [qwen14]=qwen3-14b-shape
@@ -93,7 +98,7 @@ declare -A MODEL=([awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
   [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([awq70]="single c32 long16" [qwen8b]="single c32 depth"
+declare -A SCEN=([mlalong]="long16 single c32" [awq70]="single c32 long16" [qwen8b]="single c32 depth"
   [gemma4b]="single c32 long16" [qwen3b]="single c32"
   [glm]="single c32" [gemma12]="single c32 long16" [awq8b]="single c32"
   [qwen4b]="single c32 depth" [small24]="long16 single c32 depth" [qwen14]="long16 single c32 depth"
@@ -106,7 +111,7 @@ declare -A SCEN=([awq70]="single c32 long16" [qwen8b]="single c32 depth"
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
+declare -A UTIL=([mlalong]=0.6 [awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
   [glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
@@ -115,7 +120,7 @@ declare -A UTIL=([awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
 GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
 # each case's CUDA-graph range, the same in its plans and its start: the fifth table's cases at
 # vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
-declare -A RANGE=([awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
+declare -A RANGE=([mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
 compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
@@ -159,7 +164,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;
@@ -180,7 +185,7 @@ for step in "$@"; do
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
   port=$((port + 10))
   # the MoE routing the plans assume (see glm above); vLLM reads it in the engine's processes
-  routing=; [[ $step == glm ]] && routing=uniform_random
+  routing=; [[ $step == glm || $step == mlalong ]] && routing=uniform_random
   VLLM_MOE_ROUTING_SIMULATION_STRATEGY=${routing:-${VLLM_MOE_ROUTING_SIMULATION_STRATEGY:-}} \
   COMPILATION_CONFIG=$(compile_cfg "$step") \
   PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step${NAME_SUFFIX:-}" \

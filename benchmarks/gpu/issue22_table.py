@@ -22,7 +22,8 @@ import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_
 
 # the fresh shapes of session 16, of session 15, then session 12's (issue22-table.sh lists
 # them), then older
-MODEL = {"awq70": "llama-3.3-70b-awq-shape", "qwen8b": "qwen3-8b-shape",
+MODEL = {"mlalong": "glm-4.7-flash-shape",
+         "awq70": "llama-3.3-70b-awq-shape", "qwen8b": "qwen3-8b-shape",
          "gemma4b": "gemma-3-4b-shape", "qwen3b": "qwen2.5-3b-shape",
          "glm": "glm-4.7-flash-shape", "gemma12": "gemma-3-12b-shape",
          "awq8b": "llama-3.1-8b-awq-shape", "qwen4b": "qwen3-4b-shape",
@@ -34,7 +35,8 @@ MODEL = {"awq70": "llama-3.3-70b-awq-shape", "qwen8b": "qwen3-8b-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
          "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
-LABEL = {"awq70": "Llama-3.3-70B AWQ", "qwen8b": "Qwen3-8B", "gemma4b": "Gemma-3-4B (sliding)",
+LABEL = {"mlalong": "GLM-4.7-Flash (MLA MoE), new workload",
+         "awq70": "Llama-3.3-70B AWQ", "qwen8b": "Qwen3-8B", "gemma4b": "Gemma-3-4B (sliding)",
          "qwen3b": "Qwen2.5-3B",
          "glm": "GLM-4.7-Flash (MLA MoE)", "gemma12": "Gemma-3-12B (sliding)",
          "awq8b": "Llama-3.1-8B AWQ", "qwen4b": "Qwen3-4B", "qwen14": "Qwen3-14B",
