@@ -18,8 +18,13 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   launching of it (``eager_host_layer_s``: the dense layer's, the fused-MoE op's dispatch, a
   family's own extras from the family registry), which the GPU's arithmetic runs beside, and
   the GPU pays ``EAGER_LAYER_S`` a layer; within it a prompt step replays piecewise graphs
-  (``piecewise_host_layer_s`` a layer for the attention run between the pieces) and a decode
-  step one full graph, each padded to the next captured size; every step ``STEP_OVERHEAD_S``.
+  (``piecewise_host_layer_s`` a layer for the attention run between the pieces; the GPU
+  pays the layer's elementwise kernels, ``elementwise_layer_s``, which an eager layer's fitted
+  ``EAGER_LAYER_S`` holds) and a decode
+  step one full graph, each padded to the next captured size, whose every kernel pays the
+  card's per-kernel graph cost (``graph_kernel_s``; the layer's kernels from the family
+  registry); every step ``STEP_OVERHEAD_S``, in series with a prompt step's GPU work and beside
+  a decode step's under vLLM's asynchronous scheduling.
 - the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
   end's work for its sequences (a fixed part and a part per sequence, in processes beside the
   GPU's: the longer of the two counts), and a request pays a fixed cost and one per prompt token
@@ -49,10 +54,10 @@ from launcher.planner.hardware import (
     CPU_STEP_OVERHEAD_S,
     EAGER_HOST_LAYER_S,
     EAGER_LAYER_S,
+    ELEMENTWISE_LAYER_FLOOR_S,
     KERNEL_LAUNCH_S,
     MEM_EFFICIENCY,
     MFU_DECODE,
-    MOE_LAYER_DECODE_S,
     MOE_LAYER_PREFILL_S,
     QUANT_STREAM_EFFICIENCY,
     SERVER_HOST,
@@ -165,6 +170,15 @@ def group_link(topo: Topology, gpus: Sequence[Gpu]) -> Link:
 def _mem_bytes_s(gpus: Sequence[Gpu]) -> float:
     rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
     return min(r.mem_bw_gbs for r in rows) * 1e9 * MEM_EFFICIENCY
+
+
+def graph_kernel_s(gpus: Sequence[Gpu]) -> float:
+    """The slowest card's fixed cost of one kernel in a CUDA-graph replay: measured by `probe
+    --measure` (gpuperf.GpuPerf.kernel_s), else its row's shipped figure, else assumed
+    (hardware.ASSUMED_GRAPH_KERNEL_S)."""
+    rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
+    return max((r.graph_kernel_s or hardware.ASSUMED_GRAPH_KERNEL_S for r in rows),
+               default=hardware.ASSUMED_GRAPH_KERNEL_S)
 
 
 def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
@@ -395,9 +409,29 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
     # per layer: the GPU's share of the work (arithmetic or weights, all-reduces, an eager
     # layer's kernels' own cost) against the host's launching of it, whichever is longer
-    gpu_layer = (work_s + comm) / m.num_layers + (EAGER_LAYER_S if mode == "eager" else 0.0)
+    # EAGER_LAYER_S, fitted to eager runs, holds the layer's elementwise kernels; a layer of
+    # piecewise graphs drops the rest of it (hardware.EAGER_LAYER_S says which) but runs those
+    extra = (EAGER_LAYER_S if mode == "eager"
+             else elementwise_layer_s(m, lay, tokens) if mode == "piecewise" else 0.0)
+    gpu_layer = (work_s + comm) / m.num_layers + extra
     host_layer = layer_host(m, lay.host).per_layer_s(mode)
     return m.num_layers * max(gpu_layer, host_layer) + hops + STEP_OVERHEAD_S
+
+
+def elementwise_layer_s(m: ModelSpec, lay: Layout, tokens: float) -> float:
+    """The GPU time of a decoder layer's elementwise kernels over ``tokens`` rows on one TP
+    rank: two fused residual-add + RMSNorms (each reads the activations and the residual and
+    writes both, whole on every rank), the rotary embedding (reads and writes the rank's query
+    and key heads) and, in a dense layer, SiLU-and-mul (reads the rank's gate and up halves,
+    writes one; a mixture of experts' runs inside its fused-MoE op). Each kernel's fixed cost
+    (``ELEMENTWISE_LAYER_FLOOR_S``, measured) and the bytes at the card's achieved memory rate
+    (derived): the roofline's GEMM arithmetic and weight read count none of it."""
+    gpus = [g for stage in lay.stages for g in stage]
+    norms = 2 * 4 * m.hidden_size
+    rope = 2 * (m.num_heads + m.num_kv_heads) * m.head_dim / lay.tp
+    act = 0.0 if m.num_experts else 3 * m.intermediate_size / lay.tp
+    per_token = (norms + rope + act) * ACT_BYTES
+    return ELEMENTWISE_LAYER_FLOOR_S + tokens * per_token / _mem_bytes_s(gpus)
 
 
 def layer_host(m: ModelSpec, host: HostProfile) -> LayerHost:
@@ -472,9 +506,20 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     against 0.62 and 0.78 ms of GPU work).
 
     Within the served engine's CUDA-graph range (``lay.graphs``) the step replays one full
-    graph padded to the next captured size (its GEMMs run the padded rows); past it the step
-    runs eagerly as a prefill step past the range does: each layer launched from the host
-    (:func:`eager_host_layer_s`) beside the GPU's work, which pays EAGER_LAYER_S a layer."""
+    graph padded to the next captured size (its GEMMs run the padded rows), each of whose
+    kernels costs a fixed :func:`graph_kernel_s` besides its bytes and arithmetic (a layer's
+    kernels: families.decode_layer_kernels, a mixture-of-experts layer's fused-MoE op's among
+    them); past it the step runs eagerly as a prefill step past the range does: each layer
+    launched from the host (:func:`eager_host_layer_s`) beside the GPU's work, which pays
+    EAGER_LAYER_S a layer (fitted to eager dense layers: their kernels' fixed costs inside it)
+    and the fused-MoE op's kernels beyond a dense MLP's.
+
+    Under vLLM's asynchronous scheduling (a GPU replica without pipeline stages:
+    schedsim.vllm_async_scheduling's rule) the engine core prepares the next step while the GPU
+    runs this one, so its overhead (STEP_OVERHEAD_S) runs beside the GPU's step, as the kernel
+    tables' steps take it (kernelcost.step_cost's ``overlap_overhead``); with pipeline stages it
+    is in series. Checked on the 27 saved one-GPU H200 single-stream decode records
+    (docs/planner.md, "A decode step's kernels in its CUDA graph")."""
     gpus = [g for stage in lay.stages for g in stage]
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     whole = math.ceil(micro)  # one token a sequence: the step's tokens on a stage
@@ -492,14 +537,21 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
-    moe = moe_layers(m) * share * MOE_LAYER_DECODE_S
     layers = m.num_layers * share
+    moe = moe_layers(m) * share  # layers whose MLP is the fused-MoE op
+    dense_kernels = families.decode_layer_kernels(m.family, moe=False)
+    moe_extra = families.decode_layer_kernels(m.family, moe=True) - dense_kernels
+    kernel_s = graph_kernel_s(gpus)
     if mode == "eager":  # past the graphs: launched layer by layer, as an eager prefill layer
-        gpu = max(memory, compute) + comm + moe + layers * EAGER_LAYER_S
+        gpu = (max(memory, compute) + comm + moe * moe_extra * kernel_s
+               + layers * EAGER_LAYER_S)
         work = max(gpu, layers * layer_host(m, lay.host).eager_s)
     else:
-        work = max(memory, compute) + comm + moe
-    stage = work + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
+        kernels = layers * dense_kernels + moe * moe_extra
+        work = max(memory, compute) + comm + kernels * kernel_s
+    if lay.pp == 1:  # asynchronous scheduling: the engine core's overhead beside the GPU's
+        return max(work, STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
+    stage = work + _hop_s(lay.pp_link, act)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
     return max(lay.pp * stage + STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
