@@ -211,7 +211,9 @@ ACT_BYTES = 2  # bf16/fp16 activations on the wire
 # SiLU-and-mul): outside the roofline's GEMM arithmetic and weight read, run in every step.
 # MEASURED on the lent H200 (kernels.tgz above, graph-replayed device time): the four at one
 # token took 13.0-14.4 us a layer, median 14.2, over the five dense shapes (SmolLM2-1.7B,
-# Gemma-2-9B, Mistral-Nemo-12B, Qwen2.5-14B bf16 and AWQ): each kernel's fixed cost. Past it
+# Gemma-2-9B, Mistral-Nemo-12B, Qwen2.5-14B bf16 and AWQ): each kernel's fixed cost. The harness
+# ran vLLM's rms_norm and silu_and_mul but plain torch's rotary (about five small kernels, 6 us;
+# vLLM runs one), so the floor may be high by a few us a layer. Past it
 # they move bytes (costmodel.elementwise_layer_s, DERIVED from the ops at the card's achieved
 # memory rate, no share fitted): at 512 tokens that reads 27-40 us against 26-48 measured
 # (SmolLM2 +5%, Nemo -6%, Gemma-2 -10%, Qwen2.5-14B -18%). Other cards: assumed the same floor.
