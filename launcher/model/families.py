@@ -154,5 +154,27 @@ def eager_layer_kernels(family: str) -> int:
     return found.eager_layer_kernels if found else REFERENCE_LAYER_KERNELS
 
 
+# A decode step within the CUDA-graph range replays one full graph holding every layer's kernels:
+# the compiled pieces' and the attention ops', as counted above for an eager layer (the same
+# kernels, replayed instead of launched). A mixture-of-experts layer runs its fused-MoE op where a
+# dense layer runs its MLP's DENSE_MLP_KERNELS (gate_up GEMM, SiLU-and-mul, down GEMM): vLLM
+# 0.26's fused_moe path (fused_moe/fused_moe.py fused_experts_impl, after select_experts) is
+# FUSED_MOE_KERNELS: the router GEMM, top-k softmax, the token-to-expert alignment
+# (moe_align_block_size), the two grouped GEMMs, the activation between them and the weighted sum
+# over the top-k (moe_sum). Counted from vLLM's code, not timed; a shared expert's MLP
+# (DeepSeek, GLM) is not counted. costmodel.decode_step_s charges each kernel the card's
+# per-kernel graph cost (hardware.GpuModel.graph_kernel_s).
+DENSE_MLP_KERNELS = 3
+FUSED_MOE_KERNELS = 7
+
+
+def decode_layer_kernels(family: str, moe: bool) -> int:
+    """Kernels one decoder layer of ``family`` runs in a decode step's CUDA graph: its dense
+    layer's (:func:`eager_layer_kernels`), the MLP's swapped for the fused-MoE op's where the
+    layer is a mixture of experts (``moe``)."""
+    dense = eager_layer_kernels(family)
+    return dense - DENSE_MLP_KERNELS + FUSED_MOE_KERNELS if moe else dense
+
+
 def has_qkv_bias(model_type: str) -> bool:
     return any(model_type.startswith(f.name) for f in FAMILIES if f.qkv_bias)

@@ -21,7 +21,10 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   (``piecewise_host_layer_s`` a layer for the attention run between the pieces; the GPU
   pays the layer's elementwise kernels, ``elementwise_layer_s``, which an eager layer's fitted
   ``EAGER_LAYER_S`` holds) and a decode
-  step one full graph, each padded to the next captured size; every step ``STEP_OVERHEAD_S``.
+  step one full graph, each padded to the next captured size, whose every kernel pays the
+  card's per-kernel graph cost (``graph_kernel_s``; the layer's kernels from the family
+  registry); every step ``STEP_OVERHEAD_S``, in series with a prompt step's GPU work and beside
+  a decode step's under vLLM's asynchronous scheduling.
 - the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
   end's work for its sequences (a fixed part and a part per sequence, in processes beside the
   GPU's: the longer of the two counts), and a request pays a fixed cost and one per prompt token
@@ -55,7 +58,6 @@ from launcher.planner.hardware import (
     KERNEL_LAUNCH_S,
     MEM_EFFICIENCY,
     MFU_DECODE,
-    MOE_LAYER_DECODE_S,
     MOE_LAYER_PREFILL_S,
     QUANT_STREAM_EFFICIENCY,
     SERVER_HOST,
@@ -168,6 +170,30 @@ def group_link(topo: Topology, gpus: Sequence[Gpu]) -> Link:
 def _mem_bytes_s(gpus: Sequence[Gpu]) -> float:
     rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
     return min(r.mem_bw_gbs for r in rows) * 1e9 * MEM_EFFICIENCY
+
+
+def graph_kernel_s(gpus: Sequence[Gpu]) -> float:
+    """The slowest card's fixed cost of one kernel in a CUDA-graph replay: measured by `probe
+    --measure` (gpuperf.GpuPerf.kernel_s), else its row's shipped figure, else assumed
+    (hardware.ASSUMED_GRAPH_KERNEL_S)."""
+    rows = [hardware.gpu_model(g.name, g.cc, g.perf) for g in gpus]
+    return max((r.graph_kernel_s or hardware.ASSUMED_GRAPH_KERNEL_S for r in rows),
+               default=hardware.ASSUMED_GRAPH_KERNEL_S)
+
+
+def graph_kernel_line(gpus: Sequence[Gpu]) -> str:
+    """The plan's line on the per-kernel graph cost its decode steps pay, and where it came
+    from: measured on these GPUs, a card's shipped figure, or assumed."""
+    kernel = graph_kernel_s(gpus)
+    if any(g.perf is not None and g.perf.kernel_s is not None for g in gpus):
+        source = "measured on this GPU by `probe --measure`"
+    elif any(hardware.gpu_model(g.name, g.cc).graph_kernel_s for g in gpus):
+        source = ("the card's shipped figure, DERIVED from the H200's GEMVs replayed from CUDA "
+                  "graphs (`probe --measure` times it on this GPU)")
+    else:
+        source = "ASSUMED, the H200's figure (`probe --measure` times it on this GPU)"
+    return (f"decode steps in CUDA graphs: each kernel {kernel * 1e6:.1f} us besides its "
+            f"bytes: {source}")
 
 
 def _flops_s(gpus: Sequence[Gpu], mfu: float) -> float:
@@ -495,9 +521,20 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     against 0.62 and 0.78 ms of GPU work).
 
     Within the served engine's CUDA-graph range (``lay.graphs``) the step replays one full
-    graph padded to the next captured size (its GEMMs run the padded rows); past it the step
-    runs eagerly as a prefill step past the range does: each layer launched from the host
-    (:func:`eager_host_layer_s`) beside the GPU's work, which pays EAGER_LAYER_S a layer."""
+    graph padded to the next captured size (its GEMMs run the padded rows), each of whose
+    kernels costs a fixed :func:`graph_kernel_s` besides its bytes and arithmetic (a layer's
+    kernels: families.decode_layer_kernels, a mixture-of-experts layer's fused-MoE op's among
+    them); past it the step runs eagerly as a prefill step past the range does: each layer
+    launched from the host (:func:`eager_host_layer_s`) beside the GPU's work, which pays
+    EAGER_LAYER_S a layer (fitted to eager dense layers: their kernels' fixed costs inside it)
+    and the fused-MoE op's kernels beyond a dense MLP's.
+
+    Under vLLM's asynchronous scheduling (a GPU replica without pipeline stages:
+    schedsim.vllm_async_scheduling's rule) the engine core prepares the next step while the GPU
+    runs this one, so its overhead (STEP_OVERHEAD_S) runs beside the GPU's step, as the kernel
+    tables' steps take it (kernelcost.step_cost's ``overlap_overhead``); with pipeline stages it
+    is in series. Checked on the 27 saved one-GPU H200 single-stream decode records
+    (docs/planner.md, "A decode step's kernels in its CUDA graph")."""
     gpus = [g for stage in lay.stages for g in stage]
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     whole = math.ceil(micro)  # one token a sequence: the step's tokens on a stage
@@ -515,14 +552,21 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
-    moe = moe_layers(m) * share * MOE_LAYER_DECODE_S
     layers = m.num_layers * share
+    moe = moe_layers(m) * share  # layers whose MLP is the fused-MoE op
+    dense_kernels = families.decode_layer_kernels(m.family, moe=False)
+    moe_extra = families.decode_layer_kernels(m.family, moe=True) - dense_kernels
+    kernel_s = graph_kernel_s(gpus)
     if mode == "eager":  # past the graphs: launched layer by layer, as an eager prefill layer
-        gpu = max(memory, compute) + comm + moe + layers * EAGER_LAYER_S
+        gpu = (max(memory, compute) + comm + moe * moe_extra * kernel_s
+               + layers * EAGER_LAYER_S)
         work = max(gpu, layers * layer_host(m, lay.host).eager_s)
     else:
-        work = max(memory, compute) + comm + moe
-    stage = work + (_hop_s(lay.pp_link, act) if lay.pp > 1 else 0.0)
+        kernels = layers * dense_kernels + moe * moe_extra
+        work = max(memory, compute) + comm + kernels * kernel_s
+    if lay.pp == 1:  # asynchronous scheduling: the engine core's overhead beside the GPU's
+        return max(work, STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
+    stage = work + _hop_s(lay.pp_link, act)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
     return max(lay.pp * stage + STEP_OVERHEAD_S, lay.host.step_floor_s(batch))

@@ -28,6 +28,9 @@ class GpuModel:
     # nobody measured here (vLLM's own benchmarks land at 45-60% MFU for 70B prefill on A100);
     # rows that set it say where the figure comes from.
     prefill_mfu: float = 0.5
+    # One kernel's fixed cost in a CUDA-graph replay besides its bytes (gpuperf.GpuPerf.kernel_s,
+    # which `probe --measure` times and which replaces it); None: ASSUMED_GRAPH_KERNEL_S.
+    graph_kernel_s: float | None = None
 
 
 # Longest key first wins ("H100 PCIe" before "H100").
@@ -38,7 +41,11 @@ GPU_TABLE: tuple[GpuModel, ...] = (
     # shape, PP=2 single stream, so one GPU computes at a time): 3,072 new prompt tokens (512
     # more came from the prefix cache) in 665 ms, about 660 TFLOPS once hardware.EAGER_LAYER_S
     # is taken out; with it, ten measured prefills land within 9% (docs/benchmarks.md).
-    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.7),
+    # graph_kernel_s 4.2 us: DERIVED, not fitted to any decode run, from the lent H200's saved
+    # kernel tables (benchmarks/gpu/results/2026-12-02-h200-kernels/kernel_tables.json, vLLM
+    # 0.26's GEMMs replayed from CUDA graphs): the 22 one-token bf16 GEMVs of 4.2-566 MB lie on
+    # 4.23 us + bytes / 4,073 GB/s (least squares), the method `probe --measure` times it by.
+    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.7, graph_kernel_s=4.2e-6),
     # NVIDIA H100 datasheet: SXM 3.35 TB/s, 989 TFLOPS; PCIe 2.0 TB/s, 756 TFLOPS; NVLink 4 as H200.
     # prefill_mfu: the H200's measured figure, assumed for the same Hopper tensor cores
     # (not measured on an H100).
@@ -117,13 +124,14 @@ def with_measured(row: GpuModel, perf: GpuPerf) -> GpuModel:
     measured rate (a fallback row for a card the table lacks) is raised to it.
     """
     mem, tflops, mfu = row.mem_bw_gbs, row.bf16_tflops, row.prefill_mfu
+    kernel = perf.kernel_s if perf.kernel_s is not None else row.graph_kernel_s
     if perf.decode_gbs is not None:
         mem = perf.decode_gbs / MEM_EFFICIENCY
     if perf.prefill_tflops is not None:
         tflops = max(row.bf16_tflops, perf.prefill_tflops)
         mfu = perf.prefill_tflops / tflops
     return replace(row, key=f"{row.key} (measured)", mem_bw_gbs=mem, bf16_tflops=tflops,
-                   prefill_mfu=mfu)
+                   prefill_mfu=mfu, graph_kernel_s=kernel)
 
 
 @functools.lru_cache(maxsize=256)
@@ -406,12 +414,13 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "
                f"profile's x{speed:.2f}, this host's speed on those functions against the "
                f"lent H200's host; the timing: {timing.steadiness_note()}")
-# A mixture-of-experts layer launches its own kernels besides attention's and the norms' (router
-# GEMM, top-k softmax, the token-to-expert alignment, two grouped GEMMs, the activation and the
-# weighted sum): assumed, before any MoE measurement, ~7 kernels at ~4 us each inside a CUDA
-# graph for a decode step. The H200 run of the Qwen3-30B-A3B shape then measured single-stream
-# decode at 251 tok/s against 257 predicted (+2.4%): not refitted.
-MOE_LAYER_DECODE_S = 30e-6
+# One kernel's fixed cost in a CUDA-graph replay on a card whose row has no figure and where
+# `probe --measure` did not time it: ASSUMED, the H200's derived figure (GPU_TABLE) for every
+# card (a kernel's launch gap, ramp-up and tail are microseconds on recent NVIDIA GPUs; not
+# measured on any other card here). A decode step within the graphs pays it for every kernel
+# (costmodel.decode_step_s; a mixture-of-experts layer's fused-MoE kernels among them:
+# families.decode_layer_kernels).
+ASSUMED_GRAPH_KERNEL_S = 4.2e-6
 # 4-bit weights (vLLM's mixed-input GEMM) stream at this share of the bf16 path's rate a pass
 # over the weights (costmodel.weight_stream_efficiency says why it does not grow with the batch;
 # quantization.mixed_input_gemm which kernel runs and how many passes it makes).
@@ -421,7 +430,10 @@ MOE_LAYER_DECODE_S = 30e-6
 # 11.5 ms a one-stream decode step, of which the 16.3 GB pass over the weights is 10.4 ms after
 # the step overhead, 1.56 TB/s: 0.39 of the bf16 GEMV's 4.04 TB/s measured on that card (0.41
 # of the datasheet x MEM_EFFICIENCY). It was 0.5, read from issue 14's text. Marlin's rate (every
-# other CUDA card) is not measured: assumed the same share a pass.
+# other CUDA card) is not measured: assumed the same share a pass. Read again with a decode step's
+# kernels in its CUDA graph (graph_kernel_s; no step overhead in series, session 16) the three
+# H200 AWQ records give 0.46 (the 32B), 0.40 (the 14B) and 0.40 (Llama-3.1-8B, table 4): left
+# at 0.4, the 32B's decode now 10% below its measurement (docs/planner.md).
 QUANT_STREAM_EFFICIENCY = 0.4
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The

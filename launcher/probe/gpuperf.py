@@ -9,7 +9,13 @@ assumed efficiency (launcher/planner/hardware.py):
   a real prefill;
 - ``decode_gbs``: achieved GB/s of decode-step GEMMs (``[b x h] x [h x 4h]``, b = 1, 8, 32) that
   read weights far larger than any L2 cache: bytes moved (weights + activations) over time. At
-  these batch sizes a step is bound by reading the weights, which is what decode costs.
+  these batch sizes a step is bound by reading the weights, which is what decode costs;
+- ``kernel_s``: the fixed cost of one kernel replayed in a CUDA graph, besides its bytes at the
+  card's rate (the gap between two kernels, the ramp-up and tail of each): one-row GEMVs of
+  several weight sizes (:data:`GRAPH_GEMV_NS`), each size captured back to back in one graph and
+  replayed, per call; the straight line through time against bytes (:func:`graph_kernel_fit`)
+  crosses zero bytes at it. A full-graph decode step pays it for every kernel of every layer
+  (costmodel.decode_step_s, the layer's kernels from the family registry).
 
 The shapes, the arithmetic (:func:`gemm_flops`, :func:`gemm_bytes`, :func:`summarize`) and the
 JSON reader live here; :mod:`launcher.probe.measure` runs the timing with torch.
@@ -25,6 +31,13 @@ from typing import Any
 PREFILL_TOKENS = 512
 HIDDEN_SIZES = (4096, 5120, 8192)  # Llama-3-8B / Mistral-7B, Qwen2.5-32B / 13B, Llama-3-70B
 DECODE_BATCHES = (1, 8, 32)
+# the per-kernel graph cost's GEMVs: [1 x GRAPH_GEMV_K] x [GRAPH_GEMV_K x n], 4-268 MB of bf16
+# weights (the range of a 1-70B model's per-layer GEMMs on one GPU)
+GRAPH_GEMV_K = 4096
+GRAPH_GEMV_NS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+# A fixed cost a kernel beyond this is a broken measurement (a kernel's launch gap and ramp in a
+# CUDA graph are microseconds on any CUDA card)
+_MAX_KERNEL_S = 1e-3
 DTYPE_BYTES = 2  # bf16
 
 # A shape: (kind, m, k, n) for an [m x k] x [k x n] matmul.
@@ -66,17 +79,61 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class GraphSample:
+    """``calls`` one-row GEMVs of a ``[1 x k] x [k x n]`` bf16 matmul captured back to back in
+    one CUDA graph (each on other weights, so that none is in cache), ``seconds`` a replay."""
+
+    k: int
+    n: int
+    calls: int
+    seconds: float
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.k * self.n * DTYPE_BYTES
+
+    @property
+    def call_s(self) -> float:
+        return self.seconds / self.calls
+
+
+def graph_kernel_fit(samples: Sequence[GraphSample]) -> tuple[float, float] | None:
+    """(seconds, GB/s): the least-squares line through the samples' per-call time against
+    weight bytes, as the fixed cost of a kernel (where it crosses zero bytes) and the rate (its
+    slope). None with fewer than two weight sizes, or a line whose fixed cost or rate is not
+    positive (the timing was too noisy to split them)."""
+    pts = [(float(s.weight_bytes), s.call_s) for s in samples if s.calls > 0 and s.seconds > 0]
+    if len({b for b, _ in pts}) < 2:
+        return None
+    mb = math.fsum(b for b, _ in pts) / len(pts)
+    mt = math.fsum(t for _, t in pts) / len(pts)
+    slope = (math.fsum((b - mb) * (t - mt) for b, t in pts)
+             / math.fsum((b - mb) ** 2 for b, _ in pts))
+    fixed = mt - slope * mb
+    if slope <= 0 or not 0 < fixed <= _MAX_KERNEL_S:
+        return None
+    return fixed, 1 / slope / 1e9
+
+
+@dataclass(frozen=True)
 class GpuPerf:
     prefill_tflops: float | None = None
     decode_gbs: float | None = None
     device: str | None = None  # what torch called it ("NVIDIA GeForce RTX 4090", "cpu")
     method: str | None = None  # how it was measured, for the record
-    # every shape timed, for the record (the planner reads only the two figures)
+    # every shape timed, for the record (the planner reads only the figures)
     samples: tuple[Sample, ...] = field(default=(), compare=False, repr=False)
+    # a kernel's fixed cost in a CUDA-graph replay (module docstring); None: not timed
+    kernel_s: float | None = None
+    # its GEMVs, for the record
+    graph_samples: tuple[GraphSample, ...] = field(default=(), compare=False, repr=False)
+    # why ``kernel_s`` is not there (no CUDA, the capture failed, a noisy line), for the notes
+    kernel_note: str | None = None
 
     @property
     def any(self) -> bool:
-        return self.prefill_tflops is not None or self.decode_gbs is not None
+        return (self.prefill_tflops is not None or self.decode_gbs is not None
+                or self.kernel_s is not None)
 
     def describe(self) -> str:
         parts = []
@@ -84,6 +141,10 @@ class GpuPerf:
             parts.append(f"{self.prefill_tflops:,.1f} TFLOP/s at 512-token prefill GEMMs")
         if self.decode_gbs is not None:
             parts.append(f"{self.decode_gbs:,.0f} GB/s at decode GEMMs")
+        if self.kernel_s is not None:
+            parts.append(f"{self.kernel_s * 1e6:.2f} us a kernel in a CUDA graph")
+        elif self.kernel_note:
+            parts.append(f"no per-kernel graph cost ({self.kernel_note})")
         return ", ".join(parts) or "nothing measured"
 
 
@@ -104,7 +165,8 @@ def summarize(samples: Sequence[Sample], device: str | None = None,
 
 # ------------------------------------------------------------------------------------- JSON
 
-_FIELDS = ("prefill_tflops", "decode_gbs", "device", "method", "samples")
+_FIELDS = ("prefill_tflops", "decode_gbs", "device", "method", "samples", "kernel_s",
+           "graph_samples", "kernel_note")
 # Beyond any GPU made or planned (B200: ~2.3 PFLOP/s dense BF16, 8 TB/s): a larger figure is a
 # broken measurement, not a fast card.
 _MAX_TFLOPS = 1e5
@@ -118,6 +180,12 @@ def perf_to_json(perf: GpuPerf | None) -> dict[str, Any] | None:
                             "device": perf.device, "method": perf.method}
     if perf.samples:
         data["samples"] = [vars(s) for s in perf.samples]
+    if perf.kernel_s is not None:
+        data["kernel_s"] = perf.kernel_s
+    if perf.graph_samples:
+        data["graph_samples"] = [vars(s) for s in perf.graph_samples]
+    if perf.kernel_note:
+        data["kernel_note"] = perf.kernel_note
     return data
 
 
@@ -167,11 +235,36 @@ def perf_from_json(raw: Any) -> tuple[GpuPerf | None, list[str]]:
             text = repr(value)
             reasons.append(f"measured {key} {text[:30]} ignored (not a {unit} figure in "
                            f"(0, {hi:g}]); the datasheet figure is used")
-    device, method = raw.get("device"), raw.get("method")
+    kernel = raw.get("kernel_s")
+    kernel_s = _rate(kernel, _MAX_KERNEL_S)
+    if kernel_s is None and kernel is not None:
+        reasons.append(f"measured kernel_s {repr(kernel)[:30]} ignored (not seconds in "
+                       f"(0, {_MAX_KERNEL_S:g}]); the shipped per-kernel figure is used")
+    device, method, note = raw.get("device"), raw.get("method"), raw.get("kernel_note")
     samples, bad = _samples(raw.get("samples"))
     if bad:
         reasons.append(f"{bad} unreadable measured sample(s) ignored (a record only)")
+    graph, bad = _graph_samples(raw.get("graph_samples"))
+    if bad:
+        reasons.append(f"{bad} unreadable graph sample(s) ignored (a record only)")
     perf = GpuPerf(figures["prefill_tflops"], figures["decode_gbs"],
                    device if isinstance(device, str) else None,
-                   method if isinstance(method, str) else None, samples)
+                   method if isinstance(method, str) else None, samples, kernel_s, graph,
+                   note if isinstance(note, str) else None)
     return (perf if perf.any else None), reasons
+
+
+def _graph_samples(raw: Any) -> tuple[tuple[GraphSample, ...], int]:
+    """The readable graph samples, and how many entries were not."""
+    if not isinstance(raw, list):
+        return (), 0 if raw is None else 1
+    good = []
+    for item in raw:
+        try:
+            k, n, calls = (int(item[key]) for key in ("k", "n", "calls"))
+            s = GraphSample(k, n, calls, float(item["seconds"]))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            continue
+        if min(s.k, s.n, s.calls) > 0 and math.isfinite(s.seconds) and s.seconds > 0:
+            good.append(s)
+    return tuple(good), len(raw) - len(good)

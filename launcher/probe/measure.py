@@ -347,6 +347,64 @@ def time_gemms(torch: Any, device: str, shapes: Sequence[Shape], reps: int = 20,
     return samples
 
 
+def time_graph_gemvs(torch: Any, ns: Sequence[int] = gpuperf.GRAPH_GEMV_NS,
+                     k: int = gpuperf.GRAPH_GEMV_K, calls: int = 40,
+                     cycle_bytes: int = DECODE_CYCLE_BYTES) -> list[gpuperf.GraphSample]:
+    """One-row bf16 GEMVs of each ``[1 x k] x [k x n]`` shape, ``calls`` of them (at least one
+    pass over weight copies of ``cycle_bytes``, so that every call reads from memory) captured
+    back to back in one CUDA graph; the median replay of five, as vLLM replays a decode step."""
+    samples = []
+    for n in ns:
+        copies = max(1, -(-cycle_bytes // (k * n * gpuperf.DTYPE_BYTES)))
+        count = max(calls, copies)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        ws = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch asks
+            for w in ws[:3]:
+                torch.matmul(x, w)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(count):
+                torch.matmul(x, ws[i % copies])
+        graph.replay()
+        torch.cuda.synchronize()
+        rounds = []
+        for _ in range(5):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            rounds.append(float(start.elapsed_time(end)) / 1e3)
+        samples.append(gpuperf.GraphSample(k, n, count, sorted(rounds)[len(rounds) // 2]))
+        del graph, ws, x
+        torch.cuda.empty_cache()
+    return samples
+
+
+def graph_kernel(torch: Any, device: str) -> tuple[float | None, tuple[gpuperf.GraphSample, ...],
+                                                   str | None]:
+    """The per-kernel graph cost (gpuperf.graph_kernel_fit), its GEMVs, and where it is not
+    there why (one line): never raises, so that a failure here leaves the GEMM rates' timing
+    standing."""
+    if device != "cuda":
+        return None, (), "no CUDA here: a CUDA graph's per-kernel cost is not timed"
+    try:
+        samples = tuple(time_graph_gemvs(torch))
+    except Exception as exc:  # any failure: the probe's other figures stand
+        text = str(exc).strip().splitlines()
+        return None, (), f"the CUDA-graph timing failed: {type(exc).__name__}: " \
+            f"{(text[0] if text else '')[:120]}"
+    fit = gpuperf.graph_kernel_fit(samples)
+    if fit is None:
+        return None, samples, "the GEMVs' times gave no positive fixed cost and rate"
+    return fit[0], samples, None
+
+
 def gemm_worker(out: Path, device: str, tiny: bool) -> None:
     import torch
 
@@ -361,4 +419,7 @@ def gemm_worker(out: Path, device: str, tiny: bool) -> None:
     method = (f"torch {torch.__version__} bf16 matmul on {device}, "
               f"{len(samples)} shapes{' (tiny)' if tiny else ''}")
     perf = gpuperf.summarize(samples, device=name, method=method)
+    kernel_s, graph, note = (graph_kernel(torch, device) if not tiny
+                             else (None, (), "not timed in a tiny run"))
+    perf = replace(perf, kernel_s=kernel_s, graph_samples=graph, kernel_note=note)
     out.write_text(json.dumps(gpuperf.perf_to_json(perf)))

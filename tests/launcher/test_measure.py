@@ -242,6 +242,10 @@ measured_objects = st.fixed_dictionaries(
                   "samples": st.lists(st.one_of(json_values, st.fixed_dictionaries(
                       {"kind": st.sampled_from(["prefill", "decode", "x"]), "m": json_values,
                        "k": json_values, "n": json_values, "reps": json_values,
+                       "seconds": json_values})), max_size=3),
+                  "kernel_s": json_values, "kernel_note": json_values,
+                  "graph_samples": st.lists(st.one_of(json_values, st.fixed_dictionaries(
+                      {"k": json_values, "n": json_values, "calls": json_values,
                        "seconds": json_values})), max_size=3)})
 
 
@@ -249,8 +253,9 @@ measured_objects = st.fixed_dictionaries(
 def test_any_measured_value_reads_without_an_exception(measured: Any) -> None:
     perf, reasons = gpuperf.perf_from_json(measured)
     if perf is not None:
-        for rate in (perf.prefill_tflops, perf.decode_gbs):
+        for rate in (perf.prefill_tflops, perf.decode_gbs, perf.kernel_s):
             assert rate is None or (0 < rate < float("inf"))
+        assert all(s.call_s > 0 for s in perf.graph_samples)
     assert all(isinstance(r, str) and "\n" not in r for r in reasons)
     data = topology_to_json(Topology(gpus=(ADA4000,)))
     data["gpus"][0]["measured"] = measured
