@@ -352,24 +352,27 @@ def time_graph_gemvs(torch: Any, ns: Sequence[int] = gpuperf.GRAPH_GEMV_NS,
                      cycle_bytes: int = DECODE_CYCLE_BYTES) -> list[gpuperf.GraphSample]:
     """One-row bf16 GEMVs of each ``[1 x k] x [k x n]`` shape, ``calls`` of them (at least one
     pass over weight copies of ``cycle_bytes``, so that every call reads from memory) captured
-    back to back in one CUDA graph; the median replay of five, as vLLM replays a decode step."""
+    back to back in one CUDA graph; the median replay of five, as vLLM replays a decode step.
+    Run as vLLM's unquantized linear layers run them (``F.linear`` on ``[n x k]`` weights), the
+    call the H200's kernel tables timed."""
     samples = []
     for n in ns:
         copies = max(1, -(-cycle_bytes // (k * n * gpuperf.DTYPE_BYTES)))
         count = max(calls, copies)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        ws = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        linear = torch.nn.functional.linear
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the capture stream, as torch asks
             for w in ws[:3]:
-                torch.matmul(x, w)
+                linear(x, w)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for i in range(count):
-                torch.matmul(x, ws[i % copies])
+                linear(x, ws[i % copies])
         graph.replay()
         torch.cuda.synchronize()
         rounds = []
