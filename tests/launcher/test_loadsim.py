@@ -88,8 +88,9 @@ def test_a_step_is_timed_by_the_roofline_terms() -> None:
     step = RooflineStep(m, lay)
     assert step.step_s(StepBatch(decode_seqs=8, decode_context=8 * 600)) == \
         costmodel.decode_step_s(m, lay, 8, 600)
+    # a chunk that samples no token (not a prompt's last) runs no LM-head row
     assert step.step_s(StepBatch(prefill_tokens=512, prefill_pairs=512 * 513 / 2)) == \
-        costmodel.prefill_step_s(m, lay, 512, pairs=512 * 513 / 2)
+        costmodel.prefill_step_s(m, lay, 512, pairs=512 * 513 / 2, sampled=0)
     # a lone prompt inside the budget: one step, the closed formula's time to first token (the
     # same prefill model, and the host's way in and out)
     lim = SchedulerLimits(8192, 256, 100_000)
