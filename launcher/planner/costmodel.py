@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from launcher.model import families, quantization
 from launcher.model.modelspec import ModelSpec
-from launcher.planner import hardware
+from launcher.planner import hardware, moetuned
 from launcher.planner.cudagraphs import VLLM_DEFAULT, CudaGraphs, StepMode
 from launcher.planner.hardware import (
     ACT_BYTES,
@@ -58,6 +58,7 @@ from launcher.planner.hardware import (
     KERNEL_LAUNCH_S,
     MEM_EFFICIENCY,
     MFU_DECODE,
+    MOE_GEMM_EFFICIENCY,
     MOE_LAYER_PREFILL_S,
     QUANT_STREAM_EFFICIENCY,
     SERVER_HOST,
@@ -271,6 +272,37 @@ def moe_layers(m: ModelSpec) -> int:
     return m.num_layers if m.num_experts else 0
 
 
+def routed_expert_params(m: ModelSpec) -> float:
+    """The routed experts' weights one token's forward multiplies (top-k of E in every MoE
+    layer), as :func:`streamed_weight_bytes` splits the model: 0 for a dense model."""
+    if not m.num_experts or m.experts_per_token >= m.num_experts or m.params <= 0:
+        return 0.0
+    share = m.experts_per_token / m.num_experts
+    return (m.params - m.active_params) / (1 - share) * share
+
+
+def moe_gemm_efficiency(m: ModelSpec, lay: Layout) -> float:
+    """The share of the prefill GEMM rate vLLM's fused-MoE op reaches on ``lay``'s GPUs: the
+    dense rate where vLLM ships a tuned Triton config for the experts' shape on every GPU
+    (launcher.planner.moetuned), ``MOE_GEMM_EFFICIENCY`` (measured under the default config)
+    where it does not. The tuned case at the dense rate is an ASSUMPTION the one tuned record
+    agrees with: the Qwen3-30B-A3B shape (128 experts of 768, tuned on the H200) ran its
+    8,192-token chunks at about 2.0 ms a layer, which the dense rate gives and 0.56 does not."""
+    gpus = [g for stage in lay.stages for g in stage]
+    width = m.moe_intermediate_size // max(1, lay.tp)  # vLLM's N: a rank's expert width
+    if gpus and all(moetuned.tuned(g.name, m.num_experts, width) for g in gpus):
+        return 1.0
+    return MOE_GEMM_EFFICIENCY
+
+
+def moe_gemm_excess_flops(m: ModelSpec, lay: Layout, tokens: float) -> float:
+    """What the routed experts' GEMMs of ``tokens`` tokens cost beyond their FLOPs at the
+    prefill rate, in FLOPs at that rate (:func:`moe_gemm_efficiency`)."""
+    if not m.num_experts:
+        return 0.0
+    return 2.0 * routed_expert_params(m) * tokens * (1.0 / moe_gemm_efficiency(m, lay) - 1.0)
+
+
 # --------------------------------------------------------------------------------- step times
 
 
@@ -353,10 +385,20 @@ def attention_work(m: ModelSpec, tokens: int, depth: int = 0, *, pairs: float | 
     KV head among several query heads: the FLOPs count query heads, the bytes KV heads. With
     ``pairs`` (a scheduler step's chunks and decoders summed) the pairs are given and the keys
     read per query are their mean. Layers that share another layer's KV cache (Gemma 4) attend
-    like the first group's."""
+    like the first group's.
+
+    MLA with its sizes known (``m.mla``): a step of more than one new token runs vLLM's prefill
+    form (launcher.model.mla): the latents decompressed by kv_b_proj, then multi-head attention
+    with q/k head dim nope + rope and v head dim v_head_dim, the dims counted here (GLM-4.7-Flash
+    256 + 256 a pair and head, where the absorbed form's 576 + 576 counted 2.25x the matmuls);
+    one new token runs the absorbed (decode) form. A mixed step's decoders are counted in the
+    prefill form too (their pairs are a small share of a step with a prompt chunk), and the
+    cached prefix's decompression GEMM (2 x kv_lora_rank x heads x (nope + v) a cached token,
+    about 3% of a 16k prompt's second chunk's attention) is left out."""
     groups = m.kv_groups
     spare = m.num_layers - sum(g.layers for g in groups)
     flops = exps = kv = 0.0
+    prefill_form = m.mla is not None and tokens > 1
     for i, g in enumerate(groups):
         layers = g.layers + (max(0, spare) if i == 0 else 0)
         if pairs is None:
@@ -365,8 +407,12 @@ def attention_work(m: ModelSpec, tokens: int, depth: int = 0, *, pairs: float | 
         else:
             n = min(pairs, tokens * g.window) if g.window else pairs
             keys = min(pairs / max(1, tokens), float(g.window or pairs))
-        # QK^T over the key dim, PV over the value dim (MLA: both the latent, see above)
-        flops += layers * 2.0 * m.num_heads * (g.head_dim + g.head_dim) * n
+        # QK^T over the key dim, PV over the value dim (MLA: both the latent in the absorbed
+        # form; the decompressed heads' in the prefill form, see above)
+        qk = pv = float(g.head_dim)
+        if g.latent and prefill_form and m.mla is not None:
+            qk, pv = float(m.mla.qk_head_dim), float(m.mla.v_head_dim)
+        flops += layers * 2.0 * m.num_heads * (qk + pv) * n
         exps += layers * m.num_heads * n
         kv += layers * g.bytes_per_token(kv_dtype_bytes) * keys
     return AttentionWork(flops, exps, kv)
@@ -405,7 +451,9 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     heads = sequences if sampled is None else sampled
     mode = lay.graphs.mode(tokens, tokens)
     rows = lay.graphs.padded(tokens)
-    compute = forward_flops(m, rows, heads) / (lay.tp * _prefill_flops_s(gpus))
+    # the routed experts' grouped GEMMs run below the dense GEMMs' rate without a tuned config
+    compute = ((forward_flops(m, rows, heads) + moe_gemm_excess_flops(m, lay, rows))
+               / (lay.tp * _prefill_flops_s(gpus)))
     # a prompt's GEMMs read the weights through the same kernels a decode step does (Marlin's
     # pass for 4-bit weights: weight_stream_efficiency)
     memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, rows, gpus)

@@ -243,6 +243,17 @@ ELEMENTWISE_LAYER_FLOOR_S = 14e-6
 # one figure: their runs' hosts ran the same host-only work 1.4-1.5x apart (docs/planner.md).
 EAGER_HOST_LAYER_S = 0.7e-3
 MOE_LAYER_PREFILL_S = 1.3e-3
+# vLLM's fused-MoE op (its Triton grouped GEMMs over the routed experts) reaches this share of
+# the card's prefill GEMM rate (prefill_mfu) on a large prompt chunk when vLLM has no tuned tile
+# config for the experts' shape on the GPU (launcher.planner.moetuned; with one, the dense rate:
+# costmodel.moe_gemm_efficiency). MEASURED on the lent H200, graph-replayed device time
+# (benchmarks/gpu/results/2026-12-02-h200-table3/kernels.tgz, the Moonlight-16B-A3B shape's
+# "moe" op: 64 experts of 1,408, top-6, no H200 config in vLLM): 2.19 ms at 8,192 tokens and
+# 1.18 ms at 4,096 against the routed experts' FLOPs at the shipped H200 rate (0.56 and 0.52);
+# below ~2,000 tokens it reads all its experts' weights and the weights' read is the longer
+# (0.34 ms at 512 tokens, 0.29 ms of bytes). One shape on one card: other untuned shapes and
+# other cards are assumed the same share.
+MOE_GEMM_EFFICIENCY = 0.56
 # One kernel more (or fewer) in an eager prefill layer than the reference layer's 10 (Llama's,
 # inside EAGER_HOST_LAYER_S; families.eager_layer_kernels counts each family's from vLLM's
 # model code). MEASURED on the lent H200's host, not fitted: an RMSNorm or a gated activation
