@@ -72,6 +72,11 @@ MARLIN_MIN_CC = (7, 5)
 # csrc/quantization/gptq_marlin: a problem of more rows runs as ``par`` problems of 64 rows
 # each, and each streams and dequantizes every weight again).
 MARLIN_ROWS_PER_PASS = 64
+# The 4-bit GEMMs a decoder layer runs, each one mixed-input kernel: the attention's QKV and
+# output projections and the MLP's gate_up and down (a mixture-of-experts layer's two grouped
+# expert GEMMs in place of the last two; its router stays at 16 bits). Each pays the kernel's
+# fixed cost (hardware.QUANT_GEMM_FIXED_S) besides its bytes (costmodel.decode_step_s).
+MIXED_INPUT_GEMMS_PER_LAYER = 4
 
 
 @dataclass(frozen=True)

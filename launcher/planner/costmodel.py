@@ -60,6 +60,8 @@ from launcher.planner.hardware import (
     MFU_DECODE,
     MOE_GEMM_EFFICIENCY,
     MOE_LAYER_PREFILL_S,
+    OTHER_4BIT_STREAM_EFFICIENCY,
+    QUANT_GEMM_FIXED_S,
     QUANT_STREAM_EFFICIENCY,
     SERVER_HOST,
     STEP_OVERHEAD_S,
@@ -256,7 +258,9 @@ def weight_stream_efficiency(m: ModelSpec, batch: float, gpus: Sequence[Gpu] = (
     assumption until issue 22 ramped it to the bf16 rate at 16 sequences; the H200's Qwen2.5-32B
     AWQ shape then stepped in 11.5 ms at one stream and 13.3 ms at 32, where the weights' pass
     and the KV read explain both at one rate). The rate of the pass is
-    ``QUANT_STREAM_EFFICIENCY`` of the bf16 path's. Past 64 rows the arithmetic (the
+    ``QUANT_STREAM_EFFICIENCY`` of the bf16 path's, each GEMM besides paying a fixed
+    QUANT_GEMM_FIXED_S (:func:`quant_gemm_fixed_s`): a small layer's GEMMs are further from
+    the rate than a large one's (the H200's 8B to 70B AWQ records). Past 64 rows the arithmetic (the
     prefill's and the batched decode's compute terms) takes over. ``batch`` is kept for the
     rows a GEMM runs, which decide Marlin's passes."""
     if m.quantization in ("awq", "gptq"):
@@ -264,8 +268,17 @@ def weight_stream_efficiency(m: ModelSpec, batch: float, gpus: Sequence[Gpu] = (
                     default=1.0)
         return QUANT_STREAM_EFFICIENCY / worst
     if m.quantization and m.weight_bits <= 4:
-        return QUANT_STREAM_EFFICIENCY
+        return OTHER_4BIT_STREAM_EFFICIENCY
     return 1.0
+
+
+def quant_gemm_fixed_s(m: ModelSpec, layers: float) -> float:
+    """The fixed cost ``layers`` layers' 4-bit mixed-input GEMMs (AWQ/GPTQ) pay beyond their
+    bytes and their graph kernels' cost: QUANT_GEMM_FIXED_S each,
+    quantization.MIXED_INPUT_GEMMS_PER_LAYER a layer; 0 for other weights."""
+    if m.quantization not in ("awq", "gptq"):
+        return 0.0
+    return layers * quantization.MIXED_INPUT_GEMMS_PER_LAYER * QUANT_GEMM_FIXED_S
 
 
 def moe_layers(m: ModelSpec) -> int:
@@ -572,7 +585,8 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     graph padded to the next captured size (its GEMMs run the padded rows), each of whose
     kernels costs a fixed :func:`graph_kernel_s` besides its bytes and arithmetic (a layer's
     kernels: families.decode_layer_kernels, a mixture-of-experts layer's fused-MoE op's among
-    them); past it the step runs eagerly as a prefill step past the range does: each layer
+    them; a 4-bit model's mixed-input GEMMs a fixed :func:`quant_gemm_fixed_s` more); past it
+    the step runs eagerly as a prefill step past the range does: each layer
     launched from the host (:func:`eager_host_layer_s`) beside the GPU's work, which pays
     EAGER_LAYER_S a layer (fitted to eager dense layers: their kernels' fixed costs inside it)
     and the fused-MoE op's kernels beyond a dense MLP's.
@@ -607,11 +621,11 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     kernel_s = graph_kernel_s(gpus)
     if mode == "eager":  # past the graphs: launched layer by layer, as an eager prefill layer
         gpu = (max(memory, compute) + comm + moe * moe_extra * kernel_s
-               + layers * EAGER_LAYER_S)
+               + layers * EAGER_LAYER_S + quant_gemm_fixed_s(m, layers))
         work = max(gpu, layers * layer_host(m, lay.host).eager_s)
     else:
         kernels = layers * dense_kernels + moe * moe_extra
-        work = max(memory, compute) + comm + kernels * kernel_s
+        work = max(memory, compute) + comm + kernels * kernel_s + quant_gemm_fixed_s(m, layers)
     if lay.pp == 1:  # asynchronous scheduling: the engine core's overhead beside the GPU's
         return max(work, STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
     stage = work + _hop_s(lay.pp_link, act)

@@ -432,20 +432,28 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
 # (costmodel.decode_step_s; a mixture-of-experts layer's fused-MoE kernels among them:
 # families.decode_layer_kernels).
 ASSUMED_GRAPH_KERNEL_S = 4.2e-6
-# 4-bit weights (vLLM's mixed-input GEMM) stream at this share of the bf16 path's rate a pass
-# over the weights (costmodel.weight_stream_efficiency says why it does not grow with the batch;
-# quantization.mixed_input_gemm which kernel runs and how many passes it makes).
-# MEASURED on the lent H200 (issue 22's table, Qwen2.5-32B AWQ shape, vLLM 0.26 awq_marlin, which
-# on that card runs Machete, not Marlin: choose_mp_linear_kernel, and the 2026-12-02 run's 14B
-# AWQ log names MacheteLinearKernel):
-# 11.5 ms a one-stream decode step, of which the 16.3 GB pass over the weights is 10.4 ms after
-# the step overhead, 1.56 TB/s: 0.39 of the bf16 GEMV's 4.04 TB/s measured on that card (0.41
-# of the datasheet x MEM_EFFICIENCY). It was 0.5, read from issue 14's text. Marlin's rate (every
-# other CUDA card) is not measured: assumed the same share a pass. Read again with a decode step's
-# kernels in its CUDA graph (graph_kernel_s; no step overhead in series, session 16) the three
-# H200 AWQ records give 0.46 (the 32B), 0.40 (the 14B) and 0.40 (Llama-3.1-8B, table 4): left
-# at 0.4, the 32B's decode now 10% below its measurement (docs/planner.md).
-QUANT_STREAM_EFFICIENCY = 0.4
+# 4-bit weights (vLLM's mixed-input GEMM, AWQ/GPTQ) cost each GEMM a fixed QUANT_GEMM_FIXED_S
+# beyond a graph kernel's (graph_kernel_s; quantization.MIXED_INPUT_GEMMS_PER_LAYER a layer) and
+# stream at QUANT_STREAM_EFFICIENCY of the bf16 path's rate a pass over the weights
+# (costmodel.weight_stream_efficiency says why it does not grow with the batch;
+# quantization.mixed_input_gemm which kernel runs and how many passes it makes). On the lent H200
+# the kernel is Machete (choose_mp_linear_kernel; every AWQ run's log names MacheteLinearKernel).
+# FITTED, both together, to the three H200 AWQ one-stream decode records before the fifth table
+# (p50 tpot: Qwen2.5-32B 11.48 ms, 64 layers of 254 MB; Qwen2.5-14B 6.27 ms, 48 of 144 MB;
+# Llama-3.1-8B 3.65 ms, 32 of 114 MB), each step less its KV read and its 10 graph kernels a
+# layer at the figures the replay plans them with (4.2 us a kernel, the shipped row's; the lead
+# H200's probe-measured 4,041 GB/s, 2026-12-01-h200-lead/h200-probe.json): a layer's time is
+# 4 x 5.0 us + its bytes at 0.537 x 4,041 GB/s (2.17 TB/s), within 1.3% on all three. One share
+# for all (0.40/0.40/0.46 read that way) had put the small layers' fixed cost into the rate,
+# so the 70B's 445 MB layers planned 19-22% slow. Not fitted to, and checked on, table 5's
+# Llama-3.3-70B AWQ (20.67 ms: -3.6% in decode tok/s). Marlin's (every other CUDA card) are
+# not measured: assumed the same.
+QUANT_STREAM_EFFICIENCY = 0.54
+QUANT_GEMM_FIXED_S = 5.0e-6
+# Other 4-bit formats' GEMMs (MXFP4, NVFP4, bitsandbytes; none served here): the lumped share
+# the Qwen2.5-32B AWQ record gave before the fixed cost was split out (11.5 ms a step, its
+# 16.3 GB at 0.39-0.41 of the bf16 rate), ASSUMED for their kernels, with no fixed cost added.
+OTHER_4BIT_STREAM_EFFICIENCY = 0.4
 
 # CPU engine (no GPU): vLLM's CPU backend. DRAM rate assumed (dual-channel desktop). The
 # per-step overhead is what the plan assumes only where `launcher probe --measure` has not timed
