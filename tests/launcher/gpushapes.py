@@ -3,6 +3,11 @@ the cost-model tests read the H200 records' figures against."""
 
 from __future__ import annotations
 
+import json
+import tarfile
+from functools import cache
+from typing import Any
+
 from launcher.model.modelspec import ModelSpec, load_model_spec
 from launcher.planner.costmodel import Layout
 from launcher.planner.cudagraphs import Requested
@@ -12,6 +17,24 @@ from launcher.probe.topology import Topology, load_topology
 from tests.launcher.paths import H200, REPO
 
 MODELS = REPO / "benchmarks" / "gpu" / "models"
+# the third H200 table's kernel tables: vLLM 0.26's ops at each shape's exact sizes, replayed
+# from CUDA graphs
+TABLE3_KERNELS = REPO / "benchmarks" / "gpu" / "results" / "2026-12-02-h200-table3" / "kernels.tgz"
+
+
+@cache
+def h200_kernel_times(shape: str) -> tuple[dict[str, Any], ...]:
+    """The ``times`` rows of the H200 kernel table of ``shape`` (a benchmarks/gpu/models name)
+    in TABLE3_KERNELS; LookupError where it holds none."""
+    with tarfile.open(TABLE3_KERNELS) as tar:
+        for member in tar.getmembers():
+            f = tar.extractfile(member)
+            if f is None:
+                continue
+            table = json.load(f)
+            if table["shape"]["name"] == shape:
+                return tuple(table["times"])
+    raise LookupError(shape)
 
 
 def spec(name: str) -> ModelSpec:

@@ -7,40 +7,25 @@ eager runs) held these kernels too."""
 
 from __future__ import annotations
 
-import json
-import tarfile
 from dataclasses import replace
-from functools import cache
 
 import pytest
 
 from launcher.planner import costmodel, cudagraphs, hardware
 from launcher.planner.hardware import HostProfile
-from tests.launcher.gpushapes import one_gpu, spec
-from tests.launcher.paths import REPO
+from tests.launcher.gpushapes import h200_kernel_times, one_gpu, spec
 
-KERNELS = REPO / "benchmarks" / "gpu" / "results" / "2026-12-02-h200-table3" / "kernels.tgz"
 # the five dense shapes the H200's kernel tables hold (the sixth, Moonlight, is a MoE)
 DENSE = ("smollm2-1.7b-shape", "gemma-2-9b-shape", "mistral-nemo-12b-shape",
          "qwen2.5-14b-shape", "qwen2.5-14b-awq-shape")
 NO_HOST = HostProfile(0.0, 0.0, 0.0, 0.0, "none", layer_launch_s=0.0)
 
 
-@cache
 def measured_elementwise_s(shape: str, tokens: int) -> float:
     """The H200's graph-replayed time of a layer's two norms, rotary and activation."""
-    with tarfile.open(KERNELS) as tar:
-        for member in tar.getmembers():
-            f = tar.extractfile(member)
-            if f is None:
-                continue
-            table = json.load(f)
-            if table["shape"]["name"] != shape:
-                continue
-            t = {r["op"]: r["seconds"] for r in table["times"]
-                 if r["tokens"] == tokens and r["group"] == 0}
-            return float(2 * t["norm"] + t["rope"] + t["act"])
-    raise LookupError(shape)
+    t = {r["op"]: r["seconds"] for r in h200_kernel_times(shape)
+         if r["tokens"] == tokens and r["group"] == 0}
+    return float(2 * t["norm"] + t["rope"] + t["act"])
 
 
 @pytest.mark.parametrize("shape", DENSE)

@@ -12,37 +12,22 @@ table: the GLM-4.7-Flash shape's 16k prompt took 0.493 s to its first token wher
 
 from __future__ import annotations
 
-import json
-import tarfile
-from functools import cache
-
 import pytest
 
 from launcher.planner import costmodel, hardware
 from launcher.planner.costmodel import attention_work, causal_pairs
 from launcher.planner.cudagraphs import VLLM_RULE
-from tests.launcher.gpushapes import one_gpu, spec
-from tests.launcher.paths import REPO
+from tests.launcher.gpushapes import h200_kernel_times, one_gpu, spec
 
-KERNELS = REPO / "benchmarks" / "gpu" / "results" / "2026-12-02-h200-table3" / "kernels.tgz"
 # the fifth table's GLM-4.7-Flash 16k prompt alone: median of 4 requests' first tokens, 0.492-
 # 0.499 s (benchmarks/gpu/results/2026-12-03-h200-table5/mlalong/long16-c1.json, summary)
 MEASURED_16K_TTFT_S = 0.4935
 
 
-@cache
 def measured_moe_s(tokens: int) -> float:
     """The H200's graph-replayed time of the Moonlight shape's fused-MoE op (routed experts)."""
-    with tarfile.open(KERNELS) as tar:
-        for member in tar.getmembers():
-            f = tar.extractfile(member)
-            if f is None:
-                continue
-            table = json.load(f)
-            if table["shape"]["name"] == "moonlight-16b-a3b-shape":
-                return float(next(r["seconds"] for r in table["times"]
-                                  if r["op"] == "moe" and r["tokens"] == tokens))
-    raise LookupError(tokens)
+    return float(next(r["seconds"] for r in h200_kernel_times("moonlight-16b-a3b-shape")
+                      if r["op"] == "moe" and r["tokens"] == tokens))
 
 
 def test_a_latent_attention_prompt_attends_in_the_decompressed_heads_dims() -> None:
