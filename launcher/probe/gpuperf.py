@@ -24,9 +24,11 @@ JSON reader live here; :mod:`launcher.probe.measure` runs the timing with torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 PREFILL_TOKENS = 512
 HIDDEN_SIZES = (4096, 5120, 8192)  # Llama-3-8B / Mistral-7B, Qwen2.5-32B / 13B, Llama-3-70B
@@ -189,20 +191,35 @@ def perf_to_json(perf: GpuPerf | None) -> dict[str, Any] | None:
     return data
 
 
-def _samples(raw: Any) -> tuple[tuple[Sample, ...], int]:
-    """The readable samples, and how many entries were not."""
+def _readable(raw: Any, read: Callable[[Any], _T | None]) -> tuple[tuple[_T, ...], int]:
+    """The entries of a saved list that ``read`` turns into a value (None, or a TypeError,
+    KeyError, ValueError or OverflowError: unreadable), and how many were not; a value that is
+    not a list is one unreadable entry (none where absent)."""
     if not isinstance(raw, list):
         return (), 0 if raw is None else 1
     good = []
     for item in raw:
         try:
-            m, k, n, reps = (int(item[key]) for key in ("m", "k", "n", "reps"))
-            s = Sample(str(item["kind"]), m, k, n, reps, float(item["seconds"]))
+            value = read(item)
         except (TypeError, KeyError, ValueError, OverflowError):
             continue
-        if s.kind in ("prefill", "decode") and min(s.m, s.k, s.n, s.reps) > 0 and s.seconds > 0:
-            good.append(s)
+        if value is not None:
+            good.append(value)
     return tuple(good), len(raw) - len(good)
+
+
+def _sample(item: Any) -> Sample | None:
+    m, k, n, reps = (int(item[key]) for key in ("m", "k", "n", "reps"))
+    s = Sample(str(item["kind"]), m, k, n, reps, float(item["seconds"]))
+    ok = s.kind in ("prefill", "decode") and min(s.m, s.k, s.n, s.reps) > 0 and s.seconds > 0
+    return s if ok else None
+
+
+def _graph_sample(item: Any) -> GraphSample | None:
+    k, n, calls = (int(item[key]) for key in ("k", "n", "calls"))
+    s = GraphSample(k, n, calls, float(item["seconds"]))
+    ok = min(s.k, s.n, s.calls) > 0 and math.isfinite(s.seconds) and s.seconds > 0
+    return s if ok else None
 
 
 def _rate(raw: Any, hi: float) -> float | None:
@@ -241,10 +258,10 @@ def perf_from_json(raw: Any) -> tuple[GpuPerf | None, list[str]]:
         reasons.append(f"measured kernel_s {repr(kernel)[:30]} ignored (not seconds in "
                        f"(0, {_MAX_KERNEL_S:g}]); the shipped per-kernel figure is used")
     device, method, note = raw.get("device"), raw.get("method"), raw.get("kernel_note")
-    samples, bad = _samples(raw.get("samples"))
+    samples, bad = _readable(raw.get("samples"), _sample)
     if bad:
         reasons.append(f"{bad} unreadable measured sample(s) ignored (a record only)")
-    graph, bad = _graph_samples(raw.get("graph_samples"))
+    graph, bad = _readable(raw.get("graph_samples"), _graph_sample)
     if bad:
         reasons.append(f"{bad} unreadable graph sample(s) ignored (a record only)")
     perf = GpuPerf(figures["prefill_tflops"], figures["decode_gbs"],
@@ -253,18 +270,3 @@ def perf_from_json(raw: Any) -> tuple[GpuPerf | None, list[str]]:
                    note if isinstance(note, str) else None)
     return (perf if perf.any else None), reasons
 
-
-def _graph_samples(raw: Any) -> tuple[tuple[GraphSample, ...], int]:
-    """The readable graph samples, and how many entries were not."""
-    if not isinstance(raw, list):
-        return (), 0 if raw is None else 1
-    good = []
-    for item in raw:
-        try:
-            k, n, calls = (int(item[key]) for key in ("k", "n", "calls"))
-            s = GraphSample(k, n, calls, float(item["seconds"]))
-        except (TypeError, KeyError, ValueError, OverflowError):
-            continue
-        if min(s.k, s.n, s.calls) > 0 and math.isfinite(s.seconds) and s.seconds > 0:
-            good.append(s)
-    return tuple(good), len(raw) - len(good)
