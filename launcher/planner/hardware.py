@@ -34,6 +34,13 @@ class GpuModel:
 
 
 # Longest key first wins ("H100 PCIe" before "H100").
+# One kernel's fixed cost in a CUDA-graph replay on the H200 (its row's graph_kernel_s): DERIVED,
+# not fitted to any decode run, from the lent H200's saved kernel tables
+# (benchmarks/gpu/results/2026-12-02-h200-kernels/kernel_tables.json, vLLM 0.26's GEMMs replayed
+# from CUDA graphs): the 22 one-token bf16 GEMVs of 4.2-566 MB lie on 4.23 us + bytes / 4,073
+# GB/s (least squares), the method `probe --measure` times it by.
+H200_GRAPH_KERNEL_S = 4.2e-6
+
 GPU_TABLE: tuple[GpuModel, ...] = (
     # NVIDIA H200 datasheet: 4.8 TB/s HBM3e, 989 TFLOPS BF16 dense (1,979 with sparsity),
     # NVLink 4: 900 GB/s bidirectional over 18 links → 25 GB/s per link per direction.
@@ -41,11 +48,8 @@ GPU_TABLE: tuple[GpuModel, ...] = (
     # shape, PP=2 single stream, so one GPU computes at a time): 3,072 new prompt tokens (512
     # more came from the prefix cache) in 665 ms, about 660 TFLOPS once hardware.EAGER_LAYER_S
     # is taken out; with it, ten measured prefills land within 9% (docs/benchmarks.md).
-    # graph_kernel_s 4.2 us: DERIVED, not fitted to any decode run, from the lent H200's saved
-    # kernel tables (benchmarks/gpu/results/2026-12-02-h200-kernels/kernel_tables.json, vLLM
-    # 0.26's GEMMs replayed from CUDA graphs): the 22 one-token bf16 GEMVs of 4.2-566 MB lie on
-    # 4.23 us + bytes / 4,073 GB/s (least squares), the method `probe --measure` times it by.
-    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.7, graph_kernel_s=4.2e-6),
+    # graph_kernel_s: H200_GRAPH_KERNEL_S (derived, see there).
+    GpuModel("H200", 4800, 989, 25.0, prefill_mfu=0.7, graph_kernel_s=H200_GRAPH_KERNEL_S),
     # NVIDIA H100 datasheet: SXM 3.35 TB/s, 989 TFLOPS; PCIe 2.0 TB/s, 756 TFLOPS; NVLink 4 as H200.
     # prefill_mfu: the H200's measured figure, assumed for the same Hopper tensor cores
     # (not measured on an H100).
@@ -431,7 +435,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
 # measured on any other card here). A decode step within the graphs pays it for every kernel
 # (costmodel.decode_step_s; a mixture-of-experts layer's fused-MoE kernels among them:
 # families.decode_layer_kernels).
-ASSUMED_GRAPH_KERNEL_S = 4.2e-6
+ASSUMED_GRAPH_KERNEL_S = H200_GRAPH_KERNEL_S
 # 4-bit weights (vLLM's mixed-input GEMM, AWQ/GPTQ) cost each GEMM a fixed QUANT_GEMM_FIXED_S
 # beyond a graph kernel's (graph_kernel_s; quantization.MIXED_INPUT_GEMMS_PER_LAYER a layer) and
 # stream at QUANT_STREAM_EFFICIENCY of the bf16 path's rate a pass over the weights
