@@ -7,7 +7,8 @@
 # SCENARIOS: space-separated from single (512->256, 1 stream), long (3584-token prompt),
 # c8 and c32 (512->256 at concurrency 8 / 32), proxyab (c32 direct to vLLM vs through the proxy),
 # long16 (16384-token prompts, 128 generated, one and four at once), depth (512 new tokens after
-# 0, 8k and 32k tokens of context, cached and cold).
+# 0, 8k and 32k tokens of context, cached and cold), split (issue22_split.py: vLLM's per-request
+# timers, one at a time and in bursts of 32, direct and through the proxy).
 # Results: $OUT/NAME/*.json (loadgen), launcher.out, nccl.txt (the transports NCCL logged).
 # Run with PYTHONPATH holding vLLM (see benchmarks/gpu/BUNDLE.md); multicast stays off.
 set -uo pipefail
@@ -21,6 +22,8 @@ export NCCL_DEBUG=INFO PYTHONUNBUFFERED=1
 # Capture sizes kept short (start-up time); with TP the all-reduce+RMSNorm fusion is off and
 # VLLM_ALLREDUCE_USE_SYMM_MEM=0 is exported by the caller, as benchmarks/gpu/BUNDLE.md requires.
 COMPILE_CFG=${COMPILATION_CONFIG:-'{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'}
+# vLLM's key for this run, known here too so that the direct halves (proxyab, split) reach it
+export TOPOSERVE_ENGINE_API_KEY=${TOPOSERVE_ENGINE_API_KEY:-bench-$RANDOM$RANDOM$RANDOM}
 t0=$(date +%s)
 # shellcheck disable=SC2086
 python3 -m launcher serve --model "$model" --port "$port" --engine-port "$eport" \
@@ -69,9 +72,14 @@ if [[ $ready == 1 ]]; then
         # (issue22_waves.py on the 2026-12-02 records; what the plan predicts is a warm engine)
         lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 32 --json "$out/c32.json"
         wait $scraper ;;  # not a bare wait: that would wait for the launcher too
+      split)
+        # vLLM's own per-request timers around the single and c32 requests, straight to the engine
+        # and through the proxy (benchmarks/gpu/issue22_split.py)
+        python3 benchmarks/gpu/issue22_split.py --engine "http://127.0.0.1:$eport" \
+          --proxy "http://127.0.0.1:$port" --json "$out/split.json" ;;
       proxyab)
         for round in 1 2; do
-          lg --url "http://127.0.0.1:$eport" --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 4 --json "$out/direct$round.json"
+          lg --url "http://127.0.0.1:$eport" --api-key "$TOPOSERVE_ENGINE_API_KEY" --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 4 --json "$out/direct$round.json"
           lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 4 --json "$out/proxy$round.json"
         done ;;
     esac
