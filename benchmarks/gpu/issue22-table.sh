@@ -5,7 +5,8 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | awq70 | qwen8b | gemma4b | qwen3b | mlalong
+# STEP: predict | qwen17 | gemma1b | granite8 | q3awq14 | llama2
+#       | awq70 | qwen8b | gemma4b | qwen3b | mlalong
 #       | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
 #       | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
 #       | small | qwen7b | mla | awq | gemma | long8b | qwen3 | small3b
@@ -16,6 +17,33 @@
 #           `launcher probe --measure --model` of every case in $PREDICT_CASES (its kernel table,
 #           kept where plans find it) -> $OUT/probe.txt. The order that shows both paths, each
 #           before anything is served: PRED_TAG=roofline predict, probe, PRED_TAG=tables predict
+# Fresh shapes for the sixth table (2026-12-03, session 17), never served before, at vLLM's
+# DEFAULT CUDA-graph range (RANGE '{}', as the fifth's); each folder's SOURCE.md says where its
+# config came from and what was changed (the 4,096-token vocabulary, bos/eos 0/1):
+#  qwen17   Qwen3-1.7B shape (small dense, 28 layers of 2048, 8 KV heads, tied embeddings; the
+#           config aiconfigurator 0.12 ships, and it estimates it): single, c32 (0.3)
+#  gemma1b  Gemma-3-1B shape (sliding window 512 on 22 of 26 layers, one KV head of 256): single,
+#           c32, long16 (0.3: a 16k prompt attends over 512 tokens in all but 4 layers)
+#  granite8 Granite-3.3-8B-Instruct shape (a family never measured: GraniteForCausalLM, Llama's
+#           layer with muP multipliers, 40 layers of 4096, 12800 MLP, tied embeddings): single,
+#           c32, long16 (0.4: KV for 4 x 16.5k with room; 131,072 positions)
+#  q3awq14  Qwen3-14B AWQ INT4 shape (4-bit, group 128, at 32 streams; the bf16 Qwen3-14B shape
+#           of the fourth table is the same network): single, c32 (0.3)
+#  llama2   Llama-2-7B shape (no GQA: 32 KV heads, 512 KiB of KV a token; aiconfigurator
+#           estimates it): single, c32 (0.3; 4,096 positions)
+# No unserved latent-attention MoE again: no published config.json of one that fits one H200
+# was found (GigaChat3-10B-A1.8B's pages were readable, its config.json was not).
+# Time on the H200 (the fifth table's records: ready after 142-210 s at the default range, the
+# first start of a machine ~60 s more; its scenarios 20-45 s; ~15 s between cases):
+# qwen17 ~210 (cold) + 15, gemma1b ~140 + 35, granite8 ~150 + 45 (16k at 8B), q3awq14 ~165 + 25,
+# llama2 ~145 + 20; with the teardowns ~1,000 s in all, ~850 s without llama2 (the one to drop
+# if less is left: an extra shared-with-aiconfigurator case, no category of its own). Order:
+#   1. PREDICT_CASES="qwen17 gemma1b granite8 q3awq14 llama2" bash benchmarks/gpu/issue22-table.sh \
+#        predict qwen17 gemma1b                                   (~30 s of plans, ~430 s)
+#      (with the fifth's PRED_TAG=shipped predict / probe --measure / PRED_TAG=measured predict
+#      sequence instead of the plain predict: ~100 s, ~500 s in all)
+#   2. bash benchmarks/gpu/issue22-table.sh granite8 q3awq14      (~400 s)
+#   3. bash benchmarks/gpu/issue22-table.sh llama2                (~180 s)
 # Fresh shapes for the fifth table (2026-12-03, session 16), never served before, at vLLM's DEFAULT
 # CUDA-graph range: each case below carries COMPILATION_CONFIG='{}' (RANGE), in its plans and its
 # start alike, unless COMPILATION_CONFIG is set for the whole run. Each folder's SOURCE.md says
@@ -88,7 +116,9 @@ M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([mlalong]=glm-4.7-flash-shape [awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
+declare -A MODEL=([qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
+  [granite8]=granite-3.3-8b-shape [q3awq14]=qwen3-14b-awq-shape [llama2]=llama-2-7b-shape
+  [mlalong]=glm-4.7-flash-shape [awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
   [gemma4b]=gemma-3-4b-shape [qwen3b]=qwen2.5-3b-shape
   [glm]=glm-4.7-flash-shape [gemma12]=gemma-3-12b-shape
   [awq8b]=llama-3.1-8b-awq-shape [qwen4b]=qwen3-4b-shape [small24]=mistral-small-24b-shape [qwen14]=qwen3-14b-shape
@@ -98,7 +128,9 @@ declare -A MODEL=([mlalong]=glm-4.7-flash-shape [awq70]=llama-3.3-70b-awq-shape 
   [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([mlalong]="long16 single c32" [awq70]="single c32 long16" [qwen8b]="single c32 depth"
+declare -A SCEN=([qwen17]="single c32" [gemma1b]="single c32 long16"
+  [granite8]="single c32 long16" [q3awq14]="single c32" [llama2]="single c32"
+  [mlalong]="long16 single c32" [awq70]="single c32 long16" [qwen8b]="single c32 depth"
   [gemma4b]="single c32 long16" [qwen3b]="single c32"
   [glm]="single c32" [gemma12]="single c32 long16" [awq8b]="single c32"
   [qwen4b]="single c32 depth" [small24]="long16 single c32 depth" [qwen14]="long16 single c32 depth"
@@ -111,16 +143,18 @@ declare -A SCEN=([mlalong]="long16 single c32" [awq70]="single c32 long16" [qwen
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([mlalong]=0.6 [awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
+declare -A UTIL=([qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2]=0.3
+  [mlalong]=0.6 [awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
   [glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
 # as run_config.sh sets it (keep the two in step): graphs to 64 tokens
 GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
-# each case's CUDA-graph range, the same in its plans and its start: the fifth table's cases at
-# vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
-declare -A RANGE=([mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
+# each case's CUDA-graph range, the same in its plans and its start: the fifth and sixth
+# tables' cases at vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
+declare -A RANGE=([qwen17]='{}' [gemma1b]='{}' [granite8]='{}' [q3awq14]='{}' [llama2]='{}'
+  [mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
 compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
 
@@ -164,7 +198,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
 
-# the fresh shapes of session 16, of session 15, then session 12's (issue22-table.sh lists
-# them), then older
-MODEL = {"mlalong": "glm-4.7-flash-shape",
+# the fresh shapes of session 17, of session 16, of session 15, then session 12's
+# (issue22-table.sh lists them), then older
+MODEL = {"qwen17": "qwen3-1.7b-shape", "gemma1b": "gemma-3-1b-shape",
+         "granite8": "granite-3.3-8b-shape", "q3awq14": "qwen3-14b-awq-shape",
+         "llama2": "llama-2-7b-shape",
+         "mlalong": "glm-4.7-flash-shape",
          "awq70": "llama-3.3-70b-awq-shape", "qwen8b": "qwen3-8b-shape",
          "gemma4b": "gemma-3-4b-shape", "qwen3b": "qwen2.5-3b-shape",
          "glm": "glm-4.7-flash-shape", "gemma12": "gemma-3-12b-shape",
@@ -35,7 +38,9 @@ MODEL = {"mlalong": "glm-4.7-flash-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
          "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
-LABEL = {"mlalong": "GLM-4.7-Flash (MLA MoE), new workload",
+LABEL = {"qwen17": "Qwen3-1.7B", "gemma1b": "Gemma-3-1B (sliding)",
+         "granite8": "Granite-3.3-8B", "q3awq14": "Qwen3-14B AWQ", "llama2": "Llama-2-7B (no GQA)",
+         "mlalong": "GLM-4.7-Flash (MLA MoE), new workload",
          "awq70": "Llama-3.3-70B AWQ", "qwen8b": "Qwen3-8B", "gemma4b": "Gemma-3-4B (sliding)",
          "qwen3b": "Qwen2.5-3B",
          "glm": "GLM-4.7-Flash (MLA MoE)", "gemma12": "Gemma-3-12B (sliding)",
