@@ -47,6 +47,7 @@ from typing import Literal
 
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, memfit
+from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import Layout
 from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.plantypes import Candidate, Plan, Policy, label
@@ -58,7 +59,6 @@ from launcher.planner.schedsim import (
     StepTimer,
     Turn,
     simulate_sessions,
-    vllm_async_scheduling,
 )
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Gpu, Topology
@@ -462,7 +462,7 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     engine's: ``CpuStep.way_in_s``) plus its prompt's tokens at the same profile's
     ``prompt_token_s`` (shipped: 1.09 us), cached or not, as :func:`turn_ttft_s` charges them.
     The engine schedules asynchronously where vLLM does by default
-    (:func:`schedsim.vllm_async_scheduling`: a GPU replica without pipeline stages).
+    (:func:`asyncsched.vllm_async_scheduling`: a GPU replica without pipeline stages).
     A SimError where a turn does not fit the KV cache or the simulation passes ``max_steps``
     (0: no limit)."""
     lim_e = limits or r.limits or DEFAULT_LIMITS

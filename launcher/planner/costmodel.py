@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from launcher.model import families, quantization
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, moetuned
+from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.cudagraphs import VLLM_DEFAULT, CudaGraphs, StepMode
 from launcher.planner.hardware import (
     ACT_BYTES,
@@ -592,7 +593,7 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     and the fused-MoE op's kernels beyond a dense MLP's.
 
     Under vLLM's asynchronous scheduling (a GPU replica without pipeline stages:
-    schedsim.vllm_async_scheduling's rule) the engine core prepares the next step while the GPU
+    :func:`asyncsched.vllm_async_scheduling`) the engine core prepares the next step while the GPU
     runs this one, so its overhead (STEP_OVERHEAD_S) runs beside the GPU's step, as the kernel
     tables' steps take it (kernelcost.step_cost's ``overlap_overhead``); with pipeline stages it
     is in series. Checked on the 27 saved one-GPU H200 single-stream decode records
@@ -626,7 +627,7 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     else:
         kernels = layers * dense_kernels + moe * moe_extra
         work = max(memory, compute) + comm + kernels * kernel_s + quant_gemm_fixed_s(m, layers)
-    if lay.pp == 1:  # asynchronous scheduling: the engine core's overhead beside the GPU's
+    if vllm_async_scheduling(gpu=True, pp=lay.pp):  # the engine core's overhead beside the GPU's
         return max(work, STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
     stage = work + _hop_s(lay.pp_link, act)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,

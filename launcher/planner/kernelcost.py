@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from launcher.model.mla import MlaDims
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit
+from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import (
     CpuStepOverhead,
     Layout,
@@ -54,7 +55,6 @@ from launcher.planner.schedsim import (
     Workload,
     measured_curve,
     simulate,
-    vllm_async_scheduling,
 )
 from launcher.planner.tablegaps import roofline_filled
 from launcher.probe.kernels import (
@@ -418,7 +418,7 @@ def as_prediction(
     them). With ``host`` (a GPU server's), no step is shorter than its front end's work.
     ``graphs``: the served engine's CUDA graphs (a GPU layout's ``Layout.graphs``; none on the
     CPU engine). The engine schedules asynchronously where vLLM does by default
-    (:func:`schedsim.vllm_async_scheduling` of a GPU server, ``host``, of ``pp`` stages: the
+    (:func:`asyncsched.vllm_async_scheduling` of a GPU server, ``host``, of ``pp`` stages: the
     one rule of the load and agent simulations too)."""
     timer, sources = _timer(m, table, allreduce=allreduce,
                             assumed_step_overhead_s=assumed_step_overhead_s, graphs=graphs,

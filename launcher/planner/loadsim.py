@@ -24,6 +24,7 @@ from functools import cached_property
 
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, memfit
+from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import Layout, Prediction
 from launcher.planner.hardware import HostProfile, LayerHost
 from launcher.planner.kernelcost import layout_step
@@ -38,7 +39,6 @@ from launcher.planner.schedsim import (
     Workload,
     percentiles,
     simulate,
-    vllm_async_scheduling,
 )
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
@@ -124,7 +124,7 @@ def scheduler_limits(m: ModelSpec, f: Fit, max_num_seqs: int, tokens: int, *,
     request of ``tokens`` takes ⌈tokens / 16⌉), scaled so that it holds as many such requests
     as the fit does (:func:`memfit.scheduler_blocks`). Asynchronous scheduling where vLLM has
     it by default, by the one rule every simulated engine follows
-    (:func:`schedsim.vllm_async_scheduling`; the served vLLM's release is not known to the
+    (:func:`asyncsched.vllm_async_scheduling`; the served vLLM's release is not known to the
     planner: the one served here)."""
     blocks = memfit.scheduler_blocks(m, f.kv_blocks, tokens, f.limits.batched_tokens,
                                      f.kv_dtype_bytes)

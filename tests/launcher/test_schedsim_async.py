@@ -1,5 +1,5 @@
 """Whether a simulated engine schedules asynchronously is one rule
-(:func:`schedsim.vllm_async_scheduling`), from vLLM's defaults: on for a GPU engine without
+(:func:`asyncsched.vllm_async_scheduling`), from vLLM's defaults: on for a GPU engine without
 pipeline stages from vLLM 0.14 (vllm-project/vllm#27614), off on the CPU engine
 (vllm/platforms/cpu.py) and with pipeline stages. The agent plan's sessions, the load
 simulation's load and a kernel table's prediction all run by it."""
@@ -14,8 +14,9 @@ from launcher.model.modelspec import load_model_spec
 from launcher.planner import agent as agent_mod
 from launcher.planner import kernelcost, loadsim
 from launcher.planner.agent import Room, simulate_turns
+from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.hardware import SERVER_HOST
-from launcher.planner.schedsim import SchedulerLimits, Turn, vllm_async_scheduling
+from launcher.planner.schedsim import SchedulerLimits, Turn
 from tests.launcher.paths import model
 from tests.launcher.test_agent_plan import PAIR, agent
 from tests.launcher.test_kernels import synthetic_table
