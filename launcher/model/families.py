@@ -107,6 +107,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma4", ("gemma4", "gemma4_text"), "gemma4"),
     Family("llama4", ("llama4", "llama4_text"), "llama4_pythonic"),
     Family("phi", ("phi3",), "phi4_mini_json"),
+    # Granite 3.x: Llama's layer with residual_multiplier scaling both residual adds, which
+    # vLLM's GraniteDecoderLayer runs as two more element-wise kernels (11, counted)
+    Family("granite", ("granite",), "granite", eager_layer_kernels=11),
     Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3",
            eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S, eager_layer_kernels=12),
     # GLM-4.7-Flash: vLLM 0.26/0.32 build its layer from DeepSeek-V2's latent attention

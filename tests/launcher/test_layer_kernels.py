@@ -29,7 +29,7 @@ MODELS = REPO / "benchmarks" / "gpu" / "models"
 # one shape of each family the registry gives a count for (its dense decoder layer)
 SHAPES = ("llama-3.1-8b-longctx-shape", "mistral-nemo-12b-shape", "qwen2.5-14b-shape",
           "qwen3-32b-shape", "gemma-2-9b-shape", "gemma-3-27b-shape", "deepseek-v2-lite-shape",
-          "glm-4.7-flash-shape")
+          "glm-4.7-flash-shape", "granite-3.3-8b-shape")
 # vLLM 0.32's Llama layer as launcher.probe.layerops records it on the CPU
 LLAMA_OPS = ("vllm_ir.fused_add_rms_norm", "_C.onednn_mm", "_C.rotary_embedding",
              "vllm.unified_kv_cache_update", "vllm.unified_attention_with_output",
