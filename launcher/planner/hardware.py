@@ -451,7 +451,13 @@ ASSUMED_GRAPH_KERNEL_S = H200_GRAPH_KERNEL_S
 # for all (0.40/0.40/0.46 read that way) had put the small layers' fixed cost into the rate,
 # so the 70B's 445 MB layers planned 19-22% slow. Not fitted to, and checked on, table 5's
 # Llama-3.3-70B AWQ (20.67 ms: -3.6% in decode tok/s). Marlin's (every other CUDA card) are
-# not measured: assumed the same.
+# not measured: assumed the same. Machete's GEMMs timed since (2026-12-03-h200-split kernel
+# tables, 70B and 14B AWQ shapes, linear:* at 1 and 32 tokens) lie on 11.97 us + bytes at
+# 2,460 GB/s: 6.41 us and 0.619 once that machine's 5.56 us graph kernel and 3,974 GB/s are
+# taken out. Kept the fit: on the saved reading (4.2 us a graph kernel) that pair plans the
+# AWQ records worse (mean |error| 5.45% against 4.21%, 12 decode/32-stream/16k figures), on
+# the timing machine's own figures better (4.01% against 5.88%); docs/planner.md, "Machete
+# timed", and benchmarks/gpu/issue22_quant.py.
 QUANT_STREAM_EFFICIENCY = 0.54
 QUANT_GEMM_FIXED_S = 5.0e-6
 # Other 4-bit formats' GEMMs (MXFP4, NVFP4, bitsandbytes; none served here): the lumped share
