@@ -39,7 +39,7 @@ instead of recomputed.
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -713,20 +713,64 @@ class _Handover:
 
 
 class _FrontEnd:
-    """vLLM's API server: a request reaches the scheduler its way in after it is sent, and no
-    sooner than its own serial work (parse, validation, hand-over on one event loop) after the
-    request handed over before it."""
+    """vLLM's API server: ONE event loop does every request's way-in work (HTTP, parse,
+    validation, rendering, the hand-over to the engine core), switching between the requests
+    in flight at each of their awaits, so it shares itself among them (processor sharing): a
+    request alone reaches the scheduler its work after it is sent, and requests sent together
+    each finish near the end of all their work (a burst of N near N x one request's work, the
+    earliest sent first). Measured on the lent H200 (benchmarks/gpu/results/
+    2026-12-03-h200-split): one request at a time, 3-4 ms from the send to vLLM's own arrival
+    stamp and back; in bursts of 32, ~68 ms more on average, with or without the proxy, and each
+    burst's first first token 75-109 ms after its send. A request is handed over once its work
+    is done, in the order the loop finishes them (equal work: the order they were sent)."""
 
     def __init__(self) -> None:
-        self.handed = -math.inf  # when the last request was handed over
+        self.now = -math.inf  # the loop's state is exact up to here
+        self.jobs: dict[int, list[float]] = {}  # key -> [ready_s, work_s left]
+        self._next: tuple[float, int] | None = None  # peek() until the jobs change
 
-    def reaches(self, ready_s: float, serial_s: float) -> float:
-        """When a request whose way in ends at ``ready_s`` reaches the scheduler."""
-        return max(ready_s, self.handed + serial_s)
+    def add(self, key: int, ready_s: float, work_s: float) -> None:
+        """A request whose way in reaches the loop at ``ready_s`` and needs ``work_s`` of it."""
+        self.jobs[key] = [max(ready_s, self.now), max(work_s, 0.0)]
+        self._next = None
 
-    def hand(self, ready_s: float, serial_s: float) -> float:
-        self.handed = self.reaches(ready_s, serial_s)
-        return self.handed
+    def peek(self) -> tuple[float, int] | None:
+        """(when, key) of the request the loop finishes next, given the requests it knows."""
+        if self._next is None and self.jobs:
+            self._next = self._run({k: list(v) for k, v in self.jobs.items()}, self.now)[:2]
+        return self._next
+
+    def pop(self) -> tuple[float, int]:
+        """Hand the next finished request over: (when, key)."""
+        when, key, left = self._run(self.jobs, self.now)
+        self.now = when
+        del left[key]
+        self._next = None
+        return when, key
+
+    @staticmethod
+    def _run(jobs: dict[int, list[float]], now: float
+             ) -> tuple[float, int, dict[int, list[float]]]:
+        """Advance ``jobs`` (mutated) from ``now`` until the first one's work is done."""
+        t = now
+        while True:
+            active = [k for k, (ready, _) in jobs.items() if ready <= t]
+            later = min((ready for ready, _ in jobs.values() if ready > t), default=math.inf)
+            if not active:
+                t = later
+                continue
+            n = len(active)
+            # the least work left finishes first; ties: the request added first (dict order)
+            key = min(active, key=lambda k: jobs[k][1])
+            done_at = t + jobs[key][1] * n
+            if done_at <= later:
+                for k in active:
+                    jobs[k][1] -= (done_at - t) / n
+                jobs[key][1] = 0.0
+                return done_at, key, jobs
+            for k in active:
+                jobs[k][1] -= (later - t) / n
+            t = later
 
 
 class _EngineCore:
@@ -797,9 +841,9 @@ def simulate(
 ) -> SimResult:
     """Run ``work`` through one replica of vLLM's scheduler; ``request_overhead_s`` is added to
     each request's way in (API server, tokenizer, IPC) before the scheduler sees it, of which
-    ``request_serial_s`` is the front end's own work on it, one request after another (vLLM's
-    API server parses, validates and hands its requests over on one event loop): requests
-    sent together reach the scheduler that far apart."""
+    ``request_serial_s`` is the API server's own work on it, on one event loop shared by the
+    requests in flight (:class:`_FrontEnd`): requests sent together reach the scheduler near
+    the end of all their work."""
     _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
     # (send time, order) of requests not yet handed to the engine
@@ -812,36 +856,51 @@ def simulate(
     steps, most = 0, 0
     sent = 0
 
+    # the way in: request_serial_s of the API server's loop (shared by the requests on it,
+    # _FrontEnd), then the rest of request_overhead_s (the first token's way out among it)
+    latency = max(0.0, request_overhead_s - request_serial_s)
+    front = _FrontEnd()
+    sends: dict[int, float] = {}  # key -> send time, of requests on their way in
+    keys = itertools.count()
+
+    def send(at: float) -> None:
+        key = next(keys)
+        sends[key] = at
+        front.add(key, at, request_serial_s)
+
+    for at in pending:
+        send(at)
+
     def finished(r: _Req, at: float) -> None:
         nonlocal to_send
         done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
         if closed and to_send:
-            pending.append(at)
+            send(at)
             to_send -= 1
 
     core = _EngineCore(lim, timer, finished)
-    front = _FrontEnd()
 
-    def reaches(sent_s: float) -> float:
-        return front.reaches(sent_s + request_overhead_s, request_serial_s)
+    def reaches() -> float:
+        nxt = front.peek()
+        return math.inf if nxt is None else nxt[0] + latency
 
     while len(done) < work.total:
         cut = core.cut()
-        while pending and reaches(pending[0]) <= cut:
-            front.hand(pending[0] + request_overhead_s, request_serial_s)
+        while sends and reaches() <= cut:
+            _, key = front.pop()
             # without a shared prefix each request is a session of its own: preempted, it finds
             # its blocks again where no other request took them (vLLM's recompute preemption
             # frees them into the prefix cache), as simulate_sessions' requests do; nobody
             # else's prompt matches it
             own = None if work.shared_prefix else sent
-            eng.waiting.append(_Req(pending.popleft(), work.prompt, work.gen, work.prompt,
+            eng.waiting.append(_Req(sends.pop(key), work.prompt, work.gen, work.prompt,
                                     session=own))
             sent += 1
         if not eng.running and not eng.waiting:
             core.deliver(core.now)  # nothing launched after it: its outputs go out as it ends
             if len(done) == work.total:
                 break
-            core.idle_until(reaches(pending[0]))  # until the next request arrives
+            core.idle_until(reaches())  # until the next request arrives
             continue
         before, running = eng.preemptions, len(eng.running)
         step = core.run(eng, work.shared_prefix, cut)
@@ -853,7 +912,7 @@ def simulate(
                 and step.batch.decode_seqs == len(eng.running) == len(step.chosen)):
             # every running request only decoded and nobody was admitted: so do the next steps
             # until one finishes or the next request arrives
-            steps += core.decode_on(eng, reaches(pending[0]) if pending else math.inf)
+            steps += core.decode_on(eng, reaches())
     return SimResult(tuple(done), steps, eng.preemptions, most,
                      max(r.finished_s for r in done) - min(r.sent_s for r in done))
 
@@ -949,6 +1008,7 @@ def simulate_sessions(
     common_tokens: int = 0,
     answers_cached: bool = True,
     serial_s_per_prompt_token: float = 0.0,
+    request_serial_s: float = 0.0,
 ) -> SessionsResult:
     """``sessions`` conversations through one replica, turn by turn. When they send:
 
@@ -970,10 +1030,11 @@ def simulate_sessions(
     ever computed (KV offloading sized for all sessions) from which a prefix the GPUs lost is
     copied back at that many seconds per block, instead of recomputed. A request reaches the
     scheduler ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is
-    sent (the API server's and the host's work on it), of which ``serial_s_per_prompt_token``
-    × its prompt is the front end's own, one request after another (as :func:`simulate`'s
-    ``request_serial_s``); steps launch and hand their outputs over in the engine core's order
-    (:func:`_launch_end`), and the first step after the engine went idle pays the engine
+    sent (the API server's and the host's work on it), of which ``request_serial_s`` +
+    ``serial_s_per_prompt_token`` × its prompt is the API server loop's own work, shared by the
+    requests on it (as :func:`simulate`'s ``request_serial_s``, :class:`_FrontEnd`); steps
+    launch and hand their outputs over in the engine core's order (:func:`_launch_end`), and
+    the first step after the engine went idle pays the engine
     core's own work (:class:`IdleStartTimer`), as :func:`simulate`'s. ``max_steps`` (0: no
     limit): a SimError past that many scheduled steps, for callers that must answer quickly."""
     if sessions < 1 or not turns:
@@ -989,14 +1050,21 @@ def simulate_sessions(
                   copy_s_per_block=host_copy_s_per_block or 0.0,
                   answers_cached=answers_cached, common=common_tokens)
 
-    def way_in(k: int) -> float:
-        return request_overhead_s + overhead_s_per_prompt_token * turns[k].prompt
+    def serial(k: int) -> float:  # the API server loop's work on turn k's request
+        return request_serial_s + serial_s_per_prompt_token * turns[k].prompt
 
-    # (time it reaches the scheduler, send time, session, turn) of the requests on their way
-    pending: list[tuple[float, float, int, int]] = []
+    def latency(k: int) -> float:  # the rest of its way in
+        way_in = request_overhead_s + overhead_s_per_prompt_token * turns[k].prompt
+        return max(0.0, way_in - serial(k))
+
+    front = _FrontEnd()
+    sends: dict[int, tuple[float, int, int]] = {}  # key -> (send time, session, turn) on the way
+    keys = itertools.count()
 
     def send(at: float, i: int, k: int) -> None:
-        heapq.heappush(pending, (at + way_in(k), at, i, k))
+        key = next(keys)
+        sends[key] = (at, i, k)
+        front.add(key, at, serial(k))
 
     for i in range(sessions):
         send(0.0 if think_s is None else think_s * i / sessions, i, 0)
@@ -1004,9 +1072,6 @@ def simulate_sessions(
     done: list[list[_Req]] = [[] for _ in turns]
     finished = 0
     steps = 0
-
-    def serial(k: int) -> float:
-        return serial_s_per_prompt_token * turns[k].prompt
 
     def answered(r: _Req, at: float) -> None:
         nonlocal finished
@@ -1023,16 +1088,16 @@ def simulate_sessions(
                 send(at, i, k + 1)
 
     core = _EngineCore(lim, timer, answered)
-    front = _FrontEnd()
 
     def reaches() -> float:  # when the next request on its way reaches the scheduler
-        return front.reaches(pending[0][0], serial(pending[0][3])) if pending else math.inf
+        nxt = front.peek()
+        return math.inf if nxt is None else nxt[0] + latency(sends[nxt[1]][2])
 
     while finished < sessions * len(turns):
         cut = core.cut()
-        while pending and reaches() <= cut:
-            front.hand(pending[0][0], serial(pending[0][3]))
-            _, sent, i, k = heapq.heappop(pending)
+        while sends and reaches() <= cut:
+            _, key = front.pop()
+            sent, i, k = sends.pop(key)
             r = _Req(sent, turns[k].prompt, turns[k].gen, turns[k].prompt, session=i)
             turn_of[id(r)] = k
             eng.waiting.append(r)
