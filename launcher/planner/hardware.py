@@ -407,16 +407,21 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
     the per-token and per-sequence terms are this host's timed figures x UNTIMED_PATH_FACTOR
     (the hops no function times: HTTP framing, the proxy's forwarding, the client's read; one
     factor, as for the shipped profile). The fixed parts a step and a request pay (``step_s``,
-    ``request_s``) were read from whole runs, not timed function by function: they are CPU work
-    on the same host (the engine core's loop, the HTTP stack, the eager layers' launches), so
-    they (and ``layer_launch_s``) are the shipped ones
-    scaled by how fast this host runs the timed functions against the H200's host (the
-    geometric mean of the two paths' ratios). Without a timing: :data:`SERVER_HOST`."""
+    ``request_s``) were read from whole runs, not timed function by function: they are Python
+    work on the same host (the engine core's loop, the HTTP stack, the eager and piecewise
+    layers' launches), so they (and ``layer_launch_s``) are the shipped ones scaled by how fast
+    this host runs the timed output path (per sequence: Python objects, detokenising, an event's
+    JSON) against the H200's host. Not by the per-token way in: that is mostly the prefix
+    cache's block hashing and msgpack, C code whose speed follows the CPU's hashing and copy
+    units, not its interpreter. Two lent H200 hosts timed the per-token path at 0.67-0.72 of
+    the shipped host's and the per-sequence path at 1.00-1.07 (session 16's and 17's
+    probe.txt), and the engine core's prompt step of Qwen2.5-3B, host-bound, ran no faster than
+    the shipped figure (median 14.7-16.3 ms against 13.6 planned from it:
+    benchmarks/gpu/results/2026-12-03-h200-split); scaled by the geometric mean of the two
+    paths, as before, it was planned 18% faster still. Without a timing: :data:`SERVER_HOST`."""
     if timing is None:
         return SERVER_HOST
-    way_in = timing.prompt_token_s / H200_HOST_TOKEN_TIMED_S
-    way_out = timing.seq_step_s / H200_HOST_SEQ_TIMED_S
-    speed = (way_in * way_out) ** 0.5
+    speed = timing.seq_step_s / H200_HOST_SEQ_TIMED_S
     k = timing.key
     return HostProfile(
         step_s=SERVER_HOST.step_s * speed,

@@ -335,6 +335,16 @@ def test_a_host_as_fast_as_the_h200s_gets_the_shipped_profile() -> None:
     assert hardware.host_profile(None) is SERVER_HOST
 
 
+def test_a_faster_block_hash_speeds_only_the_per_token_way_in() -> None:
+    # the per-token path is the prefix cache's hashing and msgpack (C): a host that runs it in
+    # half the time runs the Python work (steps, requests, launches) no faster
+    quick_hash = replace(H200_LIKE, prompt_token_s=0.5 * H200_LIKE.prompt_token_s)
+    prof = hardware.host_profile(quick_hash)
+    assert prof.prompt_token_s == pytest.approx(0.5 * SERVER_HOST.prompt_token_s)
+    for term in ("step_s", "seq_step_s", "request_s", "layer_launch_s"):
+        assert getattr(prof, term) == pytest.approx(getattr(SERVER_HOST, term))
+
+
 def test_a_host_twice_as_slow_doubles_every_host_term() -> None:
     slow = replace(H200_LIKE, prompt_token_s=2 * H200_LIKE.prompt_token_s,
                    seq_step_s=2 * H200_LIKE.seq_step_s)
