@@ -491,7 +491,7 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
         request_overhead_s=host.request_fixed_s if request_overhead_s is None
         else request_overhead_s, max_steps=max_steps, think_s=think_s,
         overhead_s_per_prompt_token=host.prompt_token_s,
-        serial_s_per_prompt_token=host.prompt_token_s, request_serial_s=host.request_s,
+        serial_s_per_prompt_token=host.prompt_token_s, request_shared_s=host.request_s,
         common_tokens=common_tokens, answers_cached=False)
 
 

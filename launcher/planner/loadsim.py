@@ -152,9 +152,9 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
         lim, timer, Workload(prompt, gen, concurrency=streams,
                              requests=LOADGEN_REQUESTS_PER_STREAM * streams),
         request_overhead_s=lay.host.request_fixed_s + prompt * lay.host.prompt_token_s,
-        # the API server's loop does the whole way in but the first token's way out, shared by
-        # the requests on it (schedsim._FrontEnd)
-        request_serial_s=lay.host.request_s + prompt * lay.host.prompt_token_s)
+        # the API server's loop shares its fixed work among the requests on it; their prompts'
+        # tokens go one request after another (schedsim._FrontEnd)
+        request_shared_s=lay.host.request_s, request_serial_s=prompt * lay.host.prompt_token_s)
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,

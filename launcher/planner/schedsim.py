@@ -713,40 +713,55 @@ class _Handover:
 
 
 class _FrontEnd:
-    """vLLM's API server: ONE event loop does every request's way-in work (HTTP, parse,
-    validation, rendering, the hand-over to the engine core), switching between the requests
-    in flight at each of their awaits, so it shares itself among them (processor sharing): a
-    request alone reaches the scheduler its work after it is sent, and requests sent together
-    each finish near the end of all their work (a burst of N near N x one request's work, the
-    earliest sent first). Measured on the lent H200 (benchmarks/gpu/results/
-    2026-12-03-h200-split): one request at a time, 3-4 ms from the send to vLLM's own arrival
-    stamp and back; in bursts of 32, ~68 ms more on average, with or without the proxy, and each
-    burst's first first token 75-109 ms after its send. A request is handed over once its work
-    is done, in the order the loop finishes them (equal work: the order they were sent)."""
+    """vLLM's API server on a request's way in. Its ONE event loop does each request's fixed
+    work (HTTP, parse, validation, rendering) switching between the requests in flight at their
+    awaits, so it shares itself among them (processor sharing): a request alone is through it
+    its work after it is sent, requests sent together each near the end of all their work (a
+    burst of N near N x one request's, the earliest sent first). Then the work that grows with
+    the prompt goes one request after another, and the rest of the way in follows. Measured on
+    the lent H200 (benchmarks/gpu/results/2026-12-03-h200-split): one request at a time, 3-4 ms
+    from the send to vLLM's own arrival stamp and back; in bursts of 32, ~68 ms more on
+    average, with or without the proxy, and each burst's first first token 75-109 ms after its
+    send. Requests are handed over in the order the loop finishes them (equal work: the order
+    they were sent), each no sooner than its serial work after the one before."""
 
     def __init__(self) -> None:
         self.now = -math.inf  # the loop's state is exact up to here
-        self.jobs: dict[int, list[float]] = {}  # key -> [ready_s, work_s left]
+        self.jobs: dict[int, list[float]] = {}  # key -> [ready_s, shared work_s left]
+        self.tail: dict[int, tuple[float, float]] = {}  # key -> (serial_s, rest_s)
+        self.handed = -math.inf  # when the last request reached the scheduler
         self._next: tuple[float, int] | None = None  # peek() until the jobs change
 
-    def add(self, key: int, ready_s: float, work_s: float) -> None:
-        """A request whose way in reaches the loop at ``ready_s`` and needs ``work_s`` of it."""
-        self.jobs[key] = [max(ready_s, self.now), max(work_s, 0.0)]
+    def add(self, key: int, ready_s: float, shared_s: float, serial_s: float = 0.0,
+            rest_s: float = 0.0) -> None:
+        """A request whose way in reaches the loop at ``ready_s``: ``shared_s`` of the loop's
+        work, shared with the other requests on it, then ``rest_s`` more (its serial work, the
+        first token's way out, IPC), and no sooner than ``serial_s`` after the request handed
+        over before it."""
+        self.jobs[key] = [max(ready_s, self.now), max(shared_s, 0.0)]
+        self.tail[key] = (max(serial_s, 0.0), max(rest_s, 0.0))
         self._next = None
 
+    def _reach(self, done_s: float, key: int) -> float:
+        serial, rest = self.tail[key]
+        return max(done_s + rest, self.handed + serial)
+
     def peek(self) -> tuple[float, int] | None:
-        """(when, key) of the request the loop finishes next, given the requests it knows."""
+        """(when, key): the request that reaches the scheduler next, given those it knows."""
         if self._next is None and self.jobs:
-            self._next = self._run({k: list(v) for k, v in self.jobs.items()}, self.now)[:2]
+            done, key, _ = self._run({k: list(v) for k, v in self.jobs.items()}, self.now)
+            self._next = (self._reach(done, key), key)
         return self._next
 
     def pop(self) -> tuple[float, int]:
-        """Hand the next finished request over: (when, key)."""
-        when, key, left = self._run(self.jobs, self.now)
-        self.now = when
+        """Hand the next request over: (when it reaches the scheduler, key)."""
+        done, key, left = self._run(self.jobs, self.now)
+        self.now = done
+        self.handed = self._reach(done, key)
         del left[key]
+        del self.tail[key]
         self._next = None
-        return when, key
+        return self.handed, key
 
     @staticmethod
     def _run(jobs: dict[int, list[float]], now: float
@@ -837,13 +852,14 @@ class _EngineCore:
 
 def simulate(
     lim: SchedulerLimits, timer: StepTimer, work: Workload, *, request_overhead_s: float = 0.0,
-    request_serial_s: float = 0.0,
+    request_serial_s: float = 0.0, request_shared_s: float = 0.0,
 ) -> SimResult:
     """Run ``work`` through one replica of vLLM's scheduler; ``request_overhead_s`` is added to
     each request's way in (API server, tokenizer, IPC) before the scheduler sees it, of which
-    ``request_serial_s`` is the API server's own work on it, on one event loop shared by the
-    requests in flight (:class:`_FrontEnd`): requests sent together reach the scheduler near
-    the end of all their work."""
+    ``request_shared_s`` is the API server's fixed work on its one event loop, shared by the
+    requests in flight, and ``request_serial_s`` its work done one request after another
+    (:class:`_FrontEnd`): requests sent together reach the scheduler near the end of all their
+    shared work, then that far apart."""
     _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
     # (send time, order) of requests not yet handed to the engine
@@ -856,9 +872,9 @@ def simulate(
     steps, most = 0, 0
     sent = 0
 
-    # the way in: request_serial_s of the API server's loop (shared by the requests on it,
-    # _FrontEnd), then the rest of request_overhead_s (the first token's way out among it)
-    latency = max(0.0, request_overhead_s - request_serial_s)
+    # the way in (_FrontEnd): the loop's shared work, then the rest of request_overhead_s (the
+    # serial work and the first token's way out among it), request_serial_s apart at least
+    rest = max(0.0, request_overhead_s - request_shared_s)
     front = _FrontEnd()
     sends: dict[int, float] = {}  # key -> send time, of requests on their way in
     keys = itertools.count()
@@ -866,7 +882,7 @@ def simulate(
     def send(at: float) -> None:
         key = next(keys)
         sends[key] = at
-        front.add(key, at, request_serial_s)
+        front.add(key, at, request_shared_s, request_serial_s, rest)
 
     for at in pending:
         send(at)
@@ -882,7 +898,7 @@ def simulate(
 
     def reaches() -> float:
         nxt = front.peek()
-        return math.inf if nxt is None else nxt[0] + latency
+        return math.inf if nxt is None else nxt[0]
 
     while len(done) < work.total:
         cut = core.cut()
@@ -1008,7 +1024,7 @@ def simulate_sessions(
     common_tokens: int = 0,
     answers_cached: bool = True,
     serial_s_per_prompt_token: float = 0.0,
-    request_serial_s: float = 0.0,
+    request_shared_s: float = 0.0,
 ) -> SessionsResult:
     """``sessions`` conversations through one replica, turn by turn. When they send:
 
@@ -1030,9 +1046,10 @@ def simulate_sessions(
     ever computed (KV offloading sized for all sessions) from which a prefix the GPUs lost is
     copied back at that many seconds per block, instead of recomputed. A request reaches the
     scheduler ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is
-    sent (the API server's and the host's work on it), of which ``request_serial_s`` +
-    ``serial_s_per_prompt_token`` × its prompt is the API server loop's own work, shared by the
-    requests on it (as :func:`simulate`'s ``request_serial_s``, :class:`_FrontEnd`); steps
+    sent (the API server's and the host's work on it), of which ``request_shared_s`` is the
+    API server loop's fixed work, shared by the requests on it, and
+    ``serial_s_per_prompt_token`` × its prompt its work one request after another (as
+    :func:`simulate`'s ``request_shared_s`` and ``request_serial_s``, :class:`_FrontEnd`); steps
     launch and hand their outputs over in the engine core's order (:func:`_launch_end`), and
     the first step after the engine went idle pays the engine
     core's own work (:class:`IdleStartTimer`), as :func:`simulate`'s. ``max_steps`` (0: no
@@ -1050,12 +1067,12 @@ def simulate_sessions(
                   copy_s_per_block=host_copy_s_per_block or 0.0,
                   answers_cached=answers_cached, common=common_tokens)
 
-    def serial(k: int) -> float:  # the API server loop's work on turn k's request
-        return request_serial_s + serial_s_per_prompt_token * turns[k].prompt
+    def serial(k: int) -> float:  # the API server's one-at-a-time work on turn k's request
+        return serial_s_per_prompt_token * turns[k].prompt
 
-    def latency(k: int) -> float:  # the rest of its way in
+    def rest(k: int) -> float:  # the rest of its way in
         way_in = request_overhead_s + overhead_s_per_prompt_token * turns[k].prompt
-        return max(0.0, way_in - serial(k))
+        return max(0.0, way_in - request_shared_s)
 
     front = _FrontEnd()
     sends: dict[int, tuple[float, int, int]] = {}  # key -> (send time, session, turn) on the way
@@ -1064,7 +1081,7 @@ def simulate_sessions(
     def send(at: float, i: int, k: int) -> None:
         key = next(keys)
         sends[key] = (at, i, k)
-        front.add(key, at, serial(k))
+        front.add(key, at, request_shared_s, serial(k), rest(k))
 
     for i in range(sessions):
         send(0.0 if think_s is None else think_s * i / sessions, i, 0)
@@ -1091,7 +1108,7 @@ def simulate_sessions(
 
     def reaches() -> float:  # when the next request on its way reaches the scheduler
         nxt = front.peek()
-        return math.inf if nxt is None else nxt[0] + latency(sends[nxt[1]][2])
+        return math.inf if nxt is None else nxt[0]
 
     while finished < sessions * len(turns):
         cut = core.cut()

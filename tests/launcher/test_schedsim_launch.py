@@ -1,11 +1,9 @@
 """vLLM's way from a burst of requests to their first tokens, against timelines known exactly:
-the API server's one event loop shares itself among the requests on their way in, so a burst
-reaches the scheduler near the end of all their work, the first sent a little before the rest,
-and an idle engine core starts on it alone; under async scheduling the engine core launches the
-next step before it takes the running step's output (vllm/v1/engine/core.py
-``step_with_batch_queue``; the single-process executor launches inline), so an eager step's
-launch holds back the step before's first tokens and the choice of the step after. And a
-recorded trace of sends replays through the same scheduler."""
+the API server hands requests over one at a time, so an idle engine core starts on the first
+alone; under async scheduling the engine core launches the next step before it takes the running
+step's output (vllm/v1/engine/core.py ``step_with_batch_queue``; the single-process executor
+launches inline), so an eager step's launch holds back the step before's first tokens and the
+choice of the step after. And a recorded trace of sends replays through the same scheduler."""
 
 from __future__ import annotations
 
@@ -96,33 +94,21 @@ def test_a_trace_sends_each_request_when_it_says() -> None:
     assert late.finished_s == pytest.approx(5.0 + PREFILL_S + 2 * DECODE_S)
 
 
-def test_requests_sent_at_one_moment_reach_the_scheduler_together_after_all_their_work() -> None:
-    # the API server's loop shares itself among them: 3 x 10 ms of work, all done at 0.03 s,
-    # then one step holds the three
+def test_requests_sent_together_reach_an_idle_engine_one_at_a_time() -> None:
+    # handed over 10 ms apart: the first runs alone (0-0.1 s), the other two in the next step
     assert first_tokens(SYNC, Steps(), (0.0,) * 3, serial_s=0.01) == \
-        pytest.approx([0.13, 0.13, 0.13])
-    # no work on the way in: all there at once
+        pytest.approx([0.1, 0.2, 0.2])
+    # all there at once: one step holds the three
     assert first_tokens(SYNC, Steps(), (0.0,) * 3) == pytest.approx([0.1, 0.1, 0.1])
 
 
-def test_in_a_burst_sent_a_little_apart_the_first_sent_reaches_an_idle_engine_alone() -> None:
-    # sent 1 ms apart: A has the loop alone for 1 ms, shares it with B for 1 ms (0.5 ms each),
-    # then with B and C: A's 8.5 ms left end at 0.002 + 3 x 0.0085 = 0.0275 s; B's 1 ms left at
-    # 0.0295, C's 0.5 ms at 0.03 (all 30 ms of work done). A runs alone (0.0275-0.1275 s), B
-    # and C in the next step
-    assert first_tokens(SYNC, Steps(), (0.0, 0.001, 0.002), serial_s=0.01) == \
-        pytest.approx([0.1275, 0.2275, 0.2275])
-
-
 def test_the_rest_of_a_burst_joins_the_step_chosen_once_the_first_is_launched() -> None:
-    # sent as far apart as their work, they reach the scheduler at 0.01, 0.02 and 0.03 s: the
-    # first alone (0.01-0.11 s) is launched in 0.05 s, so the next two are in the step chosen
-    # then (0.11-0.21 s), not a step later as with an instant launch
-    sends = (0.0, 0.01, 0.02)
-    assert first_tokens(ASYNC, Launching(0.05), sends, serial_s=0.01) == \
-        pytest.approx([0.11, 0.21, 0.21])
-    assert first_tokens(ASYNC, Steps(), sends, serial_s=0.01) == \
-        pytest.approx([0.11, 0.22, 0.22])
+    # the first alone is launched in 0.05 s; the next two (handed over at 0.01 and 0.02 s) are
+    # in the step chosen then (0.1-0.2 s), not a step later as with an instant launch
+    assert first_tokens(ASYNC, Launching(0.05), (0.0,) * 3, serial_s=0.01) == \
+        pytest.approx([0.1, 0.2, 0.2])
+    assert first_tokens(ASYNC, Steps(), (0.0,) * 3, serial_s=0.01) == \
+        pytest.approx([0.1, 0.21, 0.21])
 
 
 def test_the_front_ends_pace_adds_to_the_way_in_only_where_requests_queue_for_it() -> None:
@@ -131,3 +117,22 @@ def test_the_front_ends_pace_adds_to_the_way_in_only_where_requests_queue_for_it
                    request_overhead_s=0.02, request_serial_s=0.01)
     assert [r.ttft_s for r in sorted(res.requests, key=lambda r: r.sent_s)] == \
         pytest.approx([0.02 + PREFILL_S] * 2)
+
+
+def test_a_burst_shares_the_front_ends_loop_then_goes_one_request_after_another() -> None:
+    # 3 x 10 ms of the loop's shared work: all three are through it at 0.03 s; then 5 ms of
+    # serial work each: handed over at 0.03, 0.035 and 0.04 s. The first runs alone
+    # (0.03-0.13 s), the other two in the next step (0.13-0.23 s)
+    res = simulate(SYNC, Steps(), Workload(16, 3, arrivals=(0.0,) * 3),
+                   request_shared_s=0.01, request_serial_s=0.005)
+    firsts = [r.first_token_s for r in sorted(res.requests, key=lambda r: r.sent_s)]
+    assert sorted(firsts) == pytest.approx([0.13, 0.23, 0.23])
+    # alone, a request pays its shared work once: it reaches the scheduler at 0.01 s
+    lone = simulate(SYNC, Steps(), Workload(16, 3, arrivals=(0.0,)), request_shared_s=0.01)
+    assert lone.requests[0].ttft_s == pytest.approx(0.01 + PREFILL_S)
+    # sent 1 ms apart, the first sent is through the loop first: 1 ms alone, 1 ms with the
+    # second, then shared three ways, it ends at 0.002 + 3 x 0.0085 = 0.0275 s
+    apart = simulate(SYNC, Steps(), Workload(16, 3, arrivals=(0.0, 0.001, 0.002)),
+                     request_shared_s=0.01)
+    first = min(apart.requests, key=lambda r: r.sent_s)
+    assert first.first_token_s == pytest.approx(0.0275 + PREFILL_S)

@@ -1,8 +1,7 @@
 """The agent plan's sessions and the kernel-table path begin a burst as the load simulation does
-(tests/launcher/test_schedsim_launch.py): the front end's loop shares itself among the requests
-on their way in, the engine core launches an eager step before it takes the step before's
-output, and a kernel table's timer says how long that launch takes by the same rule as the
-roofline's."""
+(tests/launcher/test_schedsim_launch.py): the front end hands requests over one at a time, the
+engine core launches an eager step before it takes the step before's output, and a kernel
+table's timer says how long that launch takes by the same rule as the roofline's."""
 
 from __future__ import annotations
 
@@ -30,6 +29,7 @@ from tests.launcher.test_agent_plan import PAIR, agent
 # the same stand-in timers and limits as the load simulation's launch tests
 from tests.launcher.test_schedsim_launch import (
     ASYNC,
+    DECODE_S,
     PREFILL_S,
     SYNC,
     Launching,
@@ -50,20 +50,20 @@ def burst(lim: SchedulerLimits, timer: Steps, serial_s: float) -> list[float]:
             for t in (r.first_token_s, r.finished_s)]
 
 
-def test_sessions_sent_together_reach_the_scheduler_together_as_a_loads_burst_does() -> None:
-    # the API server's loop shares itself between them: both done with 2 x 50 ms of work at
-    # 0.1 s, both prompts in one step (0.1-0.2 s), then one decode each (0.2-0.21, 0.21-0.22 s)
-    expected = [0.2, 0.22, 0.2, 0.22]
-    assert sessions_burst(SYNC, Steps(), 0.05) == pytest.approx(expected)
-    assert burst(SYNC, Steps(), 0.05) == pytest.approx(expected)
+def test_sessions_sent_together_reach_an_idle_engine_one_at_a_time() -> None:
+    # handed over 50 ms apart: the first prompt runs alone (0-0.1 s), the second in the next
+    # step with the first's decode (0.1-0.2 s), then one decode each (0.2-0.21, 0.21-0.22 s)
+    assert sessions_burst(SYNC, Steps(), 0.05) == pytest.approx(
+        [0.1, 0.21, 0.2, 0.22])
     assert sessions_burst(SYNC, Steps(), 0.0) == pytest.approx([0.1, 0.12, 0.1, 0.12])
 
 
 def test_sessions_hand_a_steps_output_over_once_the_next_is_launched_as_a_burst_does() -> None:
-    # the two prompts' step (0.1-0.2 s) is launched in 0.1 s; its first tokens go out once the
-    # next step (a graph replay, launched at once) is chosen at 0.2 s, in both simulations
+    # step 1 (A alone) launched in 0.1 s, so step 2 is chosen at 0.1 s and holds B's prompt;
+    # A's first token goes out once step 2 is launched (0.2 s), B's as step 3 (a graph replay)
+    # starts (0.2 s)
     assert isinstance(Launching(PREFILL_S), LaunchTimer)
-    expected = [0.2, 0.22, 0.2, 0.22]
+    expected = [0.2, 0.21, 0.2, 0.22]
     assert sessions_burst(ASYNC, Launching(PREFILL_S), 0.05) == pytest.approx(expected)
     assert burst(ASYNC, Launching(PREFILL_S), 0.05) == pytest.approx(expected)
 
@@ -125,17 +125,20 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
         m.num_layers * layer.piecewise_s)
 
 
-def test_the_agent_plans_sessions_share_the_front_ends_loop_on_their_way_in() -> None:
-    # two sessions' 512-token turns sent together: the API server's loop does both requests'
-    # way-in work (the host profile's request_s + 512 tokens each) before either reaches the
-    # scheduler, so both prompts run in one step; the first token's way out follows
+def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> None:
+    # two sessions' 512-token turns sent together: the API server's loop shares its fixed work
+    # (the host's request_s) between them, so both are through it at 2 x request_s (schedsim.
+    # _FrontEnd), one request_s later than alone; the second is handed over 512 tokens of the
+    # host's way-in work after the first, so the first prompt runs alone. The GPU engine
+    # schedules asynchronously (schedsim.vllm_async_scheduling): the step after it was chosen
+    # as it started, before the second came, and only decodes the first; the second's prompt
+    # runs in the step after that
     m = load_model_spec(model("llama-3.1-8b"))
     room = agent(PAIR, "llama-3.1-8b", 2, 8000)[1].room
     assert room.lay is not None
     host = room.lay.host
     res = agent_mod.simulate_turns(m, room, (Turn(512, 4),), 2, think_s=None, offload=False,
                                    timer=Steps())
-    serial = host.request_s + 512 * host.prompt_token_s
-    way_out = host.request_fixed_s - host.request_s
+    way_in = host.request_fixed_s + 512 * host.prompt_token_s + host.request_s
     assert [r.ttft_s for r in res.turns[0]] == pytest.approx(
-        [2 * serial + way_out + PREFILL_S] * 2)
+        [way_in + PREFILL_S, way_in + PREFILL_S + DECODE_S + PREFILL_S])
