@@ -418,7 +418,11 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
     probe.txt), and the engine core's prompt step of Qwen2.5-3B, host-bound, ran no faster than
     the shipped figure (median 14.7-16.3 ms against 13.6 planned from it:
     benchmarks/gpu/results/2026-12-03-h200-split); scaled by the geometric mean of the two
-    paths, as before, it was planned 18% faster still. Without a timing: :data:`SERVER_HOST`."""
+    paths, as before, it was planned 18% faster still. A third host (the sixth table's,
+    results/2026-12-03-h200-table6) says otherwise: timed 1.28x per token and 1.73x per
+    sequence, it served about 1.25x the shipped host's step, so there the per-token ratio was
+    the closer one; on none of the three did the timing predict the serving host within 15%
+    (docs/planner.md, "Issue 22's sixth table"). Without a timing: :data:`SERVER_HOST`."""
     if timing is None:
         return SERVER_HOST
     speed = timing.seq_step_s / H200_HOST_SEQ_TIMED_S

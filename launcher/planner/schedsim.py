@@ -753,6 +753,11 @@ class _FrontEnd:
             self._next = (self._reach(done, key), key)
         return self._next
 
+    def reaches(self) -> float:
+        """When the next request on its way reaches the scheduler (never: none on its way)."""
+        nxt = self.peek()
+        return math.inf if nxt is None else nxt[0]
+
     def pop(self) -> tuple[float, int]:
         """Hand the next request over: (when it reaches the scheduler, key)."""
         done, key, left = self._run(self.jobs, self.now)
@@ -862,11 +867,8 @@ def simulate(
     shared work, then that far apart."""
     _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
-    # (send time, order) of requests not yet handed to the engine
     closed = work.rate is None and not work.arrivals
     first_wave = min(work.concurrency, work.total) if closed else work.total
-    pending = deque(sorted(work.arrivals) if work.arrivals else (
-        i / work.rate if work.rate is not None else 0.0 for i in range(first_wave)))
     to_send = work.total - first_wave
     done: list[RequestTiming] = []
     steps, most = 0, 0
@@ -884,7 +886,8 @@ def simulate(
         sends[key] = at
         front.add(key, at, request_shared_s, request_serial_s, rest)
 
-    for at in pending:
+    for at in sorted(work.arrivals) if work.arrivals else (
+            i / work.rate if work.rate is not None else 0.0 for i in range(first_wave)):
         send(at)
 
     def finished(r: _Req, at: float) -> None:
@@ -896,13 +899,9 @@ def simulate(
 
     core = _EngineCore(lim, timer, finished)
 
-    def reaches() -> float:
-        nxt = front.peek()
-        return math.inf if nxt is None else nxt[0]
-
     while len(done) < work.total:
         cut = core.cut()
-        while sends and reaches() <= cut:
+        while sends and front.reaches() <= cut:
             _, key = front.pop()
             # without a shared prefix each request is a session of its own: preempted, it finds
             # its blocks again where no other request took them (vLLM's recompute preemption
@@ -916,7 +915,7 @@ def simulate(
             core.deliver(core.now)  # nothing launched after it: its outputs go out as it ends
             if len(done) == work.total:
                 break
-            core.idle_until(reaches())  # until the next request arrives
+            core.idle_until(front.reaches())  # until the next request arrives
             continue
         before, running = eng.preemptions, len(eng.running)
         step = core.run(eng, work.shared_prefix, cut)
@@ -928,7 +927,7 @@ def simulate(
                 and step.batch.decode_seqs == len(eng.running) == len(step.chosen)):
             # every running request only decoded and nobody was admitted: so do the next steps
             # until one finishes or the next request arrives
-            steps += core.decode_on(eng, reaches())
+            steps += core.decode_on(eng, front.reaches())
     return SimResult(tuple(done), steps, eng.preemptions, most,
                      max(r.finished_s for r in done) - min(r.sent_s for r in done))
 
@@ -1106,13 +1105,9 @@ def simulate_sessions(
 
     core = _EngineCore(lim, timer, answered)
 
-    def reaches() -> float:  # when the next request on its way reaches the scheduler
-        nxt = front.peek()
-        return math.inf if nxt is None else nxt[0]
-
     while finished < sessions * len(turns):
         cut = core.cut()
-        while sends and reaches() <= cut:
+        while sends and front.reaches() <= cut:
             _, key = front.pop()
             sent, i, k = sends.pop(key)
             r = _Req(sent, turns[k].prompt, turns[k].gen, turns[k].prompt, session=i)
@@ -1126,7 +1121,7 @@ def simulate_sessions(
                 break
             # idle until a copy from host memory or the next request arrives
             core.idle_until(min(min((r.ready for r in eng.loading), default=math.inf),
-                                reaches()))
+                                front.reaches()))
             if math.isinf(core.now):
                 raise SimError("no session has a request left to send")  # never: a bug here
             continue
@@ -1144,7 +1139,7 @@ def simulate_sessions(
         admitted = eng.preemptions == before and all(
             id(r) in step.chosen for r in step.ran) and len(step.ran) == running
         if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
-            core.decode_on(eng, reaches())  # the decode steps after it, taken at once
+            core.decode_on(eng, front.reaches())  # the decode steps after it, taken at once
     out = tuple(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
                       for r in sorted(rs, key=lambda r: r.session or 0)) for rs in done)
     return SessionsResult(out, eng.preemptions, eng.copied_blocks)
