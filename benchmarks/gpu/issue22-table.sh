@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | qwen17 | gemma1b | granite8 | q3awq14 | llama2
+# STEP: predict | retime | phi4 | qwen15 | qwen17 | gemma1b | granite8 | q3awq14 | llama2
 #       | awq70 | qwen8b | gemma4b | qwen3b | mlalong
 #       | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
 #       | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
@@ -17,6 +17,18 @@
 #           `launcher probe --measure --model` of every case in $PREDICT_CASES (its kernel table,
 #           kept where plans find it) -> $OUT/probe.txt. The order that shows both paths, each
 #           before anything is served: PRED_TAG=roofline predict, probe, PRED_TAG=tables predict
+#  retime   this host's front end timed again (the host-only part of `probe --measure`, kept
+#           where plans find it, as the probe keeps it), appended to $OUT/host-timings.txt:
+#           run right before a case's plans, so that they describe the host as it is then
+# Beside every step, benchmarks/gpu/host_speed.py samples the host's speed (a fixed piece of
+# pure-Python work, CPU and wall time, and the machine's steal time) every 5 s into
+# $OUT/host-speed.jsonl: whether the host's speed moves between the probe and the serving.
+# Fresh shapes for the seventh table (2026-12-03, session 18), never served before; the sixth
+# table's gemma1b and llama2 (planned there, never served) with them:
+#  phi4     Phi-4 shape (the Phi-3 family, never served: 40 layers of 5120, 10 KV heads, 16,384
+#           positions): single, c32 (0.4)
+#  qwen15   Qwen2.5-1.5B shape (small dense, 28 layers of 1536, 2 KV heads, tied; aiconfigurator
+#           estimates it): single, c32, long16 (0.3)
 # Fresh shapes for the sixth table (2026-12-03, session 17), never served before, at vLLM's
 # DEFAULT CUDA-graph range (RANGE '{}', as the fifth's); each folder's SOURCE.md says where its
 # config came from and what was changed (the 4,096-token vocabulary, bos/eos 0/1):
@@ -116,7 +128,7 @@ M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
+declare -A MODEL=([phi4]=phi-4-shape [qwen15]=qwen2.5-1.5b-shape [qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
   [granite8]=granite-3.3-8b-shape [q3awq14]=qwen3-14b-awq-shape [llama2]=llama-2-7b-shape
   [mlalong]=glm-4.7-flash-shape [awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
   [gemma4b]=gemma-3-4b-shape [qwen3b]=qwen2.5-3b-shape
@@ -128,7 +140,7 @@ declare -A MODEL=([qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
   [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([qwen17]="single c32" [gemma1b]="single c32 long16"
+declare -A SCEN=([phi4]="single c32" [qwen15]="single c32 long16" [qwen17]="single c32" [gemma1b]="single c32 long16"
   [granite8]="single c32 long16" [q3awq14]="single c32" [llama2]="single c32"
   [mlalong]="long16 single c32" [awq70]="single c32 long16" [qwen8b]="single c32 depth"
   [gemma4b]="single c32 long16" [qwen3b]="single c32"
@@ -143,7 +155,7 @@ declare -A SCEN=([qwen17]="single c32" [gemma1b]="single c32 long16"
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2]=0.3
+declare -A UTIL=([phi4]=0.4 [qwen15]=0.3 [qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2]=0.3
   [mlalong]=0.6 [awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
   [glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
@@ -153,7 +165,7 @@ declare -A UTIL=([qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2
 GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
 # each case's CUDA-graph range, the same in its plans and its start: the fifth and sixth
 # tables' cases at vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
-declare -A RANGE=([qwen17]='{}' [gemma1b]='{}' [granite8]='{}' [q3awq14]='{}' [llama2]='{}'
+declare -A RANGE=([phi4]='{}' [qwen15]='{}' [qwen17]='{}' [gemma1b]='{}' [granite8]='{}' [q3awq14]='{}' [llama2]='{}'
   [mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
 compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
@@ -183,7 +195,18 @@ print(json.dumps(out))"
 }
 
 port=18500
+# the host's speed sampled beside every step (see above); stopped when this script ends
+python3 benchmarks/gpu/host_speed.py --interval 5 >>"$OUT/host-speed.jsonl" 2>/dev/null &
+monitor=$!
+trap 'kill $monitor 2>/dev/null' EXIT
 for step in "$@"; do
+  if [[ $step == retime ]]; then
+    { echo "# retime $(date -u +%FT%TZ)"
+      timeout 200 python3 -c "import os; from launcher.pipeline import hostcosts; print(hostcosts.measure(os.environ, gpus=True))" 2>&1 | tail -n 2
+    } >> "$OUT/host-timings.txt"
+    tail -n 1 "$OUT/host-timings.txt"
+    continue
+  fi
   if [[ $step == probe ]]; then
     { t0=$(date +%s)
       timeout 120 python3 -m launcher probe --measure 2>&1 | tail -n 12
@@ -198,7 +221,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-phi4 qwen15 qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
 
-# the fresh shapes of session 17, of session 16, of session 15, then session 12's
+# the fresh shapes of session 18, of session 17, of session 16, of session 15, then session 12's
 # (issue22-table.sh lists them), then older
-MODEL = {"qwen17": "qwen3-1.7b-shape", "gemma1b": "gemma-3-1b-shape",
+MODEL = {"phi4": "phi-4-shape", "qwen15": "qwen2.5-1.5b-shape",
+         "qwen17": "qwen3-1.7b-shape", "gemma1b": "gemma-3-1b-shape",
          "granite8": "granite-3.3-8b-shape", "q3awq14": "qwen3-14b-awq-shape",
          "llama2": "llama-2-7b-shape",
          "mlalong": "glm-4.7-flash-shape",
@@ -38,7 +39,8 @@ MODEL = {"qwen17": "qwen3-1.7b-shape", "gemma1b": "gemma-3-1b-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
          "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
-LABEL = {"qwen17": "Qwen3-1.7B", "gemma1b": "Gemma-3-1B (sliding)",
+LABEL = {"phi4": "Phi-4 (Phi-3 family)", "qwen15": "Qwen2.5-1.5B",
+         "qwen17": "Qwen3-1.7B", "gemma1b": "Gemma-3-1B (sliding)",
          "granite8": "Granite-3.3-8B", "q3awq14": "Qwen3-14B AWQ", "llama2": "Llama-2-7B (no GQA)",
          "mlalong": "GLM-4.7-Flash (MLA MoE), new workload",
          "awq70": "Llama-3.3-70B AWQ", "qwen8b": "Qwen3-8B", "gemma4b": "Gemma-3-4B (sliding)",

@@ -67,10 +67,12 @@ if [[ $ready == 1 ]]; then
         ( for i in 1 2; do sleep 8; echo "# scrape $i $(date +%s.%N)"
             python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" | grep -E '^toposerve_gpu_'; done ) >"$out/gpu-metrics.txt" 2>&1 &
         scraper=$!
-        # a warm-up of one request per stream (loadgen's default): with 8 the first measured burst
-        # ran the engine's first 8k-token steps, and 31 of its 32 first tokens came a step late
-        # (issue22_waves.py on the 2026-12-02 records; what the plan predicts is a warm engine)
-        lg --prompt 512 --gen 256 --concurrency 32 --requests 64 --warmup 32 --json "$out/c32.json"
+        # loadgen's default run at 32 streams, which is what the plan simulates (loadsim's
+        # LOADGEN_REQUESTS_PER_STREAM): 4 requests a stream after a warm-up of one a stream (with
+        # a warm-up of 8 the first measured burst ran the engine's first 8k-token steps, and 31 of
+        # its 32 first tokens came a step late: issue22_waves.py on the 2026-12-02 records). The
+        # tables before the seventh measured 64 requests (2 a stream), a plan's first half.
+        lg --prompt 512 --gen 256 --concurrency 32 --json "$out/c32.json"
         wait $scraper ;;  # not a bare wait: that would wait for the launcher too
       split)
         # vLLM's own per-request timers around the single and c32 requests, straight to the engine
