@@ -196,9 +196,10 @@ print(json.dumps(out))"
 
 port=18500
 # the host's speed sampled beside every step (see above); stopped when this script ends
-python3 benchmarks/gpu/host_speed.py --interval 5 >>"$OUT/host-speed.jsonl" 2>/dev/null &
-monitor=$!
-trap 'kill $monitor 2>/dev/null' EXIT
+# (from a subshell, so that it is no job of this shell's: predict's bare `wait` would wait for it)
+( python3 benchmarks/gpu/host_speed.py --interval 5 >>"$OUT/host-speed.jsonl" 2>/dev/null &
+  echo $! >"$OUT/.monitor.pid" )
+trap 'kill "$(cat "$OUT/.monitor.pid")" 2>/dev/null' EXIT
 for step in "$@"; do
   if [[ $step == retime ]]; then
     { echo "# retime $(date -u +%FT%TZ)"
