@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     key = hostcost.HostKey(str(raw["cpu"]), int(raw["cores"]), str(raw["vllm"]))
     try:
         fe = VllmFrontEnd(argv[0])
-        rec = hostcost.time_host(fe, key)
+        rec = hostcost.time_host(fe, key, sustain_samples=hostcost.SUSTAIN_SAMPLES)
     # vLLM's internals are not an API: whatever this release lacks or calls otherwise is the
     # reason the shipped profile stays, in one line, never a traceback
     except Exception as exc:

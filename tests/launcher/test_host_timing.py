@@ -255,6 +255,74 @@ def test_probe_measures_printed_line_says_how_steady_the_timing_was(
     assert f"kept in {tmp_path}" in line
 
 
+class Flicker:
+    """A host whose CPUs run a thread ``slow`` times slower in the samples ``pattern`` marks,
+    switching only between samples (while the timing sleeps), as the lent H200's vCPUs did
+    (benchmarks/gpu/results/2026-12-03-h200-table7: ~0.46 or ~0.85 ms a reference)."""
+
+    def __init__(self, pattern: list[bool], slow: float = 1.9) -> None:
+        self.pattern, self.slow, self.now, self.sample, self.slept = pattern, slow, 0.0, 0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def reference(self) -> object:
+        self.now += 0.46e-3 * (self.slow if self.pattern[self.sample % len(self.pattern)]
+                               else 1.0)
+        return None
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.sample += 1
+
+
+def test_a_host_whose_cpus_flicker_says_a_running_thread_averages_slower() -> None:
+    # 3 samples in 10 slow by 1.9x: a thread that keeps running averages 1.27x its fastest
+    host = Flicker([False] * 7 + [True] * 3)
+    ratio = hostcost.sustained_ratio(host.reference, host.clock, host.sleep, 100, 0.05)
+    assert ratio == pytest.approx(0.7 + 0.3 * 1.9)
+    assert host.slept == [0.05] * 99  # spread out: the spells last longer than one sample
+    steady = Flicker([False])
+    assert hostcost.sustained_ratio(steady.reference, steady.clock, steady.sleep, 100) == \
+        pytest.approx(1.0)
+    # and the timing's record says it, as a reason its figures may be low for serving
+    rec = _timed(Spells(random.Random(0), switch=0.0, **FIGURES), sustain_samples=40,
+                 sleep=lambda s: None)
+    assert rec.steadiness is not None
+    assert rec.steadiness.sustained == pytest.approx(1.0, rel=0.06)
+    assert "MAY BE LOW" not in rec.steadiness_note()
+    flickered = replace(rec, steadiness=replace(rec.steadiness, sustained=1.27))
+    assert "MAY BE LOW: a thread that kept running averaged x1.27" in \
+        flickered.steadiness_note()
+    assert hostcost.from_json(json.loads(json.dumps(hostcost.to_json(flickered)))) == flickered
+    # a record from before the sampling reads as not sampled
+    raw = hostcost.to_json(rec)
+    del raw["steadiness"]["sustained"]
+    old = hostcost.from_json(raw)
+    assert old.steadiness is not None
+    assert old.steadiness.sustained == 0.0
+
+
+SAMPLED = _timed(Spells(random.Random(0), switch=0.0, **FIGURES))
+
+
+@given(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
+       | st.text(max_size=8))
+@settings(max_examples=80)
+def test_any_saved_sustained_figure_reads_or_is_refused_in_one_line(value: Any) -> None:
+    raw = hostcost.to_json(SAMPLED)
+    raw["steadiness"]["sustained"] = value
+    try:
+        got = hostcost.from_json(raw)
+    except HostCostError as exc:
+        message = str(exc)
+    else:
+        message = ""
+        assert got.steadiness is not None
+        assert 0 <= got.steadiness.sustained < 1e3
+    assert "\n" not in message
+
+
 def test_a_format_1_record_still_reads_and_says_it_was_one_pass(tmp_path: Path) -> None:
     raw = hostcost.to_json(H200_LIKE)
     assert raw["version"] == 1
