@@ -69,7 +69,13 @@ from launcher.planner.hardware import (
     HostProfile,
     LayerHost,
 )
-from launcher.planner.memfit import embedding_bytes, kv_shards, stage_share, tower_bytes
+from launcher.planner.memfit import (
+    embedding_bytes,
+    kv_shards,
+    stage_share,
+    tower_bytes,
+    vllm_group_count,
+)
 from launcher.probe import attentionfit
 from launcher.probe.enginestep import EngineStep
 from launcher.probe.topology import (
@@ -473,7 +479,7 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, rows, gpus)
               / (lay.tp * _mem_bytes_s(gpus)))
     return max(_prefill_layers_s(m, lay, rows, max(compute, memory) + attn, mode),
-               lay.host.step_floor_s(sequences))
+               host_step_floor_s(m, lay.host, sequences))
 
 
 def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
@@ -628,11 +634,19 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
         kernels = layers * dense_kernels + moe * moe_extra
         work = max(memory, compute) + comm + kernels * kernel_s + quant_gemm_fixed_s(m, layers)
     if vllm_async_scheduling(gpu=True, pp=lay.pp):  # the engine core's overhead beside the GPU's
-        return max(work, STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
+        return max(work, STEP_OVERHEAD_S, host_step_floor_s(m, lay.host, batch))
     stage = work + _hop_s(lay.pp_link, act)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
-    return max(lay.pp * stage + STEP_OVERHEAD_S, lay.host.step_floor_s(batch))
+    return max(lay.pp * stage + STEP_OVERHEAD_S, host_step_floor_s(m, lay.host, batch))
+
+
+def host_step_floor_s(m: ModelSpec, host: HostProfile, sequences: float) -> float:
+    """The host's floor under a step of ``sequences`` running sequences of ``m``: the front
+    end's, with the engine's KV bookkeeping for each of vLLM's KV-cache groups beyond the first
+    (memfit.vllm_group_count; hardware.HostProfile.step_floor_s). The one place the roofline
+    and a kernel table's steps (kernelcost.HostBound) take it."""
+    return host.step_floor_s(sequences, vllm_group_count(m))
 
 
 def request_host_s(host: HostProfile, prompt: int) -> float:

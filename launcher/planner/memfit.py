@@ -188,11 +188,33 @@ def vllm_groups(m: ModelSpec) -> list[tuple[KvGroup, int]]:
     sliding layers are counted as 60 beside its 10 full ones. Types of different page sizes are
     counted layer by layer here (no padding)."""
     groups = [g for g in m.kv_groups if g.layers]
+    size = _group_layers(m)
+    return [(g, -(-g.layers // size) * size if size else g.layers) for g in groups]
+
+
+def _group_layers(m: ModelSpec) -> int:
+    """How many layers each of vLLM's KV groups holds with one page size for every layer type
+    (see :func:`vllm_groups`); 0 where each type is one group of its own (one type, or types
+    of different page sizes)."""
+    groups = [g for g in m.kv_groups if g.layers]
     if len(groups) < 2 or len({g.bytes_per_token() for g in groups}) > 1:
-        return [(g, g.layers) for g in groups]
+        return 0
     sizes = [g.layers for g in groups]
-    size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
-    return [(g, -(-g.layers // size) * size) for g in groups]
+    return max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+
+
+def vllm_group_count(m: ModelSpec) -> int:
+    """How many KV-cache groups vLLM forms for ``m`` (:func:`vllm_groups`' padded layers over
+    the layers a group holds): 1 for a model of one attention type, 7 for Gemma-3-1B (1 full
+    group of 4 layers, 6 sliding-window groups of 4: 22 padded to 24), 2 for Gemma 2. Each is
+    one block table the engine keeps and updates for every running request every step
+    (hardware.HostProfile.kv_group_seq_step_s). Types of different page sizes are counted a
+    group each (no padding), as :func:`vllm_groups` counts them."""
+    size = _group_layers(m)
+    groups = vllm_groups(m)
+    if not size:
+        return max(1, len(groups))
+    return sum(layers // size for _, layers in groups)
 
 
 def request_kv_bytes(

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.planner import costmodel, hardware
+from launcher.model.modelspec import KvGroup
+from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.hardware import SERVER_HOST, HostProfile
 from launcher.planner.kernelcost import HostBound
 from launcher.planner.plan import Plan, Policy, plan
@@ -124,3 +125,24 @@ def test_a_kernel_tables_steps_share_the_host_floor() -> None:
     assert HostBound(fast, SERVER_HOST).step_s(decode32) == SERVER_HOST.step_floor_s(32)
     slow = TableStepCost((1, 100), (0.01, 0.1))
     assert HostBound(slow, SERVER_HOST).step_s(decode32) == slow.step_s(decode32)
+
+
+def test_each_kv_group_vllm_keeps_costs_the_host_every_running_sequence() -> None:
+    # Gemma-3-1B's layers in vLLM's 7 KV groups (1 full, 6 sliding of 4) against the same
+    # model with one: the engine's per-request bookkeeping goes through every group every step
+    # (hardware.H200_KV_GROUP_SEQ_STEP_S, benchmarks/vllm_kv_group_cost.py); on the seventh H200
+    # table its 32-stream step ran 5.11 ms against 3.59 for a dense 1.5B, alike at one stream
+    m = spec("gemma-3-1b-shape")
+    dense = replace(m, layer_kv=(KvGroup(m.num_layers, m.num_kv_heads, m.head_dim),))
+    assert (memfit.vllm_group_count(m), memfit.vllm_group_count(dense)) == (7, 1)
+    seven = costmodel.decode_step_s(m, one_gpu(m), 32, 640)
+    one = costmodel.decode_step_s(dense, one_gpu(dense), 32, 640)
+    assert seven > one
+    assert seven - one == pytest.approx(6 * 32 * SERVER_HOST.kv_group_seq_step_s)
+    # one sequence pays it once: a few microseconds
+    assert costmodel.host_step_floor_s(m, SERVER_HOST, 1) - SERVER_HOST.step_floor_s(1) < 1e-4
+    # the kernel-table path takes the same floor
+    decode32 = StepBatch(decode_seqs=32, decode_context=32 * 600, sampled=32)
+    fast = TableStepCost((1, 100), (1e-4, 1e-3))
+    assert HostBound(fast, SERVER_HOST, kv_groups=7).step_s(decode32) == \
+        costmodel.host_step_floor_s(m, SERVER_HOST, 32)

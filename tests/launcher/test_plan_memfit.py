@@ -24,6 +24,13 @@ def test_sliding_layers_are_padded_into_groups_as_vllm_does() -> None:
     assert counted == {None: 10, 1024: 60}  # 52 sliding layers counted as 6 groups of 10
 
 
+def test_vllm_forms_a_kv_group_per_padded_run_of_layers() -> None:
+    # the block tables the engine keeps per request (hardware.HostProfile.kv_group_seq_step_s)
+    counts = {name: memfit.vllm_group_count(load_model_spec(model(name)))
+              for name in ("gemma-3-27b", "llama-3.3-70b")}
+    assert counts == {"gemma-3-27b": 7, "llama-3.3-70b": 1}  # 60 sliding / 10 + 10 full / 10
+
+
 def test_a_dense_model_needs_whole_blocks_of_every_layer() -> None:
     m = load_model_spec(model("llama-3.3-70b"))
     per_block = 16 * m.kv_bytes_per_layer_token() * 80
