@@ -466,6 +466,18 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     Within the served engine's CUDA-graph range (``lay.graphs``) the step replays piecewise
     graphs padded to the next captured size: the GEMMs run the padded rows, the attention (run
     eagerly between the pieces) the real ones; past it every kernel is launched eagerly."""
+    mode, rows, work_s = _prefill_work(m, lay, tokens, depth=depth, pairs=pairs,
+                                       sequences=sequences, sampled=sampled)
+    return max(_prefill_layers_s(m, lay, rows, work_s, mode),
+               host_step_floor_s(m, lay.host, sequences))
+
+
+def _prefill_work(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
+                  pairs: float | None = None, sequences: int = 1,
+                  sampled: float | None = None) -> tuple[StepMode, int, float]:
+    """:func:`prefill_step_s`'s step before its per-layer and fixed costs: how the served
+    engine's graphs run it, the rows its GEMMs run (padded within the graphs) and the GPU's
+    arithmetic or weights' read with the attention, over the TP group."""
     gpus = [g for stage in lay.stages for g in stage]
     attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
     heads = sequences if sampled is None else sampled
@@ -478,8 +490,7 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     # pass for 4-bit weights: weight_stream_efficiency)
     memory = (streamed_weight_bytes(m, tokens) / weight_stream_efficiency(m, rows, gpus)
               / (lay.tp * _mem_bytes_s(gpus)))
-    return max(_prefill_layers_s(m, lay, rows, max(compute, memory) + attn, mode),
-               host_step_floor_s(m, lay.host, sequences))
+    return mode, rows, max(compute, memory) + attn
 
 
 def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
@@ -487,6 +498,14 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
     """A prefill step whose arithmetic takes ``work_s`` over the TP group: with its
     all-reduces, PP hops, per-layer launches and the engine core's overhead. ``mode``: how
     the served engine's graphs run it (eager, or piecewise graphs within their range)."""
+    gpu_layer, host_layer, hops = _prefill_layer_parts(m, lay, tokens, work_s, mode)
+    return m.num_layers * max(gpu_layer, host_layer) + hops + STEP_OVERHEAD_S
+
+
+def _prefill_layer_parts(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
+                         mode: StepMode) -> tuple[float, float, float]:
+    """A prefill step's GPU time a layer, the host's a layer and its PP hops
+    (:func:`_prefill_layers_s`)."""
     act = tokens * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * _allreduce_s(lay.tp_link, lay.tp, act)
     hops = (lay.pp - 1) * _hop_s(lay.pp_link, act)
@@ -497,8 +516,27 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
     extra = (EAGER_LAYER_S if mode == "eager"
              else elementwise_layer_s(m, lay, tokens) if mode == "piecewise" else 0.0)
     gpu_layer = (work_s + comm) / m.num_layers + extra
-    host_layer = layer_host(m, lay.host).per_layer_s(mode)
-    return m.num_layers * max(gpu_layer, host_layer) + hops + STEP_OVERHEAD_S
+    return gpu_layer, layer_host(m, lay.host).per_layer_s(mode), hops
+
+
+def first_token_launch_wait_s(m: ModelSpec, lay: Layout, tokens: int, depth: int = 0) -> float:
+    """What a lone prompt's first token waits, besides its last prompt step (``tokens`` new
+    tokens after ``depth``), for the engine core to launch the step after it. Under vLLM's
+    asynchronous scheduling the engine core keeps two steps in flight
+    (vllm/v1/engine/core.py ``EngineCore.step_with_batch_queue``, a batch queue of 2, the
+    AsyncScheduler giving the request a placeholder token): once it has launched the prompt
+    step it schedules and launches the request's first decode step, and only then blocks on the
+    prompt step's output and hands the first token over. That launch is the engine core's own
+    work a step (``STEP_OVERHEAD_S``: scheduling, preparing the inputs, the graph's replay and
+    the sampler's launch); the GPU still running the prompt step hides it: only what outlasts
+    the GPU's lead over the host's launching of the step counts (a host-bound step pays it
+    whole, a GPU-bound one nothing). Without async scheduling the output is taken first."""
+    if not vllm_async_scheduling(gpu=True, pp=lay.pp):
+        return 0.0
+    mode, rows, work_s = _prefill_work(m, lay, tokens, depth=depth)
+    gpu_layer, host_layer, _ = _prefill_layer_parts(m, lay, rows, work_s, mode)
+    lead = m.num_layers * max(0.0, gpu_layer - host_layer)
+    return max(0.0, STEP_OVERHEAD_S - lead)
 
 
 def elementwise_layer_s(m: ModelSpec, lay: Layout, tokens: float) -> float:
@@ -672,7 +710,10 @@ def predict(
     memory fit counts them (memfit.sequences_held: this module sizes no memory)."""
     # the prompt in the engine's batched-token chunks (one prefill model: prefill_step_s), after
     # the request's way in through the host
-    ttft = prefill_at_depth_s(m, lay, prompt, 0, batched_tokens) + request_host_s(lay.host, prompt)
+    last = prompt - (prompt - 1) // max(1, batched_tokens) * max(1, batched_tokens)
+    ttft = (prefill_at_depth_s(m, lay, prompt, 0, batched_tokens)
+            + first_token_launch_wait_s(m, lay, last, prompt - last)
+            + request_host_s(lay.host, prompt))
     ctx_mid = prompt + gen // 2
     tpot = decode_step_s(m, lay, 1, ctx_mid)
     per_replica = max(1, -(-concurrency // lay.dp))

@@ -312,10 +312,13 @@ class LayerHost:
         """The host's launching of a step of ``tokens`` tokens (``prefill_tokens`` of them
         prompt tokens) of ``layers`` layers under the served engine's ``graphs``: past the range
         eagerly, decoders only or not; within it a decode step's full graph at once, a prompt
-        step's pieces with the attention between them. The one rule of every step timer's
+        step's pieces with the attention between them; every step besides that the engine
+        core's own work a step (STEP_OVERHEAD_S), which under async scheduling the step
+        before's outputs wait for (costmodel.first_token_launch_wait_s says where in vLLM's
+        engine core). The one rule of every step timer's
         ``launch_s``: a method of a value the timers carry, so that a timer called from the
         simulation never calls back into a module."""
-        return layers * self.per_layer_s(graphs.mode(prefill_tokens, tokens))
+        return STEP_OVERHEAD_S + layers * self.per_layer_s(graphs.mode(prefill_tokens, tokens))
 
 
 @dataclass(frozen=True)

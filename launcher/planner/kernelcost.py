@@ -299,7 +299,10 @@ class HostBound:
         gpu = self.cost.step_s(batch)
         if mode != "eager":
             gpu += self.cost.forward(graphs.padded(tokens)) - self.cost.forward(tokens)
-        pieces = self.layers * self.layer_host.per_layer_s(mode) if mode == "piecewise" else 0.0
+        # a piecewise step's host work is its launch: the engine core's own work a step and the
+        # pieces' replays with the attention between them (the roofline's layers' floor plus
+        # STEP_OVERHEAD_S), all in the engine core's thread while the GPU waits on it
+        pieces = self.launch_s(batch) if mode == "piecewise" else 0.0
         return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups),
                    self.engine_s, pieces)
 

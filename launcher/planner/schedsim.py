@@ -672,9 +672,10 @@ def _launch_end(lim: SchedulerLimits, timer: StepTimer, batch: StepBatch, start:
     With async scheduling the single-process executor runs ``execute_model`` and
     ``sample_tokens`` inline in the engine core's thread (vllm/v1/executor/uniproc_executor.py
     ``collective_rpc``), before ``step_with_batch_queue`` pops the step before from the batch
-    queue (vllm/v1/engine/core.py). A CUDA-graph step launches at once, but an eager one is
-    launched layer by layer from Python (:meth:`LaunchTimer.launch_s`): the step before's first
-    tokens wait for that, and so does the choice of the next step. Without async scheduling
+    queue (vllm/v1/engine/core.py). Every launch is the engine core's own work a step
+    (scheduling, the inputs, the replay, the sampler's launch), and an eager step's layers are
+    launched one by one from Python besides (:meth:`LaunchTimer.launch_s`): the step before's
+    first tokens wait for that, and so does the choice of the next step. Without async scheduling
     the engine core takes each step's output before choosing the next: at its end."""
     launch = timer.launch_s(batch) if isinstance(timer, LaunchTimer) else 0.0
     if not lim.async_scheduling:

@@ -61,13 +61,16 @@ def test_the_host_launches_each_kind_of_step_by_one_rule() -> None:
     g = CudaGraphs(default_sizes(64))
     h = SERVER_HOST
     ref = h.reference_layer
-    assert ref.launch_s(10, g, 0, 32) == 0.0
-    assert ref.launch_s(10, g, 16, 32) == pytest.approx(10 * h.piecewise_layer_s)
-    assert ref.launch_s(10, g, 0, 65) == pytest.approx(10 * h.layer_launch_s)
-    assert ref.launch_s(10, g, 65, 65) == pytest.approx(10 * h.layer_launch_s)
+    # every launch is the engine core's own work a step (what a step's outputs wait for under
+    # async scheduling), and the layers' launches where the graphs do not hold them
+    own = hardware.STEP_OVERHEAD_S
+    assert ref.launch_s(10, g, 0, 32) == pytest.approx(own)
+    assert ref.launch_s(10, g, 16, 32) == pytest.approx(own + 10 * h.piecewise_layer_s)
+    assert ref.launch_s(10, g, 0, 65) == pytest.approx(own + 10 * h.layer_launch_s)
+    assert ref.launch_s(10, g, 65, 65) == pytest.approx(own + 10 * h.layer_launch_s)
     assert h.piecewise_layer_s == pytest.approx(hardware.PIECEWISE_HOST_SHARE * h.layer_launch_s)
     # no graphs (--enforce-eager, the CPU engine): every step launched layer by layer
-    assert ref.launch_s(10, EAGER, 0, 1) == pytest.approx(10 * h.layer_launch_s)
+    assert ref.launch_s(10, EAGER, 0, 1) == pytest.approx(own + 10 * h.layer_launch_s)
 
 
 def test_a_small_models_prompt_within_the_range_is_bound_by_the_pieces_host_work() -> None:
@@ -100,8 +103,9 @@ def test_decoders_past_the_range_run_eagerly_on_the_roofline_and_the_table_alike
     lay = one_gpu(m, Requested(16))
     within, past = (StepBatch(decode_seqs=n, decode_context=n * 600, sampled=n) for n in (16, 32))
     roof = loadsim.RooflineStep(m, lay)
-    launch = m.num_layers * lay.host.layer_launch_s
-    assert roof.launch_s(within) == 0.0
+    own = hardware.STEP_OVERHEAD_S  # the engine core's own work, every step
+    launch = own + m.num_layers * lay.host.layer_launch_s
+    assert roof.launch_s(within) == pytest.approx(own)
     assert roof.launch_s(past) == pytest.approx(launch)
     # the eager decode step takes at least the eager layers' host launch, as a prompt's does
     assert roof.step_s(past) >= m.num_layers * costmodel.eager_host_layer_s(m, lay.host)
@@ -109,22 +113,24 @@ def test_decoders_past_the_range_run_eagerly_on_the_roofline_and_the_table_alike
     cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-4, 1e-3),
                          eager_forward_s=(2e-4, 2e-3), max_graph_tokens=16)
     table = HostBound(cost, lay.host, layers=m.num_layers, graphs=lay.graphs)
-    assert table.launch_s(within) == 0.0
+    assert table.launch_s(within) == pytest.approx(own)
     assert table.launch_s(past) == pytest.approx(launch)
     assert cost.forward(32) == pytest.approx(2e-3 * 32 / 1024 + 2e-4 * (1 - 31 / 1023),
                                              rel=0.05)
 
 
 def test_the_tables_piecewise_step_is_padded_and_bound_by_the_pieces_host_work() -> None:
-    cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-5, 1.024e-3))
+    cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-5, 1.024e-2))
     timer = HostBound(cost, replace(SERVER_HOST, step_s=0.0, seq_step_s=0.0), layers=10,
                       graphs=CudaGraphs(default_sizes(512)),
                       layer=LayerHost(SERVER_HOST.layer_launch_s, 1e-5))
-    # 257 tokens run as 272 (the forward's), the host's pieces 10 x 10 us below it
+    # 257 tokens run as 272 (the forward's), the host's launch (the engine core's own work
+    # and the pieces, 10 x 10 us) below it
     assert timer.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(
         cost.forward(272))
     slow = replace(timer, layer=LayerHost(SERVER_HOST.layer_launch_s, 1e-3))
-    assert slow.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(10e-3)
+    assert slow.step_s(StepBatch(prefill_tokens=257, sampled=0)) == pytest.approx(
+        hardware.STEP_OVERHEAD_S + 10e-3)
 
 
 def test_the_plans_flags_decide_the_graphs_its_layouts_run_under() -> None:
@@ -160,19 +166,18 @@ def test_the_agent_plans_rooms_run_under_the_plans_graphs() -> None:
 def test_a_steps_launch_is_the_host_work_its_step_is_floored_by(name: str) -> None:
     # the engine core's launching of a step and the step's own host floor are the same Python
     # work a layer (family extras and all: a fused-MoE op's dispatch, DeepSeek's MLA path), so
-    # a host-bound step lasts its launch plus the engine core's overhead, eager or piecewise,
-    # on the roofline and on a kernel table alike
+    # a host-bound step lasts its launch (the engine core's own work a step with it), eager or
+    # piecewise, on the roofline and on a kernel table alike
     m = spec(name)
     lay = one_gpu(m, Requested(64))
     roof = loadsim.RooflineStep(m, lay)
     for batch in (StepBatch(prefill_tokens=128, sampled=1),  # past the range: eager
                   StepBatch(prefill_tokens=32, sampled=1)):  # within it: piecewise
         assert roof.launch_s(batch) > 0
-        assert roof.launch_s(batch) == pytest.approx(
-            roof.step_s(batch) - hardware.STEP_OVERHEAD_S, rel=1e-6)
+        assert roof.launch_s(batch) == pytest.approx(roof.step_s(batch), rel=1e-6)
     mine = costmodel.layer_host(m, lay.host)
     assert roof.launch_s(StepBatch(prefill_tokens=128, sampled=1)) == pytest.approx(
-        m.num_layers * costmodel.eager_host_layer_s(m, lay.host))
+        hardware.STEP_OVERHEAD_S + m.num_layers * costmodel.eager_host_layer_s(m, lay.host))
     cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-6, 1e-5))  # a GPU far ahead of its host
     table = HostBound(cost, replace(lay.host, step_s=0.0, seq_step_s=0.0), layers=m.num_layers,
                       graphs=lay.graphs, layer=mine)

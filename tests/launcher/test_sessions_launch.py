@@ -9,7 +9,7 @@ import pytest
 
 from launcher.model.modelspec import load_model_spec
 from launcher.planner import agent as agent_mod
-from launcher.planner import costmodel, loadsim
+from launcher.planner import costmodel, hardware, loadsim
 from launcher.planner.cudagraphs import Requested
 from launcher.planner.hardware import SERVER_HOST
 from launcher.planner.kernelcost import HostBound
@@ -73,15 +73,17 @@ def test_a_tables_eager_step_is_launched_as_the_rooflines_and_a_graph_replay_at_
     timer = HostBound(cost, SERVER_HOST, layers=40)
     assert isinstance(timer, LaunchTimer)
     eager = StepBatch(prefill_tokens=600, sampled=1)
-    assert timer.launch_s(eager) == pytest.approx(40 * SERVER_HOST.layer_launch_s)
+    own = hardware.STEP_OVERHEAD_S  # the engine core's own work a step, every launch
+    assert timer.launch_s(eager) == pytest.approx(own + 40 * SERVER_HOST.layer_launch_s)
     # past the CUDA-graph range decoders alone run eagerly too (vLLM captures no larger graph)
     assert timer.launch_s(StepBatch(decode_seqs=600, decode_context=60_000, sampled=600)) \
-        == pytest.approx(40 * SERVER_HOST.layer_launch_s)
+        == pytest.approx(own + 40 * SERVER_HOST.layer_launch_s)
     # within it a decode step replays one full graph at once; a step with prompt chunks
     # replays piecewise graphs, the attention between them launched from Python
-    assert timer.launch_s(StepBatch(decode_seqs=60, decode_context=6_000, sampled=60)) == 0.0
+    assert timer.launch_s(StepBatch(decode_seqs=60, decode_context=6_000, sampled=60)) == \
+        pytest.approx(own)
     assert timer.launch_s(StepBatch(prefill_tokens=500, decode_seqs=12, sampled=13)) \
-        == pytest.approx(40 * SERVER_HOST.piecewise_layer_s)
+        == pytest.approx(own + 40 * SERVER_HOST.piecewise_layer_s)
 
 
 def test_every_path_builds_its_timer_with_the_models_launch() -> None:
@@ -105,7 +107,8 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
     # DeepSeek's layer, family extras and all (costmodel.layer_host), as its steps' own floor
     layer = costmodel.layer_host(m, lay.host)
     assert layer.eager_s > lay.host.layer_launch_s
-    want = m.num_layers * layer.eager_s
+    own = hardware.STEP_OVERHEAD_S  # the engine core's own work a step, every launch
+    want = own + m.num_layers * layer.eager_s
     timers = (layout_step(m, table, lay), layout_step(m, table, lay, max_graph_tokens=64),
               agent_mod.step_timer(m, lay, (table,)),
               agent_mod.RooflineStep(m, lay), loadsim.RooflineStep(m, lay))
@@ -118,11 +121,11 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
     decoders = StepBatch(decode_seqs=100, decode_context=100 * 600, sampled=100)
     for timer in timers:
         assert isinstance(timer, LaunchTimer)
-        assert timer.launch_s(within) == pytest.approx(m.num_layers * layer.piecewise_s)
+        assert timer.launch_s(within) == pytest.approx(own + m.num_layers * layer.piecewise_s)
         assert timer.launch_s(decoders) == pytest.approx(want)
     # within the range: the piecewise graphs' host work, not the eager layers'
     assert layout_step(m, table, lay, max_graph_tokens=512).launch_s(eager) == pytest.approx(  # type: ignore[attr-defined]
-        m.num_layers * layer.piecewise_s)
+        own + m.num_layers * layer.piecewise_s)
 
 
 def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> None:
