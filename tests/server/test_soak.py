@@ -31,5 +31,12 @@ def test_short_soak_serves_everything_and_stays_flat() -> None:
     assert report.errors == {}
     assert report.rss_last_mib - report.rss_first_mib < 8
     assert report.fds_last - report.fds_first <= 4
-    # Generous: the cores are shared; a leak or a queue building up shows as a multiple.
-    assert report.p99_last_s < 2 * report.p99_first_s
+    # A leak or a queue building up raises every request's latency and lowers what a window
+    # serves; generous, as the cores are shared. Not the p99 of a 5 s window (~120 requests):
+    # one stall of this shared VM moves it alone (a clean clone on 2026-12-03 saw 0.68 -> 1.58 s
+    # with every window serving 111-129 requests; its CPUs run at two speeds, docs/planner.md).
+    assert report.p50_last_s < 1.5 * report.p50_first_s
+    first, last = report.windows[0]["requests"], report.windows[-1]["requests"]
+    assert isinstance(first, int)
+    assert isinstance(last, int)
+    assert last > first / 2
