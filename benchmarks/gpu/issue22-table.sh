@@ -5,7 +5,8 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | retime | phi4 | qwen15 | qwen17 | gemma1b | granite8 | q3awq14 | llama2
+# STEP: predict | retime | qwen06 | gemma270 | q3awq32 | moe30
+#       | phi4 | qwen15 | qwen17 | gemma1b | granite8 | q3awq14 | llama2
 #       | awq70 | qwen8b | gemma4b | qwen3b | mlalong
 #       | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
 #       | moonlight | smollm2 | awq14 | gemma2 | long14 | nemo12
@@ -23,6 +24,32 @@
 # Beside every step, benchmarks/gpu/host_speed.py samples the host's speed (a fixed piece of
 # pure-Python work, CPU and wall time, and the machine's steal time) every 5 s into
 # $OUT/host-speed.jsonl: whether the host's speed moves between the probe and the serving.
+# Fresh shapes for the eighth table (2026-12-03, session 19), never served before (moe30's shape
+# once, otherwise), at vLLM's DEFAULT CUDA-graph range (RANGE '{}'); each folder's SOURCE.md says
+# where its config came from and what was changed (the 4,096-token vocabulary, bos/eos 0/1):
+#  qwen06   Qwen3-0.6B shape (the smallest dense: 28 layers of 1024, 16 heads of 128 over it,
+#           8 KV heads, tied embeddings, 40,960 positions; aiconfigurator 0.12 estimates it):
+#           single, c32, long16 (0.3: the plan's KV holds 378k tokens, 4 x 16.5k = 66k)
+#  gemma270 Gemma-3-270M shape (Gemma3ForCausalLM text-only: 18 layers of 640, sliding window 512
+#           on 15, one KV head of 256; aiconfigurator refuses Gemma3): single, c32 (0.3)
+#  q3awq32  Qwen3-32B AWQ INT4 shape (4-bit, group 128, 15.2 GiB here, ~19 GB with the real
+#           vocabulary; at 32 streams, the 4-bit figure the issue names; aiconfigurator refuses
+#           awq): single, c32 (0.3: KV 24.8 GiB = 102k tokens, c32 of 768 takes 25k)
+#  moe30    Qwen3-30B-A3B shape (Qwen3 MoE: 128 experts top 8, no shared expert, 48 layers,
+#           55.7 GiB bf16; aiconfigurator estimates it): single, c32, long16 (0.5: KV 12.9 GiB =
+#           141k tokens for 4 x 16.5k = 66k; 40,960 positions). Served once before, by issue 14
+#           (2026-12-01: single and c32 at 0.44, graphs to 64, the dummy router): here at the
+#           default range, with 16k prompts, and the router drawn uniformly at random as glm's and
+#           mlalong's (dummy weights send a batch to a few experts; the plan assumes a trained
+#           router's spread)
+# Time on the H200 (the seventh table's records: small shapes ready after 125-142 s, the first
+# start of a machine ~90 s more and its first compile ~230 s; issue 14's moe ready after 176 s):
+# qwen06 ~230 (cold) + 40 (long16 at 0.6B: seconds), gemma270 ~130 + 20, q3awq32 ~150 + 35
+# (4-bit decode ~87 tok/s planned), moe30 ~200 + 50 (56 GiB of dummy weights, 16k prompts);
+# with the teardowns ~900 s in all. Order:
+#   1. PREDICT_CASES="qwen06 gemma270 q3awq32 moe30" bash benchmarks/gpu/issue22-table.sh \
+#        predict qwen06 gemma270                                  (~30 s of plans, ~450 s)
+#   2. bash benchmarks/gpu/issue22-table.sh q3awq32 moe30         (~450 s)
 # Fresh shapes for the seventh table (2026-12-03, session 18), never served before; the sixth
 # table's gemma1b and llama2 (planned there, never served) with them:
 #  phi4     Phi-4 shape (the Phi-3 family, never served: 40 layers of 5120, 10 KV heads, 16,384
@@ -128,7 +155,9 @@ M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([phi4]=phi-4-shape [qwen15]=qwen2.5-1.5b-shape [qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
+declare -A MODEL=([qwen06]=qwen3-0.6b-shape [gemma270]=gemma-3-270m-shape
+  [q3awq32]=qwen3-32b-awq-shape [moe30]=qwen3-30b-a3b-shape
+  [phi4]=phi-4-shape [qwen15]=qwen2.5-1.5b-shape [qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
   [granite8]=granite-3.3-8b-shape [q3awq14]=qwen3-14b-awq-shape [llama2]=llama-2-7b-shape
   [mlalong]=glm-4.7-flash-shape [awq70]=llama-3.3-70b-awq-shape [qwen8b]=qwen3-8b-shape
   [gemma4b]=gemma-3-4b-shape [qwen3b]=qwen2.5-3b-shape
@@ -140,7 +169,9 @@ declare -A MODEL=([phi4]=phi-4-shape [qwen15]=qwen2.5-1.5b-shape [qwen17]=qwen3-
   [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([phi4]="single c32" [qwen15]="single c32 long16" [qwen17]="single c32" [gemma1b]="single c32 long16"
+declare -A SCEN=([qwen06]="single c32 long16" [gemma270]="single c32" [q3awq32]="single c32"
+  [moe30]="single c32 long16"
+  [phi4]="single c32" [qwen15]="single c32 long16" [qwen17]="single c32" [gemma1b]="single c32 long16"
   [granite8]="single c32 long16" [q3awq14]="single c32" [llama2]="single c32"
   [mlalong]="long16 single c32" [awq70]="single c32 long16" [qwen8b]="single c32 depth"
   [gemma4b]="single c32 long16" [qwen3b]="single c32"
@@ -155,7 +186,8 @@ declare -A SCEN=([phi4]="single c32" [qwen15]="single c32 long16" [qwen17]="sing
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([phi4]=0.4 [qwen15]=0.3 [qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2]=0.3
+declare -A UTIL=([qwen06]=0.3 [gemma270]=0.3 [q3awq32]=0.3 [moe30]=0.5
+  [phi4]=0.4 [qwen15]=0.3 [qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2]=0.3
   [mlalong]=0.6 [awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
   [glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
@@ -163,9 +195,10 @@ declare -A UTIL=([phi4]=0.4 [qwen15]=0.3 [qwen17]=0.3 [gemma1b]=0.3 [granite8]=0
   [qwen3]=0.9 [small3b]=0.3)
 # as run_config.sh sets it (keep the two in step): graphs to 64 tokens
 GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
-# each case's CUDA-graph range, the same in its plans and its start: the fifth and sixth
+# each case's CUDA-graph range, the same in its plans and its start: the fifth to eighth
 # tables' cases at vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
-declare -A RANGE=([phi4]='{}' [qwen15]='{}' [qwen17]='{}' [gemma1b]='{}' [granite8]='{}' [q3awq14]='{}' [llama2]='{}'
+declare -A RANGE=([qwen06]='{}' [gemma270]='{}' [q3awq32]='{}' [moe30]='{}'
+  [phi4]='{}' [qwen15]='{}' [qwen17]='{}' [gemma1b]='{}' [granite8]='{}' [q3awq14]='{}' [llama2]='{}'
   [mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
 compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
@@ -222,7 +255,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-phi4 qwen15 qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-qwen06 gemma270 q3awq32 moe30 phi4 qwen15 qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;
@@ -243,7 +276,7 @@ for step in "$@"; do
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
   port=$((port + 10))
   # the MoE routing the plans assume (see glm above); vLLM reads it in the engine's processes
-  routing=; [[ $step == glm || $step == mlalong ]] && routing=uniform_random
+  routing=; [[ $step == glm || $step == mlalong || $step == moe30 ]] && routing=uniform_random
   VLLM_MOE_ROUTING_SIMULATION_STRATEGY=${routing:-${VLLM_MOE_ROUTING_SIMULATION_STRATEGY:-}} \
   COMPILATION_CONFIG=$(compile_cfg "$step") \
   PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step${NAME_SUFFIX:-}" \
