@@ -4,7 +4,7 @@ H200, here on the H200's saved NVML reading (not on the machine), written with l
 measured folders so that `issue22_table.py` reads them as it reads the machine's predictions.
 
     python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE] [--predictions F]
-        [--host-speed CASE=RATIO ...]
+        [--host-speed CASE=RATIO ...] [--host-timing CASE=FILE ...]
     python benchmarks/gpu/issue22_table.py OUT_DIR
 
 Computed after the measurements, so its figures are agreement, not validation; the machine's
@@ -105,6 +105,8 @@ def main() -> int:
                          "'{}' for the -default folders)")
     ap.add_argument("--host-speed", action="append", default=[], metavar="CASE=RATIO",
                     help="plan CASE for a host RATIO x as slow as the shipped profile's")
+    ap.add_argument("--host-timing", action="append", default=[], metavar="CASE=FILE",
+                    help="plan CASE with this host timing record (launcher plan --host-timing)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     sys.path.insert(0, str(ROOT))
@@ -119,6 +121,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     hosts = {case: host_timing_file(args.out, case, float(ratio))
              for case, _, ratio in (h.partition("=") for h in args.host_speed)}
+    hosts.update({case: Path(f).resolve()
+                  for case, _, f in (h.partition("=") for h in args.host_timing)})
     for case in {c for c, _ in jobs}:
         link = args.out / case
         if (args.results / case).is_dir() and not link.exists():

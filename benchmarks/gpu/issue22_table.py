@@ -20,9 +20,11 @@ from pathlib import Path
 
 import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
 
-# the fresh shapes of session 18, of session 17, of session 16, of session 15, then session 12's
+# the fresh shapes of session 19, of session 18, of session 17, of session 16, of session 15, then session 12's
 # (issue22-table.sh lists them), then older
-MODEL = {"phi4": "phi-4-shape", "qwen15": "qwen2.5-1.5b-shape",
+MODEL = {"qwen06": "qwen3-0.6b-shape", "gemma270": "gemma-3-270m-shape",
+         "q3awq32": "qwen3-32b-awq-shape", "moe30": "qwen3-30b-a3b-shape",
+         "phi4": "phi-4-shape", "qwen15": "qwen2.5-1.5b-shape",
          "qwen17": "qwen3-1.7b-shape", "gemma1b": "gemma-3-1b-shape",
          "granite8": "granite-3.3-8b-shape", "q3awq14": "qwen3-14b-awq-shape",
          "llama2": "llama-2-7b-shape",
@@ -39,7 +41,9 @@ MODEL = {"phi4": "phi-4-shape", "qwen15": "qwen2.5-1.5b-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
          "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
-LABEL = {"phi4": "Phi-4 (Phi-3 family)", "qwen15": "Qwen2.5-1.5B",
+LABEL = {"qwen06": "Qwen3-0.6B", "gemma270": "Gemma-3-270M (sliding)",
+         "q3awq32": "Qwen3-32B AWQ (4-bit)", "moe30": "Qwen3-30B-A3B (MoE)",
+         "phi4": "Phi-4 (Phi-3 family)", "qwen15": "Qwen2.5-1.5B",
          "qwen17": "Qwen3-1.7B", "gemma1b": "Gemma-3-1B (sliding)",
          "granite8": "Granite-3.3-8B", "q3awq14": "Qwen3-14B AWQ", "llama2": "Llama-2-7B (no GQA)",
          "mlalong": "GLM-4.7-Flash (MLA MoE), new workload",

@@ -451,16 +451,27 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
     results/2026-12-03-h200-table6) says otherwise: timed 1.28x per token and 1.73x per
     sequence, it served about 1.25x the shipped host's step, so there the per-token ratio was
     the closer one; on none of the three did the timing predict the serving host within 15%
-    (docs/planner.md, "Issue 22's sixth table"). Without a timing: :data:`SERVER_HOST`."""
+    (docs/planner.md, "Issue 22's sixth table"). The seventh table's host showed why: its CPUs
+    ran at two speeds ~1.9x apart, switching within a second, and each timing of a few seconds
+    landed in one; so a timing that sampled the pace a running thread keeps over ~5 s
+    (hostcost.SUSTAIN_SAMPLES) is planned at that pace (HostTiming.pace). Without a timing:
+    :data:`SERVER_HOST`."""
     if timing is None:
         return SERVER_HOST
-    speed = timing.seq_step_s / H200_HOST_SEQ_TIMED_S
+    # the timed figures at the pace a running thread keeps here (HostTiming.pace; 1.0 for a
+    # record without the sampling). The shipped terms are taken as their host's serving pace
+    # as they stand: that host's timing sampled none, and the later lent hosts whose fast
+    # spells timed the per-sequence path within 4-7% of it served host-bound steps 1.1-1.25x
+    # the shipped figures, where the seventh table's host's sampled pace was 1.26x its fastest
+    pace = timing.pace()
+    seq_s, token_s = timing.seq_step_s * pace, timing.prompt_token_s * pace
+    speed = seq_s / H200_HOST_SEQ_TIMED_S
     k = timing.key
     return HostProfile(
         step_s=SERVER_HOST.step_s * speed,
-        seq_step_s=timing.seq_step_s * UNTIMED_PATH_FACTOR,
+        seq_step_s=seq_s * UNTIMED_PATH_FACTOR,
         request_s=SERVER_HOST.request_s * speed,
-        prompt_token_s=timing.prompt_token_s * UNTIMED_PATH_FACTOR,
+        prompt_token_s=token_s * UNTIMED_PATH_FACTOR,
         layer_launch_s=SERVER_HOST.layer_launch_s * speed,
         kv_group_seq_step_s=SERVER_HOST.kv_group_seq_step_s * speed,
         source=f"timed on the serving host ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "

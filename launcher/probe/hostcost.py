@@ -68,17 +68,21 @@ MIN_TIME_S = 1.0  # and never end before this: the build machine's slow spells l
 # where other processes kept at least half the other cores busy, is said to be unsteady
 UNSTEADY = 1.10
 # After the rounds, the reference workload SUSTAIN_SAMPLES times, SUSTAIN_GAP_S apart (each the
-# least of CALLS runs): how much slower than at its fastest a thread that runs for minutes (an
-# engine core) goes on this host on average (Steadiness.sustained, the mean over the fastest
-# tenth). The rounds' least-of figures are the host at its fastest, which is what they compare
-# with the shipped profile's; on the lent H200 the two differ. MEASURED there (benchmarks/gpu/
-# results/2026-12-03-h200-table7): the reference ran at ~0.46-0.55 or ~0.80-1.10 ms, switching
-# from one sample to the next on every vCPU, no steal counted; pinned to each vCPU of the idle
-# machine its mean was 1.26x its tenth percentile, and the engines' host-bound steps ran
-# 1.17-1.25x the fast level, while a timing of a few seconds landed in one level or the other.
-# Recorded and said, not applied to plans yet: no table has checked that it predicts the engine.
+# least of CALLS runs): the pace a thread that runs for minutes (an engine core, the API server)
+# keeps on this host on average (Steadiness.sustained_s, the samples' mean, and .sustained, that
+# over their fastest tenth). The rounds' least-of figures are the host at whatever speed it ran
+# during the few seconds of the rounds; on the lent H200 that was not the serving pace.
+# MEASURED there (benchmarks/gpu/results/2026-12-03-h200-table7): the reference ran at
+# ~0.46-0.55 or ~0.80-1.10 ms, switching from one sample to the next on every vCPU, no steal
+# counted; pinned to each vCPU of the idle machine its mean was 0.58 ms, 1.26x its tenth
+# percentile; the six timings of that session landed at 0.53-1.03 ms, and the engines'
+# host-bound steps ran 1.17-1.25x what the fast-level timings planned. So the planner scales the
+# timed figures to the sampled mean (HostTiming.pace: sustained_s over the rounds' reference_s).
 SUSTAIN_SAMPLES = 100
 SUSTAIN_GAP_S = 0.05
+# a pace further from 1 than this is no host's (the lent H200's two speeds were 1.9x apart):
+# a record that says so is broken, and its figures are planned as timed
+MAX_PACE = 4.0
 
 
 class HostCostError(ValueError):
@@ -117,6 +121,8 @@ class Steadiness:
     # the reference's mean over its fastest tenth, SUSTAIN_SAMPLES samples spread over ~5 s
     # after the rounds (0: not sampled, a record from before): see SUSTAIN_SAMPLES
     sustained: float = 0.0
+    # those samples' mean, CPU seconds (0: not sampled): the pace a long-running thread keeps
+    sustained_s: float = 0.0
 
     def unsteady(self, cores: int) -> list[str]:
         """Why these figures may be higher than this host's at rest (empty: none): other
@@ -147,6 +153,18 @@ class HostTiming:
     measured_at: str
     steadiness: Steadiness | None = None  # None: a format-1 record (one pass, not measured)
 
+    def pace(self) -> float:
+        """How much longer than the timed figures this host's work takes a thread that keeps
+        running (an engine core): the sustained samples' mean reference over the rounds' (below
+        1 where the rounds ran in a slow spell). 1.0 where either was not recorded (a record
+        from before the sampling: its figures are planned as timed) or the ratio is past
+        MAX_PACE."""
+        st = self.steadiness
+        if st is None or st.sustained_s <= 0 or st.reference_s <= 0:
+            return 1.0
+        pace = st.sustained_s / st.reference_s
+        return pace if 1 / MAX_PACE <= pace <= MAX_PACE else 1.0
+
     def steadiness_note(self) -> str:
         """The reason line's words on how steady the timing was."""
         st = self.steadiness
@@ -164,7 +182,11 @@ class HostTiming:
         why = st.unsteady(self.key.cores)
         note += (f"; MAY BE HIGH: {'; '.join(why)}; time again on an idle host"
                  if why else "")
-        if st.sustained > UNSTEADY:
+        if self.pace() != 1.0:
+            note += (f"; planned at the pace a running thread kept here: the reference's "
+                     f"mean over {SUSTAIN_SAMPLES} samples, {st.sustained_s * 1e3:.2f} ms, "
+                     f"x{self.pace():.2f} the rounds' (x{st.sustained:.2f} its fastest tenth)")
+        elif st.sustained > UNSTEADY:
             note += (f"; MAY BE LOW: a thread that kept running averaged x{st.sustained:.2f} "
                      f"its fastest speed here (the CPUs' speed moved while sampled), so "
                      f"host-bound figures may be up to that much slower than planned")
@@ -211,16 +233,17 @@ def _steadiness(raw: Any) -> Steadiness:
         1.0 if raw.get("slower_than_before") is None
         else _num(raw["slower_than_before"], "slower_than_before", 1e6),
         _text(raw.get("before", ""), "before"),
-        _sustained(raw.get("sustained")),
+        _unsampled_or(raw.get("sustained"), "sustained", 1e3),
+        _unsampled_or(raw.get("sustained_s"), "sustained_s", 1.0),
     )
 
 
-def _sustained(raw: Any) -> float:
-    """Steadiness.sustained from its JSON: absent (a record from before it was sampled) or
-    0 is 0.0, not sampled."""
+def _unsampled_or(raw: Any, what: str, hi: float) -> float:
+    """A sustained figure from its JSON: absent (a record from before it was sampled) or 0 is
+    0.0, not sampled."""
     if raw is None or (raw == 0 and not isinstance(raw, bool)):
         return 0.0
-    return _num(raw, "sustained", 1e3)
+    return _num(raw, what, hi)
 
 
 def from_json(raw: Any) -> HostTiming:
@@ -377,21 +400,22 @@ def _speed(terms: dict[str, float]) -> float:
     return math.sqrt(terms["prompt_token_s"] * terms["seq_step_s"])
 
 
-def sustained_ratio(reference: Callable[[], object], clock: Callable[[], float],
-                    sleep: Callable[[float], None], samples: int,
-                    gap_s: float = SUSTAIN_GAP_S) -> float:
-    """The ``reference`` workload's mean over its fastest tenth, ``samples`` of it (each the
-    least of CALLS runs on ``clock``) ``gap_s`` apart: 1.0 on a host whose speed holds, more
-    where the CPUs' speed moves while a thread runs (SUSTAIN_SAMPLES says what the lent H200
-    showed). 1.0 where the reference took no measurable time."""
+def sustained_pace(reference: Callable[[], object], clock: Callable[[], float],
+                   sleep: Callable[[float], None], samples: int,
+                   gap_s: float = SUSTAIN_GAP_S) -> tuple[float, float]:
+    """The ``reference`` workload ``samples`` times (each the least of CALLS runs on
+    ``clock``) ``gap_s`` apart: (their mean in seconds, that over their fastest tenth's
+    mean). The ratio is 1.0 on a host whose speed holds, more where the CPUs' speed moves while
+    a thread runs (SUSTAIN_SAMPLES says what the lent H200 showed), and 1.0 where the reference
+    took no measurable time."""
     times = []
     for i in range(max(1, samples)):
         if i:
             sleep(gap_s)
         times.append(least_s(reference, CALLS, clock))
     times.sort()
-    low = statistics.fmean(times[: max(1, len(times) // 10)])
-    return statistics.fmean(times) / low if low > 0 else 1.0
+    mean, low = statistics.fmean(times), statistics.fmean(times[: max(1, len(times) // 10)])
+    return mean, (mean / low if low > 0 else 1.0)
 
 
 def _median_round(rounds: list[_Round]) -> _Round:
@@ -425,7 +449,7 @@ def time_host(fe: FrontEnd, key: HostKey, *, seed: int | None = None, now: str |
     kept rounds' median; the record says how far they spread, how much the host slowed, and
     how busy other processes kept the machine (``busy``) meanwhile, and, with
     ``sustain_samples``, how much slower than at its fastest a running thread goes on average
-    (:func:`sustained_ratio`, after the rounds)."""
+    (:func:`sustained_pace`, after the rounds)."""
     rng = random.Random(seed)
     ids = {n: [rng.randrange(5, 4096) for _ in range(n)] for n in (SHORT_PROMPT, LONG_PROMPT)}
     bodies = {n: json.dumps({"model": "m", "prompt": v, "max_tokens": 128,
@@ -470,6 +494,8 @@ def time_host(fe: FrontEnd, key: HostKey, *, seed: int | None = None, now: str |
     if cpu_start is not None and cpu_end is not None and elapsed > 0:
         others = max(0.0, (cpu_end[0] - cpu_start[0]) - (cpu_end[1] - cpu_start[1])) / elapsed
     refs = [r.reference for r in rounds]
+    sustained_s, sustained = (sustained_pace(reference, clock, sleep, sustain_samples)
+                              if sustain_samples > 0 else (0.0, 0.0))
     steadiness = Steadiness(
         rounds=len(kept), dropped=len(rounds) - len(kept),
         spread=tuple((t, max(p[t] for p in per_round) / min(p[t] for p in per_round))
@@ -478,8 +504,7 @@ def time_host(fe: FrontEnd, key: HostKey, *, seed: int | None = None, now: str |
         host_slowed=max(refs) / min(refs) if min(refs) > 0 else 1.0,
         others_busy=round(others, 2),
         reference_s=_median_round(kept).reference,
-        sustained=(round(sustained_ratio(reference, clock, sleep, sustain_samples), 3)
-                   if sustain_samples > 0 else 0.0))
+        sustained=round(sustained, 3), sustained_s=sustained_s)
     return HostTiming(key, terms["prompt_token_s"], terms["request_s"], terms["step_s"],
                       terms["seq_step_s"], now or time.strftime("%Y-%m-%dT%H:%M:%S"),
                       steadiness)

@@ -276,31 +276,49 @@ class Flicker:
         self.sample += 1
 
 
-def test_a_host_whose_cpus_flicker_says_a_running_thread_averages_slower() -> None:
+def test_a_host_whose_cpus_flicker_is_planned_at_the_pace_a_running_thread_keeps() -> None:
     # 3 samples in 10 slow by 1.9x: a thread that keeps running averages 1.27x its fastest
     host = Flicker([False] * 7 + [True] * 3)
-    ratio = hostcost.sustained_ratio(host.reference, host.clock, host.sleep, 100, 0.05)
+    mean, ratio = hostcost.sustained_pace(host.reference, host.clock, host.sleep, 100, 0.05)
     assert ratio == pytest.approx(0.7 + 0.3 * 1.9)
+    assert mean == pytest.approx(0.46e-3 * (0.7 + 0.3 * 1.9))
     assert host.slept == [0.05] * 99  # spread out: the spells last longer than one sample
     steady = Flicker([False])
-    assert hostcost.sustained_ratio(steady.reference, steady.clock, steady.sleep, 100) == \
+    assert hostcost.sustained_pace(steady.reference, steady.clock, steady.sleep, 100)[1] == \
         pytest.approx(1.0)
-    # and the timing's record says it, as a reason its figures may be low for serving
     rec = _timed(Spells(random.Random(0), switch=0.0, **FIGURES), sustain_samples=40,
                  sleep=lambda s: None)
     assert rec.steadiness is not None
     assert rec.steadiness.sustained == pytest.approx(1.0, rel=0.06)
-    assert "MAY BE LOW" not in rec.steadiness_note()
-    flickered = replace(rec, steadiness=replace(rec.steadiness, sustained=1.27))
-    assert "MAY BE LOW: a thread that kept running averaged x1.27" in \
-        flickered.steadiness_note()
-    assert hostcost.from_json(json.loads(json.dumps(hostcost.to_json(flickered)))) == flickered
-    # a record from before the sampling reads as not sampled
-    raw = hostcost.to_json(rec)
-    del raw["steadiness"]["sustained"]
+    assert rec.pace() == pytest.approx(1.0, rel=0.1)
+    # rounds that ran in a fast spell, on a host whose running threads average 1.27x that: the
+    # plan's host terms are the timed ones x1.27, and its reason line says so
+    fast = replace(rec, steadiness=replace(rec.steadiness, reference_s=0.46e-3,
+                                           sustained_s=0.46e-3 * 1.27, sustained=1.27))
+    assert fast.pace() == pytest.approx(1.27)
+    prof, timed = hardware.host_profile(fast), hardware.host_profile(
+        replace(rec, steadiness=replace(rec.steadiness, sustained_s=0.0)))
+    assert prof.seq_step_s == pytest.approx(timed.seq_step_s * 1.27)
+    assert prof.prompt_token_s == pytest.approx(timed.prompt_token_s * 1.27)
+    assert prof.step_s == pytest.approx(timed.step_s * 1.27)
+    assert "planned at the pace a running thread kept here" in prof.source
+    assert "x1.27 the rounds'" in prof.source
+    # rounds that landed in a slow spell are planned faster than timed, at the same pace
+    slow = replace(fast, seq_step_s=fast.seq_step_s * 1.9, prompt_token_s=fast.prompt_token_s
+                   * 1.9, steadiness=replace(fast.steadiness, reference_s=0.46e-3 * 1.9))
+    assert hardware.host_profile(slow).seq_step_s == pytest.approx(prof.seq_step_s)
+    assert hostcost.from_json(json.loads(json.dumps(hostcost.to_json(fast)))) == fast
+    # a record from before the sampling reads as not sampled, and is planned as timed; one with
+    # the ratio but not the mean still says its figures may be low
+    raw = hostcost.to_json(fast)
+    del raw["steadiness"]["sustained_s"]
     old = hostcost.from_json(raw)
     assert old.steadiness is not None
-    assert old.steadiness.sustained == 0.0
+    assert old.steadiness.sustained_s == 0.0
+    assert old.pace() == 1.0
+    assert "MAY BE LOW: a thread that kept running averaged x1.27" in old.steadiness_note()
+    del raw["steadiness"]["sustained"]
+    assert hostcost.from_json(raw).steadiness.sustained == 0.0  # type: ignore[union-attr]
 
 
 def test_a_format_1_record_still_reads_and_says_it_was_one_pass(tmp_path: Path) -> None:
@@ -352,7 +370,7 @@ SAMPLED = _timed(Spells(random.Random(0), switch=0.0, **FIGURES))  # a format-2 
 @given(st.dictionaries(st.sampled_from(["version", "key", "prompt_token_s", "request_s",
                                         "step_s", "seq_step_s", "measured_at"]), JSON),
        st.sampled_from([H200_LIKE, SAMPLED]),
-       st.dictionaries(st.just("sustained"), JSON))
+       st.dictionaries(st.sampled_from(["sustained", "sustained_s", "reference_s"]), JSON))
 @settings(max_examples=200)
 def test_any_saved_record_reads_or_is_refused_in_one_line(
     raw: dict[str, Any], base: HostTiming, steadiness: dict[str, Any],
@@ -372,6 +390,7 @@ def test_any_saved_record_reads_or_is_refused_in_one_line(
             assert 0 < term < float("inf")
         if rec.steadiness is not None:
             assert 0 <= rec.steadiness.sustained < 1e3
+            assert 1 / hostcost.MAX_PACE <= rec.pace() <= hostcost.MAX_PACE
     assert "\n" not in message
 
 
