@@ -20,8 +20,8 @@ from pathlib import Path
 
 import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
 
-# the fresh shapes of session 19, of session 18, of session 17, of session 16, of session 15, then session 12's
-# (issue22-table.sh lists them), then older
+# the fresh shapes of sessions 19, 18, 17, 16 and 15, then session 12's (issue22-table.sh lists
+# them), then older
 MODEL = {"qwen06": "qwen3-0.6b-shape", "gemma270": "gemma-3-270m-shape",
          "q3awq32": "qwen3-32b-awq-shape", "moe30": "qwen3-30b-a3b-shape",
          "phi4": "phi-4-shape", "qwen15": "qwen2.5-1.5b-shape",
