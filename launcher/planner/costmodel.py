@@ -70,6 +70,7 @@ from launcher.planner.hardware import (
     LayerHost,
 )
 from launcher.planner.memfit import (
+    BLOCK_TOKENS,
     embedding_bytes,
     kv_shards,
     stage_share,
@@ -499,7 +500,8 @@ def _prefill_layers_s(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
     all-reduces, PP hops, per-layer launches and the engine core's overhead. ``mode``: how
     the served engine's graphs run it (eager, or piecewise graphs within their range)."""
     gpu_layer, host_layer, hops = _prefill_layer_parts(m, lay, tokens, work_s, mode)
-    return m.num_layers * max(gpu_layer, host_layer) + hops + STEP_OVERHEAD_S
+    return (m.num_layers * max(gpu_layer, host_layer) + hops
+            + layer_host(m, lay.host).engine_step_s(tokens))
 
 
 def _prefill_layer_parts(m: ModelSpec, lay: Layout, tokens: int, work_s: float,
@@ -559,8 +561,12 @@ def layer_host(m: ModelSpec, host: HostProfile) -> LayerHost:
     """``m``'s host work a layer on ``host``, eager (:func:`eager_host_layer_s`) and in
     piecewise graphs (:func:`piecewise_host_layer_s`): the one figure of a step's host floor
     (here, and kernelcost.HostBound) and of the engine core's launching of it (every step
-    timer's ``launch_s``: :meth:`LayerHost.launch_s`)."""
-    return LayerHost(eager_host_layer_s(m, host), piecewise_host_layer_s(m, host))
+    timer's ``launch_s``: :meth:`LayerHost.launch_s`), with the engine core's KV block work
+    a prompt token in the model's KV-cache groups beyond the first (vLLM's, as
+    memfit.vllm_group_count counts them; :meth:`LayerHost.engine_step_s`)."""
+    groups = vllm_group_count(m)
+    return LayerHost(eager_host_layer_s(m, host), piecewise_host_layer_s(m, host),
+                     (groups - 1) * host.kv_group_prompt_block_s / BLOCK_TOKENS)
 
 
 def piecewise_host_layer_s(m: ModelSpec, host: HostProfile) -> float:

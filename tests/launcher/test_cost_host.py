@@ -146,3 +146,32 @@ def test_each_kv_group_vllm_keeps_costs_the_host_every_running_sequence() -> Non
     fast = TableStepCost((1, 100), (1e-4, 1e-3))
     assert HostBound(fast, SERVER_HOST, kv_groups=7).step_s(decode32) == \
         costmodel.host_step_floor_s(m, SERVER_HOST, 32)
+
+
+def test_each_kv_group_vllm_keeps_costs_the_engine_core_every_prompt_block() -> None:
+    # a prompt's chunk steps allocate and cache ceil(tokens / 16) blocks in every KV-cache group
+    # and the worker's block tables take them per group (hardware.H200_KV_GROUP_PROMPT_BLOCK_S,
+    # benchmarks/vllm_kv_group_prompt_cost.py): Gemma-3-1B's 16k-token prompt in vLLM's 7
+    # groups pays 6 x 1,024 blocks of it, the same model in one group none
+    m = spec("gemma-3-1b-shape")
+    dense = replace(m, layer_kv=(KvGroup(m.num_layers, m.num_kv_heads, m.head_dim),))
+    block = SERVER_HOST.kv_group_prompt_block_s
+    assert block > 0
+    without = replace(SERVER_HOST, kv_group_prompt_block_s=0.0)
+    for model, extra in ((m, 6 * 16_384 // 16 * block), (dense, 0.0)):
+        lay = one_gpu(model)
+        planned = costmodel.prefill_at_depth_s(model, lay, 16_384)
+        bare = costmodel.prefill_at_depth_s(model, replace(lay, host=without), 16_384)
+        assert planned - bare == pytest.approx(extra, abs=1e-9)
+    # the engine core's launching of a chunk (every step timer's launch_s) and a kernel table's
+    # step bound by the engine core's work take the same figure
+    host = costmodel.layer_host(m, SERVER_HOST)
+    chunk = StepBatch(prefill_tokens=8192, prefill_pairs=8192 * 4096.0, sampled=0)
+    assert host.engine_step_s(8192) - hardware.STEP_OVERHEAD_S == \
+        pytest.approx(6 * 512 * block)
+    fast = TableStepCost((1, 10_000), (1e-6, 1e-5))
+    timer = HostBound(fast, SERVER_HOST, hardware.STEP_OVERHEAD_S, m.num_layers, layer=host,
+                      kv_groups=7)
+    assert timer.step_s(chunk) >= hardware.STEP_OVERHEAD_S + 6 * 512 * block
+    assert costmodel.layer_host(dense, SERVER_HOST).engine_step_s(8192) == \
+        hardware.STEP_OVERHEAD_S

@@ -177,7 +177,7 @@ def test_a_steps_launch_is_the_host_work_its_step_is_floored_by(name: str) -> No
         assert roof.launch_s(batch) == pytest.approx(roof.step_s(batch), rel=1e-6)
     mine = costmodel.layer_host(m, lay.host)
     assert roof.launch_s(StepBatch(prefill_tokens=128, sampled=1)) == pytest.approx(
-        hardware.STEP_OVERHEAD_S + m.num_layers * costmodel.eager_host_layer_s(m, lay.host))
+        mine.engine_step_s(128) + m.num_layers * costmodel.eager_host_layer_s(m, lay.host))
     cost = TableStepCost(tokens=(1, 1024), forward_s=(1e-6, 1e-5))  # a GPU far ahead of its host
     table = HostBound(cost, replace(lay.host, step_s=0.0, seq_step_s=0.0), layers=m.num_layers,
                       graphs=lay.graphs, layer=mine)
