@@ -23,8 +23,9 @@ then the fixed costs vLLM's kernels and host pay (docs/planner.md derives it):
   ``EAGER_LAYER_S`` holds) and a decode
   step one full graph, each padded to the next captured size, whose every kernel pays the
   card's per-kernel graph cost (``graph_kernel_s``; the layer's kernels from the family
-  registry); every step ``STEP_OVERHEAD_S``, in series with a prompt step's GPU work and beside
-  a decode step's under vLLM's asynchronous scheduling.
+  registry); every step ``STEP_OVERHEAD_S`` and the engine core's work in the model's extra
+  KV-cache groups (``LayerHost.engine_step_s``), in series with a prompt step's GPU work and
+  beside a decode step's under vLLM's asynchronous scheduling.
 - the host (:class:`hardware.HostProfile`, one model of it): a step lasts at least the front
   end's work for its sequences (a fixed part and a part per sequence, in processes beside the
   GPU's: the longer of the two counts), and a request pays a fixed cost and one per prompt token
@@ -65,7 +66,6 @@ from launcher.planner.hardware import (
     QUANT_GEMM_FIXED_S,
     QUANT_STREAM_EFFICIENCY,
     SERVER_HOST,
-    STEP_OVERHEAD_S,
     HostProfile,
     LayerHost,
 )
@@ -529,8 +529,9 @@ def first_token_launch_wait_s(m: ModelSpec, lay: Layout, tokens: int, depth: int
     AsyncScheduler giving the request a placeholder token): once it has launched the prompt
     step it schedules and launches the request's first decode step, and only then blocks on the
     prompt step's output and hands the first token over. That launch is the engine core's own
-    work a step (``STEP_OVERHEAD_S``: scheduling, preparing the inputs, the graph's replay and
-    the sampler's launch); the GPU still running the prompt step hides it: only what outlasts
+    work a decode step (:meth:`LayerHost.engine_step_s`: scheduling, preparing the inputs and
+    the attention metadata of every KV-cache group, the graph's replay and the sampler's
+    launch); the GPU still running the prompt step hides it: only what outlasts
     the GPU's lead over the host's launching of the step counts (a host-bound step pays it
     whole, a GPU-bound one nothing). Without async scheduling the output is taken first."""
     if not vllm_async_scheduling(gpu=True, pp=lay.pp):
@@ -538,7 +539,7 @@ def first_token_launch_wait_s(m: ModelSpec, lay: Layout, tokens: int, depth: int
     mode, rows, work_s = _prefill_work(m, lay, tokens, depth=depth)
     gpu_layer, host_layer, _ = _prefill_layer_parts(m, lay, rows, work_s, mode)
     lead = m.num_layers * max(0.0, gpu_layer - host_layer)
-    return max(0.0, STEP_OVERHEAD_S - lead)
+    return max(0.0, layer_host(m, lay.host).engine_step_s(0) - lead)
 
 
 def elementwise_layer_s(m: ModelSpec, lay: Layout, tokens: float) -> float:
@@ -561,12 +562,13 @@ def layer_host(m: ModelSpec, host: HostProfile) -> LayerHost:
     """``m``'s host work a layer on ``host``, eager (:func:`eager_host_layer_s`) and in
     piecewise graphs (:func:`piecewise_host_layer_s`): the one figure of a step's host floor
     (here, and kernelcost.HostBound) and of the engine core's launching of it (every step
-    timer's ``launch_s``: :meth:`LayerHost.launch_s`), with the engine core's KV block work
-    a prompt token in the model's KV-cache groups beyond the first (vLLM's, as
-    memfit.vllm_group_count counts them; :meth:`LayerHost.engine_step_s`)."""
-    groups = vllm_group_count(m)
+    timer's ``launch_s``: :meth:`LayerHost.launch_s`), with the engine core's work in the
+    model's KV-cache groups beyond the first (vLLM's, as memfit.vllm_group_count counts them),
+    a step and a prompt token (:meth:`LayerHost.engine_step_s`)."""
+    extra = vllm_group_count(m) - 1
     return LayerHost(eager_host_layer_s(m, host), piecewise_host_layer_s(m, host),
-                     (groups - 1) * host.kv_group_prompt_block_s / BLOCK_TOKENS)
+                     extra * host.kv_group_prompt_block_s / BLOCK_TOKENS,
+                     extra * host.kv_group_step_s)
 
 
 def piecewise_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
@@ -644,7 +646,8 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
 
     Under vLLM's asynchronous scheduling (a GPU replica without pipeline stages:
     :func:`asyncsched.vllm_async_scheduling`) the engine core prepares the next step while the GPU
-    runs this one, so its overhead (STEP_OVERHEAD_S) runs beside the GPU's step, as the kernel
+    runs this one, so its overhead (STEP_OVERHEAD_S with the work of the model's extra KV-cache
+    groups: :meth:`LayerHost.engine_step_s`) runs beside the GPU's step, as the kernel
     tables' steps take it (kernelcost.step_cost's ``overlap_overhead``); with pipeline stages it
     is in series. Checked on the 27 saved one-GPU H200 single-stream decode records
     (docs/planner.md, "A decode step's kernels in its CUDA graph")."""
@@ -677,12 +680,15 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     else:
         kernels = layers * dense_kernels + moe * moe_extra
         work = max(memory, compute) + comm + kernels * kernel_s + quant_gemm_fixed_s(m, layers)
+    # the engine core's own work a step, its extra KV-cache groups' with it (the same figure
+    # as a prompt step's and every step timer's launch: LayerHost.engine_step_s)
+    engine = layer_host(m, lay.host).engine_step_s(0)
     if vllm_async_scheduling(gpu=True, pp=lay.pp):  # the engine core's overhead beside the GPU's
-        return max(work, STEP_OVERHEAD_S, host_step_floor_s(m, lay.host, batch))
+        return max(work, engine, host_step_floor_s(m, lay.host, batch))
     stage = work + _hop_s(lay.pp_link, act)
     # A single micro-batch walks the stages one by one; with ``pp`` of them every stage is busy,
     # so a step (all ``batch`` sequences one token further) takes pp stage-times either way.
-    return max(lay.pp * stage + STEP_OVERHEAD_S, host_step_floor_s(m, lay.host, batch))
+    return max(lay.pp * stage + engine, host_step_floor_s(m, lay.host, batch))
 
 
 def host_step_floor_s(m: ModelSpec, host: HostProfile, sequences: float) -> float:

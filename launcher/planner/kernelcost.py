@@ -302,10 +302,10 @@ class HostBound:
         # a piecewise step's host work is its launch: the engine core's own work a step and the
         # pieces' replays with the attention between them (the roofline's layers' floor plus
         # LayerHost.engine_step_s), all in the engine core's thread while the GPU waits on it;
-        # the engine core's own work grows with the prompt blocks' bookkeeping in every extra
-        # KV-cache group (the same LayerHost figure)
+        # the engine core's own work grows with every extra KV-cache group, a step and a prompt
+        # block (the same LayerHost figure)
         pieces = self.launch_s(batch) if mode == "piecewise" else 0.0
-        engine = self.engine_s + self.layer_host.prompt_blocks_s(batch.prefill_tokens)
+        engine = self.engine_s + self.layer_host.kv_groups_s(batch.prefill_tokens)
         return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups), engine, pieces)
 
     def launch_s(self, batch: StepBatch) -> float:
@@ -320,8 +320,8 @@ class HostBound:
     def idle_start_s(self) -> float:
         """The engine core's own work, in series before an idle engine's first step (the
         roofline pays LayerHost.engine_step_s in every prefill step:
-        costmodel._prefill_layers_s)."""
-        return self.engine_s
+        costmodel._prefill_layers_s), its extra KV-cache groups' fixed part with it."""
+        return self.engine_s + self.layer_host.kv_groups_s(0)
 
 
 def _timer(

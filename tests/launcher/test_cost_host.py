@@ -167,11 +167,47 @@ def test_each_kv_group_vllm_keeps_costs_the_engine_core_every_prompt_block() -> 
     # step bound by the engine core's work take the same figure
     host = costmodel.layer_host(m, SERVER_HOST)
     chunk = StepBatch(prefill_tokens=8192, prefill_pairs=8192 * 4096.0, sampled=0)
-    assert host.engine_step_s(8192) - hardware.STEP_OVERHEAD_S == \
-        pytest.approx(6 * 512 * block)
+    assert host.engine_step_s(8192) - host.engine_step_s(0) == pytest.approx(6 * 512 * block)
     fast = TableStepCost((1, 10_000), (1e-6, 1e-5))
     timer = HostBound(fast, SERVER_HOST, hardware.STEP_OVERHEAD_S, m.num_layers, layer=host,
                       kv_groups=7)
     assert timer.step_s(chunk) >= hardware.STEP_OVERHEAD_S + 6 * 512 * block
     assert costmodel.layer_host(dense, SERVER_HOST).engine_step_s(8192) == \
         hardware.STEP_OVERHEAD_S
+
+
+def test_each_kv_group_vllm_keeps_costs_the_engine_core_every_step() -> None:
+    # besides its sequences' and prompt blocks' bookkeeping, a step walks every KV-cache group
+    # once in the scheduler and the block tables, and the model runner builds each group's
+    # attention metadata (one FlashAttention builder a group), all in the engine core's thread
+    # (hardware.H200_KV_GROUP_STEP_S, benchmarks/vllm_kv_group_prompt_cost.py): Gemma-3-1B's
+    # 7 groups pay 6 x it a step, the same model in one group nothing
+    m = spec("gemma-3-1b-shape")
+    dense = replace(m, layer_kv=(KvGroup(m.num_layers, m.num_kv_heads, m.head_dim),))
+    term = SERVER_HOST.kv_group_step_s
+    assert term > 0
+    seven, one = costmodel.layer_host(m, SERVER_HOST), costmodel.layer_host(dense, SERVER_HOST)
+    assert seven.engine_step_s(0) - one.engine_step_s(0) == pytest.approx(6 * term)
+    assert one.engine_step_s(0) == hardware.STEP_OVERHEAD_S
+    # a decode step the engine core bounds (a fast kernel table, no front end): 6 x longer
+    decode1 = StepBatch(decode_seqs=1, decode_context=600, sampled=1)
+    fast = TableStepCost((1, 100), (1e-6, 1e-5))
+    no_front = replace(SERVER_HOST, step_s=0.0, seq_step_s=0.0, kv_group_seq_step_s=0.0)
+    steps = [HostBound(fast, no_front, hardware.STEP_OVERHEAD_S, m.num_layers, layer=host,
+                       kv_groups=groups) for host, groups in ((seven, 7), (one, 1))]
+    assert steps[0].step_s(decode1) - steps[1].step_s(decode1) == pytest.approx(6 * term)
+    assert steps[1].step_s(decode1) == hardware.STEP_OVERHEAD_S
+    # the engine core's launch every step timer reports (the simulation's handover), the idle
+    # engine's first step, and the roofline's prompt step (in series) take the same figure
+    assert steps[0].launch_s(decode1) - steps[1].launch_s(decode1) == pytest.approx(6 * term)
+    assert steps[0].idle_start_s() - steps[1].idle_start_s() == pytest.approx(6 * term)
+    without = replace(SERVER_HOST, kv_group_step_s=0.0)
+    for model, extra in ((m, 6 * term), (dense, 0.0)):
+        lay = one_gpu(model)
+        bare = replace(lay, host=without)
+        assert costmodel.prefill_step_s(model, lay, 512) - costmodel.prefill_step_s(
+            model, bare, 512) == pytest.approx(extra, abs=1e-12)
+        # the roofline's decode step: beside the GPU's under async scheduling, so at one stream
+        # on the shipped host the front end's floor (2 ms) still bounds it, as before
+        assert costmodel.decode_step_s(model, lay, 1, 640) == costmodel.decode_step_s(
+            model, bare, 1, 640)
