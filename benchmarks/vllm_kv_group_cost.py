@@ -100,6 +100,16 @@ def _engine_config() -> VllmConfig:
     return cfg
 
 
+def add_requests(sched: Scheduler, n: int, prompt: int, params: SamplingParams,
+                 seed: int) -> None:
+    """``n`` requests of distinct ``prompt``-token prompts (no prefix hits, as loadgen's
+    streams), their blocks hashed on the way in (not timed)."""
+    hasher = get_request_block_hasher(BLOCK, get_hash_fn_by_name("sha256_cbor"))
+    for r in range(n):
+        ids = [(seed * 7919 + r * 104729 + t) % 50_000 for t in range(prompt)]
+        sched.add_request(Request(f"r{r}", ids, params, None, block_hasher=hasher))
+
+
 def run_once(cfg: VllmConfig, shape: Shape, seed: int) -> float:
     """Seconds of the engine core's step bookkeeping per running sequence per decode step:
     ``Scheduler.schedule`` + ``update_from_output`` and the worker's block-table updates."""
@@ -109,11 +119,7 @@ def run_once(cfg: VllmConfig, shape: Shape, seed: int) -> float:
                                  pin_memory=False, device=torch.device("cpu"),
                                  block_sizes=[BLOCK] * shape.groups,
                                  max_num_blocks=[MAX_LEN // BLOCK] * shape.groups)
-    hasher = get_request_block_hasher(BLOCK, get_hash_fn_by_name("sha256_cbor"))
-    params = SamplingParams(max_tokens=DECODE, ignore_eos=True)
-    for r in range(SEQS):  # distinct prompts: no prefix hits, as loadgen's streams
-        prompt = [(seed * 7919 + r * 104729 + t) % 50_000 for t in range(PROMPT)]
-        sched.add_request(Request(f"r{r}", prompt, params, None, block_hasher=hasher))
+    add_requests(sched, SEQS, PROMPT, SamplingParams(max_tokens=DECODE, ignore_eos=True), seed)
     rows: dict[str, int] = {}
     spent, steps = 0.0, 0
     while True:

@@ -56,14 +56,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.block_table import MultiGroupBlockTable
-from vllm_kv_group_cost import BLOCK, MODEL, SHAPES, Shape, reference_s
+from vllm_kv_group_cost import BLOCK, MODEL, SHAPES, Shape, add_requests, reference_s
 from vllm_kv_group_cost import _config as group_config
 
 v2_buffers.is_uva_available = lambda: False  # no pinned memory on CPU: vLLM's own fallback
@@ -139,12 +138,8 @@ def run_case(cfg: VllmConfig, shape: Shape, worker: str, prompt: int, n: int, se
     sched = Scheduler(cfg, group_config_big(shape), StructuredOutputManager(cfg),
                       block_size=BLOCK, hash_block_size=BLOCK)
     w = _Worker(worker, shape.groups)
-    hasher = get_request_block_hasher(BLOCK, get_hash_fn_by_name("sha256_cbor"))
     # one token more than timed: a request's blocks are freed after its timed steps
-    params = SamplingParams(max_tokens=decode + 2, ignore_eos=True)
-    for r in range(n):  # distinct prompts: no prefix hits (hashed on the way in, not timed)
-        ids = [(seed * 7919 + r * 104729 + t) % 50_000 for t in range(prompt)]
-        sched.add_request(Request(f"r{r}", ids, params, None, block_hasher=hasher))
+    add_requests(sched, n, prompt, SamplingParams(max_tokens=decode + 2, ignore_eos=True), seed)
     prompt_s, decode_s, decode_steps = 0.0, 0.0, 0
     while True:
         t0 = time.perf_counter()
