@@ -303,10 +303,19 @@ def test_a_host_whose_cpus_flicker_is_planned_at_the_pace_a_running_thread_keeps
     assert prof.step_s == pytest.approx(timed.step_s * 1.27)
     assert "planned at the pace a running thread kept here" in prof.source
     assert "x1.27 the rounds'" in prof.source
+    # the sampled pace is an average: the line says host-bound figures may come out faster
+    assert "may come out up to x1.27 faster than planned" in prof.source
     # rounds that landed in a slow spell are planned faster than timed, at the same pace
     slow = replace(fast, seq_step_s=fast.seq_step_s * 1.9, prompt_token_s=fast.prompt_token_s
                    * 1.9, steadiness=replace(fast.steadiness, reference_s=0.46e-3 * 1.9))
     assert hardware.host_profile(slow).seq_step_s == pytest.approx(prof.seq_step_s)
+    # rounds in a slow spell planned faster: the figures may come out slower, to the rounds'
+    assert "may come out up to x1.50 slower than planned" in replace(
+        slow, steadiness=replace(slow.steadiness, sustained_s=0.46e-3 * 1.9 / 1.5)
+    ).steadiness_note()
+    # a pace within UNSTEADY of 1 adds no such warning
+    assert "may come out" not in replace(
+        fast, steadiness=replace(fast.steadiness, sustained_s=0.46e-3 * 1.05)).steadiness_note()
     assert hostcost.from_json(json.loads(json.dumps(hostcost.to_json(fast)))) == fast
     # a record from before the sampling reads as not sampled, and is planned as timed; one with
     # the ratio but not the mean still says its figures may be low
