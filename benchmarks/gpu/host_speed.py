@@ -1,6 +1,6 @@
 """The host's single-thread speed over time, sampled beside a GPU session's steps.
 
-    python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0]   # JSON lines on stdout
+    python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0] [--busy 0]   # JSON lines
 
 Every ``interval`` seconds: the least of 5 runs of the host timing's reference workload
 (launcher.probe.hostcost.reference_work: a JSON parse, pickling and sha256 of 4,000 ids, the
@@ -28,6 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from launcher.probe.hostcost import reference_work
 
 RUNS = 5
+# a run this much slower than the busy window's fastest counts as the slow level (the lent H200's
+# two levels were ~1.9x apart, nothing between them: results/2026-12-03-h200-table7)
+SLOW = 1.4
 
 
 def proc_stat() -> tuple[float, float, float] | None:
@@ -53,10 +56,34 @@ def sample() -> tuple[float, float]:
     return min(cpu), min(wall)
 
 
+def busy(seconds: float) -> dict[str, float]:
+    """The reference back to back for ``seconds`` (a thread that never sleeps, as an engine
+    core's does not while it serves): its first run, mean, fastest, and the share of runs at the
+    slow level. Why: the eighth table's two host-bound engines ran x0.93 and x1.28 of the fast
+    level while the sampler above, which sleeps between samples, saw both runs' seconds alike
+    (results/2026-12-03-h200-table8); whether a thread that keeps running sees the slow level
+    as often as one that wakes every few seconds is what this window measures."""
+    runs: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or not runs:
+        c0 = time.thread_time()
+        reference_work()
+        runs.append(time.thread_time() - c0)
+    low = min(runs)
+    return {"busy_first_ms": round(runs[0] * 1e3, 4),
+            "busy_mean_ms": round(sum(runs) / len(runs) * 1e3, 4),
+            "busy_min_ms": round(low * 1e3, 4),
+            "busy_slow_share": round(sum(r > SLOW * low for r in runs) / len(runs), 4),
+            "busy_runs": len(runs)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     ap.add_argument("--samples", type=int, default=0, help="stop after N samples (0: never)")
+    ap.add_argument("--busy", type=float, default=0.0,
+                    help="after each sample, run the reference back to back this many seconds "
+                         "(a thread that never sleeps) and report its mean and slow share")
     args = ap.parse_args()
     last = proc_stat()
     n = 0
@@ -69,7 +96,9 @@ def main() -> int:
             total = now[0] - last[0]
             row["busy"] = round((now[1] - last[1]) / total, 4)
             row["steal"] = round((now[2] - last[2]) / total, 4)
-        last = now
+        if args.busy > 0:
+            row.update(busy(args.busy))
+        last = proc_stat() if args.busy > 0 else now
         print(json.dumps(row), flush=True)
         n += 1
         if args.samples <= 0 or n < args.samples:

@@ -24,6 +24,9 @@
 # Beside every step, benchmarks/gpu/host_speed.py samples the host's speed (a fixed piece of
 # pure-Python work, CPU and wall time, and the machine's steal time) every 5 s into
 # $OUT/host-speed.jsonl: whether the host's speed moves between the probe and the serving.
+# MONITOR_BUSY=S adds, after each sample, S seconds of the same work back to back (a thread that
+# never sleeps, as an engine core's): whether such a thread sees the host's slow level as the
+# sleeping sampler does (the eighth table's engines did not follow the sampler: its README)
 # Fresh shapes for the eighth table (2026-12-03, session 19), never served before (moe30's shape
 # once, otherwise), at vLLM's DEFAULT CUDA-graph range (RANGE '{}'); each folder's SOURCE.md says
 # where its config came from and what was changed (the 4,096-token vocabulary, bos/eos 0/1):
@@ -230,7 +233,7 @@ print(json.dumps(out))"
 port=18500
 # the host's speed sampled beside every step (see above); stopped when this script ends
 # (from a subshell, so that it is no job of this shell's: predict's bare `wait` would wait for it)
-( python3 benchmarks/gpu/host_speed.py --interval 5 >>"$OUT/host-speed.jsonl" 2>/dev/null &
+( python3 benchmarks/gpu/host_speed.py --interval 5 --busy "${MONITOR_BUSY:-0}" >>"$OUT/host-speed.jsonl" 2>/dev/null &
   echo $! >"$OUT/.monitor.pid" )
 trap 'kill "$(cat "$OUT/.monitor.pid")" 2>/dev/null' EXIT
 for step in "$@"; do
