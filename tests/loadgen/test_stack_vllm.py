@@ -147,14 +147,16 @@ def test_depth_runs_on_real_vllm_are_exact_and_find_the_context_in_its_prefix_ca
         assert all(max(0, depth - 128) <= c <= depth for c in cached), (depth, cached)
         assert run["depth"]["cached_reported"] == 3
         assert run["depth"]["prefill_new_tok_s"]["p50"] > 0
-        # a decode rate needs tokens after the first event: where the CPU engine, on a busy
-        # machine, sent a request's 8 tokens in one event, it has none (and says so: None)
+        # a decode rate needs tokens after the first event on the client's clock: where the
+        # CPU engine, on a busy machine, sent a request's 8 tokens in one event, or several
+        # events reached the client in one read (no time between them), it has none and says
+        # so (None); never 0 or a rate without a second event
         for r in run["requests"]:
             if r["chunks"] >= 2:
-                assert r["decode_tok_s"] > 0, r
+                assert r["decode_tok_s"] is None or r["decode_tok_s"] > 0, r
             else:
                 assert r["decode_tok_s"] is None, r
-        if any(r["chunks"] >= 2 for r in run["requests"]):
+        if any(r["decode_tok_s"] is not None for r in run["requests"]):
             assert run["summary"]["decode_tok_s"]["p50"] > 0
     assert runs[0]["depth"]["prime"] is None  # no context to cache at depth 0
     assert runs[2]["depth"]["prime"]["prompt_tokens"] == 2048 + 64
