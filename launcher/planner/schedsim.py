@@ -694,9 +694,14 @@ class _Handover:
         self.held: list[_Req] = []
 
     def ran(self, step: _Step) -> None:
-        """``step`` has ended: its outputs wait for the next launch (or go out now)."""
+        """``step`` has ended: its outputs wait for the next launch (or go out now). Only the
+        tokens this step made: a first token of the step before, handed over as this step was
+        launched, is not held again where that launch ended with the step (a host-bound step,
+        launched as fast as the GPU runs it: its launch is the whole step), nor is it held
+        behind every such step that follows (its request has decoded once more by then)."""
         for r in step.ran:
-            if r.first == step.now or r.finished == step.now:
+            made_first = r.outputs == 1 and r.first == step.now and id(r) in step.chosen
+            if made_first or r.finished == step.now:
                 r.held_at = step.now
                 self.held.append(r)
 

@@ -136,3 +136,14 @@ def test_a_burst_shares_the_front_ends_loop_then_goes_one_request_after_another(
                      request_shared_s=0.01)
     first = min(apart.requests, key=lambda r: r.sent_s)
     assert first.first_token_s == pytest.approx(0.0275 + PREFILL_S)
+
+
+def test_a_first_token_handed_over_as_a_host_bound_step_ends_is_not_held_behind_it() -> None:
+    # Steps launched as long as they run (host-bound: the launch is the whole step). A alone in
+    # step 1 (0-0.1 s); step 2 (B's prompt, A's decode, 0.1-0.2 s) is launched by 0.2 s, when
+    # A's first token goes out. Step 3, chosen then with C's prompt, is launched by 0.3 s: B's
+    # first token goes out then, and C's as step 4 (a graph replay) starts. A's first token,
+    # handed over as step 2 ended, is not step 2's output: it is not held again until step 3
+    # is launched (0.3 s), nor behind every host-bound step after that
+    assert first_tokens(ASYNC, Launching(PREFILL_S), (0.0, 0.05, 0.15)) == \
+        pytest.approx([0.2, 0.3, 0.3])
