@@ -187,20 +187,7 @@ def vllm_groups(m: ModelSpec) -> list[tuple[KvGroup, int]]:
     last group (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``): Gemma 3's 52
     sliding layers are counted as 60 beside its 10 full ones. Types of different page sizes are
     counted layer by layer here (no padding)."""
-    groups = [g for g in m.kv_groups if g.layers]
-    size = _group_layers(m)
-    return [(g, -(-g.layers // size) * size if size else g.layers) for g in groups]
-
-
-def _group_layers(m: ModelSpec) -> int:
-    """How many layers each of vLLM's KV groups holds with one page size for every layer type
-    (see :func:`vllm_groups`); 0 where each type is one group of its own (one type, or types
-    of different page sizes)."""
-    groups = [g for g in m.kv_groups if g.layers]
-    if len(groups) < 2 or len({g.bytes_per_token() for g in groups}) > 1:
-        return 0
-    sizes = [g.layers for g in groups]
-    return max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    return _vllm_grouping(m)[1]
 
 
 def vllm_group_count(m: ModelSpec) -> int:
@@ -210,11 +197,21 @@ def vllm_group_count(m: ModelSpec) -> int:
     one block table the engine keeps and updates for every running request every step
     (hardware.HostProfile.kv_group_seq_step_s). Types of different page sizes are counted a
     group each (no padding), as :func:`vllm_groups` counts them."""
-    size = _group_layers(m)
-    groups = vllm_groups(m)
-    if not size:
-        return max(1, len(groups))
-    return sum(layers // size for _, layers in groups)
+    size, groups = _vllm_grouping(m)
+    return max(1, sum(layers // size if size else 1 for _, layers in groups))
+
+
+def _vllm_grouping(m: ModelSpec) -> tuple[int, list[tuple[KvGroup, int]]]:
+    """How many layers each of vLLM's KV groups holds, and :func:`vllm_groups`' types with their
+    padded layer counts. The size is 0 where each type is one group of its own (one type, or
+    types of different page sizes)."""
+    groups = [g for g in m.kv_groups if g.layers]
+    sizes = [g.layers for g in groups]
+    size = 0
+    if len(groups) > 1 and len({g.bytes_per_token() for g in groups}) == 1:
+        size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    padded = [-(-n // size) * size if size else n for n in sizes]
+    return size, list(zip(groups, padded, strict=True))
 
 
 def request_kv_bytes(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.model.modelspec import GIB, load_model_spec
 from launcher.planner import memfit
-from tests.launcher.paths import model
+from tests.launcher.paths import MODELS, REPO, model
 
 
 def test_vllm_defaults_follow_the_card() -> None:
@@ -29,6 +31,30 @@ def test_vllm_forms_a_kv_group_per_padded_run_of_layers() -> None:
     counts = {name: memfit.vllm_group_count(load_model_spec(model(name)))
               for name in ("gemma-3-27b", "llama-3.3-70b")}
     assert counts == {"gemma-3-27b": 7, "llama-3.3-70b": 1}  # 60 sliding / 10 + 10 full / 10
+
+
+# every model the tests and the GPU benchmark hold, and how many KV groups vLLM forms for those
+# of more than one (memfit.vllm_group_count; all others: 1)
+EVERY_MODEL = sorted([*MODELS.iterdir(), *(REPO / "benchmarks" / "gpu" / "models").glob("*-shape")])
+MORE_THAN_ONE_GROUP = {
+    "gemma-2-27b": 2, "gemma-3-27b": 7, "gemma-4-26b-a4b": 2, "gemma-4-31b": 2, "gpt-oss-20b": 2,
+    "gemma-2-9b-shape": 2, "gemma-3-12b-shape": 6, "gemma-3-1b-shape": 7,
+    "gemma-3-270m-shape": 6, "gemma-3-27b-shape": 7, "gemma-3-4b-shape": 7,
+}
+
+
+@pytest.mark.parametrize("path", EVERY_MODEL, ids=[p.name for p in EVERY_MODEL])
+def test_the_kv_group_count_is_the_groups_padded_layers_over_a_groups_size(path: Path) -> None:
+    m = load_model_spec(str(path))
+    count, groups = memfit.vllm_group_count(m), memfit.vllm_groups(m)
+    assert count == MORE_THAN_ONE_GROUP.get(path.name, 1)
+    padded = [n for _, n in groups]
+    size = min(padded)
+    if count != max(1, len(groups)):  # one page size: every type padded to whole groups
+        assert all(n % size == 0 for n in padded)
+        assert count == sum(padded) // size
+    else:  # a type is a group (types of different pages), or padding made each type one
+        assert all(n == size for n in padded) or len({g.bytes_per_token() for g, _ in groups}) > 1
 
 
 def test_a_dense_model_needs_whole_blocks_of_every_layer() -> None:
