@@ -4,7 +4,7 @@ H200, here on the H200's saved NVML reading (not on the machine), written with l
 measured folders so that `issue22_table.py` reads them as it reads the machine's predictions.
 
     python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE] [--predictions F]
-        [--host-speed CASE=RATIO ...] [--host-timing CASE=FILE ...]
+        [--host-speed CASE=RATIO ...] [--host-timing CASE=FILE ...] [--kernels FILE]
     python benchmarks/gpu/issue22_table.py OUT_DIR
 
 Computed after the measurements, so its figures are agreement, not validation; the machine's
@@ -14,15 +14,24 @@ own predictions (RESULTS_DIR/predictions.jsonl) are never rewritten.
 in RATIO of the time the shipped profile's host did (`launcher plan --host-timing` with the
 H200 host's timed figures x RATIO): no record holds a `probe --measure` timing of its host, so
 the ratio is read from the record's own host-only work (docs/planner.md says which).
+
+``--kernels FILE`` plans with the kernel tables `probe --measure --model` timed on the machine
+(a results folder's kernels.tgz, or a folder of the tables' JSON files), as its plans after the
+probe did: a plan finds a table by the installed vLLM's and torch's versions, which here are not
+the machine's, so each table is kept under OUT_DIR/cache with its key's versions replaced by
+this checkout's (device, driver and shape as timed; the --topology's driver must be the
+table's) and the plans run with TOPOSERVE_CACHE there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,6 +64,30 @@ def host_timing_file(out: Path, case: str, ratio: float) -> Path:
     return path
 
 
+def kernel_cache(src: Path, out: Path) -> tuple[Path, list[str]]:
+    """OUT/cache holding the kernel tables in ``src`` (a .tgz of them or a folder), re-keyed to
+    this checkout's installed vLLM and torch versions, and the tables' model names."""
+    from dataclasses import replace
+
+    from launcher.probe import kernelprobe, kernels
+
+    if src.is_dir():
+        raws = [f.read_text() for f in sorted(src.rglob("*.json"))]
+    else:
+        with tarfile.open(src) as tar:
+            files = (tar.extractfile(m) for m in tar.getmembers() if m.name.endswith(".json"))
+            raws = [f.read().decode() for f in files if f is not None]
+    cache, names = out / "cache", []
+    for raw in raws:
+        table = kernels.table_from_json(json.loads(raw))
+        key = replace(table.key, vllm=kernelprobe.vllm_version(),
+                      torch=kernelprobe.dist_version("torch"))
+        if kernels.save(cache, replace(table, key=key)) is None:
+            raise SystemExit(f"cannot write the kernel tables under {cache}")
+        names.append(table.shape.name)
+    return cache, names
+
+
 # the engine flags the records' runs started vLLM with (benchmarks/gpu/run_config.sh; its
 # CUDA-graph range decides how the plan times a prompt step): graphs to 64 tokens
 RUNS_COMPILATION = ('{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],'
@@ -73,13 +106,15 @@ def table_map(name: str) -> dict[str, str]:
 
 
 def plan_line(case: str, scen: str, model: str, util: float, topo: Path,
-              host: Path | None = None, compilation: str = RUNS_COMPILATION) -> str:
+              host: Path | None = None, compilation: str = RUNS_COMPILATION,
+              cache: Path | None = None) -> str:
     cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
            "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
            "--gpu-memory-utilization", str(util), *SCENARIOS[scen],
            *(["--host-timing", str(host)] if host else []),
            "--", "--load-format", "dummy", "--compilation-config", compilation]
-    got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    env = {**os.environ, "TOPOSERVE_CACHE": str(cache)} if cache else None
+    got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     try:
         d = json.loads(got.stdout)
     except ValueError:
@@ -107,6 +142,9 @@ def main() -> int:
                     help="plan CASE for a host RATIO x as slow as the shipped profile's")
     ap.add_argument("--host-timing", action="append", default=[], metavar="CASE=FILE",
                     help="plan CASE with this host timing record (launcher plan --host-timing)")
+    ap.add_argument("--kernels", type=Path, default=None,
+                    help="plan with these kernel tables (a results folder's kernels.tgz, or a "
+                         "folder of them), re-keyed to the installed vLLM and torch")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     sys.path.insert(0, str(ROOT))
@@ -123,6 +161,10 @@ def main() -> int:
              for case, _, ratio in (h.partition("=") for h in args.host_speed)}
     hosts.update({case: Path(f).resolve()
                   for case, _, f in (h.partition("=") for h in args.host_timing)})
+    cache = None
+    if args.kernels:
+        cache, names = kernel_cache(args.kernels, args.out)
+        print(f"kernel tables of {', '.join(sorted(names))} -> {cache}")
     for case in {c for c, _ in jobs}:
         link = args.out / case
         if (args.results / case).is_dir() and not link.exists():
@@ -131,7 +173,8 @@ def main() -> int:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
                                                   util[j[0]], args.topology, hosts.get(j[0]),
                                                   args.compilation_config
-                                                  or ranges.get(j[0], RUNS_COMPILATION)),
+                                                  or ranges.get(j[0], RUNS_COMPILATION),
+                                                  cache),
                                    jobs))
     (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")

@@ -172,15 +172,15 @@ def step_cost(
     assumed_step_overhead_s: float,
     max_graph_tokens: int = 0,
     measured_step_overhead: tuple[float, str] | None = None,
-    layer_launch_s: float = 0.0,
     overlap_overhead: bool = False,
 ) -> KernelCost:
     """The step cost the table gives, with the engine's step overhead measured (in the table,
     or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed.
-    ``layer_launch_s``: the serving host's launching of one eager layer (the roofline's
-    costmodel.eager_host_layer_s): a step past the graphs takes at least that a layer.
-    ``max_graph_tokens``: the largest step the engine replays from CUDA graphs (0: none, every
-    step eager; a GPU layout's is its ``Layout.graphs``, which :func:`layout_step` passes).
+    The GPU's work only: the serving host's launching of a step's layers (past the graphs one
+    kernel at a time, from Python) bounds the whole step, attention included, in
+    :class:`HostBound`. ``max_graph_tokens``: the largest step the engine replays from CUDA
+    graphs (0: none, every step eager; a GPU layout's is its ``Layout.graphs``, which
+    :func:`layout_step` passes).
     ``overlap_overhead``: the engine's step overhead runs beside the GPU's step (vLLM's
     asynchronous scheduling on a GPU prepares step k+1 while the GPU runs step k), so it is
     left out of the steps and returned as ``overhead_s`` for :class:`HostBound` to bound them
@@ -192,21 +192,17 @@ def step_cost(
     layer_ops = [f"linear:{lin.name}" for lin in s.linears] + ["norm", "norm", "rope", "act"]
     eager = any(t.op.startswith("eager:") for t in table.times)
 
-    def forward_at(n: int, prefix: str, floor: float = 0.0) -> float:
+    def forward_at(n: int, prefix: str) -> float:
         layer = sum(_at(table.lookup(prefix + op), n) for op in layer_ops)
         moe = _at(table.lookup(prefix + "moe"), n) * (s.moe.layers if s.moe else 0)
         comm = 2 * s.layers * allreduce.seconds(n * s.hidden * ACT_BYTES)
-        # An eager layer's kernels are launched one by one from the host (vLLM's compiled
-        # pieces, in Python): the table times them from a tight loop, which launches far
-        # faster, so the layer lasts the longer of its GPU work and the host's launching, as
-        # the roofline's prefill layer does (one host model for both paths).
-        return max(s.layers * layer + moe + comm, s.layers * floor)
+        return s.layers * layer + moe + comm
 
     forward = [forward_at(n, "") for n in ladder]
     # past the graphs: the eager timings where the table has them (else the graph-replayed
-    # ones), at the host's launch pace
-    eager_forward = ([forward_at(n, "eager:" if eager else "", layer_launch_s) for n in ladder]
-                     if eager or layer_launch_s > 0 else [])
+    # ones). They come from a tight loop, which launches far faster than vLLM's compiled
+    # pieces do from Python: HostBound bounds such a step by the host's launching of it.
+    eager_forward = [forward_at(n, "eager:") for n in ladder] if eager else []
     pair = token = 0.0
     curves = []
     for g, a in enumerate(s.attention):
@@ -291,22 +287,29 @@ class HostBound:
     def step_s(self, batch: StepBatch) -> float:
         """The table's step, padded to the captured size within the graphs' range (the GEMMs
         and the rest of ``forward`` run the padded rows; attention the real ones), and no
-        shorter than the front end's work, the engine core's, or, in a piecewise-graph step,
-        the host's replays of its pieces with the attention between them (the roofline's
-        per-layer floor: :attr:`layer_host`, costmodel.layer_host)."""
+        shorter than the front end's work, the engine core's, or, in an eager or
+        piecewise-graph step, the host's launching of its layers: past the graphs one kernel
+        at a time from Python, within them the pieces' replays with the attention between
+        them (the roofline's per-layer floor: :attr:`layer_host`, costmodel.layer_host).
+        That launching bounds the whole step, its attention included: the host launches
+        ahead of the GPU, so while the GPU runs a long prompt chunk's attention the host
+        launches the next layer's kernels, and a step lasts the longer of the two, not the
+        host's launching with the attention after it (the roofline's prompt layer likewise
+        lasts the longer of its GPU work, attention and all, and the host's:
+        costmodel._prefill_layer_parts)."""
         graphs, tokens = self.served, batch.tokens
         mode = graphs.mode(batch.prefill_tokens, tokens)
         gpu = self.cost.step_s(batch)
         if mode != "eager":
             gpu += self.cost.forward(graphs.padded(tokens)) - self.cost.forward(tokens)
-        # a piecewise step's host work is its launch: the engine core's own work a step and the
-        # pieces' replays with the attention between them (the roofline's layers' floor plus
-        # LayerHost.engine_step_s), all in the engine core's thread while the GPU waits on it;
-        # the engine core's own work grows with every extra KV-cache group, a step and a prompt
-        # block (the same LayerHost figure)
-        pieces = self.launch_s(batch) if mode == "piecewise" else 0.0
+        # an eager or piecewise step's host work is its launch: the engine core's own work a
+        # step and the layers' launches (eager kernels, or the pieces' replays with the
+        # attention between them), all in the engine core's thread while the GPU runs what it
+        # was given; the engine core's own work grows with every extra KV-cache group, a step
+        # and a prompt block (the same LayerHost figure)
+        launch = self.launch_s(batch) if mode != "full" else 0.0
         engine = self.engine_s + self.layer_host.kv_groups_s(batch.prefill_tokens)
-        return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups), engine, pieces)
+        return max(gpu, self.host.step_floor_s(batch.sampled, self.kv_groups), engine, launch)
 
     def launch_s(self, batch: StepBatch) -> float:
         """The host's launching of the step (a :class:`schedsim.LaunchTimer`), as the
@@ -343,7 +346,6 @@ def _timer(
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=graphs.max_tokens,
                    measured_step_overhead=measured_step_overhead,
-                   layer_launch_s=layer.eager_s if layer is not None else 0.0,
                    overlap_overhead=host is not None)
     if host is None:
         return kc.cost, kc.sources

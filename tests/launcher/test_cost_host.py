@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from launcher.model.modelspec import KvGroup
 from launcher.planner import costmodel, hardware, memfit
+from launcher.planner.cudagraphs import CudaGraphs, default_sizes
 from launcher.planner.hardware import SERVER_HOST, HostProfile
 from launcher.planner.kernelcost import HostBound
 from launcher.planner.plan import Plan, Policy, plan
@@ -189,12 +190,14 @@ def test_each_kv_group_vllm_keeps_costs_the_engine_core_every_step() -> None:
     seven, one = costmodel.layer_host(m, SERVER_HOST), costmodel.layer_host(dense, SERVER_HOST)
     assert seven.engine_step_s(0) - one.engine_step_s(0) == pytest.approx(6 * term)
     assert one.engine_step_s(0) == hardware.STEP_OVERHEAD_S
-    # a decode step the engine core bounds (a fast kernel table, no front end): 6 x longer
+    # a decode step the engine core bounds (a fast kernel table replayed from a CUDA graph, no
+    # front end): 6 x longer
     decode1 = StepBatch(decode_seqs=1, decode_context=600, sampled=1)
     fast = TableStepCost((1, 100), (1e-6, 1e-5))
     no_front = replace(SERVER_HOST, step_s=0.0, seq_step_s=0.0, kv_group_seq_step_s=0.0)
-    steps = [HostBound(fast, no_front, hardware.STEP_OVERHEAD_S, m.num_layers, layer=host,
-                       kv_groups=groups) for host, groups in ((seven, 7), (one, 1))]
+    steps = [HostBound(fast, no_front, hardware.STEP_OVERHEAD_S, m.num_layers,
+                       CudaGraphs(default_sizes(512)), layer=host, kv_groups=groups)
+             for host, groups in ((seven, 7), (one, 1))]
     assert steps[0].step_s(decode1) - steps[1].step_s(decode1) == pytest.approx(6 * term)
     assert steps[1].step_s(decode1) == hardware.STEP_OVERHEAD_S
     # the engine core's launch every step timer reports (the simulation's handover), the idle

@@ -196,20 +196,45 @@ def test_step_cost_adds_the_layers_operations_and_says_what_was_assumed() -> Non
     assert any("measured: 0.50 ms" in s for s in measured.sources)
 
 
-def test_an_eager_step_lasts_at_least_the_hosts_launching_of_its_layers() -> None:
+def test_an_eager_step_lasts_the_longer_of_its_gpu_work_attention_included_and_its_launch(
+) -> None:
     """Past the captured graphs a step's layers are launched from the host, one kernel at a
-    time: the table's tight-loop eager timings do not hold that, the host profile does."""
+    time: the table's tight-loop eager timings do not hold that, the host profile does. The
+    host launches ahead of the GPU, so a long prompt chunk's attention hides the next layers'
+    launches: the step lasts the longer of the GPU's work, attention and all, and the host's
+    launching (as the roofline's prompt layer), never the launching with the attention after
+    it (the Qwen3-0.6B shape's 16k prompt on the eighth H200 table: +19% TTFT that way)."""
+    from launcher.planner.cudagraphs import CudaGraphs, default_sizes
+    from launcher.planner.hardware import SERVER_HOST, STEP_OVERHEAD_S, LayerHost
+    from launcher.planner.kernelcost import HostBound
+
     table = synthetic_table()
     eager = tuple(KernelTime("eager:" + t.op, t.tokens, t.seconds, t.context, t.group)
                   for t in table.times if not t.op.startswith(("attn", "head")))
-    table = replace(table, times=(*table.times, *eager))
-    kc = step_cost(table, assumed_step_overhead_s=0.0, max_graph_tokens=10,
-                   layer_launch_s=0.02).cost
+    attention = KernelTime("attn:prefill", 100, 0.01, 100)  # a long chunk's: 10 ms a layer
+    table = replace(table, times=(*[t for t in table.times if t.op != "attn:prefill"],
+                                  *eager, attention))
+    gpu = step_cost(table, assumed_step_overhead_s=0.0, max_graph_tokens=10).cost
     layer_at_1 = 1e-5 + 1e-5 + 2e-5 + 2e-5 + 2 * 1e-6 + 1e-6 + 2e-6
-    assert kc.forward(10) == pytest.approx(20 * layer_at_1)  # in a graph: the GPU's work
-    assert kc.forward(100) == pytest.approx(2 * 0.02)  # eager: two layers' launches
-    without = step_cost(table, assumed_step_overhead_s=0.0, max_graph_tokens=10).cost
-    assert without.forward(100) == pytest.approx(200 * layer_at_1)
+    assert gpu.forward(100) == pytest.approx(200 * layer_at_1)  # the table's kernels alone
+    chunk = StepBatch(prefill_tokens=100, prefill_pairs=5050, sampled=1)
+    host = replace(SERVER_HOST, step_s=0.0, seq_step_s=0.0)
+
+    def timer(eager_layer_s: float) -> HostBound:
+        return HostBound(gpu, host, 0.0, 2, CudaGraphs(default_sizes(10)),
+                         LayerHost(eager_layer_s, 1e-5))
+
+    # the host's launching (1 ms of engine core, 2 x 10 ms of layers) between the layers'
+    # kernels (13 ms) and the step's GPU work with its 20 ms of attention: the GPU's
+    hidden = timer(0.01)
+    assert hidden.launch_s(chunk) == pytest.approx(STEP_OVERHEAD_S + 2 * 0.01)
+    assert gpu.step_s(chunk) > hidden.launch_s(chunk) > gpu.forward(100)
+    assert hidden.step_s(chunk) == pytest.approx(gpu.step_s(chunk))
+    # a host slower than all of it: the launching
+    slow = timer(0.05)
+    assert slow.step_s(chunk) == pytest.approx(STEP_OVERHEAD_S + 2 * 0.05)
+    # within the graphs the kernels' own time, padded, as before
+    assert timer(0.05).step_s(StepBatch(prefill_tokens=8, prefill_pairs=36, sampled=1)) < 0.01
 
 
 def test_on_a_gpu_server_the_engines_step_work_runs_beside_the_gpus_step() -> None:
@@ -362,9 +387,9 @@ def test_a_gpu_plan_uses_the_models_kernel_table_where_one_was_kept() -> None:
 def test_a_plan_for_an_engine_with_fewer_graphs_prefills_at_the_hosts_launch_pace() -> None:
     """The engine's CUDA-graph range (from the user's vLLM flags: Policy.graph_tokens) decides
     which steps the kernel table times as replayed graphs and which as eager layers the host
-    launches: a 512-token prompt past a 64-token range takes the host's pace a layer, in the
-    plan's figure and in its simulated load alike."""
-    from launcher.planner.hardware import SERVER_HOST
+    launches: a 512-token prompt past a 64-token range takes the host's pace a layer (the
+    engine core's own work with it), in the plan's figure and in its simulated load alike."""
+    from launcher.planner.hardware import SERVER_HOST, STEP_OVERHEAD_S
     from launcher.planner.loadsim import SimulatedPrediction
     from launcher.planner.plan import plan
     from launcher.planner.plantypes import Policy
@@ -383,11 +408,14 @@ def test_a_plan_for_an_engine_with_fewer_graphs_prefills_at_the_hosts_launch_pac
     few = plan(topo, m, Policy(**ask, graph_tokens=64))
     launch = SERVER_HOST.layer_launch_s  # a saved topology plans for the shipped host
     ttft_gap = 512 / few.predicted.prefill_tok_s - 512 / graphs.predicted.prefill_tok_s
-    # each of the 32 layers waits for its launch instead of its (much shorter) kernels
+    # the step waits for the host's launching of its 32 layers instead of its (much shorter)
+    # GPU work: the layers' kernels, their attention and the LM head's row
     layer_gpu = sum(_at_for(eager, op, 512) for op in ("linear:qkv", "linear:o",
                                                        "linear:gate_up", "linear:down",
-                                                       "norm", "norm", "rope", "act"))
-    assert ttft_gap == pytest.approx(m.num_layers * (launch - layer_gpu), rel=0.05)
+                                                       "norm", "norm", "rope", "act",
+                                                       "attn:prefill"))
+    gpu = m.num_layers * layer_gpu + _at_for(eager, "head", 1)
+    assert ttft_gap == pytest.approx(STEP_OVERHEAD_S + m.num_layers * launch - gpu, rel=0.05)
     assert isinstance(few.predicted, SimulatedPrediction)
     assert isinstance(graphs.predicted, SimulatedPrediction)
     assert few.predicted.ttft_p50_s > graphs.predicted.ttft_p50_s  # the load simulation too
