@@ -231,34 +231,35 @@ def _text(raw: Any, what: str) -> str:
 def _steadiness(raw: Any) -> Steadiness:
     if not isinstance(raw, dict) or not isinstance(raw.get("spread"), dict):
         raise HostCostError("the host timing record's steadiness is not an object with a spread")
-    busy = raw.get("others_busy")
-    dropped = raw.get("dropped")
     return Steadiness(
-        int(_num(raw.get("rounds"), "rounds", 1e4)),
-        0 if dropped == 0 and not isinstance(dropped, bool)
-        else int(_num(dropped, "dropped", 1e4)),
+        int(_field(raw, "rounds", 1e4)),
+        int(_field(raw, "dropped", 1e4, unset=(0,))),
         tuple((str(term)[:40], _num(v, f"spread of {str(term)[:40]}", 1e6))
               for term, v in raw["spread"].items()),
-        _num(raw.get("speed_spread"), "speed_spread", 1e6),
-        _num(raw.get("host_slowed"), "host_slowed", 1e6),
+        _field(raw, "speed_spread", 1e6),
+        _field(raw, "host_slowed", 1e6),
         # 0: nothing else ran; -1: not known (no /proc/stat)
-        float(busy) if busy in (0, -1) and not isinstance(busy, bool)
-        else _num(busy, "others_busy", 1e5),
-        0.0 if raw.get("reference_s") is None else _num(raw["reference_s"], "reference_s", 1.0),
-        1.0 if raw.get("slower_than_before") is None
-        else _num(raw["slower_than_before"], "slower_than_before", 1e6),
+        _field(raw, "others_busy", 1e5, unset=(0, -1)),
+        # absent (a record from before they were written) or 0: not recorded, not sampled
+        _field(raw, "reference_s", 1.0, absent=0.0, unset=(0,)),
+        _field(raw, "slower_than_before", 1e6, absent=1.0),
         _text(raw.get("before", ""), "before"),
-        _unsampled_or(raw.get("sustained"), "sustained", 1e3),
-        _unsampled_or(raw.get("sustained_s"), "sustained_s", 1.0),
+        _field(raw, "sustained", 1e3, absent=0.0, unset=(0,)),
+        _field(raw, "sustained_s", 1.0, absent=0.0, unset=(0,)),
     )
 
 
-def _unsampled_or(raw: Any, what: str, hi: float) -> float:
-    """A sustained figure from its JSON: absent (a record from before it was sampled) or 0 is
-    0.0, not sampled."""
-    if raw is None or (raw == 0 and not isinstance(raw, bool)):
-        return 0.0
-    return _num(raw, what, hi)
+def _field(raw: dict[str, Any], what: str, hi: float, *, absent: float | None = None,
+           unset: tuple[float, ...] = ()) -> float:
+    """The record's number ``what``: ``absent`` where it has none (None: it must have one), the
+    value itself where it is one of ``unset`` (the field's "none" values; a number, not a bool),
+    else a positive number below ``hi``."""
+    value = raw.get(what)
+    if value is None and absent is not None:
+        return absent
+    if value in unset and not isinstance(value, bool):
+        return float(value)
+    return _num(value, what, hi)
 
 
 def from_json(raw: Any) -> HostTiming:
@@ -275,14 +276,14 @@ def from_json(raw: Any) -> HostTiming:
     k = raw.get("key")
     if not isinstance(k, dict):
         raise HostCostError("the host timing record has no key object")
-    key = HostKey(_text(k.get("cpu"), "cpu"), int(_num(k.get("cores"), "cores", 1e5)),
+    key = HostKey(_text(k.get("cpu"), "cpu"), int(_field(k, "cores", 1e5)),
                   _text(k.get("vllm"), "vllm"))
     return HostTiming(
         key,
-        _num(raw.get("prompt_token_s"), "prompt_token_s", 1e-3),
-        _num(raw.get("request_s"), "request_s", 1.0),
-        _num(raw.get("step_s"), "step_s", 1.0),
-        _num(raw.get("seq_step_s"), "seq_step_s", 0.1),
+        _field(raw, "prompt_token_s", 1e-3),
+        _field(raw, "request_s", 1.0),
+        _field(raw, "step_s", 1.0),
+        _field(raw, "seq_step_s", 0.1),
         _text(raw.get("measured_at"), "measured_at"),
         None if version == 1 else _steadiness(raw.get("steadiness")),
     )

@@ -328,6 +328,10 @@ def test_a_host_whose_cpus_flicker_is_planned_at_the_pace_a_running_thread_keeps
     assert "MAY BE LOW: a thread that kept running averaged x1.27" in old.steadiness_note()
     del raw["steadiness"]["sustained"]
     assert hostcost.from_json(raw).steadiness.sustained == 0.0  # type: ignore[union-attr]
+    # a record whose reference was not recorded (0, as Steadiness says) reads back as written
+    unrecorded = replace(fast, steadiness=replace(fast.steadiness, reference_s=0.0))
+    assert hostcost.from_json(json.loads(json.dumps(hostcost.to_json(unrecorded)))) == unrecorded
+    assert unrecorded.pace() == 1.0
 
 
 def test_a_format_1_record_still_reads_and_says_it_was_one_pass(tmp_path: Path) -> None:
