@@ -640,14 +640,10 @@ def _ms(s: float) -> str:
 
 def shorter_context(m: ModelSpec, r: Room, ask: AgentAsk) -> int:
     """The longest prefix of which ``r.need`` sessions fit the room (0: none)."""
-    lo, hi = 0, ask.context
-    while lo < hi:  # the sessions held shrink as the prefix grows: bisect
-        mid = (lo + hi + 1) // 2
-        if r.sessions(m, mid + ask.turn_tokens + ask.gen_tokens) >= max(1, r.need):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    # the sessions held shrink as the prefix grows: bisect
+    return memfit.longest_passing(
+        lambda n: r.sessions(m, n + ask.turn_tokens + ask.gen_tokens) >= max(1, r.need),
+        ask.context)
 
 
 def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: AgentAsk,

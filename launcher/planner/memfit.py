@@ -29,7 +29,7 @@ memory of its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from launcher.model.modelspec import GIB, KvGroup, ModelSpec
@@ -256,10 +256,16 @@ def longest_context(
     def fits(n: int) -> bool:
         return request_kv_bytes(m, n, batched_tokens, kv_dtype_bytes, block, in_flight) <= kv_budget
 
-    lo, hi = 0, max(1, m.max_position_embeddings)
-    if fits(hi):
-        return hi
-    while lo < hi:  # the need grows with the length: bisect, as vLLM's own estimate does
+    hi = max(1, m.max_position_embeddings)
+    # the need grows with the length: bisect, as vLLM's own estimate does
+    return hi if fits(hi) else longest_passing(fits, hi)
+
+
+def longest_passing(fits: Callable[[int], bool], hi: int) -> int:
+    """The largest length in 0..``hi`` that ``fits`` (0 where none longer does), by bisection:
+    ``fits`` holds up to some length and not past it."""
+    lo = 0
+    while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(mid):
             lo = mid
