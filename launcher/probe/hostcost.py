@@ -189,18 +189,17 @@ class HostTiming:
         why = st.unsteady(self.key.cores)
         note += (f"; MAY BE HIGH: {'; '.join(why)}; time again on an idle host"
                  if why else "")
-        if self.pace() != 1.0:
+        pace = self.pace()
+        if pace != 1.0:
             note += (f"; planned at the pace a running thread kept here: the reference's "
                      f"mean over {SUSTAIN_SAMPLES} samples, {st.sustained_s * 1e3:.2f} ms, "
-                     f"x{self.pace():.2f} the rounds' (x{st.sustained:.2f} its fastest tenth)")
-            if max(self.pace(), 1 / self.pace()) > UNSTEADY:
+                     f"x{pace:.2f} the rounds' (x{st.sustained:.2f} its fastest tenth)")
+            if (apart := max(pace, 1 / pace)) > UNSTEADY:
                 # an average, not what one engine keeps (PACE_SPREAD): say which way it may go
-                faster = self.pace() > 1
                 note += (f"; an engine may keep the rounds' speed instead (on the lent H200 "
                          f"engines kept x{PACE_SPREAD[0]:.2f}-{PACE_SPREAD[1]:.2f} of a sampled "
-                         f"pace), so host-bound figures may come out up to "
-                         f"x{max(self.pace(), 1 / self.pace()):.2f} "
-                         f"{'faster' if faster else 'slower'} than planned")
+                         f"pace), so host-bound figures may come out up to x{apart:.2f} "
+                         f"{'faster' if pace > 1 else 'slower'} than planned")
         elif st.sustained > UNSTEADY:
             note += (f"; MAY BE LOW: a thread that kept running averaged x{st.sustained:.2f} "
                      f"its fastest speed here (the CPUs' speed moved while sampled), so "
