@@ -108,9 +108,14 @@ def test_a_stream_the_server_held_back_has_its_step_read_from_its_end_never_as_z
     assert all(0.8 * STEP_S < s < 10 * STEP_S for s in got.steps_s), got.steps_s
     assert all(TTFT_S <= t < TTFT_S + 5 * STEP_S for t in got.long_ttft_s), got.long_ttft_s
     assert got.unread_rounds, got
-    assert got.unread_rounds[0].startswith(
-        "round 2: the decode's step read from its end: its first token came in one burst with "
-        f"{TOKENS - 1} more of its {TOKENS} tokens"), got.unread_rounds
+    # a loaded host may space the held-back burst's first two events past BURST_GAP_S: then
+    # the stream reads as a first token alone and a step no decode makes; both readings say
+    # the generation was held back, and either keeps the decode off the stream's own step
+    why = got.unread_rounds[0]
+    assert why.startswith("round 2: the decode's step read from its end: "), got.unread_rounds
+    assert why.endswith("held back, then sent at once)"), why
+    assert (f"in one burst with {TOKENS - 1} more of its {TOKENS} tokens" in why
+            or f"its {TOKENS} tokens came within " in why), why
     assert all("\n" not in why and len(why) <= 200 for why in got.unread_rounds)
 
 
