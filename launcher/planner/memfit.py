@@ -318,22 +318,24 @@ def pool_blocks(
     type a block spans one layer of each (padded) group, ``num_blocks = kv_bytes // (block ×
     bytes per token and layer × group size)`` (kv_cache_utils.py
     ``get_kv_cache_config_from_groups``); with several page sizes, one block of every layer."""
-    per, _ = _pool_block(vllm_groups(m), kv_dtype_bytes, block)
+    per, _, _ = _pool_block(m, kv_dtype_bytes, block)
     return int(kv_bytes // per) if per else 0
 
 
 def _pool_block(
-    groups: list[tuple[KvGroup, int]], kv_dtype_bytes: int, block: int
-) -> tuple[int, int | None]:
-    """One block of vLLM's pool: its bytes, and how many layers of each group it spans (None
-    where the layer types' page sizes differ: then a block is one block of every layer, and a
-    request's blocks are counted from its bytes)."""
+    m: ModelSpec, kv_dtype_bytes: int, block: int
+) -> tuple[int, list[tuple[KvGroup, int]], int | None]:
+    """One block of vLLM's pool: its bytes, :func:`vllm_groups`, and how many layers of each
+    group a block spans (:func:`_vllm_grouping`'s size, a lone type's layers; None where the
+    layer types' page sizes differ: then a block is one block of every layer, and a request's
+    blocks are counted from its bytes)."""
+    size, groups = _vllm_grouping(m)
     if not groups:
-        return 0, None
-    if len({g.bytes_per_token(kv_dtype_bytes) for g, _ in groups}) > 1:
-        return sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups), None
-    size = min(n for _, n in groups) if len(groups) > 1 else groups[0][1]
-    return block * groups[0][0].bytes_per_token(kv_dtype_bytes) * size, size
+        return 0, groups, None
+    if len(groups) > 1 and not size:
+        return sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups), groups, None
+    span = size or groups[0][1]
+    return block * groups[0][0].bytes_per_token(kv_dtype_bytes) * span, groups, span
 
 
 def request_blocks(
@@ -346,10 +348,9 @@ def request_blocks(
 ) -> int:
     """The blocks of :func:`pool_blocks`'s pool one request of ``tokens`` takes: whole blocks per
     group, a sliding-window group only its window's (:func:`layer_blocks`)."""
-    groups = vllm_groups(m)
+    per, groups, size = _pool_block(m, kv_dtype_bytes, block)
     if not groups:
         return 0
-    per, size = _pool_block(groups, kv_dtype_bytes, block)
     if size is None:
         need = request_kv_bytes(m, tokens, batched_tokens, kv_dtype_bytes, block, in_flight)
         return -(-need // per)
