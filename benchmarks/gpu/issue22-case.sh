@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One of issue 22's table cases in one device call, planned on the machine that serves it:
+#
+#   bash benchmarks/gpu/issue22-case.sh CASE     (from the snapshot the call carries, below)
+#
+# A call that does not come back loses everything in it, and a machine can be released between
+# calls, after which the next one is a different host (the ninth table's second machine ran the
+# host's reference workload 1.75x faster than the first, which had planned its case). So each
+# call plans its own case on its own host right before serving it:
+#   1. the bundle unpacked into /root/site if this machine has not got it yet (its five parts
+#      staged in /root/stage by the calls before, as README.md says);
+#   2. the shipped profile's plans (predictions-shipped-CASE.jsonl), before anything else;
+#   3. `probe --measure` and `probe --measure --model` of the case (issue22-table.sh probe);
+#   4. the primary plans (predictions-measured-CASE.jsonl), named in PRIMARY.txt with the time,
+#      before the engine starts;
+#   5. the case served and measured (issue22-table.sh CASE).
+# Results under $OUT (default /root/t9), as issue22-table.sh writes them; the call then tars
+# them back. Time: unpack ~5 s, probe 100-130 s (host ~40 s, a model's table 60-90 s), plans
+# ~20 s, a start 130-270 s and the scenarios 20-60 s: ~300-500 s, under one call's 600.
+# The snapshot: SNAP=.t9src, made as README.md says (git archive of the planner and these
+# scripts, with a REV file naming the commit); the call carries .gpu/d4 and $SNAP.
+set -u
+case_=${1:?usage: issue22-case.sh CASE}
+snap=${SNAP:-.t9src}
+export OUT=${OUT:-/root/t9}
+mkdir -p /root/site "$OUT"
+t0=$(date +%s)
+if [[ ! -d /root/site/vllm ]]; then
+  cat /root/stage/site.tar.xz.part* | xz -d -T16 | tar -xf - -C /root/site
+  tar xzf .gpu/d4/pylib.tgz -C /root/site
+  echo "unpacked in $(( $(date +%s) - t0 ))s"
+fi
+rm -rf /root/src && cp -r "$snap" /root/src
+cd /root/src
+export PYTHONPATH=/root/site:/root/src MONITOR_BUSY=${MONITOR_BUSY:-1}
+S=benchmarks/gpu/issue22-table.sh
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  grep -m1 "model name" /proc/cpuinfo; } > "$OUT/machine-$case_.txt"
+PREDICT_CASES=$case_ PRED_TAG=shipped-$case_ bash $S predict
+PREDICT_CASES=$case_ bash $S probe
+cp "$OUT/probe.txt" "$OUT/probe-$case_.txt"
+PREDICT_CASES=$case_ PRED_TAG=measured-$case_ bash $S predict
+echo "primary $case_: predictions-measured-$case_.jsonl (planner $(cat REV 2>/dev/null || echo ?)," \
+  "made $(date -u +%FT%TZ) on $(hostname), before its engine started)" | tee -a "$OUT/PRIMARY.txt"
+bash $S "$case_"
+echo "$case_: call done in $(( $(date +%s) - t0 ))s"
