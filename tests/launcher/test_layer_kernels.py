@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from launcher.planner.hardware import (
 )
 from launcher.probe import layerops
 from tests.launcher.paths import REPO
+from tests.support import early
 
 MODELS = REPO / "benchmarks" / "gpu" / "models"
 # one shape of each family the registry gives a count for (its dense decoder layer)
@@ -37,22 +39,43 @@ LLAMA_OPS = ("vllm_ir.fused_add_rms_norm", "_C.onednn_mm", "_C.rotary_embedding"
              "aten.mul", "_C.onednn_mm")
 
 
-@pytest.fixture(scope="module")
-def counted() -> dict[str, layerops.LayerOps]:
-    """Each shape's dense layer, counted in one process (~30 s on two cores)."""
-    pytest.importorskip("vllm")
-    got = subprocess.run([sys.executable, "-m", "launcher.probe.layerops",
-                          *(str(MODELS / s) for s in SHAPES)],
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert got.returncode == 0, got.stderr[-3000:]
+def begin_count(tmp: Path) -> dict[str, layerops.LayerOps]:
+    """Each shape's dense layer, counted in one process that imports vLLM (~30 s on two cores):
+    begun in the background at collection, beside the pure tests (tests/support/early.py)."""
+    # files, not pipes: nobody reads a pipe while this waits
+    with (tmp / "count.out").open("wb") as so, (tmp / "count.err").open("wb") as se:
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.probe.layerops",
+                                 *(str(MODELS / s) for s in SHAPES)],
+                                stdout=so, stderr=se, cwd=REPO, env=early.environ())
+    deadline = time.monotonic() + 600
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "launcher.probe.layerops ran past 600 s"
+            early.pause(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = (tmp / "count.err").read_text(errors="replace")
+    assert proc.returncode == 0, stderr[-3000:]
     out: dict[str, layerops.LayerOps] = {}
-    for line in got.stdout.splitlines():
+    for line in (tmp / "count.out").read_text().splitlines():
         if line.startswith("{"):
             d = json.loads(line)
             rec = layerops.LayerOps(**{**d, "ops": tuple(d["ops"])})
             if not rec.moe:
                 out.setdefault(Path(rec.folder).name, rec)
     return out
+
+
+early.register(__file__, "counted", begin_count, lambda _: None, holds=False)
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, layerops.LayerOps]:
+    pytest.importorskip("vllm")
+    got: dict[str, layerops.LayerOps] = early.take(__file__, "counted", tmp_path_factory)
+    return got
 
 
 @pytest.mark.parametrize("shape", SHAPES)
