@@ -37,6 +37,7 @@ from launcher.planner.schedsim import (
     SimResult,
     StepBatch,
     Workload,
+    percentile,
     percentiles,
     simulate,
 )
@@ -46,6 +47,13 @@ from launcher.probe.topology import Topology
 # loadgen's default run at a concurrency: 4 requests per stream (loadgen/cli.py --requests);
 # its warm-up before them is not simulated (a warm engine is what a plan describes)
 LOADGEN_REQUESTS_PER_STREAM = 4
+# How far a run's median may move: a tenth of the requests landing on the other side of it
+# (a run's own order of arrivals and steps), i.e. its 40th to 60th percentile; said where that
+# span is wider than +-15% of the p50 (the tables' bar), as where first tokens come in waves
+# through the batched-token budget and the median falls on the step between two of them
+# (issue 22's ninth table: a 4-bit model's 32-stream p50 landed in a wave of 15 of 128)
+MEDIAN_SHIFT = 10.0
+MEDIAN_STEP = 0.15
 
 
 @dataclass(frozen=True)
@@ -196,7 +204,19 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         f"from the simulated vLLM scheduler (budget {lim.max_num_batched_tokens} batched "
         f"tokens, chunked prefill, max_num_seqs {lim.max_num_seqs}, the fit's KV blocks; each "
         f"step timed by {source}): TTFT p50 {_ms(ttft.p50)}, p90 {_ms(ttft.p90)}; "
-        f"TPOT p50 {_ms(tpot.p50)}", *host)
+        f"TPOT p50 {_ms(tpot.p50)}{median_step([r.ttft_s for r in requests])}", *host)
+
+
+def median_step(values: list[float]) -> str:
+    """Where the median sits on a step between waves, the span a run's median may land in
+    (:data:`MEDIAN_SHIFT`), as a clause of the load line; "" where it is steady."""
+    mid = percentile(values, 50)
+    low, high = percentile(values, 50 - MEDIAN_SHIFT), percentile(values, 50 + MEDIAN_SHIFT)
+    if mid <= 0 or high - low <= 2 * MEDIAN_STEP * mid:
+        return ""
+    return (f" (the TTFT p50 sits on a step between waves of first tokens: with "
+            f"{MEDIAN_SHIFT:g}% of the requests on its other side it would be {_ms(low)} to "
+            f"{_ms(high)})")
 
 
 def host_line(host: HostProfile) -> str:

@@ -258,19 +258,23 @@ class Percentiles:
     p99: float
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The linear-interpolated ``q``-th percentile (numpy's default, and loadgen's)."""
+    if not values:
+        raise SimError("no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
 def percentiles(values: Sequence[float]) -> Percentiles:
     """Linear-interpolated percentiles (numpy's default, and loadgen's)."""
     if not values:
         raise SimError("no values")
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        pos = (len(ordered) - 1) * q / 100.0
-        low = math.floor(pos)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-    return Percentiles(math.fsum(ordered) / len(ordered), at(50), at(90), at(99))
+    return Percentiles(math.fsum(values) / len(values), percentile(values, 50),
+                       percentile(values, 90), percentile(values, 99))
 
 
 @dataclass(frozen=True)

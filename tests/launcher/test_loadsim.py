@@ -15,7 +15,7 @@ from launcher.engine.planfile import plan_from_json, plan_to_json
 from launcher.engine.render import render
 from launcher.errors import PlanError
 from launcher.model.modelspec import ModelSpec, load_model_spec
-from launcher.planner import costmodel
+from launcher.planner import costmodel, loadsim
 from launcher.planner.layouts import Links, Shape, best_candidate
 from launcher.planner.loadsim import RooflineStep, SimulatedPrediction
 from launcher.planner.plan import Plan, Policy, plan
@@ -200,3 +200,23 @@ def test_a_plan_files_load_figures_read_back_or_are_refused_in_one_line(
         return
     got = plan_from_json(d).predicted
     assert isinstance(got, SimulatedPrediction) == bool(load)
+
+
+def test_a_median_on_the_step_between_waves_of_first_tokens_is_said_with_its_span() -> None:
+    # 128 first tokens in four waves, the median at the edge of a small one (the ninth H200
+    # table's 4-bit model at 32 streams): a run's p50 may land a wave earlier or later
+    waves = [0.1] * 4 + [0.44] * 9 + [0.76] * 45 + [1.11] * 15 + [1.4] * 55
+    line = loadsim.median_step(waves)
+    assert "sits on a step between waves" in line
+    assert "760 ms to 1400 ms" in line, line
+
+
+@given(st.floats(0.01, 10.0), st.lists(st.floats(-0.1, 0.1), min_size=1, max_size=200))
+def test_first_tokens_all_within_10_percent_of_one_time_get_no_clause(
+    around: float, spread: list[float]
+) -> None:
+    assert loadsim.median_step([around * (1 + d) for d in spread]) == ""
+
+
+def test_a_steady_stream_of_first_tokens_has_no_step() -> None:
+    assert loadsim.median_step([0.2 + 0.001 * i for i in range(128)]) == ""
