@@ -21,6 +21,18 @@
 #  retime   this host's front end timed again (the host-only part of `probe --measure`, kept
 #           where plans find it, as the probe keeps it), appended to $OUT/host-timings.txt:
 #           run right before a case's plans, so that they describe the host as it is then
+# Weights: vLLM's dummy loader (--load-format dummy) for every case but the 4-bit (AWQ) ones, which
+# WEIGHTS below marks random: such a step first writes a random checkpoint of the shape with
+# benchmarks/gpu/random_checkpoint.py (--device cuda, to $CKPT_ROOT/<shape folder>, default
+# /root/ckpt; the served model keeps the shape folder's name), serves it with --load-format auto
+# (run_config.sh's LOAD_FORMAT) and deletes it after the case (KEEP_CKPT=1 keeps it; awq70's is
+# 33.2 GiB of the machine's 64 GiB disk). Why: the dummy loader leaves a 4-bit layer's integer
+# weights (qweight, qzeros) as zeros, on which the H200's 4-bit GEMM runs x0.82-0.83 of the
+# random weights' time at 8192 tokens and x0.85-0.91 at 512 (results/2026-12-04-h200-table9/
+# dummy-weights.txt); the plans describe a real checkpoint. Every 4-bit figure of the tables up
+# to the ninth was measured on the zeros; LOAD_WEIGHTS=dummy serves every case that way again.
+# The plans (predict, probe) read the shape folder as before: the checkpoint's size is the size
+# the plans take for it, to the byte (launcher.model.modelspec's AWQ estimate).
 # Beside every step, benchmarks/gpu/host_speed.py samples the host's speed (a fixed piece of
 # pure-Python work, CPU and wall time, and the machine's steal time) every 5 s into
 # $OUT/host-speed.jsonl: whether the host's speed moves between the probe and the serving.
@@ -145,7 +157,8 @@
 #  long8b   Llama-3.1-8B shape: 16k-token prompts, one and four at once
 #  qwen3    Qwen3-32B shape (q/k norms, 64 heads): single, c32, long16, depth
 #  small3b  Llama-3.2-3B shape: single, c32, long16, depth
-# One GPU, --gpu-memory-utilization per case (UTIL below), random weights (--load-format dummy).
+# One GPU, --gpu-memory-utilization per case (UTIL below), random weights (--load-format dummy;
+# the 4-bit cases a random checkpoint: WEIGHTS below).
 # CUDA graphs to 64 tokens for the cases before the fifth table (run_config.sh's default; RANGE
 # below gives each case its range, passed to the plans and to run_config.sh alike, and
 # COMPILATION_CONFIG set in the environment overrides every case's);
@@ -196,6 +209,10 @@ declare -A UTIL=([qwen06]=0.3 [gemma270]=0.3 [q3awq32]=0.3 [moe30]=0.5
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
+# each case's weights: dummy (vLLM's dummy loader) unless named here; random: a random checkpoint
+# written on the machine before the start (see the header). LOAD_WEIGHTS=dummy|random overrides all
+declare -A WEIGHTS=([q3awq32]=random [q3awq14]=random [awq70]=random [awq8b]=random
+  [awq14]=random [awq]=random)
 # as run_config.sh sets it (keep the two in step): graphs to 64 tokens
 GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
 # each case's CUDA-graph range, the same in its plans and its start: the fifth to eighth
@@ -280,8 +297,21 @@ for step in "$@"; do
   port=$((port + 10))
   # the MoE routing the plans assume (see glm above); vLLM reads it in the engine's processes
   routing=; [[ $step == glm || $step == mlalong || $step == moe30 ]] && routing=uniform_random
+  # a random checkpoint in place of the dummy loader's zeros (WEIGHTS, the header)
+  dir=$M/${MODEL[$step]} load=dummy
+  if [[ ${LOAD_WEIGHTS:-${WEIGHTS[$step]:-dummy}} == random ]]; then
+    dir=${CKPT_ROOT:-/root/ckpt}/${MODEL[$step]} load=auto t0=$(date +%s)
+    if ! python3 benchmarks/gpu/random_checkpoint.py "$M/${MODEL[$step]}" "$dir" \
+        --device "${CKPT_DEVICE:-cuda}" >"$OUT/ckpt-$step.txt" 2>&1; then
+      echo "$step: random checkpoint failed: $(tail -n 1 "$OUT/ckpt-$step.txt")" | tee -a "$OUT/summary.txt"
+      rm -rf "$dir"; continue
+    fi
+    echo "$step: random checkpoint $(tail -n 1 "$OUT/ckpt-$step.txt") in $(( $(date +%s) - t0 ))s" |
+      tee -a "$OUT/summary.txt"
+  fi
   VLLM_MOE_ROUTING_SIMULATION_STRATEGY=${routing:-${VLLM_MOE_ROUTING_SIMULATION_STRATEGY:-}} \
-  COMPILATION_CONFIG=$(compile_cfg "$step") \
+  COMPILATION_CONFIG=$(compile_cfg "$step") LOAD_FORMAT=$load \
   PORT=$port ENGINE_PORT=$((port + 100)) bash benchmarks/gpu/run_config.sh "$step${NAME_SUFFIX:-}" \
-    "$M/${MODEL[$step]}" "$(base "$step")" "${SCEN[$step]}"
+    "$dir" "$(base "$step")" "${SCEN[$step]}"
+  [[ $load == auto && ${KEEP_CKPT:-0} != 1 ]] && rm -rf "$dir"
 done

@@ -11,6 +11,8 @@
 # timers, one at a time and in bursts of 32, direct and through the proxy).
 # Results: $OUT/NAME/*.json (loadgen), launcher.out, nccl.txt (the transports NCCL logged).
 # Run with PYTHONPATH holding vLLM (see benchmarks/gpu/BUNDLE.md); multicast stays off.
+# Weights: vLLM's dummy loader unless LOAD_FORMAT says otherwise (auto: MODEL_DIR's checkpoint,
+# e.g. one benchmarks/gpu/random_checkpoint.py wrote; issue22-table.sh's WEIGHTS=random cases).
 set -uo pipefail
 name=$1 model=$2 largs=$3 scenarios=$4
 root=${OUT:-/tmp/out}
@@ -28,7 +30,7 @@ t0=$(date +%s)
 # shellcheck disable=SC2086
 python3 -m launcher serve --model "$model" --port "$port" --engine-port "$eport" \
   --log-dir "$out/logs" --ready-timeout 480 $largs \
-  -- --load-format dummy --compilation-config "$COMPILE_CFG" ${VLLM_EXTRA:-} >"$out/launcher.out" 2>&1 &
+  -- --load-format "${LOAD_FORMAT:-dummy}" --compilation-config "$COMPILE_CFG" ${VLLM_EXTRA:-} >"$out/launcher.out" 2>&1 &
 lp=$!
 ready=0
 for _ in $(seq 1 500); do
