@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -114,7 +115,8 @@ def test_a_stream_the_server_held_back_has_its_step_read_from_its_end_never_as_z
     why = got.unread_rounds[0]
     assert why.startswith("round 2: the decode's step read from its end: "), got.unread_rounds
     assert why.endswith("held back, then sent at once)"), why
-    assert (f"in one burst with {TOKENS - 1} more of its {TOKENS} tokens" in why
+    # a loaded host may also split the burst: any held count, of the whole generation
+    assert (re.search(rf"in one burst with \d+ more of its {TOKENS} tokens", why)
             or f"its {TOKENS} tokens came within " in why), why
     assert all("\n" not in why and len(why) <= 200 for why in got.unread_rounds)
 
