@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,15 +46,7 @@ def begin_count(tmp: Path) -> dict[str, layerops.LayerOps]:
         proc = subprocess.Popen([sys.executable, "-m", "launcher.probe.layerops",
                                  *(str(MODELS / s) for s in SHAPES)],
                                 stdout=so, stderr=se, cwd=REPO, env=early.environ())
-    deadline = time.monotonic() + 600
-    try:
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, "launcher.probe.layerops ran past 600 s"
-            early.pause(0.5)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    early.wait_exit(proc, 600, "launcher.probe.layerops", poll_s=0.5)
     stderr = (tmp / "count.err").read_text(errors="replace")
     assert proc.returncode == 0, stderr[-3000:]
     out: dict[str, layerops.LayerOps] = {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +64,7 @@ def begin_oracle(root: Path) -> dict[str, Any]:
             stderr=err,
             env=early.environ(),
         )
-    deadline = time.monotonic() + 1500
-    try:
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, "the probe ran past 1500 s"
-            early.pause(1.0)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    early.wait_exit(proc, 1500, "the probe")
     stderr = (root / "probe.err").read_text(errors="replace")
     assert result.is_file(), f"the probe wrote nothing (exit {proc.returncode}): {stderr[-2000:]}"
     data: dict[str, Any] = json.loads(result.read_text())

@@ -23,7 +23,9 @@ it starts gets ``environ()``, never os.environ, and absolute paths.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -114,6 +116,22 @@ def pause(seconds: float) -> None:
     """Sleep between polls of a start; a start still waiting at session end stops here."""
     if _ended.wait(seconds):
         raise SessionEnded("the test session ended before this start was ready")
+
+
+def wait_exit(proc: subprocess.Popen[bytes], limit_s: float, what: str,
+              poll_s: float = 1.0) -> None:
+    """Wait for a background job's process to exit, pausing between polls (:func:`pause`);
+    killed, never left running, when it runs past ``limit_s`` (failing with ``what`` ran past
+    it) or the session ends first."""
+    deadline = time.monotonic() + limit_s
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, f"{what} ran past {limit_s:g} s"
+            pause(poll_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _free_bytes() -> int:
