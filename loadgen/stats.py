@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from loadgen.slo import Slo, SloResult, judge
 from loadgen.timing import RequestResult
+from topocommon.quantiles import percentile
 
 STATS = ("mean", "p50", "p90", "p99")
 
@@ -58,16 +59,6 @@ class Summary:
     tpot_s: Dist | None = None  # (e2e − TTFT) / (completion − 1), what SLOs judge
     slo: SloResult | None = None
     max_in_flight: int = 0  # most requests between send and end at one moment
-
-
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of already sorted values."""
-    if not ordered:
-        raise ValueError("percentile of no values")
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def dist(values: Sequence[float]) -> Dist:

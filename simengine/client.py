@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from topocommon import http1
+from topocommon import http1, quantiles
 from topocommon.sse import Event, SseReader
 
 _ROLE_ONLY = b'"delta":{"role":"assistant","content":""},'
@@ -157,8 +157,4 @@ def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile, q in [0, 100]."""
     if not values:
         return float("nan")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    return quantiles.percentile(sorted(values), q)

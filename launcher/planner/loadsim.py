@@ -37,12 +37,12 @@ from launcher.planner.schedsim import (
     SimResult,
     StepBatch,
     Workload,
-    percentile,
     percentiles,
     simulate,
 )
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
+from topocommon.quantiles import percentile
 
 # loadgen's default run at a concurrency: 4 requests per stream (loadgen/cli.py --requests);
 # its warm-up before them is not simulated (a warm engine is what a plan describes)
@@ -210,8 +210,9 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
 def median_step(values: list[float]) -> str:
     """Where the median sits on a step between waves, the span a run's median may land in
     (:data:`MEDIAN_SHIFT`), as a clause of the load line; "" where it is steady."""
-    mid = percentile(values, 50)
-    low, high = percentile(values, 50 - MEDIAN_SHIFT), percentile(values, 50 + MEDIAN_SHIFT)
+    ordered = sorted(values)
+    mid = percentile(ordered, 50)
+    low, high = percentile(ordered, 50 - MEDIAN_SHIFT), percentile(ordered, 50 + MEDIAN_SHIFT)
     if mid <= 0 or high - low <= 2 * MEDIAN_STEP * mid:
         return ""
     return (f" (the TTFT p50 sits on a step between waves of first tokens: with "

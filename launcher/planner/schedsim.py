@@ -46,6 +46,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from topocommon.quantiles import percentile
+
 
 class SimError(ValueError):
     """The workload cannot run under these limits (one request needs more KV than exists)."""
@@ -258,23 +260,13 @@ class Percentiles:
     p99: float
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The linear-interpolated ``q``-th percentile (numpy's default, and loadgen's)."""
-    if not values:
-        raise SimError("no values")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def percentiles(values: Sequence[float]) -> Percentiles:
     """Linear-interpolated percentiles (numpy's default, and loadgen's)."""
     if not values:
         raise SimError("no values")
-    return Percentiles(math.fsum(values) / len(values), percentile(values, 50),
-                       percentile(values, 90), percentile(values, 99))
+    ordered = sorted(values)
+    return Percentiles(math.fsum(ordered) / len(ordered), percentile(ordered, 50),
+                       percentile(ordered, 90), percentile(ordered, 99))
 
 
 @dataclass(frozen=True)
