@@ -63,6 +63,11 @@ class Family:
     # (costmodel.eager_host_layer_s adds it to the layer's launch floor and scales it with the
     # host's speed). 0: none known.
     eager_layer_host_extra_s: float = 0.0
+    # The part of ``eager_layer_host_extra_s`` that a prefill step within the CUDA-graph range
+    # (piecewise graphs) still dispatches from Python: what runs inside the attention op, which
+    # vLLM leaves between the graph pieces; the rest is inside compiled pieces and replayed
+    # (costmodel.piecewise_host_layer_s). 0: none known.
+    piecewise_layer_host_extra_s: float = 0.0
     # Kernels one dense decoder layer of this family launches in an eager prefill step (past
     # the CUDA-graph range): counted, not listed, by launcher.probe.layerops from the installed
     # vLLM's own model class (a tiny random-weight copy of the family's config run on the CPU;
@@ -89,6 +94,18 @@ class Family:
 # up-projection is 2 GFLOP), so the time is the host's. Not yet checked on another model of
 # the family (Moonlight-16B-A3B, deepseek_v3, has the same layer and is the next check).
 DEEPSEEK_EAGER_LAYER_HOST_S = 1.0e-3
+# Of that, the MLA prefill path: inside the attention op, which piecewise CUDA graphs leave
+# between their pieces, so a prompt step within the graphs' range (vLLM's default: 512 tokens)
+# still dispatches it from Python a layer, while the grouped router and the shared experts run
+# inside the compiled pieces and are replayed. Charging the whole 1.0 ms in such steps (the
+# model until session 22) put the GLM-4.7-Flash shape's 512-token first token at 71 ms on the
+# shipped host against 38.4 and 42.9 ms measured on two lent H200 hosts at vLLM's default range
+# (benchmarks/gpu/results/2026-12-04-h200-table10/mlalong, 2026-12-03-h200-table5/mlalong).
+# FITTED to those two runs of one model (0.30 and 0.40 ms fit them on the shipped host: 38 and
+# 42 ms); the eager figure's other 0.65 ms is then the router's and the shared experts'. Not
+# checked on DeepSeek-V2-Lite or Moonlight at the default range (their runs capped the graphs
+# at 64 tokens: every 512-token prompt eager), which is the next check.
+MLA_PREFILL_HOST_S = 0.35e-3
 
 
 
@@ -111,7 +128,8 @@ FAMILIES: tuple[Family, ...] = (
     # vLLM's GraniteDecoderLayer runs as two more element-wise kernels (11, counted)
     Family("granite", ("granite",), "granite", eager_layer_kernels=11),
     Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3",
-           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S, eager_layer_kernels=12),
+           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S,
+           piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
     # GLM-4.7-Flash: vLLM 0.26/0.32 build its layer from DeepSeek-V2's latent attention
     # (vllm/model_executor/models/glm4_moe_lite.py subclasses DeepseekV2MLAAttention) and
     # GLM-4.5's MoE block (glm4_moe.py: grouped top-k with a sigmoid score and bias, one shared
@@ -121,7 +139,8 @@ FAMILIES: tuple[Family, ...] = (
     # No family parser: GLM's chat template names its tool-call format (toolcalls.py's
     # <arg_key> marker), and a tokenizer without those tokens must not get one switched on.
     Family("glm4_moe_lite", ("glm4_moe_lite",), None,
-           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S, eager_layer_kernels=12),
+           eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S,
+           piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
     Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
 )
 
@@ -148,6 +167,13 @@ def eager_layer_host_extra_s(family: str) -> float:
     """Host work an eager prefill layer of ``family`` adds (see the field); 0 if none known."""
     found = _BY_NAME.get(family)
     return found.eager_layer_host_extra_s if found else 0.0
+
+
+def piecewise_layer_host_extra_s(family: str) -> float:
+    """Host work a prefill layer of ``family`` adds within piecewise CUDA graphs (see the
+    field); 0 if none known."""
+    found = _BY_NAME.get(family)
+    return found.piecewise_layer_host_extra_s if found else 0.0
 
 
 def eager_layer_kernels(family: str) -> int:

@@ -573,13 +573,14 @@ def layer_host(m: ModelSpec, host: HostProfile) -> LayerHost:
 
 def piecewise_host_layer_s(m: ModelSpec, host: HostProfile) -> float:
     """The host's work a layer of a piecewise-graph step: the graph pieces' replays and the
-    attention ops run eagerly between them (:attr:`HostProfile.piecewise_layer_s`), and a
-    family's own extra Python work as in an eager layer (families.eager_layer_host_extra_s:
-    DeepSeek's is mostly its MLA prefill path, which is inside the attention op vLLM runs
-    between the pieces; taken whole, not split). A mixture-of-experts layer adds nothing: the
-    fused-MoE op is not a splitting op, so it is inside a piece and replayed."""
+    attention ops run eagerly between them (:attr:`HostProfile.piecewise_layer_s`), and the
+    part of a family's own extra Python work that runs inside the attention op
+    (families.piecewise_layer_host_extra_s: DeepSeek's and GLM's MLA prefill path), not the
+    whole eager extra: their grouped router and shared experts are inside compiled pieces. A
+    mixture-of-experts layer adds nothing: the fused-MoE op is not a splitting op, so it is
+    inside a piece and replayed."""
     speed = host.layer_launch_s / EAGER_HOST_LAYER_S  # this host against the shipped one
-    return host.piecewise_layer_s + speed * families.eager_layer_host_extra_s(m.family)
+    return host.piecewise_layer_s + speed * families.piecewise_layer_host_extra_s(m.family)
 
 
 def eager_host_layer_s(m: ModelSpec, host: HostProfile) -> float:

@@ -97,6 +97,24 @@ def test_a_deepseek_layer_launches_more_from_the_host_than_another_moe_layer() -
     assert families.family_name("deepseek_v3") == deepseek.family
 
 
+def test_within_the_graphs_an_mla_layer_keeps_only_its_attention_ops_host_work() -> None:
+    # piecewise graphs replay the grouped router and the shared experts (inside compiled
+    # pieces) but leave the MLA prefill path (inside the attention op) to Python: a GLM or
+    # DeepSeek prompt layer within the range costs more host work than a Qwen3-MoE layer's
+    # pieces, and less than its own eager layer's extra
+    glm, qwen3 = spec("glm-4.7-flash-shape"), spec("qwen3-30b-a3b-shape")
+    pw_glm = costmodel.piecewise_host_layer_s(glm, SERVER_HOST)
+    pw_qwen3 = costmodel.piecewise_host_layer_s(qwen3, SERVER_HOST)
+    eager_extra = families.eager_layer_host_extra_s(glm.family)
+    assert pw_qwen3 == pytest.approx(SERVER_HOST.piecewise_layer_s)
+    assert 0 < pw_glm - pw_qwen3 < eager_extra
+    assert families.piecewise_layer_host_extra_s(spec("deepseek-v2-lite-shape").family) == (
+        pytest.approx(pw_glm - pw_qwen3))
+    # a slower host scales that part with the rest of its launching
+    slow = replace(SERVER_HOST, layer_launch_s=2 * SERVER_HOST.layer_launch_s)
+    assert costmodel.piecewise_host_layer_s(glm, slow) == pytest.approx(2 * pw_glm)
+
+
 def test_a_slower_host_slows_every_part_of_an_eager_layers_launch() -> None:
     m = spec("deepseek-v2-lite-shape")
     slow = replace(SERVER_HOST, layer_launch_s=2 * SERVER_HOST.layer_launch_s)
