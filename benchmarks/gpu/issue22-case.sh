@@ -26,10 +26,18 @@ export OUT=${OUT:-/root/t9}
 mkdir -p /root/site "$OUT"
 t0=$(date +%s)
 if [[ ! -d /root/site/vllm ]]; then
+  # a machine released between calls comes back bare: without the bundle the probe would time
+  # torch alone and the start would fail, so stop here (the tenth table lost two calls so)
+  if ! compgen -G "/root/stage/site.tar.xz.part*" >/dev/null; then
+    echo "$case_: no vLLM bundle staged in /root/stage (a fresh machine): stage .gpu/e0..e4 first" >&2
+    exit 3
+  fi
   cat /root/stage/site.tar.xz.part* | xz -d -T16 | tar -xf - -C /root/site
   tar xzf .gpu/d4/pylib.tgz -C /root/site
   echo "unpacked in $(( $(date +%s) - t0 ))s"
 fi
+PYTHONPATH=/root/site python3 -c "import vllm" 2>/dev/null ||
+  { echo "$case_: vLLM does not import from /root/site: the staged bundle is incomplete" >&2; exit 3; }
 rm -rf /root/src && cp -r "$snap" /root/src
 cd /root/src
 export PYTHONPATH=/root/site:/root/src MONITOR_BUSY=${MONITOR_BUSY:-1}
