@@ -36,8 +36,8 @@ if [[ ! -d /root/site/vllm ]]; then
   tar xzf .gpu/d4/pylib.tgz -C /root/site
   echo "unpacked in $(( $(date +%s) - t0 ))s"
 fi
-PYTHONPATH=/root/site python3 -c "import vllm" 2>/dev/null ||
-  { echo "$case_: vLLM does not import from /root/site: the staged bundle is incomplete" >&2; exit 3; }
+[[ -f /root/site/vllm/__init__.py && -d /root/site/rich ]] ||
+  { echo "$case_: no vLLM or pylib in /root/site: the staged bundle is incomplete" >&2; exit 3; }
 rm -rf /root/src && cp -r "$snap" /root/src
 cd /root/src
 export PYTHONPATH=/root/site:/root/src MONITOR_BUSY=${MONITOR_BUSY:-1}
