@@ -331,7 +331,8 @@ PREFILL_CONTEXTS = (512, 2048)
 # reads long prompts off these points instead of stretching the 2,048-token one.
 GPU_PREFILL_CHUNKS = ((8192, 0), (8192, 8192), (8192, 24576))
 # In a table's notes where its prompt-chunk attention was timed through vLLM's own
-# FlashAttention (the FLASH_ATTN backend's kernel) rather than torch's SDPA.
+# FlashAttention (the FLASH_ATTN backend's kernel, which vLLM's MLA prefill runs too, at the
+# decompressed head dims) rather than torch's SDPA.
 FLASH_PREFILL_NOTE = "prompt-chunk attention timed through vLLM's FlashAttention"
 DECODE_CONTEXTS = (1024, 8192)
 DECODE_BATCH = 4
@@ -610,9 +611,9 @@ class _Ops:
         self, a: Attention, queries: int, context: int, seqs: int
     ) -> Callable[[], object] | None:
         """``seqs`` sequences of ``queries`` new tokens each attending over ``context`` keys
-        (causal when queries == context). Latent attention as vLLM runs it
-        (:meth:`latent_prefill`, :meth:`latent_decode`); None where it cannot be (said in
-        ``untimed``)."""
+        (causal when queries == context). Latent attention in the forms vLLM runs
+        (:meth:`latent_prefill`, SDPA where vLLM's FlashAttention is not timed; and
+        :meth:`latent_decode`); None where it cannot be (said in ``untimed``)."""
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
         if a.latent:
@@ -630,12 +631,37 @@ class _Ops:
 
     def flash_prefill(self, a: Attention, tokens: int, depth: int) -> Callable[[], object] | None:
         """A prompt chunk of ``tokens`` after ``depth`` cached ones through vLLM's own
-        FlashAttention (varlen, causal from the chunk's last row as chunked prefill runs it,
-        the sliding window as vLLM passes it), at the version vLLM picks first (FA3 on
-        Hopper); None where that kernel is not here or refuses the shape (then SDPA times the
-        whole prompts only). Contiguous K/V, not the paged cache: the same kernel's work."""
-        if self.device == "cpu" or a.latent:
+        FlashAttention, as vLLM runs that chunk; None on a CPU, and where that kernel is not
+        here or refuses the shape (then SDPA times the whole prompts only: :meth:`attention`).
+
+        Ordinary attention: the FLASH_ATTN backend's call, query and KV heads as the model has
+        them, the sliding window as vLLM passes it. Latent attention (MLA): vLLM's prefill
+        decompresses the latents through kv_b_proj (``linear:kv_b``) and runs the same varlen
+        kernel as multi-head attention, every query head its own K/V, q/k head dim ``qk_dim``
+        (nope + rope) and v head dim ``v_dim`` (its MLA FlashAttention prefill backend), never
+        at the latent's 576. Without those dims (a shape from before them) None: the SDPA
+        stand-in (:meth:`latent_prefill`) says it is untimed."""
+        if self.device == "cpu":
             return None
+        if not a.latent:
+            return self._flash_varlen(tokens, depth, a.heads, a.kv_heads, a.head_dim,
+                                      a.head_dim, a.window)
+        if not (a.qk_dim and a.v_dim):
+            return None
+        return self._flash_varlen(tokens, depth, a.heads, a.heads, a.qk_dim, a.v_dim, None)
+
+    def _flash_varlen(self, tokens: int, depth: int, heads: int, kv_heads: int, qk_dim: int,
+                      v_dim: int, window: int | None) -> Callable[[], object] | None:
+        """One sequence's chunk through ``vllm_flash_attn.flash_attn_varlen_func`` at the
+        version vLLM picks first (FA3 on Hopper, else FA2): causal from the chunk's last row
+        over the ``depth + tokens`` keys, as the FLASH_ATTN backend runs a chunk. vLLM's MLA
+        prefill covers the same (query, key) pairs in a causal call over the new tokens and
+        unmasked calls over the cached context's chunks, merged by their LSEs: that split, the
+        merge and the context's decompression are not timed here. Where v's head dim differs
+        from q/k's: unpadded first where vLLM passes it so (FA3, which takes differing dims on
+        Hopper), else as vLLM pads it (``_flash_attn_varlen_diff_headdims``), v zero-padded to
+        ``qk_dim`` on every call and the output sliced back. Contiguous K/V, not the paged
+        cache: the same kernel's work. None where the kernel is absent or refuses every form."""
         torch = self.torch
         try:
             from vllm.vllm_flash_attn import flash_attn_varlen_func
@@ -643,31 +669,45 @@ class _Ops:
 
             version = next(v for v in (3, 2) if is_fa_version_supported(v))
             keys = depth + tokens
-            q = self.randn(tokens, a.heads, a.head_dim)
-            k = self.randn(keys, a.kv_heads, a.head_dim)
-            v = self.randn(keys, a.kv_heads, a.head_dim)
+            q = self.randn(tokens, heads, qk_dim)
+            k = self.randn(keys, kv_heads, qk_dim)
+            v = self.randn(keys, kv_heads, v_dim)
             cu_q = torch.tensor([0, tokens], dtype=torch.int32, device=self.device)
             cu_k = torch.tensor([0, keys], dtype=torch.int32, device=self.device)
-            window = [a.window - 1, 0] if a.window else [-1, -1]
-
-            def call() -> object:
-                return flash_attn_varlen_func(q, k, v, tokens, cu_q, keys, cu_seqlens_k=cu_k,
-                                              softmax_scale=a.head_dim ** -0.5, causal=True,
-                                              window_size=window, fa_version=version)
-
-            call()
-            self.sync()
-        except Exception:  # not installed, no version for this card, a shape it refuses
+            span = [window - 1, 0] if window else [-1, -1]
+        except Exception:  # not installed, no version for this card
             return None
-        return call
+
+        def run(values: Any) -> Any:
+            return flash_attn_varlen_func(q, k, values, tokens, cu_q, keys, cu_seqlens_k=cu_k,
+                                          softmax_scale=qk_dim ** -0.5, causal=True,
+                                          window_size=span, fa_version=version)
+
+        def padded() -> object:
+            return run(torch.nn.functional.pad(v, [0, qk_dim - v_dim]))[..., :v_dim]
+
+        forms: list[Callable[[], object]] = []
+        if v_dim == qk_dim or version == 3:
+            forms.append(lambda: run(v))
+        if v_dim < qk_dim:
+            forms.append(padded)
+        for call in forms:
+            try:
+                call()
+                self.sync()
+                return call
+            except Exception:  # a shape this kernel refuses: the next form, else None
+                continue
+        return None
 
     def latent_prefill(self, a: Attention, tokens: int, seqs: int) -> Callable[[], object] | None:
-        """A prompt chunk of latent attention: vLLM decompresses the latent through kv_b_proj
-        (timed as ``linear:kv_b``) and runs FlashAttention as multi-head attention at q/k head
-        dim ``qk_dim`` and v head dim ``v_dim``, v padded with zeros to ``qk_dim`` where the
-        kernel needs equal dims (its ``_flash_attn_varlen_diff_headdims``). Here SDPA at those
-        dims (its flash kernel on a GPU: a head dim of 192 is within it), never at the latent's
-        576, where SDPA has only its math kernel. None without the dims (an older shape)."""
+        """A prompt chunk of latent attention where vLLM's FlashAttention is not timed (a
+        CPU, no vLLM FlashAttention, a shape it refuses: :meth:`flash_prefill`): MHA at the
+        decompressed dims as vLLM runs it, q/k head dim ``qk_dim`` and v head dim ``v_dim``,
+        v padded with zeros to ``qk_dim`` as vLLM pads it for kernels that need equal dims.
+        Here SDPA (its flash kernel on a GPU: a head dim of 192 is within it), never at the
+        latent's 576, where SDPA has only its math kernel; so whole prompts only, at depth 0.
+        None without the dims (an older shape)."""
         if not (a.qk_dim and a.v_dim):
             self.untimed["attn:prefill"] = ("latent attention's prefill not timed: the shape "
                                             "lacks its decompressed head dims")

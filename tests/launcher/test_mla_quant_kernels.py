@@ -7,7 +7,11 @@ kernel (Machete or Marlin) by compute capability."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import sys
+import types
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -101,6 +105,159 @@ def test_latent_prefill_is_mha_at_the_decompressed_dims_never_the_latent(
     out = call()
     assert seen == [(4, 4, 24, 24)]  # every head its own K/V, v padded to the q/k dim
     assert tuple(out.shape) == (1, 4, 8, 16)  # the v_dim columns kept
+
+
+class StandInFlash:
+    """vLLM's ``vllm_flash_attn`` as the harness imports it: the FA versions this card has, and
+    a ``flash_attn_varlen_func`` that records each call and refuses what ``refuses`` says."""
+
+    def __init__(self, versions: tuple[int, ...],
+                 refuses: Callable[[Any, Any, Any], bool] = lambda q, k, v: False) -> None:
+        self.versions, self.refuses = versions, refuses
+        self.calls: list[dict[str, Any]] = []
+
+    def varlen(self, q: Any, k: Any, v: Any, max_q: int, cu_q: Any, max_k: int,
+               **kw: Any) -> Any:
+        if self.refuses(q, k, v):
+            raise RuntimeError("This flash attention build does not support this shape")
+        self.calls.append(dict(q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
+                               max_q=max_q, max_k=max_k, **kw))
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1], device=q.device,
+                           dtype=q.dtype)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        if importlib.util.find_spec("vllm") is None:  # the import needs its parent package
+            monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+        top = types.ModuleType("vllm.vllm_flash_attn")
+        interface = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
+        top.flash_attn_varlen_func = self.varlen  # type: ignore[attr-defined]
+        interface.is_fa_version_supported = self.versions.__contains__  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", top)
+        monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn.flash_attn_interface", interface)
+
+
+def gpu_ops(monkeypatch: pytest.MonkeyPatch) -> K._Ops:
+    """The harness's ops on a device that is not the CPU, driven by CPU torch: meta tensors
+    (shapes, no data), no CUDA sync."""
+    ops = K._Ops(torch, "meta", "bfloat16")
+    monkeypatch.setattr(ops, "sync", lambda: None)
+    return ops
+
+
+LATENT = latent_shape().attention[0]  # 4 heads, q/k 24, v 16, the latent 40 wide
+
+
+@pytest.mark.parametrize(("versions", "v_dim", "out_dim"), [
+    ((3, 2), 16, 16),  # FA3 on Hopper: v at its own dim, as vLLM passes it there
+    ((2,), 24, 16),  # FA2: v zero-padded to q/k's dim, the output sliced back
+])
+def test_latent_prefill_on_a_gpu_is_vllms_flash_attention_at_the_decompressed_dims(
+    monkeypatch: pytest.MonkeyPatch, versions: tuple[int, ...], v_dim: int, out_dim: int,
+) -> None:
+    fa = StandInFlash(versions)
+    fa.install(monkeypatch)
+    call = gpu_ops(monkeypatch).flash_prefill(LATENT, 8, 16)
+    assert call is not None
+    out: Any = call()
+    got = fa.calls[-1]
+    # every query head its own K/V at nope + rope, never one latent head at 576
+    assert (got["q"], got["k"], got["v"]) == ((8, 4, 24), (24, 4, 24), (24, 4, v_dim))
+    assert (got["max_q"], got["max_k"]) == (8, 24)  # the chunk after 16 cached tokens
+    assert got["causal"] is True
+    assert got["window_size"] == [-1, -1]
+    assert got["fa_version"] == versions[0]
+    assert got["softmax_scale"] == pytest.approx(24 ** -0.5)
+    assert tuple(out.shape) == (8, 4, out_dim)
+
+
+def test_a_kernel_refusing_unequal_head_dims_gets_v_padded_as_vllm_pads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fa = StandInFlash((3,), refuses=lambda q, k, v: v.shape[-1] != q.shape[-1])
+    fa.install(monkeypatch)
+    call = gpu_ops(monkeypatch).flash_prefill(LATENT, 8, 0)
+    assert call is not None
+    out: Any = call()
+    assert fa.calls[-1]["v"] == (8, 4, 24)
+    assert tuple(out.shape) == (8, 4, 16)
+
+
+def test_flash_prefill_is_none_on_a_cpu_without_dims_or_when_the_kernel_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fa = StandInFlash((3, 2))
+    fa.install(monkeypatch)
+    assert K._Ops(torch, "cpu", "float32").flash_prefill(LATENT, 8, 0) is None
+    older = K.Attention(2, 4, 1, 40, None, True)  # a shape from before the decompressed dims
+    assert gpu_ops(monkeypatch).flash_prefill(older, 8, 0) is None
+    assert not fa.calls
+    StandInFlash((3, 2), refuses=lambda q, k, v: True).install(monkeypatch)
+    assert gpu_ops(monkeypatch).flash_prefill(LATENT, 8, 0) is None
+    StandInFlash(()).install(monkeypatch)  # no FA version for this card
+    assert gpu_ops(monkeypatch).flash_prefill(LATENT, 8, 0) is None
+
+
+def test_ordinary_attention_keeps_its_kv_heads_head_dim_and_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fa = StandInFlash((3, 2))
+    fa.install(monkeypatch)
+    sliding = K.Attention(2, 8, 2, 64, 512)
+    assert gpu_ops(monkeypatch).flash_prefill(sliding, 16, 32) is not None
+    got = fa.calls[-1]
+    assert (got["q"], got["k"], got["v"]) == ((16, 8, 64), (48, 2, 64), (48, 2, 64))
+    assert got["window_size"] == [511, 0]
+
+
+def time_on_a_gpu(monkeypatch: pytest.MonkeyPatch, shape: K.StepShape) -> K.KernelTable:
+    """``time_table`` on a device that is not the CPU, through CPU torch's meta tensors: no
+    CUDA graphs or sync, and torch's own ops for what vLLM's CPU build has no meta kernel."""
+    real = K._Ops.__init__
+
+    def init(self: K._Ops, *args: Any) -> None:
+        real(self, *args)
+        self.vllm_ops = self.vllm_dispatch = None
+        monkeypatch.setattr(self, "sync", lambda: None)
+
+    monkeypatch.setattr(K._Ops, "__init__", init)
+    monkeypatch.setattr(K, "_graph_call_s", lambda *_: None)
+    key = K.TableKey("meta: test", "-", "none", torch.__version__, shape.key())
+    return K.time_table(shape, key, torch=torch, device="meta", tokens=(1, 4), budget=TINY)
+
+
+def test_a_gpu_table_times_latent_prompt_chunks_through_flash_attention_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fa = StandInFlash((3, 2))
+    fa.install(monkeypatch)
+    table = time_on_a_gpu(monkeypatch, latent_shape())
+    assert K.FLASH_PREFILL_NOTE in table.notes
+    assert "attn:prefill" not in table.untimed
+    points = {(t.tokens, t.context) for t in table.lookup("attn:prefill")}
+    assert points == ({(c, c) for c in K.PREFILL_CONTEXTS}
+                      | {(n, d + n) for n, d in K.GPU_PREFILL_CHUNKS})
+    assert {(c["q"][1:], c["k"][1:], c["v"][1:]) for c in fa.calls} == {
+        ((4, 24), (4, 24), (4, 16))}
+
+
+def test_a_gpu_table_whose_flash_attention_refuses_falls_back_to_sdpa_whole_prompts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    StandInFlash((3, 2), refuses=lambda q, k, v: True).install(monkeypatch)
+    seen: list[tuple[int, ...]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        seen.append((q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    table = time_on_a_gpu(monkeypatch, latent_shape())
+    assert K.FLASH_PREFILL_NOTE not in table.notes  # the plan names SDPA as the source
+    points = {(t.tokens, t.context) for t in table.lookup("attn:prefill")}
+    # no chunk after a cached prefix: SDPA cannot mask one
+    assert points == {(n, n) for n in (*K.PREFILL_CONTEXTS, 8192)}
+    assert set(seen) == {(4, 4, 24, 24)}
 
 
 def test_latent_decode_on_a_cpu_is_a_bmm_stand_in_over_the_latent_and_said_untimed() -> None:
