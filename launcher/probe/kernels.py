@@ -420,6 +420,8 @@ class _Ops:
         # the table says so (KernelTable.untimed) and the planner takes the roofline's figure
         self.untimed: dict[str, str] = {}
         self._mixed: dict[Linear, tuple[list[Callable[[Any], object]], str] | None] = {}
+        # the vLLM kernels latent attention's decode was timed through (the table's notes)
+        self.latent_decode_kernels: set[str] = set()
         try:  # vLLM's own ops (its C++/CUDA extension): the kernels it really runs
             from vllm import _custom_ops
 
@@ -724,17 +726,25 @@ class _Ops:
         of the latent's width (kv_lora_rank + rope) against the one cached latent head, values
         the first ``rank`` columns of the same cache (multi-query attention over the latent;
         the W_UK / W_UV bmms around it read kv_b_proj's weights: ``linear:kv_b``). On a GPU,
-        vLLM's own Triton MLA decode kernel over a paged cache; elsewhere (or where it will not
-        run) a stand-in, two batched matmuls over the cache (memory bound like the kernel), said
-        in ``untimed``. None without the latent's rank."""
+        vLLM's own MLA decode kernel over a paged cache, the first of the two it prefers that
+        runs here: FlashAttention's MLA decode (FLASH_ATTN_MLA, FA3: Hopper; what vLLM 0.26
+        chose on the lent H200) and its Triton kernel (TRITON_MLA, any card). The tenth H200
+        table's GLM shape showed why the choice matters: the Triton kernel took a flat ~150 us a
+        layer for 4 sequences at 1,024 and 8,192 tokens, and per-token decode attention read
+        off it put a 32-stream step at 20.4 ms where the engine, on FLASH_ATTN_MLA, took 16.6.
+        Elsewhere (or where neither runs) a stand-in, two batched matmuls over the cache
+        (memory bound like the kernel), said in ``untimed``. None without the latent's rank."""
         if not a.rank:
             self.untimed["attn:decode"] = ("latent attention's decode not timed: the shape "
                                            "lacks the latent's rank")
             return None
         if self.device != "cpu":
-            triton = self._triton_mla_decode(a, context, seqs)
-            if triton is not None:
-                return triton
+            for name, kernel in (("FlashAttention MLA (FA3)", self._flash_mla_decode),
+                                 ("Triton MLA", self._triton_mla_decode)):
+                timed = kernel(a, context, seqs)
+                if timed is not None:
+                    self.latent_decode_kernels.add(name)
+                    return timed
         torch = self.torch
         cache = self.randn(seqs, context, a.head_dim)
         q = self.randn(seqs, a.heads, a.head_dim)
@@ -747,6 +757,44 @@ class _Ops:
             p = torch.softmax(torch.bmm(q, cache.transpose(1, 2)) * scale, dim=-1)
             return torch.bmm(p, cache[:, :, : a.rank])
 
+        return call
+
+    def _flash_mla_decode(
+        self, a: Attention, context: int, seqs: int
+    ) -> Callable[[], object] | None:
+        """vLLM's FlashAttention MLA decode (FlashAttnMLAImpl.forward_mqa's call: FA3's
+        varlen kernel with the rope part of each query head against the cache's rope columns,
+        ``q_v`` the latent part against the latent columns, which are also the values; one
+        query a sequence, a paged cache of 16-token blocks), or None where FA3 is not here."""
+        torch = self.torch
+        try:
+            from vllm.vllm_flash_attn import flash_attn_varlen_func
+            from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
+
+            if not is_fa_version_supported(3):  # vLLM's FLASH_ATTN_MLA is FA3 only
+                return None
+            page, rope = 16, a.head_dim - a.rank
+            blocks = -(-context // page)
+            cache = self.randn(seqs * blocks, page, a.head_dim)
+            kv_c = cache[..., : a.rank].unsqueeze(-2)  # one KV head: the latent
+            k_pe = cache[..., a.rank:].unsqueeze(-2)
+            q_nope, q_pe = self.randn(seqs, a.heads, a.rank), self.randn(seqs, a.heads, rope)
+            table = torch.arange(seqs * blocks, device=self.device,
+                                 dtype=torch.int32).view(seqs, blocks)
+            lens = torch.full((seqs,), context, device=self.device, dtype=torch.int32)
+            cu_q = torch.arange(seqs + 1, device=self.device, dtype=torch.int32)
+            scale = 1.0 / math.sqrt(a.qk_dim or a.head_dim)
+
+            def call() -> object:
+                return flash_attn_varlen_func(q=q_pe, k=k_pe, v=kv_c, q_v=q_nope, max_seqlen_q=1,
+                                              cu_seqlens_q=cu_q, max_seqlen_k=context,
+                                              seqused_k=lens, block_table=table,
+                                              softmax_scale=scale, causal=True, fa_version=3)
+
+            call()
+            self.sync()
+        except Exception:  # not installed, no FA3 here, a build without q_v: the next kernel
+            return None
         return call
 
     def _triton_mla_decode(
@@ -942,9 +990,11 @@ def time_table(
                   sorted({v[1] for v in ops._mixed.values() if v is not None}))
     if any(lin.weight_bits == 8 for lin in shape.linears) and device == "cpu":
         missing.append("FP8 GEMMs are timed at 16 bits on a CPU")
+    decode = tuple(f"latent attention's decode timed through vLLM's {name}"
+                   for name in sorted(ops.latent_decode_kernels))
     return KernelTable(key, shape, tuple(times), method,
                        now or time.strftime("%Y-%m-%dT%H:%M:%S"), None, tuple(missing),
-                       ((FLASH_PREFILL_NOTE,) if flash else ()) + mixed,
+                       ((FLASH_PREFILL_NOTE,) if flash else ()) + mixed + decode,
                        tuple(sorted(ops.untimed)))
 
 

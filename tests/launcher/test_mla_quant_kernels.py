@@ -400,3 +400,63 @@ def test_the_roofline_reads_4bit_weights_per_pass_of_the_cards_kernel() -> None:
     # a mixed group is as slow as its slowest card's kernel
     assert costmodel.weight_stream_efficiency(awq, 512, [gpu((9, 0)), gpu((8, 9))]) == q / 8
     assert costmodel.weight_stream_efficiency(spec("qwen2.5-14b-shape"), 512, [gpu((8, 6))]) == 1
+
+
+class StandInFlashMla(StandInFlash):
+    """The same module, its kernel called as vLLM's FLASH_ATTN_MLA decode calls it (keywords,
+    ``q_v`` for the latent part of each query head)."""
+
+    def varlen_kw(self, **kw: Any) -> Any:
+        self.calls.append({k: (tuple(v.shape) if hasattr(v, "shape") else v)
+                           for k, v in kw.items()})
+        q, v = kw["q"], kw["v"]
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().install(monkeypatch)
+        top = sys.modules["vllm.vllm_flash_attn"]
+        top.flash_attn_varlen_func = self.varlen_kw  # type: ignore[attr-defined]
+
+
+def test_latent_decode_on_hopper_is_flash_attention_mla_over_a_paged_latent_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fa = StandInFlashMla((3, 2))
+    fa.install(monkeypatch)
+    ops = gpu_ops(monkeypatch)
+    call = ops.latent_decode(LATENT, 40, 4)  # 4 sequences of 40 cached tokens: 3 blocks each
+    assert call is not None
+    call()
+    got = fa.calls[-1]
+    rope = LATENT.head_dim - LATENT.rank  # 8 rope columns beside the 32-wide latent
+    assert (got["q"], got["q_v"]) == ((4, 4, rope), (4, 4, LATENT.rank))
+    assert (got["k"], got["v"]) == ((12, 16, 1, rope), (12, 16, 1, LATENT.rank))
+    assert (got["max_seqlen_q"], got["max_seqlen_k"]) == (1, 40)
+    assert (got["block_table"], got["seqused_k"]) == ((4, 3), (4,))
+    assert got["fa_version"] == 3
+    assert ops.latent_decode_kernels == {"FlashAttention MLA (FA3)"}
+    assert "attn:decode" not in ops.untimed
+
+
+def test_without_fa3_latent_decode_is_not_timed_through_flash_attention_mla(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fa = StandInFlashMla((2,))  # an Ampere card: FA2 only, no FLASH_ATTN_MLA in vLLM
+    fa.install(monkeypatch)
+    monkeypatch.setattr(K._Ops, "_triton_mla_decode", lambda *_: None)
+    ops = gpu_ops(monkeypatch)
+    assert ops.latent_decode(LATENT, 40, 4) is not None  # the stand-in, said untimed
+    assert not fa.calls
+    assert not ops.latent_decode_kernels
+    assert "attn:decode" in ops.untimed
+
+
+def test_a_gpu_table_says_which_kernel_timed_latent_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    StandInFlashMla((3, 2)).install(monkeypatch)
+    monkeypatch.setattr(K._Ops, "flash_prefill", lambda *_: None)
+    table = time_on_a_gpu(monkeypatch, latent_shape())
+    assert "latent attention's decode timed through vLLM's FlashAttention MLA (FA3)" in (
+        table.notes)
+    assert {t.context for t in table.lookup("attn:decode")} == set(K.DECODE_CONTEXTS)
