@@ -254,7 +254,10 @@ def shape(cfg: Mapping[str, Any]) -> HfShape | None:
     import json
 
     try:
-        key = json.dumps(cfg, sort_keys=True, default=str)
+        # without the quantization: the shape is counted as bf16 whatever it says (_shape), so
+        # the checkpoints of one model in several quantizations share one count
+        key = json.dumps({k: v for k, v in cfg.items() if k != "quantization_config"},
+                         sort_keys=True, default=str)
     except (TypeError, ValueError):
         return None
     path = _cache_file(key)
@@ -273,19 +276,30 @@ def _cache_file(key: str) -> Path | None:
     counting here never reads an old answer. None where nothing can be kept."""
     import hashlib
     import os
-    from importlib import metadata
 
     from launcher.model.tinymodel import default_cache_dir
 
-    try:
-        version = metadata.version("transformers")
-    except metadata.PackageNotFoundError:
+    version = _transformers_version()
+    if version is None:
         return None
     source = _source_digest()
     if source is None:
         return None
     digest = hashlib.sha256(b"\0".join([key.encode(), version.encode(), source])).hexdigest()
     return default_cache_dir(os.environ) / "shapes" / f"{digest[:32]}.json"
+
+
+@lru_cache(maxsize=1)
+def _transformers_version() -> str | None:
+    """The installed transformers' version (it keys the cache, see _cache_file), looked up once
+    per process: importlib.metadata scans every installed distribution for it, some 3 ms, as
+    long as a whole plan's search of a small topology's layouts read from the cache."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @lru_cache(maxsize=1)

@@ -77,4 +77,20 @@ def test_another_transformers_version_does_not_read_the_old_answer(
         cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = hfconfig._cache_file(_key())
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.0-other")
-    assert hfconfig._cache_file(_key()) != before
+    hfconfig._transformers_version.cache_clear()  # looked up once a process
+    try:
+        assert hfconfig._cache_file(_key()) != before
+    finally:
+        hfconfig._transformers_version.cache_clear()  # the real one again, once unpatched
+
+
+def test_a_quantized_checkpoint_reads_the_count_of_its_bf16_config(cache: Path) -> None:
+    # the shape is counted as bf16 whatever the quantization: one count, one file, for both
+    plain = hfconfig.shape(CONFIG)
+    files = sorted(cache.iterdir())
+    assert len(files) == 1
+    hfconfig._shape.cache_clear()
+    awq = hfconfig.shape({**CONFIG, "quantization_config": {"quant_method": "awq", "bits": 4}})
+    assert awq == plain
+    assert sorted(cache.iterdir()) == files
+    assert hfconfig._shape.cache_info().misses == 0  # read back, not counted again
