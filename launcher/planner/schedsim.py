@@ -733,6 +733,9 @@ class _FrontEnd:
         self.tail: dict[int, tuple[float, float]] = {}  # key -> (serial_s, rest_s)
         self.handed = -math.inf  # when the last request reached the scheduler
         self._next: tuple[float, int] | None = None  # peek() until the jobs change
+        # what peek() advanced its copy of the jobs to: (done, key, jobs), which pop() takes
+        # rather than advancing the jobs again the same way (None: no peek since they changed)
+        self._peeked: tuple[float, int, dict[int, list[float]]] | None = None
 
     def add(self, key: int, ready_s: float, shared_s: float, serial_s: float = 0.0,
             rest_s: float = 0.0) -> None:
@@ -742,7 +745,7 @@ class _FrontEnd:
         over before it."""
         self.jobs[key] = [max(ready_s, self.now), max(shared_s, 0.0)]
         self.tail[key] = (max(serial_s, 0.0), max(rest_s, 0.0))
-        self._next = None
+        self._next = self._peeked = None
 
     def _reach(self, done_s: float, key: int) -> float:
         serial, rest = self.tail[key]
@@ -751,7 +754,8 @@ class _FrontEnd:
     def peek(self) -> tuple[float, int] | None:
         """(when, key): the request that reaches the scheduler next, given those it knows."""
         if self._next is None and self.jobs:
-            done, key, _ = self._run({k: list(v) for k, v in self.jobs.items()}, self.now)
+            self._peeked = done, key, _ = self._run(
+                {k: list(v) for k, v in self.jobs.items()}, self.now)
             self._next = (self._reach(done, key), key)
         return self._next
 
@@ -762,12 +766,15 @@ class _FrontEnd:
 
     def pop(self) -> tuple[float, int]:
         """Hand the next request over: (when it reaches the scheduler, key)."""
-        done, key, left = self._run(self.jobs, self.now)
+        # the jobs as peek() advanced its copy of them (the same arithmetic on the same jobs),
+        # else advanced here
+        done, key, left = self._peeked or self._run(self.jobs, self.now)
+        self.jobs = left
         self.now = done
         self.handed = self._reach(done, key)
         del left[key]
         del self.tail[key]
-        self._next = None
+        self._next = self._peeked = None
         return self.handed, key
 
     @staticmethod
@@ -776,22 +783,35 @@ class _FrontEnd:
         """Advance ``jobs`` (mutated) from ``now`` until the first one's work is done."""
         t = now
         while True:
-            active = [k for k, (ready, _) in jobs.items() if ready <= t]
-            later = min((ready for ready, _ in jobs.values() if ready > t), default=math.inf)
-            if not active:
+            # one pass: the jobs under way at t (in dict order), the least work left among them
+            # (ties: the request added first), and the next ready time after t (min()'s
+            # choice: the first, replaced by any smaller)
+            active: list[list[float]] = []
+            key = -1
+            least: list[float] | None = None
+            later: float | None = None
+            for k, job in jobs.items():
+                ready = job[0]
+                if ready <= t:
+                    active.append(job)
+                    if least is None or job[1] < least[1]:
+                        key, least = k, job
+                elif later is None or ready < later:
+                    later = ready
+            if later is None:
+                later = math.inf
+            if least is None:
                 t = later
                 continue
             n = len(active)
-            # the least work left finishes first; ties: the request added first (dict order)
-            key = min(active, key=lambda k: jobs[k][1])
-            done_at = t + jobs[key][1] * n
+            done_at = t + least[1] * n
             if done_at <= later:
-                for k in active:
-                    jobs[k][1] -= (done_at - t) / n
-                jobs[key][1] = 0.0
+                for job in active:
+                    job[1] -= (done_at - t) / n
+                least[1] = 0.0
                 return done_at, key, jobs
-            for k in active:
-                jobs[k][1] -= (later - t) / n
+            for job in active:
+                job[1] -= (later - t) / n
             t = later
 
 
