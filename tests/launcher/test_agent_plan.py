@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from launcher.cli import agentopts
@@ -385,10 +385,15 @@ def test_the_users_own_fp8_kv_counts_as_the_gpu_cache_and_adds_no_second_flag() 
     assert chosen.tp == 2
 
 
-@settings(max_examples=40)
+# Each example is a whole agent plan (~1 s, up to 8 s): 20 drawn a run (40 took ~40 s here, 64 s
+# on CI), and a few every run: one session of one token, many sessions that plan, one refusal.
+@settings(max_examples=20)
 @given(st.integers(1, 4096), st.integers(1, 2 * 10**6),
        st.sampled_from(["llama-3.1-8b", "llama-3.3-70b-awq", "gemma-3-27b", "qwen3-30b-a3b"]),
        st.sampled_from([None, 0.0, 16.0, 512.0]))
+@example(1, 1, "llama-3.1-8b", None)
+@example(2000, 1000, "llama-3.1-8b", 16.0)
+@example(64, 131072, "qwen3-30b-a3b", 16.0)
 def test_any_sessions_and_context_give_an_agent_plan_or_one_line(
         sessions: int, context: int, name: str, host_gib: float | None) -> None:
     refusal = ""
