@@ -88,9 +88,8 @@ def test_a_dense_shapes_table_key_is_the_one_kept_before_the_mla_fields() -> Non
 # ---------------------------------------------------------------------------- the harness
 
 
-def test_latent_prefill_is_mha_at_the_decompressed_dims_never_the_latent(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def record_sdpa(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """torch's SDPA, each call's (q heads, k heads, q/k dim, v dim) recorded in the list."""
     seen: list[tuple[int, ...]] = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -99,6 +98,13 @@ def test_latent_prefill_is_mha_at_the_decompressed_dims_never_the_latent(
         return real(q, k, v, **kw)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    return seen
+
+
+def test_latent_prefill_is_mha_at_the_decompressed_dims_never_the_latent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = record_sdpa(monkeypatch)
     ops = K._Ops(torch, "cpu", "float32")
     call = ops.latent_prefill(latent_shape().attention[0], 8, 1)
     assert call is not None
@@ -244,14 +250,7 @@ def test_a_gpu_table_whose_flash_attention_refuses_falls_back_to_sdpa_whole_prom
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     StandInFlash((3, 2), refuses=lambda q, k, v: True).install(monkeypatch)
-    seen: list[tuple[int, ...]] = []
-    real = torch.nn.functional.scaled_dot_product_attention
-
-    def sdpa(q: Any, k: Any, v: Any, **kw: Any) -> Any:
-        seen.append((q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]))
-        return real(q, k, v, **kw)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    seen = record_sdpa(monkeypatch)
     table = time_on_a_gpu(monkeypatch, latent_shape())
     assert K.FLASH_PREFILL_NOTE not in table.notes  # the plan names SDPA as the source
     points = {(t.tokens, t.context) for t in table.lookup("attn:prefill")}
