@@ -759,6 +759,19 @@ class _Ops:
 
         return call
 
+    def _paged_latent(self, a: Attention, context: int, seqs: int) -> tuple[Any, Any, Any]:
+        """The latent cache as vLLM's MLA decode kernels read it: ``seqs`` sequences of
+        ``context`` tokens in 16-token blocks of one latent head, ``[blocks, 16, 1, head_dim]``
+        (the first ``rank`` columns the latent, the rest its rope keys), with each sequence's
+        block table and length."""
+        torch, page = self.torch, 16
+        blocks = -(-context // page)
+        cache = self.randn(seqs * blocks, page, a.head_dim).unsqueeze(2)
+        table = torch.arange(seqs * blocks, device=self.device,
+                             dtype=torch.int32).view(seqs, blocks)
+        lens = torch.full((seqs,), context, device=self.device, dtype=torch.int32)
+        return cache, table, lens
+
     def _flash_mla_decode(
         self, a: Attention, context: int, seqs: int
     ) -> Callable[[], object] | None:
@@ -773,15 +786,10 @@ class _Ops:
 
             if not is_fa_version_supported(3):  # vLLM's FLASH_ATTN_MLA is FA3 only
                 return None
-            page, rope = 16, a.head_dim - a.rank
-            blocks = -(-context // page)
-            cache = self.randn(seqs * blocks, page, a.head_dim)
-            kv_c = cache[..., : a.rank].unsqueeze(-2)  # one KV head: the latent
-            k_pe = cache[..., a.rank:].unsqueeze(-2)
+            cache, table, lens = self._paged_latent(a, context, seqs)
+            kv_c, k_pe = cache[..., : a.rank], cache[..., a.rank:]  # one KV head: the latent
+            rope = a.head_dim - a.rank
             q_nope, q_pe = self.randn(seqs, a.heads, a.rank), self.randn(seqs, a.heads, rope)
-            table = torch.arange(seqs * blocks, device=self.device,
-                                 dtype=torch.int32).view(seqs, blocks)
-            lens = torch.full((seqs,), context, device=self.device, dtype=torch.int32)
             cu_q = torch.arange(seqs + 1, device=self.device, dtype=torch.int32)
             scale = 1.0 / math.sqrt(a.qk_dim or a.head_dim)
 
@@ -807,12 +815,8 @@ class _Ops:
                 from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
             except ImportError:
                 from vllm.attention.ops.triton_decode_attention import decode_attention_fwd
-            page = 16
-            blocks = -(-context // page)
-            cache = self.randn(seqs * blocks, page, a.head_dim).unsqueeze(2)
-            table = torch.arange(seqs * blocks, device=self.device,
-                                 dtype=torch.int32).view(seqs, blocks)
-            lens = torch.full((seqs,), context, device=self.device, dtype=torch.int32)
+            cache, table, lens = self._paged_latent(a, context, seqs)
+            page = cache.shape[1]
             q = self.randn(seqs, a.heads, a.head_dim)
             o = torch.zeros(seqs, a.heads, a.rank, device=self.device, dtype=self.dtype)
             lse = torch.zeros(seqs, a.heads, device=self.device, dtype=self.dtype)
