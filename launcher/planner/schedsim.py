@@ -784,22 +784,19 @@ class _FrontEnd:
         t = now
         while True:
             # one pass: the jobs under way at t (in dict order), the least work left among them
-            # (ties: the request added first), and the next ready time after t (min()'s
-            # choice: the first, replaced by any smaller)
+            # (ties: the request added first), and the next ready time after t
             active: list[list[float]] = []
             key = -1
             least: list[float] | None = None
-            later: float | None = None
+            later = math.inf
             for k, job in jobs.items():
                 ready = job[0]
                 if ready <= t:
                     active.append(job)
                     if least is None or job[1] < least[1]:
                         key, least = k, job
-                elif later is None or ready < later:
+                elif ready < later:
                     later = ready
-            if later is None:
-                later = math.inf
             if least is None:
                 t = later
                 continue
