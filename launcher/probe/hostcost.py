@@ -69,15 +69,24 @@ MIN_TIME_S = 1.0  # and never end before this: the build machine's slow spells l
 UNSTEADY = 1.10
 # After the rounds, the reference workload SUSTAIN_SAMPLES times, SUSTAIN_GAP_S apart (each the
 # least of CALLS runs): the pace a thread that runs for minutes (an engine core, the API server)
-# keeps on this host on average (Steadiness.sustained_s, the samples' mean, and .sustained, that
-# over their fastest tenth). The rounds' least-of figures are the host at whatever speed it ran
-# during the few seconds of the rounds; on the lent H200 that was not the serving pace.
+# keeps on this host on average (Steadiness.sustained_s, the samples' harmonic mean, and
+# .sustained, that over their fastest tenth's harmonic mean). The rounds' least-of figures are
+# the host at whatever speed it ran during the few seconds of the rounds; on the lent H200 that
+# was not the serving pace.
 # MEASURED there (benchmarks/gpu/results/2026-12-03-h200-table7): the reference ran at
 # ~0.46-0.55 or ~0.80-1.10 ms, switching from one sample to the next on every vCPU, no steal
 # counted; pinned to each vCPU of the idle machine its mean was 0.58 ms, 1.26x its tenth
 # percentile; the six timings of that session landed at 0.53-1.03 ms, and the engines'
 # host-bound steps ran 1.17-1.25x what the fast-level timings planned. So the planner scales the
-# timed figures to the sampled mean (HostTiming.pace: sustained_s over the rounds' reference_s).
+# timed figures to the sampled pace (HostTiming.pace: sustained_s over the rounds' reference_s).
+# (The 0.58 ms and 1.26x above are arithmetic means, as that session computed them.) Why the
+# HARMONIC mean: the samples are points in time, spread evenly, each reading the speed level the
+# host ran at then; a thread that keeps running does work at the time-average of its SPEED (1 /
+# a sample's time), so one unit of its work takes the harmonic mean of the sampled times, not
+# their arithmetic mean (half at 0.5 ms, half at 1.0 ms: 0.667 ms, not 0.75). A mechanism, not
+# a fit: the eleventh table's 252 samples (results/2026-12-04-h200-table11/host-speed.jsonl,
+# ref_cpu_ms) give 0.672 ms harmonic, 0.725 arithmetic; the same file's busy windows (the
+# reference back to back, busy_mean_ms weighted by busy_runs) took 0.689 ms a run.
 SUSTAIN_SAMPLES = 100
 SUSTAIN_GAP_S = 0.05
 # What one engine kept over a sampled pace: MEASURED on the lent H200, four host-bound engines'
@@ -85,7 +94,8 @@ SUSTAIN_GAP_S = 0.05
 # the pace sampled there (results/2026-12-03-h200-table7 and -table8: Qwen3-0.6B 0.69,
 # Gemma-3-270M 0.95, Qwen2.5-1.5B 1.06, Gemma-3-1B 1.13). The mean is near 1, so the sampled
 # pace stays the planned one; the spread is said in the plan's reason, never applied: nothing
-# measured before a run told which end that run would land at.
+# measured before a run told which end that run would land at. These ratios were measured
+# against the samples' ARITHMETIC mean, the pace before it became their harmonic mean.
 PACE_SPREAD = (0.69, 1.13)
 # a pace further from 1 than this is no host's (the lent H200's two speeds were 1.9x apart):
 # a record that says so is broken, and its figures are planned as timed
@@ -125,10 +135,12 @@ class Steadiness:
     # this one's reference over that one's (1.0: none kept, or not slower); see :func:`save`
     slower_than_before: float = 1.0
     before: str = ""
-    # the reference's mean over its fastest tenth, SUSTAIN_SAMPLES samples spread over ~5 s
-    # after the rounds (0: not sampled, a record from before): see SUSTAIN_SAMPLES
+    # the reference's SUSTAIN_SAMPLES samples, spread over ~5 s after the rounds: their
+    # harmonic mean over that of their fastest tenth (0: not sampled, a record from before);
+    # see SUSTAIN_SAMPLES
     sustained: float = 0.0
-    # those samples' mean, CPU seconds (0: not sampled): the pace a long-running thread keeps
+    # those samples' harmonic mean, CPU seconds (0: not sampled): the pace a long-running thread
+    # keeps (a record written before the harmonic mean holds their arithmetic mean)
     sustained_s: float = 0.0
 
     def unsteady(self, cores: int) -> list[str]:
@@ -162,7 +174,8 @@ class HostTiming:
 
     def pace(self) -> float:
         """How much longer than the timed figures this host's work takes a thread that keeps
-        running (an engine core): the sustained samples' mean reference over the rounds' (below
+        running (an engine core): the sustained samples' harmonic mean reference (what one unit
+        of a running thread's work takes, SUSTAIN_SAMPLES) over the rounds' (below
         1 where the rounds ran in a slow spell). 1.0 where either was not recorded (a record
         from before the sampling: its figures are planned as timed) or the ratio is past
         MAX_PACE."""
@@ -192,7 +205,8 @@ class HostTiming:
         pace = self.pace()
         if pace != 1.0:
             note += (f"; planned at the pace a running thread kept here: the reference's "
-                     f"mean over {SUSTAIN_SAMPLES} samples, {st.sustained_s * 1e3:.2f} ms, "
+                     f"harmonic mean over {SUSTAIN_SAMPLES} samples, "
+                     f"{st.sustained_s * 1e3:.2f} ms, "
                      f"x{pace:.2f} the rounds' (x{st.sustained:.2f} its fastest tenth)")
             if (apart := max(pace, 1 / pace)) > UNSTEADY:
                 # an average, not what one engine keeps (PACE_SPREAD): say which way it may go
@@ -419,18 +433,25 @@ def sustained_pace(reference: Callable[[], object], clock: Callable[[], float],
                    sleep: Callable[[float], None], samples: int,
                    gap_s: float = SUSTAIN_GAP_S) -> tuple[float, float]:
     """The ``reference`` workload ``samples`` times (each the least of CALLS runs on
-    ``clock``) ``gap_s`` apart: (their mean in seconds, that over their fastest tenth's
-    mean). The ratio is 1.0 on a host whose speed holds, more where the CPUs' speed moves while
-    a thread runs (SUSTAIN_SAMPLES says what the lent H200 showed), and 1.0 where the reference
-    took no measurable time."""
+    ``clock``) ``gap_s`` apart: (their harmonic mean in seconds, that over their fastest
+    tenth's harmonic mean). The harmonic mean because the samples are points in time: a thread
+    that keeps running works at the time-average of the speed they read, so a unit of its work
+    takes the harmonic mean of their times (SUSTAIN_SAMPLES). The ratio is 1.0 on a host whose
+    speed holds, more where the CPUs' speed moves while a thread runs (SUSTAIN_SAMPLES says what
+    the lent H200 showed). A sample with no measurable time (0 on ``clock``'s resolution)
+    says nothing of the speed and is left out (in a harmonic mean it would make the pace 0);
+    where none took measurable time: (0.0, 1.0), as not sampled (HostTiming.pace: 1.0)."""
     times = []
     for i in range(max(1, samples)):
         if i:
             sleep(gap_s)
         times.append(least_s(reference, CALLS, clock))
-    times.sort()
-    mean, low = statistics.fmean(times), statistics.fmean(times[: max(1, len(times) // 10)])
-    return mean, (mean / low if low > 0 else 1.0)
+    timed = sorted(t for t in times if t > 0)
+    if not timed:
+        return 0.0, 1.0
+    pace = statistics.harmonic_mean(timed)
+    low = statistics.harmonic_mean(timed[: max(1, len(timed) // 10)])
+    return pace, pace / low
 
 
 def _median_round(rounds: list[_Round]) -> _Round:

@@ -260,15 +260,16 @@ class Flicker:
     switching only between samples (while the timing sleeps), as the lent H200's vCPUs did
     (benchmarks/gpu/results/2026-12-03-h200-table7: ~0.46 or ~0.85 ms a reference)."""
 
-    def __init__(self, pattern: list[bool], slow: float = 1.9) -> None:
+    def __init__(self, pattern: list[bool], slow: float = 1.9, fast_s: float = 0.46e-3) -> None:
         self.pattern, self.slow, self.now, self.sample, self.slept = pattern, slow, 0.0, 0, []
+        self.fast_s = fast_s
 
     def clock(self) -> float:
         return self.now
 
     def reference(self) -> object:
-        self.now += 0.46e-3 * (self.slow if self.pattern[self.sample % len(self.pattern)]
-                               else 1.0)
+        self.now += self.fast_s * (self.slow if self.pattern[self.sample % len(self.pattern)]
+                                   else 1.0)
         return None
 
     def sleep(self, s: float) -> None:
@@ -277,11 +278,13 @@ class Flicker:
 
 
 def test_a_host_whose_cpus_flicker_is_planned_at_the_pace_a_running_thread_keeps() -> None:
-    # 3 samples in 10 slow by 1.9x: a thread that keeps running averages 1.27x its fastest
+    # 3 samples in 10 slow by 1.9x: a thread that keeps running works at 0.7 + 0.3 / 1.9 its
+    # fastest speed, so a unit of its work takes 1.17x its fastest time (the samples'
+    # arithmetic mean, 1.27x, would overstate it)
     host = Flicker([False] * 7 + [True] * 3)
-    mean, ratio = hostcost.sustained_pace(host.reference, host.clock, host.sleep, 100, 0.05)
-    assert ratio == pytest.approx(0.7 + 0.3 * 1.9)
-    assert mean == pytest.approx(0.46e-3 * (0.7 + 0.3 * 1.9))
+    pace, ratio = hostcost.sustained_pace(host.reference, host.clock, host.sleep, 100, 0.05)
+    assert ratio == pytest.approx(1 / (0.7 + 0.3 / 1.9))
+    assert pace == pytest.approx(0.46e-3 / (0.7 + 0.3 / 1.9))
     assert host.slept == [0.05] * 99  # spread out: the spells last longer than one sample
     steady = Flicker([False])
     assert hostcost.sustained_pace(steady.reference, steady.clock, steady.sleep, 100)[1] == \
@@ -332,6 +335,70 @@ def test_a_host_whose_cpus_flicker_is_planned_at_the_pace_a_running_thread_keeps
     unrecorded = replace(fast, steadiness=replace(fast.steadiness, reference_s=0.0))
     assert hostcost.from_json(json.loads(json.dumps(hostcost.to_json(unrecorded)))) == unrecorded
     assert unrecorded.pace() == 1.0
+
+
+def test_the_sampled_pace_is_the_harmonic_mean_a_running_thread_keeps() -> None:
+    # half the time at 0.5 ms, half at 1.0 ms: a thread that keeps running does 1/0.5 + 1/1.0
+    # references in 2 ms at the two levels, 0.667 ms each, not the arithmetic mean's 0.75
+    host = Flicker([False, True], slow=2.0, fast_s=0.5e-3)
+    pace, ratio = hostcost.sustained_pace(host.reference, host.clock, host.sleep, 100, 0.05)
+    assert pace == pytest.approx(2 / (1 / 0.5e-3 + 1 / 1.0e-3))
+    assert pace == pytest.approx(0.667e-3, rel=1e-3)
+    assert ratio == pytest.approx(4 / 3)  # over the fastest tenth, all at 0.5 ms
+    # and the record plans and says that pace
+    rec = _timed(Spells(random.Random(0), switch=0.0, **FIGURES), sustain_samples=40,
+                 sleep=lambda s: None)
+    assert rec.steadiness is not None
+    at = replace(rec, steadiness=replace(rec.steadiness, reference_s=0.5e-3, sustained_s=pace,
+                                         sustained=round(ratio, 3)))
+    assert at.pace() == pytest.approx(4 / 3)
+    assert "the reference's harmonic mean over 100 samples, 0.67 ms, x1.33 the rounds'" in \
+        at.steadiness_note()
+
+
+class _Timings:
+    """A reference whose sample ``i`` takes ``times[i]`` on its own clock, every run of it."""
+
+    def __init__(self, times: list[float]) -> None:
+        self.times, self.now, self.sample = times, 0.0, 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def reference(self) -> object:
+        self.now += self.times[self.sample]
+        return None
+
+    def sleep(self, s: float) -> None:
+        self.sample += 1
+
+
+def test_samples_with_no_measurable_time_are_left_out_of_the_pace() -> None:
+    # a zero would make a harmonic mean 0 (a host infinitely fast): it says nothing, and the
+    # measured samples give the pace; none measured reads as not sampled (pace 1.0)
+    some = _Timings([0.0, 0.5e-3, 0.0, 1.0e-3])
+    pace, ratio = hostcost.sustained_pace(some.reference, some.clock, some.sleep, 4)
+    assert pace == pytest.approx(0.667e-3, rel=1e-3)
+    assert ratio == pytest.approx(4 / 3)
+    none = _Timings([0.0] * 10)
+    assert hostcost.sustained_pace(none.reference, none.clock, none.sleep, 10) == (0.0, 1.0)
+
+
+@given(st.lists(st.floats(min_value=1e-5, max_value=1e-2) | st.just(0.0), min_size=1,
+                max_size=60))
+@settings(max_examples=200)
+def test_the_sampled_pace_lies_between_the_fastest_sample_and_the_arithmetic_mean(
+    times: list[float],
+) -> None:
+    fake = _Timings(times)
+    pace, ratio = hostcost.sustained_pace(fake.reference, fake.clock, fake.sleep, len(times))
+    timed = [t for t in times if t > 0]
+    if not timed:
+        assert (pace, ratio) == (0.0, 1.0)
+        return
+    slack = 1e-9 * max(timed)
+    assert min(timed) - slack <= pace <= sum(timed) / len(timed) + slack
+    assert ratio >= 1 - 1e-9
 
 
 def test_a_format_1_record_still_reads_and_says_it_was_one_pass(tmp_path: Path) -> None:
