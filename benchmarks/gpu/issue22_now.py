@@ -34,6 +34,7 @@ import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "benchmarks" / "gpu" / "models"
@@ -64,6 +65,30 @@ def host_timing_file(out: Path, case: str, ratio: float) -> Path:
     return path
 
 
+def _tp(timed: Any, step_shape: Any, load: Any) -> int:
+    """The TP degree a table was timed for: the one whose step shape has its heads."""
+    m = load(MODELS / timed.name)
+    return next((tp for tp in (1, 2, 4, 8) if step_shape(m, tp).attention[0].heads
+                 == timed.attention[0].heads), 1)
+
+
+def reshaped(table: Any, shape: Any) -> Any:
+    """``table`` under this checkout's step shape of its model where that has changed since
+    the table was timed (a shape key the plan would not find): the ops the table has not
+    timed (a linear added to the shape since) are marked untimed, so that the plan takes
+    the roofline's figure for them (launcher.planner.tablegaps) and says so."""
+    from dataclasses import replace
+
+    if shape.key() == table.key.shape:
+        return table
+    timed = {t.op.removeprefix("eager:") for t in table.times}
+    absent = tuple(f"linear:{x.name}" for x in shape.linears if f"linear:{x.name}" not in timed)
+    print(f"{shape.name}: the table was timed for an older step shape; {', '.join(absent)} "
+          "from the roofline", file=sys.stderr)
+    return replace(table, shape=shape, key=replace(table.key, shape=shape.key()),
+                   untimed=tuple(dict.fromkeys((*table.untimed, *absent))))
+
+
 def kernel_cache(src: Path, out: Path) -> tuple[Path, list[str]]:
     """OUT/cache holding the kernel tables in ``src`` (a .tgz of them or a folder), re-keyed to
     this checkout's installed vLLM and torch versions, and the tables' model names."""
@@ -77,9 +102,14 @@ def kernel_cache(src: Path, out: Path) -> tuple[Path, list[str]]:
         with tarfile.open(src) as tar:
             files = (tar.extractfile(m) for m in tar.getmembers() if m.name.endswith(".json"))
             raws = [f.read().decode() for f in files if f is not None]
+    from launcher.model.modelspec import load_model_spec
+    from launcher.planner.kernelcost import step_shape
+
     cache, names = out / "cache", []
     for raw in raws:
         table = kernels.table_from_json(json.loads(raw))
+        table = reshaped(table, step_shape(load_model_spec(MODELS / table.shape.name),
+                                           _tp(table.shape, step_shape, load_model_spec)))
         key = replace(table.key, vllm=kernelprobe.vllm_version(),
                       torch=kernelprobe.dist_version("torch"))
         if kernels.save(cache, replace(table, key=key)) is None:

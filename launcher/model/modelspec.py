@@ -66,6 +66,14 @@ class ModelSpec:
     path: str | None = None
     experts_per_token: int = 0  # top-k of a mixture-of-experts router
     moe_intermediate_size: int = 0
+    # A mixture of experts' MLP beyond the routed experts, as vLLM's model classes run it: the
+    # shared experts' width (one dense MLP every MoE layer runs for every token, DeepSeek's
+    # n_shared_experts x moe_intermediate_size, Qwen2-MoE's shared_expert_intermediate_size)
+    # and the decoder layers that run a plain dense MLP of ``intermediate_size`` instead of the
+    # experts (DeepSeek's first_k_dense_replace / moe_layer_freq, Qwen-MoE's mlp_only_layers /
+    # decoder_sparse_step). Zero for a dense model.
+    shared_expert_intermediate_size: int = 0
+    dense_mlp_layers: int = 0
     # Layers with their own KV cache, by shape; empty means num_layers × (kv_heads, head_dim),
     # ``sliding_layers`` of them windowed. Gemma 4 differs per layer type and shares KV layers.
     layer_kv: tuple[KvGroup, ...] = ()
@@ -235,6 +243,33 @@ def _count_params(
         mlp = active = 3 * h * _width(t["intermediate_size"])  # gate, up, down
     embed = vocab * h * (1 if t.get("tie_word_embeddings", True) else 2)
     return embed, attn + 2 * h, mlp, active
+
+
+def _moe_mlps(t: Mapping[str, Any], layers: int, experts: int) -> tuple[int, int]:
+    """(shared experts' intermediate width, decoder layers with a dense MLP) of a mixture of
+    experts, from the config fields vLLM's model classes read (deepseek_v2.py: a layer is MoE
+    when its index is at least first_k_dense_replace and a multiple of moe_layer_freq;
+    qwen2_moe.py / qwen3_moe.py: when it is not in mlp_only_layers and (index + 1) is a multiple
+    of decoder_sparse_step); (0, 0) for a dense model. A malformed field counts as absent."""
+    if not experts:
+        return 0, 0
+
+    def count(key: str) -> int:
+        try:
+            return max(0, int(t.get(key) or 0))
+        except (TypeError, ValueError, OverflowError):
+            return 0
+
+    # (_experts has read moe_intermediate_size already: a malformed one never reaches here)
+    per_expert = _width(t.get("moe_intermediate_size") or 0)
+    shared = count("shared_expert_intermediate_size") or count("n_shared_experts") * per_expert
+    first = count("first_k_dense_replace")
+    freq, step = count("moe_layer_freq") or 1, count("decoder_sparse_step") or 1
+    only = t.get("mlp_only_layers")
+    mlp_only = {i for i in only if isinstance(i, int)} if isinstance(only, list) else set()
+    dense = sum(1 for i in range(layers)
+                if i < first or i % freq or i in mlp_only or (i + 1) % step)
+    return shared, min(dense, layers)
 
 
 def _experts(t: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -440,6 +475,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     )
     method, bits, overhead = quantization.read(cfg, t)
     n_experts, per_token, moe_inter = _experts(t)
+    moe_mlps = _moe_mlps(t, d.layers, n_experts)
     sp = _split(cfg, t, hf, d, model_type, n_experts, per_token)
     # MLA: one latent "head", the same on every TP rank: vLLM replicates it
     kv = 1 if any(g.latent for g in sp.groups) else d.kv
@@ -478,6 +514,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         path=path,
         experts_per_token=per_token,
         moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=moe_mlps[0],
+        dense_mlp_layers=moe_mlps[1],
         layer_kv=sp.groups,
         rope_cache_elems=hf.rope_cache_elems if hf else 0,
         mla=mla_dims(t) if any(g.latent for g in sp.groups) else None,

@@ -14,7 +14,7 @@ it, else the cost model's assumption (said in ``sources``). :func:`predict` then
 (decode) and ``concurrency`` streams (throughput, TTFT and TPOT percentiles).
 
 Approximations, each stated: latent attention's projections are taken at the per-head sizes
-(vLLM runs q_a/q_b/kv_a/kv_b), shared experts are not timed, a sliding-window layer's decode
+(vLLM runs q_a/q_b/kv_a/kv_b), a sliding-window layer's decode
 attention is timed at its window and counted per context token like a full one, and
 pipeline parallelism is left to the roofline (the planner uses this only for ``pp == 1``).
 """
@@ -90,8 +90,20 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     moe = None
     if m.num_experts:
         inter = max(1, (m.moe_intermediate_size or m.intermediate_size) // tp)
-        moe = Moe(m.num_layers, m.num_experts, max(1, min(m.experts_per_token, m.num_experts)),
-                  inter)
+        routed = max(1, m.num_layers - m.dense_mlp_layers)
+        moe = Moe(routed, m.num_experts, max(1, min(m.experts_per_token, m.num_experts)), inter)
+        # what vLLM runs beside the routed experts, as plain GEMMs: the shared experts' MLP in
+        # every MoE layer, a dense MLP in the dense ones (DeepSeek's first layer: 10,944 wide)
+        # (the tenth and eleventh H200 tables: without them GLM-4.7-Flash and DeepSeek-V2-Lite
+        # decoded 15% faster in plan than served, Qwen3-30B-A3B, with neither, +3%)
+        if m.shared_expert_intermediate_size:
+            shared = max(1, m.shared_expert_intermediate_size // tp)
+            linears += [Linear("shared_gate_up", h, 2 * shared, bits, routed),
+                        Linear("shared_down", shared, h, bits, routed)]
+        if m.dense_mlp_layers and m.intermediate_size:
+            dense = max(1, m.intermediate_size // tp)
+            linears += [Linear("dense_gate_up", h, 2 * dense, bits, m.dense_mlp_layers),
+                        Linear("dense_down", dense, h, bits, m.dense_mlp_layers)]
     else:
         inter = max(1, m.intermediate_size // tp)
         linears += [Linear("gate_up", h, 2 * inter, bits), Linear("down", inter, h, bits)]
@@ -106,6 +118,17 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     dtype = m.dtype if m.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     return StepShape(m.name, m.num_layers, h, max(1, m.vocab_size // tp), tuple(linears),
                      attention, moe, dtype)
+
+
+def _act_layers(s: StepShape) -> int:
+    """Decoder layers that run a dense MLP's SiLU-and-mul (the probe times it at that MLP's
+    width): every layer of a dense model; of a mixture of experts, its dense layers and, where
+    it has shared experts, its MoE layers too (the routed experts' is inside the fused op)."""
+    if s.moe is None:
+        return s.layers
+    names = {lin.name: lin.layers for lin in s.linears}
+    return (names.get("dense_gate_up", 0)
+            + (s.moe.layers if "shared_gate_up" in names else 0))
 
 
 def _mla_linears(mla: MlaDims, hidden: int, heads: int, bits: int) -> list[Linear]:
@@ -189,14 +212,17 @@ def step_cost(
     ladder = sorted({t.tokens for t in table.times if t.op == "norm"})
     if not ladder:
         raise ValueError("the kernel table holds no per-token operations")
-    layer_ops = [f"linear:{lin.name}" for lin in s.linears] + ["norm", "norm", "rope", "act"]
+    # each op with the decoder layers that run it (a linear's own count where it has one)
+    layer_ops = [(f"linear:{lin.name}", lin.layers or s.layers) for lin in s.linears]
+    layer_ops += [("norm", s.layers), ("norm", s.layers), ("rope", s.layers),
+                  ("act", _act_layers(s))]
     eager = any(t.op.startswith("eager:") for t in table.times)
 
     def forward_at(n: int, prefix: str) -> float:
-        layer = sum(_at(table.lookup(prefix + op), n) for op in layer_ops)
+        layer = sum(k * _at(table.lookup(prefix + op), n) for op, k in layer_ops)
         moe = _at(table.lookup(prefix + "moe"), n) * (s.moe.layers if s.moe else 0)
         comm = 2 * s.layers * allreduce.seconds(n * s.hidden * ACT_BYTES)
-        return s.layers * layer + moe + comm
+        return layer + moe + comm
 
     forward = [forward_at(n, "") for n in ladder]
     # past the graphs: the eager timings where the table has them (else the graph-replayed

@@ -52,6 +52,9 @@ class Linear:
     k: int
     n: int
     weight_bits: int = 16  # 16 (bf16/fp16), 8 (FP8), 4 (AWQ/GPTQ)
+    # the decoder layers that run it; 0: every one (a mixture of experts' shared experts run
+    # in its MoE layers only, a dense MLP in its dense layers only)
+    layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ def _shape_key(shape: StepShape) -> str:
     # shapes tens of thousands of times per plan; asdict + JSON + SHA-256 each time was 17% of
     # planning a model on 8xH100 (test_golden_plans: 8xh100 43 s).
     raw = asdict(shape)
+    for lin in raw["linears"]:  # likewise: a linear of every layer is keyed as before
+        if not lin.get("layers"):
+            lin.pop("layers", None)
     for a in raw["attention"]:  # fields added later are keyed only where set, so that a table
         for f in _LATER_FIELDS:  # kept before them is still found for the same shape
             if not a.get(f):
@@ -214,7 +220,8 @@ def _shape(raw: Any) -> StepShape:
     s = _obj(raw, "shape")
     lin = tuple(Linear(_text(x.get("name"), "linear name"), _positive_int(x.get("k"), "k"),
                        _positive_int(x.get("n"), "n"),
-                       _positive_int(x.get("weight_bits", 16), "weight bits"))
+                       _positive_int(x.get("weight_bits", 16), "weight bits"),
+                       _positive_int(x.get("layers", 0), "linear layers"))
                 for x in (_obj(y, "linear") for y in _list(s.get("linears"), "linears")))
     att = tuple(_attention(_obj(y, "attention")) for y in _list(s.get("attention"), "attention"))
     moe = None
@@ -955,7 +962,10 @@ def time_table(
         times.append(KernelTime(op, n, eager if graphed is None else graphed, context, group))
         times.append(KernelTime(f"eager:{op}", n, eager, context, group))
 
-    inter = next((lin.n // 2 for lin in shape.linears if lin.name == "gate_up"), 0)
+    # the SiLU-and-mul of the model's dense MLP: every layer's, else the shared experts' (a
+    # mixture of experts' routed activation is inside its fused op)
+    inter = next((lin.n // 2 for name in ("gate_up", "shared_gate_up", "dense_gate_up")
+                  for lin in shape.linears if lin.name == name), 0)
     width = sum(a.heads * a.head_dim for a in shape.attention[:1]) or shape.hidden
     latent = next((a for a in shape.attention if a.latent and a.qk_dim and a.rank), None)
     if latent is not None:  # MLA rotates only its rope dims: each query head's and the latent's

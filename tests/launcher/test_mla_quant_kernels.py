@@ -53,9 +53,14 @@ def time_cpu(shape: K.StepShape) -> K.KernelTable:
 def test_mla_step_shape_has_vllms_projections_at_their_shapes() -> None:
     m = spec_from_config(moonlight_config(), "moonlight")
     s = kernelcost.step_shape(m)
-    assert [(x.name, x.k, x.n) for x in s.linears] == [
-        ("q", 2048, 16 * 192), ("kv_a", 2048, 512 + 64), ("kv_b", 512, 16 * (128 + 128)),
-        ("o", 16 * 128, 2048)]
+    assert [(x.name, x.k, x.n, x.layers) for x in s.linears] == [
+        ("q", 2048, 16 * 192, 0), ("kv_a", 2048, 512 + 64, 0),
+        ("kv_b", 512, 16 * (128 + 128), 0), ("o", 16 * 128, 2048, 0),
+        # two shared experts of 1,408 in the 26 MoE layers, the first layer's dense MLP
+        ("shared_gate_up", 2048, 2 * 2816, 26), ("shared_down", 2816, 2048, 26),
+        ("dense_gate_up", 2048, 2 * 11264, 1), ("dense_down", 11264, 2048, 1)]
+    assert s.moe is not None
+    assert s.moe.layers == 26
     (a,) = s.attention
     assert (a.head_dim, a.kv_heads, a.qk_dim, a.v_dim, a.rank) == (576, 1, 192, 128, 512)
 
@@ -63,7 +68,7 @@ def test_mla_step_shape_has_vllms_projections_at_their_shapes() -> None:
 def test_mla_with_a_query_lora_fuses_q_a_with_kv_a_and_splits_heads_over_tp() -> None:
     m = spec_from_config(moonlight_config(q_lora_rank=1536), "v3-like")
     s = kernelcost.step_shape(m, tp=2)
-    assert [(x.name, x.k, x.n) for x in s.linears] == [
+    assert [(x.name, x.k, x.n) for x in s.linears[:4]] == [
         ("q_a_kv_a", 2048, 1536 + 576), ("q_b", 1536, 8 * 192), ("kv_b", 512, 8 * 256),
         ("o", 8 * 128, 2048)]
 
@@ -75,9 +80,11 @@ def test_mla_dims_need_every_size_or_there_are_none() -> None:
                                        .read_text()), "dense").mla is None
 
 
-def test_a_dense_shapes_table_key_is_the_one_kept_before_the_mla_fields() -> None:
+def test_a_dense_shapes_table_key_is_the_one_kept_before_the_mla_and_layer_fields() -> None:
     shape = kernelcost.step_shape(spec("qwen2.5-14b-shape"))
     raw = asdict(shape)
+    for lin in raw["linears"]:  # a linear's layer count, added later (0: every layer)
+        del lin["layers"]
     for a in raw["attention"]:
         for f in ("qk_dim", "v_dim", "rank"):
             del a[f]
