@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher.model import families
 from launcher.model.mla import MlaDims
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import hardware, memfit
@@ -34,6 +35,7 @@ from launcher.planner.costmodel import (
     Layout,
     Prediction,
     causal_pairs,
+    graph_kernel_s,
     layer_host,
     request_host_s,
 )
@@ -67,6 +69,7 @@ from launcher.probe.kernels import (
     Moe,
     StepShape,
 )
+from launcher.probe.topotypes import Gpu
 
 ACT_BYTES = 2
 
@@ -196,6 +199,7 @@ def step_cost(
     max_graph_tokens: int = 0,
     measured_step_overhead: tuple[float, str] | None = None,
     overlap_overhead: bool = False,
+    untimed_kernels: tuple[int, float] = (0, 0.0),
 ) -> KernelCost:
     """The step cost the table gives, with the engine's step overhead measured (in the table,
     or timed on this machine by `probe --measure`: seconds and the line saying so) or assumed.
@@ -207,7 +211,9 @@ def step_cost(
     ``overlap_overhead``: the engine's step overhead runs beside the GPU's step (vLLM's
     asynchronous scheduling on a GPU prepares step k+1 while the GPU runs step k), so it is
     left out of the steps and returned as ``overhead_s`` for :class:`HostBound` to bound them
-    with; else (the CPU engine) it is in series."""
+    with; else (the CPU engine) it is in series.
+    ``untimed_kernels``: (kernels a step runs that no timed op holds, the fixed seconds each
+    costs in a CUDA-graph replay): added to every step (:func:`untimed_layer_kernels`)."""
     s = table.shape
     ladder = sorted({t.tokens for t in table.times if t.op == "norm"})
     if not ladder:
@@ -218,11 +224,13 @@ def step_cost(
                   ("act", _act_layers(s))]
     eager = any(t.op.startswith("eager:") for t in table.times)
 
+    untimed_s = untimed_kernels[0] * untimed_kernels[1]
+
     def forward_at(n: int, prefix: str) -> float:
         layer = sum(k * _at(table.lookup(prefix + op), n) for op, k in layer_ops)
         moe = _at(table.lookup(prefix + "moe"), n) * (s.moe.layers if s.moe else 0)
         comm = 2 * s.layers * allreduce.seconds(n * s.hidden * ACT_BYTES)
-        return layer + moe + comm
+        return layer + moe + comm + untimed_s
 
     forward = [forward_at(n, "") for n in ladder]
     # past the graphs: the eager timings where the table has them (else the graph-replayed
@@ -269,6 +277,11 @@ def step_cost(
                   else "torch's SDPA, not the engine's FlashAttention")
         sources.append(f"prompt-chunk attention read off {len(xs)} timed points up to "
                        f"{xs[-1]:,.0f} (query, key) pairs ({kernel}), in proportion past them")
+    if untimed_s:
+        sources.append(f"{untimed_kernels[0]} kernels a step that no timed op holds (the "
+                       f"family's kernels a layer less the ops timed: the KV-cache write and "
+                       f"the like) at {untimed_kernels[1] * 1e6:.2f} us each, a CUDA-graph "
+                       f"kernel's fixed cost")
     sources += [f"not in the table: {x}" for x in table.missing]
     cost = TableStepCost(tuple(ladder), tuple(forward), pair, token, per_row,
                          (0.0 if overlap_overhead else overhead) + fixed_head,
@@ -362,21 +375,40 @@ def _timer(
     graphs: CudaGraphs,
     measured_step_overhead: tuple[float, str] | None = None,
     host: HostProfile | None = None,
+    kernel_s: float = 0.0,
 ) -> tuple[StepTimer, tuple[str, ...]]:
     """The step timer a table gives (and its sources): where ``host`` is a GPU server's, eager
     steps launched at its pace for ``m`` (costmodel.layer_host, the roofline's figure),
     steps within the served engine's ``graphs`` padded and run as those graphs run them
     (:class:`HostBound`), and every step bound by its front end; the CPU engine's (``host``
-    None) as timed. The one constructor of a table's steps."""
+    None) as timed. The one constructor of a table's steps. ``kernel_s``: the GPU's fixed cost
+    of a kernel in a CUDA-graph replay (costmodel.graph_kernel_s), which each kernel the table
+    does not time costs a step (0: none charged, the CPU engine's)."""
     layer = layer_host(m, host) if host is not None else None
+    untimed = untimed_layer_kernels(m, table.shape) * table.shape.layers
     kc = step_cost(table, allreduce=allreduce, assumed_step_overhead_s=assumed_step_overhead_s,
                    max_graph_tokens=graphs.max_tokens,
                    measured_step_overhead=measured_step_overhead,
-                   overlap_overhead=host is not None)
+                   overlap_overhead=host is not None, untimed_kernels=(untimed, kernel_s))
     if host is None:
         return kc.cost, kc.sources
     return HostBound(kc.cost, host, kc.overhead_s, m.num_layers, graphs, layer,
                      memfit.vllm_group_count(m)), (*kc.sources, graphs.source)
+
+
+def untimed_layer_kernels(m: ModelSpec, s: StepShape) -> int:
+    """Kernels one decoder layer of ``m`` runs that no op of its step shape ``s`` times: the
+    family's count for a dense layer (families.eager_layer_kernels, counted from vLLM's own
+    model classes) less the ops timed a layer (the attention's projections, two norms, the
+    rotary, the attention, and a dense MLP's families.DENSE_MLP_KERNELS; a mixture-of-experts
+    layer swaps those three for the fused-MoE op in both counts). Llama's layer leaves one,
+    the KV-cache write; Gemma 3's two (its third norm). The eleventh H200 table's kernel-table
+    decode ran +25% fast for Gemma-3-4B, whose roofline, which charges every counted kernel
+    (costmodel.decode_step_s), came within 2%."""
+    mlp = {"gate_up", "down", "shared_gate_up", "shared_down", "dense_gate_up", "dense_down"}
+    projections = sum(1 for lin in s.linears if lin.name not in mlp)
+    timed = projections + 2 + 1 + 1 + families.DENSE_MLP_KERNELS  # norms, rotary, attention
+    return max(0, families.eager_layer_kernels(m.family) - timed)
 
 
 def _tp_allreduce(lay: Layout) -> AllReduce:
@@ -395,8 +427,12 @@ def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
               else CudaGraphs(default_sizes(max_graph_tokens)))
     timer, _ = _timer(m, table, allreduce=_tp_allreduce(lay),
                       assumed_step_overhead_s=hardware.STEP_OVERHEAD_S, graphs=graphs,
-                      host=lay.host)
+                      host=lay.host, kernel_s=graph_kernel_s(_gpus(lay)))
     return timer
+
+
+def _gpus(lay: Layout) -> list[Gpu]:
+    return [g for stage in lay.stages for g in stage]
 
 
 @dataclass(frozen=True)
@@ -448,6 +484,7 @@ def as_prediction(
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
     host: HostProfile | None = None,
     pp: int = 1,
+    kernel_s: float = 0.0,
 ) -> tuple[Prediction, tuple[str, ...]]:
     """The cost model's :class:`Prediction` from a kernel table, through the simulated
     scheduler; ``dp`` replicas share the streams. With the sources said. The KV pool is
@@ -457,10 +494,12 @@ def as_prediction(
     ``graphs``: the served engine's CUDA graphs (a GPU layout's ``Layout.graphs``; none on the
     CPU engine). The engine schedules asynchronously where vLLM does by default
     (:func:`asyncsched.vllm_async_scheduling` of a GPU server, ``host``, of ``pp`` stages: the
-    one rule of the load and agent simulations too)."""
+    one rule of the load and agent simulations too). ``kernel_s``: a GPU's fixed cost of a
+    graph kernel, charged to the kernels the table does not time (:func:`_timer`)."""
     timer, sources = _timer(m, table, allreduce=allreduce,
                             assumed_step_overhead_s=assumed_step_overhead_s, graphs=graphs,
-                            measured_step_overhead=measured_step_overhead, host=host)
+                            measured_step_overhead=measured_step_overhead, host=host,
+                            kernel_s=kernel_s)
     per_replica = max(1, -(-concurrency // max(1, dp)))
     pool = memfit.pool_blocks(m, kv_bytes, kv_dtype_bytes, block)
     blocks = memfit.scheduler_blocks(m, pool, prompt + gen, batched_tokens, kv_dtype_bytes,
@@ -522,6 +561,7 @@ def layout_prediction(
         request_overhead_s=request_host_s(lay.host, prompt), allreduce=_tp_allreduce(lay),
         dp=lay.dp,
         kv_dtype_bytes=kv_dtype_bytes, host=lay.host, graphs=lay.graphs, pp=lay.pp,
+        kernel_s=graph_kernel_s(_gpus(lay)),
     )
     return pred, table
 
