@@ -290,7 +290,10 @@ def quant_gemm_fixed_s(m: ModelSpec, layers: float) -> float:
 
 
 def moe_layers(m: ModelSpec) -> int:
-    return m.num_layers if m.num_experts else 0
+    """Decoder layers whose MLP is the fused-MoE op: all but the dense-MLP ones
+    (ModelSpec.dense_mlp_layers: DeepSeek's first_k_dense_replace and the like); 0 for a dense
+    model. The one count the roofline's kernels and the kernel table's step shape share."""
+    return max(1, m.num_layers - m.dense_mlp_layers) if m.num_experts else 0
 
 
 def routed_expert_params(m: ModelSpec) -> float:

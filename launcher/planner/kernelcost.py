@@ -37,6 +37,7 @@ from launcher.planner.costmodel import (
     causal_pairs,
     graph_kernel_s,
     layer_host,
+    moe_layers,
     request_host_s,
 )
 from launcher.planner.cudagraphs import EAGER, CudaGraphs, default_sizes
@@ -93,7 +94,7 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
     moe = None
     if m.num_experts:
         inter = max(1, (m.moe_intermediate_size or m.intermediate_size) // tp)
-        routed = max(1, m.num_layers - m.dense_mlp_layers)
+        routed = moe_layers(m)
         moe = Moe(routed, m.num_experts, max(1, min(m.experts_per_token, m.num_experts)), inter)
         # what vLLM runs beside the routed experts, as plain GEMMs: the shared experts' MLP in
         # every MoE layer, a dense MLP in the dense ones (DeepSeek's first layer: 10,944 wide)

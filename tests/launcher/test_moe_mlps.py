@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.model.modelspec import _moe_mlps, spec_from_config
-from launcher.planner import kernelcost
+from launcher.planner import costmodel, kernelcost
 from tests.launcher.gpushapes import MODELS
 
 
@@ -32,6 +32,8 @@ def test_deepseek_runs_its_shared_experts_in_moe_layers_and_a_dense_mlp_first() 
     assert lin["dense_down"] == (5472, 2048, 1)
     assert s.moe is not None
     assert s.moe.layers == 26
+    # the roofline counts the same MoE layers for its decode kernels: one count for both
+    assert costmodel.moe_layers(m) == 26
 
 
 def test_moe_layer_frequency_leaves_the_other_layers_dense() -> None:
