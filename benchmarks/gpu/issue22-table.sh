@@ -16,7 +16,8 @@
 #           line says whether the plan's speed came from a kernel table kept on the machine
 #  probe    `launcher probe --measure` (this host's front end, the GPU's GEMM rates), then
 #           `launcher probe --measure --model` of every case in $PREDICT_CASES (its kernel table,
-#           kept where plans find it) -> $OUT/probe.txt. The order that shows both paths, each
+#           kept where plans find it) -> $OUT/probe.txt, the tables in $OUT/kernels.tgz and the
+#           host timing record in $OUT/host-cost-CASES.json. The order that shows both paths, each
 #           before anything is served: PRED_TAG=roofline predict, probe, PRED_TAG=tables predict
 #  retime   this host's front end timed again (the host-only part of `probe --measure`, kept
 #           where plans find it, as the probe keeps it), appended to $OUT/host-timings.txt:
@@ -278,6 +279,12 @@ for step in "$@"; do
     # the tables themselves, as one file (a call brings back at most 8)
     cache=${TOPOSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/toposerve}
     [[ -d $cache/kernels ]] && tar czf "$OUT/kernels.tgz" -C "$cache" kernels
+    # and the host timing the plans after it use (one record a host, rewritten by every probe):
+    # kept a copy per probe, so that a replay plans each case at its own host's timing
+    # (issue22_now.py --host-timing CASE=FILE; the eleventh table kept only the probe's text)
+    for f in "$cache"/host-cost/*.json; do
+      [[ -f $f ]] && cp "$f" "$OUT/host-cost-${PREDICT_CASES// /-}.json"
+    done
     continue
   fi
   if [[ $step == predict ]]; then
