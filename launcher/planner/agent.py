@@ -288,7 +288,7 @@ def host_copy_s(m: ModelSpec, lay: Layout, depth: int, kv_dtype_bytes: int,
     hit's padding to a block, block): 64 or 65 blocks for a 1,024-token window of 16-token
     blocks, where memfit's at-rest count is 65), while it stores every block
     (:func:`host_stored_bytes`)."""
-    gpus = [g for st in lay.stages for g in st]
+    gpus = lay.gpus
     moved = memfit.request_kv_bytes(m, depth, batched_tokens, kv_dtype_bytes,
                                     memfit.BLOCK_TOKENS, AT_REST)
     share = moved / max(1, len(gpus))
@@ -381,7 +381,7 @@ def step_timer(m: ModelSpec, lay: Layout, tables: Sequence[KernelTable]) -> Step
     """This model's kernel table for the layout where one is kept (as the plan's own figures
     use it: :func:`kernelcost.layout_step`, under the layout's CUDA graphs ``lay.graphs``),
     else the roofline (under the same graphs)."""
-    names = {g.name for st in lay.stages for g in st}
+    names = {g.name for g in lay.gpus}
     table = (kernelcost.table_for(tables, m, lay.tp, next(iter(names)))
              if lay.pp == 1 and len(names) == 1 else None)
     if table is None:

@@ -126,6 +126,11 @@ class Layout:
     # which steps replay which graphs); by default vLLM's for max_num_seqs 256
     graphs: CudaGraphs = VLLM_DEFAULT
 
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        """One replica's GPUs, every stage's, in stage order."""
+        return tuple(g for stage in self.stages for g in stage)
+
 
 # --------------------------------------------------------------------------------------- links
 
@@ -312,7 +317,7 @@ def moe_gemm_efficiency(m: ModelSpec, lay: Layout) -> float:
     where it does not. The tuned case at the dense rate is an ASSUMPTION the one tuned record
     agrees with: the Qwen3-30B-A3B shape (128 experts of 768, tuned on the H200) ran its
     8,192-token chunks at about 2.0 ms a layer, which the dense rate gives and 0.56 does not."""
-    gpus = [g for stage in lay.stages for g in stage]
+    gpus = lay.gpus
     width = m.moe_intermediate_size // max(1, lay.tp)  # vLLM's N: a rank's expert width
     if gpus and all(moetuned.tuned(g.name, m.num_experts, width) for g in gpus):
         return 1.0
@@ -446,7 +451,7 @@ def attention_s(m: ModelSpec, lay: Layout, work: AttentionWork) -> float:
     """The attention kernels' time on one replica: matmuls and exponentials at the card's
     prefill rate over the TP group, or the KV read at its memory rate, whichever is longer
     (a stage after another: PP adds no speed to one step)."""
-    gpus = [g for stage in lay.stages for g in stage]
+    gpus = lay.gpus
     compute = (work.flops + EXP_FLOP_EQUIVALENT * work.exps) / (lay.tp * _prefill_flops_s(gpus))
     # TP ranks read their KV heads' share; MLA's one latent per token is on every rank whole
     shards = 1 if any(g.latent for g in m.kv_groups) else min(lay.tp, max(1, m.num_kv_heads))
@@ -482,7 +487,7 @@ def _prefill_work(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     """:func:`prefill_step_s`'s step before its per-layer and fixed costs: how the served
     engine's graphs run it, the rows its GEMMs run (padded within the graphs) and the GPU's
     arithmetic or weights' read with the attention, over the TP group."""
-    gpus = [g for stage in lay.stages for g in stage]
+    gpus = lay.gpus
     attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
     heads = sequences if sampled is None else sampled
     mode = lay.graphs.mode(tokens, tokens)
@@ -553,7 +558,7 @@ def elementwise_layer_s(m: ModelSpec, lay: Layout, tokens: float) -> float:
     writes one; a mixture of experts' runs inside its fused-MoE op). Each kernel's fixed cost
     (``ELEMENTWISE_LAYER_FLOOR_S``, measured) and the bytes at the card's achieved memory rate
     (derived): the roofline's GEMM arithmetic and weight read count none of it."""
-    gpus = [g for stage in lay.stages for g in stage]
+    gpus = lay.gpus
     norms = 2 * 4 * m.hidden_size
     rope = 2 * (m.num_heads + m.num_kv_heads) * m.head_dim / lay.tp
     act = 0.0 if m.num_experts else 3 * m.intermediate_size / lay.tp
@@ -655,7 +660,7 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     tables' steps take it (kernelcost.step_cost's ``overlap_overhead``); with pipeline stages it
     is in series. Checked on the 27 saved one-GPU H200 single-stream decode records
     (docs/planner.md, "A decode step's kernels in its CUDA graph")."""
-    gpus = [g for stage in lay.stages for g in stage]
+    gpus = lay.gpus
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     whole = math.ceil(micro)  # one token a sequence: the step's tokens on a stage
     mode = lay.graphs.mode(0, whole)

@@ -70,7 +70,6 @@ from launcher.probe.kernels import (
     Moe,
     StepShape,
 )
-from launcher.probe.topotypes import Gpu
 
 ACT_BYTES = 2
 
@@ -428,12 +427,9 @@ def layout_step(m: ModelSpec, table: KernelTable, lay: Layout, *,
               else CudaGraphs(default_sizes(max_graph_tokens)))
     timer, _ = _timer(m, table, allreduce=_tp_allreduce(lay),
                       assumed_step_overhead_s=hardware.STEP_OVERHEAD_S, graphs=graphs,
-                      host=lay.host, kernel_s=graph_kernel_s(_gpus(lay)))
+                      host=lay.host, kernel_s=graph_kernel_s(lay.gpus))
     return timer
 
-
-def _gpus(lay: Layout) -> list[Gpu]:
-    return [g for stage in lay.stages for g in stage]
 
 
 @dataclass(frozen=True)
@@ -546,7 +542,7 @@ def layout_prediction(
     none (the roofline then predicts) or the layout has pipeline stages (left to the
     roofline). ``kv_dtype_bytes``: the fit's KV element size (1 under FP8 KV); the engine's
     CUDA graphs are the layout's (``lay.graphs``)."""
-    names = {g.name for stage in lay.stages for g in stage}
+    names = {g.name for g in lay.gpus}
     if lay.pp != 1 or len(names) != 1:
         return None
     table = table_for(tables, m, lay.tp, names.pop())
@@ -562,7 +558,7 @@ def layout_prediction(
         request_overhead_s=request_host_s(lay.host, prompt), allreduce=_tp_allreduce(lay),
         dp=lay.dp,
         kv_dtype_bytes=kv_dtype_bytes, host=lay.host, graphs=lay.graphs, pp=lay.pp,
-        kernel_s=graph_kernel_s(_gpus(lay)),
+        kernel_s=graph_kernel_s(lay.gpus),
     )
     return pred, table
 

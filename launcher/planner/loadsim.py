@@ -174,7 +174,7 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
     the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them
     (under the layout's CUDA graphs, ``lay.graphs``, as the roofline's are)."""
     host = (host_line(lay.host),
-            costmodel.graph_kernel_line([g for stage in lay.stages for g in stage]))
+            costmodel.graph_kernel_line(lay.gpus))
     if lay.pp > 1:
         return pred, ("load at the requested concurrency: not simulated for pipeline-parallel "
                       "layouts (vLLM keeps a micro-batch per stage in flight, which the "

@@ -42,7 +42,7 @@ def roofline_linear_s(m: ModelSpec, lay: Layout, lin: Linear, tokens: int) -> fl
     """The roofline's time for one rank's ``lin`` over ``tokens`` rows: its FLOPs at the card's
     prefill rate or its weights' read (4-bit with their group scales and zero points, at the
     mixed-input kernel's streaming share: costmodel.weight_stream_efficiency), the longer."""
-    gpus = [g for stage in lay.stages for g in stage]
+    gpus = lay.gpus
     flops = 2.0 * tokens * lin.k * lin.n
     per_weight = lin.weight_bits / 8 + (2.5 / 128 if lin.weight_bits == 4 else 0.0)
     memory = lin.k * lin.n * per_weight / (weight_stream_efficiency(m, tokens, gpus)
