@@ -63,6 +63,7 @@ from launcher.planner.tablegaps import roofline_filled
 from launcher.probe.kernels import (
     DECODE_BATCH,
     FLASH_PREFILL_NOTE,
+    MLP_LINEARS,
     Attention,
     KernelTable,
     KernelTime,
@@ -405,8 +406,7 @@ def untimed_layer_kernels(m: ModelSpec, s: StepShape) -> int:
     the KV-cache write; Gemma 3's two (its third norm). The eleventh H200 table's kernel-table
     decode ran +25% fast for Gemma-3-4B, whose roofline, which charges every counted kernel
     (costmodel.decode_step_s), came within 2%."""
-    mlp = {"gate_up", "down", "shared_gate_up", "shared_down", "dense_gate_up", "dense_down"}
-    projections = sum(1 for lin in s.linears if lin.name not in mlp)
+    projections = sum(1 for lin in s.linears if lin.name not in MLP_LINEARS)
     timed = projections + 2 + 1 + 1 + families.DENSE_MLP_KERNELS  # norms, rotary, attention
     return max(0, families.eager_layer_kernels(m.family) - timed)
 

@@ -57,6 +57,13 @@ class Linear:
     layers: int = 0
 
 
+# The MLP linears a step shape may hold (launcher.planner.kernelcost.step_shape names them): a
+# dense model's in every layer, a mixture of experts' shared experts' in its MoE layers and its
+# dense layers' MLP; each a gate_up GEMM, SiLU-and-mul, then a down GEMM.
+MLP_GATE_UPS = ("gate_up", "shared_gate_up", "dense_gate_up")
+MLP_LINEARS = frozenset(MLP_GATE_UPS) | {"down", "shared_down", "dense_down"}
+
+
 @dataclass(frozen=True)
 class Attention:
     """The attention of ``layers`` decoder layers of one kind, on one TP rank."""
@@ -964,8 +971,8 @@ def time_table(
 
     # the SiLU-and-mul of the model's dense MLP: every layer's, else the shared experts' (a
     # mixture of experts' routed activation is inside its fused op)
-    inter = next((lin.n // 2 for name in ("gate_up", "shared_gate_up", "dense_gate_up")
-                  for lin in shape.linears if lin.name == name), 0)
+    inter = next((lin.n // 2 for name in MLP_GATE_UPS for lin in shape.linears
+                  if lin.name == name), 0)
     width = sum(a.heads * a.head_dim for a in shape.attention[:1]) or shape.hidden
     latent = next((a for a in shape.attention if a.latent and a.qk_dim and a.rank), None)
     if latent is not None:  # MLA rotates only its rope dims: each query head's and the latent's

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from launcher.model.modelspec import _moe_mlps, spec_from_config
 from launcher.planner import costmodel, kernelcost
+from launcher.probe.kernels import MLP_LINEARS
 from tests.launcher.gpushapes import MODELS
 
 
@@ -34,6 +35,9 @@ def test_deepseek_runs_its_shared_experts_in_moe_layers_and_a_dense_mlp_first() 
     assert s.moe.layers == 26
     # the roofline counts the same MoE layers for its decode kernels: one count for both
     assert costmodel.moe_layers(m) == 26
+    # the probe and the untimed-kernel count know them as MLP linears by these names
+    assert [x.name for x in s.linears if x.name in MLP_LINEARS] == [
+        "shared_gate_up", "shared_down", "dense_gate_up", "dense_down"]
 
 
 def test_moe_layer_frequency_leaves_the_other_layers_dense() -> None:
