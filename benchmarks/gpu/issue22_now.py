@@ -19,8 +19,9 @@ the ratio is read from the record's own host-only work (docs/planner.md says whi
 (a results folder's kernels.tgz, or a folder of the tables' JSON files), as its plans after the
 probe did: a plan finds a table by the installed vLLM's and torch's versions, which here are not
 the machine's, so each table is kept under OUT_DIR/cache with its key's versions replaced by
-this checkout's (device, driver and shape as timed; the --topology's driver must be the
-table's) and the plans run with TOPOSERVE_CACHE there.
+this checkout's (device and driver as timed, the --topology's driver must be the table's; the
+shape as timed unless this checkout's step shape of the model has changed, whose new ops then
+come from the roofline) and the plans run with TOPOSERVE_CACHE there.
 """
 
 from __future__ import annotations
@@ -65,11 +66,16 @@ def host_timing_file(out: Path, case: str, ratio: float) -> Path:
     return path
 
 
-def _tp(timed: Any, step_shape: Any, load: Any) -> int:
-    """The TP degree a table was timed for: the one whose step shape has its heads."""
-    m = load(MODELS / timed.name)
-    return next((tp for tp in (1, 2, 4, 8) if step_shape(m, tp).attention[0].heads
-                 == timed.attention[0].heads), 1)
+def current_shape(timed: Any) -> Any:
+    """This checkout's step shape of the model a table was timed for (``timed``, its shape), at
+    the TP degree it was timed at: the one whose step shape has its query heads."""
+    from launcher.model.modelspec import load_model_spec
+    from launcher.planner.kernelcost import step_shape
+
+    m = load_model_spec(MODELS / timed.name)
+    shapes = [step_shape(m, tp) for tp in (1, 2, 4, 8)]
+    return next((x for x in shapes if x.attention[0].heads == timed.attention[0].heads),
+                shapes[0])
 
 
 def reshaped(table: Any, shape: Any) -> Any:
@@ -91,7 +97,8 @@ def reshaped(table: Any, shape: Any) -> Any:
 
 def kernel_cache(src: Path, out: Path) -> tuple[Path, list[str]]:
     """OUT/cache holding the kernel tables in ``src`` (a .tgz of them or a folder), re-keyed to
-    this checkout's installed vLLM and torch versions, and the tables' model names."""
+    this checkout's installed vLLM and torch versions and, where it changed, its step shape
+    (:func:`reshaped`), and the tables' model names."""
     from dataclasses import replace
 
     from launcher.probe import kernelprobe, kernels
@@ -102,14 +109,10 @@ def kernel_cache(src: Path, out: Path) -> tuple[Path, list[str]]:
         with tarfile.open(src) as tar:
             files = (tar.extractfile(m) for m in tar.getmembers() if m.name.endswith(".json"))
             raws = [f.read().decode() for f in files if f is not None]
-    from launcher.model.modelspec import load_model_spec
-    from launcher.planner.kernelcost import step_shape
-
     cache, names = out / "cache", []
     for raw in raws:
         table = kernels.table_from_json(json.loads(raw))
-        table = reshaped(table, step_shape(load_model_spec(MODELS / table.shape.name),
-                                           _tp(table.shape, step_shape, load_model_spec)))
+        table = reshaped(table, current_shape(table.shape))
         key = replace(table.key, vllm=kernelprobe.vllm_version(),
                       torch=kernelprobe.dist_version("torch"))
         if kernels.save(cache, replace(table, key=key)) is None:
