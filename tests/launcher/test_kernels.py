@@ -126,6 +126,32 @@ def test_a_damaged_field_is_one_error(field: str, value: Any) -> None:
     assert back.shape == TINY
 
 
+SHARED = replace(TINY, linears=(*TINY.linears, Linear("shared_gate_up", 64, 64, 16, 1),
+                                 Linear("shared_down", 32, 64, 16, 1)))
+
+
+def test_a_linears_own_layer_count_survives_the_json_and_keys_the_table() -> None:
+    table = KernelTable(key_for(SHARED), SHARED, (KernelTime("norm", 1, 1e-5),), "m", "now")
+    assert table_from_json(json.loads(json.dumps(table_to_json(table)))) == table
+    assert SHARED.key() != replace(SHARED, linears=(*TINY.linears, *(
+        replace(x, layers=2) for x in SHARED.linears[4:]))).key()
+
+
+@given(json_values)
+def test_a_damaged_linear_layer_count_is_a_table_or_one_error(value: Any) -> None:
+    raw = table_to_json(KernelTable(key_for(SHARED), SHARED, (KernelTime("norm", 1, 1e-5),),
+                                    "m", "now"))
+    raw["shape"]["linears"][-1]["layers"] = value
+    try:
+        back = table_from_json(raw)
+    except KernelTableError as e:
+        message = str(e)
+    else:
+        assert back.shape.linears[-1].layers == value
+        return
+    assert "\n" not in message
+
+
 def test_cpu_names_come_from_cpuinfo() -> None:
     text = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2 avx512f\n"
     assert cpu_device_name(text, 2) == "cpu: AMD EPYC 7B13 (2 threads)"
