@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu/issue22-table.sh STEP...   (repo root, after the bundle is in /root/site)
 #
-# STEP: predict | retime | mladef | qwen06 | gemma270 | q3awq32 | moe30
+# STEP: predict | retime | moonlightd | gemma12d | mladef | qwen06 | gemma270 | q3awq32 | moe30
 #       | phi4 | qwen15 | qwen17 | gemma1b | granite8 | q3awq14 | llama2
 #       | awq70 | qwen8b | gemma4b | qwen3b | mlalong
 #       | glm | gemma12 | awq8b | qwen4b | qwen14 | small24
@@ -40,6 +40,15 @@
 # MONITOR_BUSY=S adds, after each sample, S seconds of the same work back to back (a thread that
 # never sleeps, as an engine core's): whether such a thread sees the host's slow level as the
 # sleeping sampler does (the eighth table's engines did not follow the sampler: its README)
+# The twelfth table (2026-12-04, session 24), at vLLM's DEFAULT CUDA-graph range (RANGE '{}'):
+#  moonlightd  Moonlight-16B-A3B shape (DeepSeek-V3 layout: latent attention, 64 experts top 6 +
+#              2 shared, grouped sigmoid router) with the router drawn uniformly at random as
+#              glm's: single, c32 (0.3). The moonlight case (table 3) ran with graphs to 64 and
+#              the dummy router.
+#  gemma12d    Gemma-3-12B shape (sliding window on 5 of 6 layers): single, c32, long16 (0.4).
+#              The gemma12 case (table 4) ran with graphs to 64.
+#  with phi4 (never served), qwen8b (shared with aiconfigurator) and q3awq14 (4-bit, a random
+#  checkpoint) below.
 # The eleventh table (2026-12-04, session 23):
 #  mladef   DeepSeek-V2-Lite shape (latent attention, 64 experts top 6 + 2 shared, softmax router)
 #           at vLLM's DEFAULT CUDA-graph range (RANGE '{}'), the router drawn uniformly at random
@@ -178,7 +187,8 @@ M=benchmarks/gpu/models
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-/root/site}:$PWD VLLM_ALLREDUCE_USE_SYMM_MEM=0 PYTHONUNBUFFERED=1
-declare -A MODEL=([mladef]=deepseek-v2-lite-shape [qwen06]=qwen3-0.6b-shape [gemma270]=gemma-3-270m-shape
+declare -A MODEL=([moonlightd]=moonlight-16b-a3b-shape [gemma12d]=gemma-3-12b-shape
+  [mladef]=deepseek-v2-lite-shape [qwen06]=qwen3-0.6b-shape [gemma270]=gemma-3-270m-shape
   [q3awq32]=qwen3-32b-awq-shape [moe30]=qwen3-30b-a3b-shape
   [phi4]=phi-4-shape [qwen15]=qwen2.5-1.5b-shape [qwen17]=qwen3-1.7b-shape [gemma1b]=gemma-3-1b-shape
   [granite8]=granite-3.3-8b-shape [q3awq14]=qwen3-14b-awq-shape [llama2]=llama-2-7b-shape
@@ -192,7 +202,8 @@ declare -A MODEL=([mladef]=deepseek-v2-lite-shape [qwen06]=qwen3-0.6b-shape [gem
   [small]=llama-3.2-1b-shape [qwen7b]=qwen2.5-7b-shape
   [mla]=deepseek-v2-lite-shape [awq]=qwen2.5-32b-awq-shape [gemma]=gemma-3-27b-shape
   [long8b]=llama-3.1-8b-longctx-shape [qwen3]=qwen3-32b-shape [small3b]=llama-3.2-3b-shape)
-declare -A SCEN=([mladef]="single c32" [qwen06]="single c32 long16" [gemma270]="single c32" [q3awq32]="single c32"
+declare -A SCEN=([moonlightd]="single c32" [gemma12d]="single c32 long16"
+  [mladef]="single c32" [qwen06]="single c32 long16" [gemma270]="single c32" [q3awq32]="single c32"
   [moe30]="single c32 long16"
   [phi4]="single c32" [qwen15]="single c32 long16" [qwen17]="single c32" [gemma1b]="single c32 long16"
   [granite8]="single c32 long16" [q3awq14]="single c32" [llama2]="single c32"
@@ -209,7 +220,7 @@ declare -A SCEN=([mladef]="single c32" [qwen06]="single c32 long16" [gemma270]="
 # 0.9 (912k tokens, 219 s to ready on 2026-12-01).
 # The fresh shapes at 0.3 (0.4 with 16k prompts): every scenario fits with room, and the starts
 # stay short (a 0.9 pool for a small or latent-attention KV runs to millions of tokens).
-declare -A UTIL=([mladef]=0.5 [qwen06]=0.3 [gemma270]=0.3 [q3awq32]=0.3 [moe30]=0.5
+declare -A UTIL=([moonlightd]=0.3 [gemma12d]=0.4 [mladef]=0.5 [qwen06]=0.3 [gemma270]=0.3 [q3awq32]=0.3 [moe30]=0.5
   [phi4]=0.4 [qwen15]=0.3 [qwen17]=0.3 [gemma1b]=0.3 [granite8]=0.4 [q3awq14]=0.3 [llama2]=0.3
   [mlalong]=0.6 [awq70]=0.5 [qwen8b]=0.3 [gemma4b]=0.3 [qwen3b]=0.3
   [glm]=0.6 [gemma12]=0.4 [awq8b]=0.3 [qwen4b]=0.3 [small24]=0.5 [qwen14]=0.4
@@ -224,7 +235,7 @@ declare -A WEIGHTS=([q3awq32]=random [q3awq14]=random [awq70]=random [awq8b]=ran
 GRAPHS64='{"cudagraph_capture_sizes":[1,2,4,8,16,32,64],"pass_config":{"fuse_allreduce_rms":false}}'
 # each case's CUDA-graph range, the same in its plans and its start: the fifth to eighth
 # tables' cases at vLLM's default ('{}'), every earlier case as it was measured (to 64 tokens)
-declare -A RANGE=([mladef]='{}' [qwen06]='{}' [gemma270]='{}' [q3awq32]='{}' [moe30]='{}'
+declare -A RANGE=([moonlightd]='{}' [gemma12d]='{}' [mladef]='{}' [qwen06]='{}' [gemma270]='{}' [q3awq32]='{}' [moe30]='{}'
   [phi4]='{}' [qwen15]='{}' [qwen17]='{}' [gemma1b]='{}' [granite8]='{}' [q3awq14]='{}' [llama2]='{}'
   [mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
 compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
@@ -288,7 +299,7 @@ for step in "$@"; do
     continue
   fi
   if [[ $step == predict ]]; then
-    for c in ${PREDICT_CASES:-mladef qwen06 gemma270 q3awq32 moe30 phi4 qwen15 qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
+    for c in ${PREDICT_CASES:-moonlightd gemma12d mladef qwen06 gemma270 q3awq32 moe30 phi4 qwen15 qwen17 gemma1b granite8 q3awq14 llama2 mlalong awq70 qwen8b gemma4b qwen3b glm gemma12 awq8b qwen4b qwen14 small24 moonlight smollm2 awq14 gemma2 long14 nemo12 small qwen7b mla awq gemma long8b qwen3 small3b}; do
       for s in ${SCEN[$c]}; do
         case $s in
           single) predict "$c" single --prompt 512 --gen 256 --concurrency 1 & ;;
@@ -309,7 +320,7 @@ for step in "$@"; do
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
   port=$((port + 10))
   # the MoE routing the plans assume (see glm above); vLLM reads it in the engine's processes
-  routing=; [[ $step == glm || $step == mlalong || $step == moe30 || $step == mladef ]] && routing=uniform_random
+  routing=; [[ $step == glm || $step == mlalong || $step == moe30 || $step == mladef || $step == moonlightd ]] && routing=uniform_random
   # a random checkpoint in place of the dummy loader's zeros (WEIGHTS, the header)
   dir=$M/${MODEL[$step]} load=dummy
   if [[ ${LOAD_WEIGHTS:-${WEIGHTS[$step]:-dummy}} == random ]]; then

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
 
-# session 23's mladef, the fresh shapes of sessions 19, 18, 17, 16 and 15, then session 12's
-# (issue22-table.sh lists them), then older
-MODEL = {"mladef": "deepseek-v2-lite-shape",
+# session 24's moonlightd and gemma12d, session 23's mladef, the fresh shapes of sessions 19,
+# 18, 17, 16 and 15, then session 12's (issue22-table.sh lists them), then older
+MODEL = {"moonlightd": "moonlight-16b-a3b-shape", "gemma12d": "gemma-3-12b-shape",
+         "mladef": "deepseek-v2-lite-shape",
          "qwen06": "qwen3-0.6b-shape", "gemma270": "gemma-3-270m-shape",
          "q3awq32": "qwen3-32b-awq-shape", "moe30": "qwen3-30b-a3b-shape",
          "phi4": "phi-4-shape", "qwen15": "qwen2.5-1.5b-shape",
@@ -42,7 +43,9 @@ MODEL = {"mladef": "deepseek-v2-lite-shape",
          "mla": "deepseek-v2-lite-shape", "awq": "qwen2.5-32b-awq-shape",
          "gemma": "gemma-3-27b-shape", "long8b": "llama-3.1-8b-longctx-shape",
          "qwen3": "qwen3-32b-shape", "small3b": "llama-3.2-3b-shape"}
-LABEL = {"mladef": "DeepSeek-V2-Lite (MLA MoE), default graphs",
+LABEL = {"moonlightd": "Moonlight-16B-A3B (MLA MoE), default graphs",
+         "gemma12d": "Gemma-3-12B (sliding), default graphs",
+         "mladef": "DeepSeek-V2-Lite (MLA MoE), default graphs",
          "qwen06": "Qwen3-0.6B", "gemma270": "Gemma-3-270M (sliding)",
          "q3awq32": "Qwen3-32B AWQ (4-bit)", "moe30": "Qwen3-30B-A3B (MoE)",
          "phi4": "Phi-4 (Phi-3 family)", "qwen15": "Qwen2.5-1.5B",
