@@ -97,15 +97,19 @@ DEEPSEEK_EAGER_LAYER_HOST_S = 1.0e-3
 # Of that, the MLA prefill path: inside the attention op, which piecewise CUDA graphs leave
 # between their pieces, so a prompt step within the graphs' range (vLLM's default: 512 tokens)
 # still dispatches it from Python a layer, while the grouped router and the shared experts run
-# inside the compiled pieces and are replayed. Charging the whole 1.0 ms in such steps (the
-# model until session 22) put the GLM-4.7-Flash shape's 512-token first token at 71 ms on the
-# shipped host against 38.4 and 42.9 ms measured on two lent H200 hosts at vLLM's default range
-# (benchmarks/gpu/results/2026-12-04-h200-table10/mlalong, 2026-12-03-h200-table5/mlalong).
-# FITTED to those two runs of one model (0.30 and 0.40 ms fit them on the shipped host: 38 and
-# 42 ms); the eager figure's other 0.65 ms is then the router's and the shared experts'. Not
-# checked on DeepSeek-V2-Lite or Moonlight at the default range (their runs capped the graphs
-# at 64 tokens: every 512-token prompt eager), which is the next check.
-MLA_PREFILL_HOST_S = 0.35e-3
+# inside the compiled pieces and are replayed. vLLM 0.26's path (model_executor/layers/attention/
+# mla_attention.py forward_impl and forward_mha, with its FlashAttention prefill backend) runs
+# the kv_b_proj up-projection through a Linear module, builds K by two sliced copies into a new
+# tensor, calls FlashAttention's varlen wrapper and copies the sliced, flattened output back:
+# four kernels more than a plain attention op's two and about twenty torch calls more from
+# Python, 0.14-0.2 ms at the ~7 us a call the H200's host took (KERNEL_LAUNCH_S). FITTED to the
+# five 512-token first tokens measured at vLLM's default range, three models: GLM-4.7-Flash
+# 42.8, 38.3 and 31.6 ms (tables 5, 10 and 11), DeepSeek-V2-Lite 19.7 ms (table 11),
+# Moonlight-16B-A3B 21.8 ms (table 12); replayed at the shipped host with each table's kernels,
+# 0.2 ms gives -4..+16% on the three runs of tables 10-12 and +30% on table 5's slow host (mean
+# 12.2%), where the 0.35 ms fitted to the two older GLM runs alone gave -16..-24% on the three
+# newer runs (mean 14.4%); 0.25 ms 12.4%, 0.15 ms 15.8%.
+MLA_PREFILL_HOST_S = 0.2e-3
 # The same layer with a router that keeps a score-correction bias (topk_method noaux_tc:
 # DeepSeek-V3, Moonlight, Kimi-K2, GLM-4.7-Flash): vLLM 0.26's grouped_topk
 # (fused_moe/router/grouped_topk_router.py) then runs one fused_grouped_topk kernel, where
