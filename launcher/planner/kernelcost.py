@@ -2,21 +2,23 @@
 scheduler simulation over the requested workload. Pure.
 
 :func:`step_shape` says which operations one TP rank of a model runs (what `probe --measure
---model` times); :func:`step_cost` turns the timed table into a
-:class:`~launcher.planner.schedsim.TableStepCost`: per decoder layer the linear layers, two
-norms, the rotary products and the activation (or the routed experts) at each timed token count,
-times the layers, plus two all-reduces a layer under TP over the group's link; a prompt
+--model` times); :func:`step_cost` turns the timed table into a :class:`TableStep` (a
+:class:`~launcher.planner.schedsim.TableStepCost`): per decoder layer the linear layers, two
+norms, the rotary products and the activation (or the routed experts) at each timed token
+count, times the layers, plus two all-reduces a layer under TP over the group's link; a prompt
 chunk's attention read off the timed points by its (query, key) pairs (whole prompts, and on a
-GPU chunks after a cached prefix) and per cached token a decoder reads; the LM head and
-sampler per sampled row; and the engine's own fixed cost of a step, measured where the table has
-it, else the cost model's assumption (said in ``sources``). :func:`predict` then runs
-:mod:`launcher.planner.schedsim` for one prompt (prefill, time to first token), one stream
+GPU chunks after a cached prefix); a decoder's off the timed decode points as a line in the
+keys each layer reads, its kernel's fixed cost and then per key (:func:`decode_groups`); the
+LM head and sampler per sampled row; and the engine's own fixed cost of a step, measured where
+the table has it, else the cost model's assumption (said in ``sources``). :func:`predict` then
+runs :mod:`launcher.planner.schedsim` for one prompt (prefill, time to first token), one stream
 (decode) and ``concurrency`` streams (throughput, TTFT and TPOT percentiles).
 
 Approximations, each stated: latent attention's projections are taken at the per-head sizes
-(vLLM runs q_a/q_b/kv_a/kv_b), a sliding-window layer's decode
-attention is timed at its window and counted per context token like a full one, and
-pipeline parallelism is left to the roofline (the planner uses this only for ``pp == 1``).
+(vLLM runs q_a/q_b/kv_a/kv_b), a sliding-window layer's decode attention reads min(context,
+window x sequences) keys of the step's summed context (exact where the sequences are all on
+one side of the window), and pipeline parallelism is left to the roofline (the planner uses
+this only for ``pp == 1``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ from launcher.planner.schedsim import (
 )
 from launcher.planner.tablegaps import roofline_filled
 from launcher.probe.kernels import (
-    DECODE_BATCH,
     FLASH_PREFILL_NOTE,
     MLP_LINEARS,
     Attention,
@@ -166,7 +167,7 @@ class AllReduce:
 
 @dataclass(frozen=True)
 class KernelCost:
-    cost: TableStepCost
+    cost: TableStep
     sources: tuple[str, ...]  # what was measured, what assumed: for the plan's reasons
     # the engine core's own work a step (measured or assumed); in ``cost``'s steps unless
     # step_cost was asked to leave it beside them (overlap_overhead)
@@ -179,6 +180,97 @@ def _at(points: list[KernelTime], tokens: int) -> float:
         return 0.0
     cost = TableStepCost(tuple(p.tokens for p in points), tuple(p.seconds for p in points))
     return cost.forward(tokens)
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """One group of decoder layers' decode attention as the table timed it: a line in the keys
+    its kernel reads, ``fixed_s`` a layer for the kernel itself in any step with decoders and
+    ``key_s`` per cached key a sequence reads: its whole context, or where the layers slide at
+    most ``window`` keys of it."""
+
+    layers: int
+    fixed_s: float
+    key_s: float
+    window: int | None = None
+
+    def seconds(self, seqs: int, context: int) -> float:
+        """The group's attention for ``seqs`` decoders of ``context`` cached tokens in all.
+        A sliding layer reads min(context, window) keys of each sequence; from the sum it is
+        taken as min(context, window x seqs), exact where every sequence's context is on the
+        same side of the window (a step's usually are: one workload's lengths)."""
+        if seqs <= 0:
+            return 0.0
+        keys = context if self.window is None else min(context, self.window * seqs)
+        return self.layers * (self.fixed_s + self.key_s * keys)
+
+
+@dataclass(frozen=True)
+class TableStep(TableStepCost):
+    """A kernel table's step: :class:`schedsim.TableStepCost`'s terms (its per-token decode
+    attention left at 0) with the decoders' attention read off the table's timed decode points
+    (:func:`decode_groups`): each layer's kernel a fixed cost in every step with decoders, and
+    the keys it reads, capped at a sliding layer's window."""
+
+    decode: tuple[DecodeGroup, ...] = ()
+
+    def decode_attention(self, batch: StepBatch) -> float:
+        return sum(g.seconds(batch.decode_seqs, batch.decode_context) for g in self.decode)
+
+    def step_s(self, batch: StepBatch) -> float:
+        return super().step_s(batch) + self.decode_attention(batch)
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(fixed, per key) of the line through the fewest and the most keys of ``points`` (keys,
+    seconds); None where they all read as many keys."""
+    lo, hi = min(points), max(points)
+    if hi[0] <= lo[0]:
+        return None
+    per = max(0.0, (hi[1] - lo[1]) / (hi[0] - lo[0]))
+    fixed = lo[1] - per * lo[0]
+    return (fixed, per) if fixed >= 0 else (0.0, hi[1] / hi[0])
+
+
+def decode_groups(table: KernelTable) -> tuple[DecodeGroup, ...]:
+    """Each attention group's decode attention from its timed points (``DECODE_BATCH``
+    sequences at each of ``DECODE_CONTEXTS``): the line through them in the keys the kernel
+    read (a sequence's context, at most its window), whose intercept is the kernel's own fixed
+    cost a step. Read through the origin at the largest point instead (context tokens only),
+    as before issue 22's twelfth table, it left that cost out of every decode step: 8-15 us a
+    layer on the H200's tables, 0.3-0.7 ms a step for 34-48 layers; and a sliding layer timed
+    at its window but charged per context token at the largest context (8,192 over a
+    1,024-token window) was charged an eighth of the keys it reads below its window (Gemma-3-12B:
+    single-stream decode +10% fast in plan, 32 streams +15%, where the roofline, which charges
+    every kernel and byte, came within 1%). A group whose points all read its window (it slides
+    within the smallest timed context) takes the per-key cost of a group of the same kernel
+    (query and KV heads, head dim) that has a line, the rest of its time fixed; where there is
+    none, its time per key read, no fixed part."""
+    s = table.shape
+    points: list[list[tuple[float, float]]] = []
+    for g, a in enumerate(s.attention):
+        timed = table.lookup("attn:decode", g)
+        points.append([(t.tokens * (min(t.context, a.window) if a.window else t.context),
+                        t.seconds) for t in timed if t.tokens > 0 and t.context > 0])
+    lines = [_line(p) if p else None for p in points]
+
+    def kernel(a: Attention) -> tuple[int, int, int, bool]:
+        return a.heads, a.kv_heads, a.head_dim, a.latent
+
+    out = []
+    for g, a in enumerate(s.attention):
+        if not points[g]:
+            continue
+        line = lines[g]
+        if line is None:
+            keys = points[g][0][0]
+            spent = statistics.median(t for _, t in points[g])
+            per = next((ln[1] for h, ln in zip(s.attention, lines, strict=True)
+                        if ln is not None and kernel(h) == kernel(a)), None)
+            per = spent / keys if per is None else min(per, spent / keys)
+            line = (spent - per * keys, per)
+        out.append(DecodeGroup(a.layers, line[0], line[1], a.window))
+    return tuple(out)
 
 
 def _prefill_points(timed: list[KernelTime]) -> list[tuple[float, float]]:
@@ -238,16 +330,14 @@ def step_cost(
     # ones). They come from a tight loop, which launches far faster than vLLM's compiled
     # pieces do from Python: HostBound bounds such a step by the host's launching of it.
     eager_forward = [forward_at(n, "eager:") for n in ladder] if eager else []
-    pair = token = 0.0
+    pair = 0.0
     curves = []
     for g, a in enumerate(s.attention):
         pre = _prefill_points(table.lookup("attn:prefill", g))
         if pre:
             curves.append((a.layers, pre))
             pair += a.layers * pre[-1][1] / pre[-1][0]
-        dec = sorted(table.lookup("attn:decode", g), key=lambda t: t.context)
-        if dec:
-            token += a.layers * dec[-1].seconds / (DECODE_BATCH * dec[-1].context)
+    decode = decode_groups(table)
     head = table.lookup("head")
     per_row = fixed_head = 0.0
     if len(head) >= 2:
@@ -278,15 +368,20 @@ def step_cost(
                   else "torch's SDPA, not the engine's FlashAttention")
         sources.append(f"prompt-chunk attention read off {len(xs)} timed points up to "
                        f"{xs[-1]:,.0f} (query, key) pairs ({kernel}), in proportion past them")
+    if decode:
+        fixed = sum(d.layers * d.fixed_s for d in decode)
+        sources.append(f"decoders' attention read off the timed points as a line in the keys "
+                       f"each layer reads (a sliding layer's capped at its window): "
+                       f"{fixed * 1e6:.0f} us of its kernels' own a step")
     if untimed_s:
         sources.append(f"{untimed_kernels[0]} kernels a step that no timed op holds (the "
                        f"family's kernels a layer less the ops timed: the KV-cache write and "
                        f"the like) at {untimed_kernels[1] * 1e6:.2f} us each, a CUDA-graph "
                        f"kernel's fixed cost")
     sources += [f"not in the table: {x}" for x in table.missing]
-    cost = TableStepCost(tuple(ladder), tuple(forward), pair, token, per_row,
-                         (0.0 if overlap_overhead else overhead) + fixed_head,
-                         tuple(eager_forward), max_graph_tokens, tuple(xs), tuple(ys))
+    cost = TableStep(tuple(ladder), tuple(forward), pair, 0.0, per_row,
+                     (0.0 if overlap_overhead else overhead) + fixed_head,
+                     tuple(eager_forward), max_graph_tokens, tuple(xs), tuple(ys), decode)
     return KernelCost(cost, tuple(sources), overhead)
 
 
