@@ -436,6 +436,8 @@ class _Ops:
         self._mixed: dict[Linear, tuple[list[Callable[[Any], object]], str] | None] = {}
         # the vLLM kernels latent attention's decode was timed through (the table's notes)
         self.latent_decode_kernels: set[str] = set()
+        # the fused-MoE op's router as vLLM runs it, where it did (the table's notes)
+        self.moe_router: set[str] = set()
         try:  # vLLM's own ops (its C++/CUDA extension): the kernels it really runs
             from vllm import _custom_ops
 
@@ -866,19 +868,16 @@ class _Ops:
         router = self.randn(hidden, m.experts)
         w13 = self.randn(m.experts, 2 * m.intermediate, hidden)
         w2 = self.randn(m.experts, hidden, m.intermediate)
-        fused = None
-        if self.device != "cpu":
-            try:
-                from vllm.model_executor.layers.fused_moe import fused_experts
-
-                fused = fused_experts
-            except Exception:  # plain torch below
-                fused = None
-
+        fused, topk = self._vllm_moe()
+        route = self._vllm_route(topk, x, x @ router, m.top_k) if fused is not None else None
         grouped = None if fused is not None else self._grouped_moe(m, x, w13, w2)
 
         def call() -> object:
-            scores = torch.softmax((x @ router).float(), dim=-1)
+            logits = x @ router
+            if fused is not None and route is not None:  # as vLLM runs it
+                weights, ids = route(logits)
+                return fused(x, w13, w2, weights, ids)
+            scores = torch.softmax(logits.float(), dim=-1)
             weights, ids = torch.topk(scores, m.top_k, dim=-1)
             if fused is not None:
                 return fused(x, w13, w2, weights.to(x.dtype), ids.to(torch.int32))
@@ -894,6 +893,43 @@ class _Ops:
             return out
 
         return call
+
+    def _vllm_moe(self) -> tuple[Any, Any]:
+        """vLLM's ``fused_experts`` and ``fused_topk`` on a GPU; None each where not here."""
+        if self.device == "cpu":
+            return None, None
+        found: list[Any] = []
+        for name in ("fused_experts", "fused_topk"):
+            try:
+                import vllm.model_executor.layers.fused_moe as fused_moe
+
+                found.append(getattr(fused_moe, name))
+            except Exception:  # plain torch instead
+                found.append(None)
+        return found[0], found[1]
+
+    def _vllm_route(
+        self, topk: Any, x: Any, logits: Any, k: int
+    ) -> Callable[[Any], tuple[Any, Any]] | None:
+        """The router after its GEMM as vLLM's FusedMoE runs it: ``fused_topk``, one fused
+        top-k softmax kernel that writes fp32 weights and int32 ids as ``fused_experts`` takes
+        them (ops.topk_softmax), where torch's softmax, top-k and casts are five kernels (issue
+        22: tables timed that way charged a MoE layer ~4 kernels vLLM does not run). None where
+        it is not here or fails on this shape; the table's notes say which timed the op."""
+        if topk is None:
+            return None
+
+        def route(scores: Any) -> tuple[Any, Any]:
+            out = topk(x, scores, k, True)  # (weights, ids[, token_expert_indices])
+            return out[0], out[1]
+
+        try:
+            route(logits)
+            self.sync()
+        except Exception:  # a release whose fused_topk differs: torch's router instead
+            return None
+        self.moe_router.add("MoE router timed through vLLM's fused top-k softmax")
+        return route
 
     def _grouped_moe(
         self, m: Moe, x: Any, w13: Any, w2: Any
@@ -1015,7 +1051,8 @@ def time_table(
                    for name in sorted(ops.latent_decode_kernels))
     return KernelTable(key, shape, tuple(times), method,
                        now or time.strftime("%Y-%m-%dT%H:%M:%S"), None, tuple(missing),
-                       ((FLASH_PREFILL_NOTE,) if flash else ()) + mixed + decode,
+                       ((FLASH_PREFILL_NOTE,) if flash else ()) + mixed + decode
+                       + tuple(sorted(ops.moe_router)),
                        tuple(sorted(ops.untimed)))
 
 
