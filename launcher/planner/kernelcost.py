@@ -194,28 +194,34 @@ class DecodeGroup:
     key_s: float
     window: int | None = None
 
-    def seconds(self, seqs: int, context: int) -> float:
-        """The group's attention for ``seqs`` decoders of ``context`` cached tokens in all.
-        A sliding layer reads min(context, window) keys of each sequence; from the sum it is
-        taken as min(context, window x seqs), exact where every sequence's context is on the
-        same side of the window (a step's usually are: one workload's lengths)."""
+    def seconds(self, seqs: int, context: int, *, alone: bool = True) -> float:
+        """The group's attention for ``seqs`` decoders of ``context`` cached tokens in all,
+        with its kernel's fixed cost where they are ``alone`` in the step: beside prompt
+        chunks vLLM runs them in the chunks' one attention call a layer, whose fixed cost is
+        in the chunks' timed time. A sliding layer reads min(context, window) keys of each
+        sequence; from the sum it is taken as min(context, window x seqs), exact where every
+        sequence's context is on the same side of the window (a step's usually are: one
+        workload's lengths)."""
         if seqs <= 0:
             return 0.0
         keys = context if self.window is None else min(context, self.window * seqs)
-        return self.layers * (self.fixed_s + self.key_s * keys)
+        return self.layers * ((self.fixed_s if alone else 0.0) + self.key_s * keys)
 
 
 @dataclass(frozen=True)
 class TableStep(TableStepCost):
     """A kernel table's step: :class:`schedsim.TableStepCost`'s terms (its per-token decode
     attention left at 0) with the decoders' attention read off the table's timed decode points
-    (:func:`decode_groups`): each layer's kernel a fixed cost in every step with decoders, and
-    the keys it reads, capped at a sliding layer's window."""
+    (:func:`decode_groups`): each layer's kernel a fixed cost in every step of decoders alone
+    (beside prompt chunks the chunks' timed call holds it), and the keys it reads, capped at a
+    sliding layer's window."""
 
     decode: tuple[DecodeGroup, ...] = ()
 
     def decode_attention(self, batch: StepBatch) -> float:
-        return sum(g.seconds(batch.decode_seqs, batch.decode_context) for g in self.decode)
+        alone = batch.prefill_tokens == 0
+        return sum(g.seconds(batch.decode_seqs, batch.decode_context, alone=alone)
+                   for g in self.decode)
 
     def step_s(self, batch: StepBatch) -> float:
         return super().step_s(batch) + self.decode_attention(batch)

@@ -55,6 +55,14 @@ def test_a_decoders_attention_pays_its_kernels_fixed_cost_at_any_context() -> No
     assert cost.decode_attention(StepBatch(prefill_tokens=100, prefill_pairs=5050)) == 0.0
 
 
+def test_decoders_beside_a_prompt_chunk_share_its_attention_call_and_its_fixed_cost() -> None:
+    # vLLM runs a step's chunks and decoders in one attention call a layer: the chunk's timed
+    # time holds that call's fixed cost, the decoders add their keys
+    cost = step_cost(_table((FULL,), POINTS), assumed_step_overhead_s=0.0).cost
+    mixed = StepBatch(prefill_tokens=100, prefill_pairs=5050, decode_seqs=1, decode_context=100)
+    assert cost.decode_attention(mixed) == pytest.approx(2 * 100e-9)
+
+
 def test_a_sliding_layer_reads_its_context_below_its_window_and_its_window_above() -> None:
     # the sliding group's two points both read its window: its per-key cost is the full
     # group's (the same kernel: query and KV heads, head dim), the rest of its time fixed
