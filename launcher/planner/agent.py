@@ -491,7 +491,12 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
         request_overhead_s=host.request_fixed_s if request_overhead_s is None
         else request_overhead_s, max_steps=max_steps, think_s=think_s,
         overhead_s_per_prompt_token=host.prompt_token_s,
-        serial_s_per_prompt_token=host.prompt_token_s, request_shared_s=host.request_s,
+        # the API server loop's work, shared but for its last stage, the hand-over, which goes
+        # one request after another (schedsim._FrontEnd)
+        request_shared_s=(1 - hardware.API_LOOP_HANDOFF_SHARE) * host.request_s,
+        shared_s_per_prompt_token=(1 - hardware.API_LOOP_HANDOFF_SHARE) * host.prompt_token_s,
+        request_serial_s=hardware.API_LOOP_HANDOFF_SHARE * host.request_s,
+        serial_s_per_prompt_token=hardware.API_LOOP_HANDOFF_SHARE * host.prompt_token_s,
         common_tokens=common_tokens, answers_cached=False)
 
 

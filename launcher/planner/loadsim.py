@@ -26,7 +26,7 @@ from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, memfit
 from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import Layout, Prediction
-from launcher.planner.hardware import HostProfile, LayerHost
+from launcher.planner.hardware import API_LOOP_HANDOFF_SHARE, HostProfile, LayerHost
 from launcher.planner.kernelcost import layout_step
 from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
@@ -147,22 +147,26 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
     the simulated scheduler: the streams' requests sent at one moment, each stream sending its
     next one when its last ends, LOADGEN_REQUESTS_PER_STREAM in all (no prefix shared), so the
     later ones reach an engine that is decoding. Each request reaches the scheduler after the
-    host profile's way in, the front end handing them over one at a time (its work on each
-    prompt's tokens: parse, validation, IPC), so a burst reaches an idle engine core one
-    request first. Steps are timed by the roofline (:class:`RooflineStep`, which also gives
-    each step's launch) or, with the kernel ``table``, as :mod:`kernelcost` times them; both
-    under the served engine's CUDA graphs, ``lay.graphs``. Raises SimError where the workload
-    cannot run."""
+    host profile's way in, the API server's loop taking a burst in stage by stage and handing
+    the requests over one at a time in its last stage (input processing, IPC), so a burst
+    reaches an idle engine core one request first, whose first token goes out once the loop is
+    through the rest of the burst (schedsim._FrontEnd). Steps are timed by the roofline
+    (:class:`RooflineStep`, which also gives each step's launch) or, with the kernel ``table``,
+    as :mod:`kernelcost` times them; both under the served engine's CUDA graphs,
+    ``lay.graphs``. Raises SimError where the workload cannot run."""
     lim = scheduler_limits(m, f, max_num_seqs, prompt + gen, pp=lay.pp)
+    way_in = lay.host.request_s + prompt * lay.host.prompt_token_s  # the API server loop's
     timer = (RooflineStep(m, lay) if table is None
              else layout_step(m, table, lay))
     return lim, simulate(
         lim, timer, Workload(prompt, gen, concurrency=streams,
                              requests=LOADGEN_REQUESTS_PER_STREAM * streams),
         request_overhead_s=lay.host.request_fixed_s + prompt * lay.host.prompt_token_s,
-        # the API server's loop shares its fixed work among the requests on it; their prompts'
-        # tokens go one request after another (schedsim._FrontEnd)
-        request_shared_s=lay.host.request_s, request_serial_s=prompt * lay.host.prompt_token_s)
+        # the API server's loop takes a burst stage by stage, sharing itself among the requests
+        # on it, and hands them to the engine core one after another in its last stage
+        # (schedsim._FrontEnd, API_LOOP_HANDOFF_SHARE of its work on each)
+        request_shared_s=(1 - API_LOOP_HANDOFF_SHARE) * way_in,
+        request_serial_s=API_LOOP_HANDOFF_SHARE * way_in)
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,

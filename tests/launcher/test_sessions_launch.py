@@ -129,10 +129,11 @@ def test_every_path_builds_its_timer_with_the_models_launch() -> None:
 
 
 def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> None:
-    # two sessions' 512-token turns sent together: the API server's loop shares its fixed work
-    # (the host's request_s) between them, so both are through it at 2 x request_s (schedsim.
-    # _FrontEnd), one request_s later than alone; the second is handed over 512 tokens of the
-    # host's way-in work after the first, so the first prompt runs alone. The GPU engine
+    # two sessions' 512-token turns sent together: the API server's loop shares its work on
+    # them (the host's request_s + 512 x prompt_token_s) between them but for its last stage,
+    # the hand-over (hardware.API_LOOP_HANDOFF_SHARE), so the first is handed over one shared
+    # part later than alone (schedsim._FrontEnd) and the second its hand-over after that, so
+    # the first prompt runs alone. The GPU engine
     # schedules asynchronously (schedsim.vllm_async_scheduling): the step after it was chosen
     # as it started, before the second came, and only decodes the first; the second's prompt
     # runs in the step after that
@@ -142,6 +143,8 @@ def test_the_agent_plans_sessions_reach_the_engine_at_the_front_ends_pace() -> N
     host = room.lay.host
     res = agent_mod.simulate_turns(m, room, (Turn(512, 4),), 2, think_s=None, offload=False,
                                    timer=Steps())
-    way_in = host.request_fixed_s + 512 * host.prompt_token_s + host.request_s
+    loop = host.request_s + 512 * host.prompt_token_s
+    way_in = (host.request_fixed_s + 512 * host.prompt_token_s
+              + (1 - hardware.API_LOOP_HANDOFF_SHARE) * loop)
     assert [r.ttft_s for r in res.turns[0]] == pytest.approx(
         [way_in + PREFILL_S, way_in + PREFILL_S + DECODE_S + PREFILL_S])
