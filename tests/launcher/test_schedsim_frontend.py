@@ -5,22 +5,12 @@ idles only when nobody is on it, and requests that never overlap never wait for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.planner.schedsim import SchedulerLimits, StepBatch, Workload, simulate
-
-LIM = SchedulerLimits(max_num_batched_tokens=65536, max_num_seqs=256, kv_blocks=10_000)
-STEP_S = 1e-7  # steps this short leave each first token at its request's hand-over
-
-
-@dataclass(frozen=True)
-class Instant:
-    def step_s(self, batch: StepBatch) -> float:
-        return STEP_S
+from launcher.planner.schedsim import Workload, simulate
+from tests.launcher.instant_steps import LIM, STEP_S, Instant
 
 
 def first_tokens(sends: list[float], shared_s: float) -> list[tuple[float, float]]:

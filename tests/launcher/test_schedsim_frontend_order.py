@@ -13,22 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.planner.schedsim import (
-    SchedulerLimits,
     StepBatch,
     Turn,
     Workload,
     simulate,
     simulate_sessions,
 )
-
-LIM = SchedulerLimits(max_num_batched_tokens=65536, max_num_seqs=256, kv_blocks=10_000)
-STEP_S = 1e-7  # steps this short leave each first token at its request's hand-over
-
-
-@dataclass(frozen=True)
-class Instant:
-    def step_s(self, batch: StepBatch) -> float:
-        return STEP_S
+from tests.launcher.instant_steps import LIM, STEP_S, Instant
 
 
 def firsts(sends: tuple[float, ...], shared_s: float, serial_s: float) -> list[tuple[float, float]]:
