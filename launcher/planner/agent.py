@@ -486,17 +486,17 @@ def simulate_turns(m: ModelSpec, r: Room, turns: Sequence[Turn], sessions: int, 
     lim = SchedulerLimits(lim_e.batched_tokens, lim_e.max_num_seqs, blocks, block,
                           async_scheduling=vllm_async_scheduling(gpu=r.lay is not None, pp=r.pp))
     host = r.lay.host if r.lay is not None else hardware.SERVER_HOST
+    # the API server loop's work, shared but for its last stage, the hand-over, which goes
+    # one request after another (schedsim._FrontEnd)
+    request_split = hardware.loop_split(host.request_s)
+    token_split = hardware.loop_split(host.prompt_token_s)
     return simulate_sessions(
         lim, timer, turns, sessions, host_copy_s_per_block=per_block,
         request_overhead_s=host.request_fixed_s if request_overhead_s is None
         else request_overhead_s, max_steps=max_steps, think_s=think_s,
         overhead_s_per_prompt_token=host.prompt_token_s,
-        # the API server loop's work, shared but for its last stage, the hand-over, which goes
-        # one request after another (schedsim._FrontEnd)
-        request_shared_s=(1 - hardware.API_LOOP_HANDOFF_SHARE) * host.request_s,
-        shared_s_per_prompt_token=(1 - hardware.API_LOOP_HANDOFF_SHARE) * host.prompt_token_s,
-        request_serial_s=hardware.API_LOOP_HANDOFF_SHARE * host.request_s,
-        serial_s_per_prompt_token=hardware.API_LOOP_HANDOFF_SHARE * host.prompt_token_s,
+        request_shared_s=request_split[0], shared_s_per_prompt_token=token_split[0],
+        request_serial_s=request_split[1], serial_s_per_prompt_token=token_split[1],
         common_tokens=common_tokens, answers_cached=False)
 
 

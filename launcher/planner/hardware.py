@@ -506,6 +506,16 @@ H200_KV_GROUP_STEP_S = 12.3e-6
 # elsewhere; their hand-overs kept the spacing and came out 0.10-0.20). One share for the
 # fixed and the per-token work.
 API_LOOP_HANDOFF_SHARE = 0.39
+
+
+def loop_split(seconds: float) -> tuple[float, float]:
+    """The API server loop's work on a request's way in, ``seconds`` of it, as (shared, serial):
+    the part it does for every request of a burst before any is handed over, and its last
+    stage's part (API_LOOP_HANDOFF_SHARE), which goes one request after another
+    (schedsim._FrontEnd). The one rule of every caller that splits it."""
+    return (1 - API_LOOP_HANDOFF_SHARE) * seconds, API_LOOP_HANDOFF_SHARE * seconds
+
+
 SERVER_HOST = HostProfile(
     step_s=2.0e-3, seq_step_s=H200_HOST_SEQ_TIMED_S * UNTIMED_PATH_FACTOR, request_s=2.5e-3,
     prompt_token_s=H200_HOST_TOKEN_TIMED_S * UNTIMED_PATH_FACTOR,

@@ -26,7 +26,7 @@ from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, memfit
 from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import Layout, Prediction
-from launcher.planner.hardware import API_LOOP_HANDOFF_SHARE, HostProfile, LayerHost
+from launcher.planner.hardware import HostProfile, LayerHost, loop_split
 from launcher.planner.kernelcost import layout_step
 from launcher.planner.layouts import Links, candidate_layout
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
@@ -155,7 +155,8 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
     as :mod:`kernelcost` times them; both under the served engine's CUDA graphs,
     ``lay.graphs``. Raises SimError where the workload cannot run."""
     lim = scheduler_limits(m, f, max_num_seqs, prompt + gen, pp=lay.pp)
-    way_in = lay.host.request_s + prompt * lay.host.prompt_token_s  # the API server loop's
+    # the API server loop's work on each request's way in
+    shared, serial = loop_split(lay.host.request_s + prompt * lay.host.prompt_token_s)
     timer = (RooflineStep(m, lay) if table is None
              else layout_step(m, table, lay))
     return lim, simulate(
@@ -164,9 +165,8 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
         request_overhead_s=lay.host.request_fixed_s + prompt * lay.host.prompt_token_s,
         # the API server's loop takes a burst stage by stage, sharing itself among the requests
         # on it, and hands them to the engine core one after another in its last stage
-        # (schedsim._FrontEnd, API_LOOP_HANDOFF_SHARE of its work on each)
-        request_shared_s=(1 - API_LOOP_HANDOFF_SHARE) * way_in,
-        request_serial_s=API_LOOP_HANDOFF_SHARE * way_in)
+        # (schedsim._FrontEnd, hardware.loop_split)
+        request_shared_s=shared, request_serial_s=serial)
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,

@@ -898,15 +898,11 @@ class _Ops:
         """vLLM's ``fused_experts`` and ``fused_topk`` on a GPU; None each where not here."""
         if self.device == "cpu":
             return None, None
-        found: list[Any] = []
-        for name in ("fused_experts", "fused_topk"):
-            try:
-                import vllm.model_executor.layers.fused_moe as fused_moe
-
-                found.append(getattr(fused_moe, name))
-            except Exception:  # plain torch instead
-                found.append(None)
-        return found[0], found[1]
+        try:
+            import vllm.model_executor.layers.fused_moe as fused_moe
+        except Exception:  # plain torch instead
+            return None, None
+        return getattr(fused_moe, "fused_experts", None), getattr(fused_moe, "fused_topk", None)
 
     def _vllm_route(
         self, topk: Any, x: Any, logits: Any, k: int
