@@ -274,7 +274,7 @@ def decode_groups(table: KernelTable) -> tuple[DecodeGroup, ...]:
             per = next((ln[1] for h, ln in zip(s.attention, lines, strict=True)
                         if ln is not None and kernel(h) == kernel(a)), None)
             per = spent / keys if per is None else min(per, spent / keys)
-            line = (spent - per * keys, per)
+            line = (max(0.0, spent - per * keys), per)  # rounding: never below 0
         out.append(DecodeGroup(a.layers, line[0], line[1], a.window))
     return tuple(out)
 

@@ -10,6 +10,8 @@ import tarfile
 from functools import cache
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.planner.cudagraphs import Requested
 from launcher.planner.kernelcost import decode_groups, layout_step, step_cost, step_shape
@@ -104,3 +106,22 @@ def test_a_single_streams_decode_step_from_the_twelfth_tables_kernels_is_within_
     step = layout_step(m, _table12(shape), one_gpu(m, Requested(512)))
     got = step.step_s(StepBatch(decode_seqs=1, decode_context=640, sampled=1))
     assert got == pytest.approx(itl_s, rel=0.05)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.integers(1, 131072),
+                          st.floats(0.0, 1.0, allow_nan=False)), min_size=1, max_size=6),
+       st.sampled_from([None, 512, 1024, 4096]),
+       st.integers(1, 64), st.integers(0, 200_000), st.integers(0, 200_000))
+def test_any_timed_decode_points_give_a_cost_never_negative_nor_falling_with_more_keys(
+        points: list[tuple[int, int, float]], window: int | None, seqs: int, ctx_a: int,
+        ctx_b: int) -> None:
+    # whatever a probe timed (repeated contexts, a slower point at fewer keys, zero times), the
+    # line read off it charges no negative time, and a step reading more keys never costs less
+    attention = Attention(3, 8, 4, 128, window=window)
+    timed = [KernelTime("attn:decode", n, sec, ctx, 0) for n, ctx, sec in points]
+    for group in decode_groups(_table((attention,), timed)):
+        assert group.fixed_s >= 0
+        assert group.key_s >= 0
+        lo, hi = sorted((ctx_a, ctx_b))
+        assert 0 <= group.seconds(seqs, lo) <= group.seconds(seqs, hi)
