@@ -256,13 +256,16 @@ raw = sys.stdin.read()
 try:
     d = json.loads(raw)
 except ValueError:
-    print(json.dumps({'case': '$case', 'scenario': '$scen', 'error': raw.strip()[-300:]})); sys.exit()
+    sys.stdout.write(json.dumps({'case': '$case', 'scenario': '$scen', 'error': raw.strip()[-300:]}) + '\\n')
+    sys.exit()
 out = {'case': '$case', 'scenario': '$scen', 'max_model_len': d['max_model_len'], **d['predicted'],
        'kernel_table': any('kernel table' in r for r in d.get('reasons', [])),
        'compilation_config': os.environ['CFG']}
 if d.get('agent'):
     out['agent_rooms'] = d['agent']['rooms']
-print(json.dumps(out))"
+# one write a line: the plans run side by side into one file, and print's two writes (the line,
+# then its newline, where stdout is unbuffered) interleaved two plans' lines in the thirteenth table
+sys.stdout.write(json.dumps(out) + '\\n')"
 }
 
 port=18500
