@@ -1,0 +1,141 @@
+"""Issue 22's load scenarios wave by wave: the saved H200 record's groups of first tokens beside
+the ones the plan's simulated vLLM scheduler produced for the same case.
+
+    python benchmarks/gpu/issue22_simwaves.py RESULTS_DIR OUT_DIR [--scenario c32]
+        [--case CASE ...] [--host-timing CASE=FILE ...]
+
+OUT_DIR is an `issue22_now.py` output of RESULTS_DIR (its predictions.jsonl names the cases;
+its cache/, where there is one, holds the kernel tables it re-keyed, which the plans here read
+as issue22_now.py's did). Each case is planned again with issue22_now.py's `launcher plan`
+arguments (``--host-timing`` as given to it) in a process whose ``loadsim.simulate`` records
+the simulated run behind the plan's load figures; nothing the plan computes changes. For each
+wave (a closed loop of N streams sends N requests at once, and each stream its next as its
+last ends): TTFT p50 measured and simulated, and the groups of first tokens (count@seconds
+after the wave's first send, issue22_waves.groups). A 32-stream TTFT p50 sits between such
+groups, so a figure that misses by a group is read here, not in the p50. Agreement, not
+validation: the records were measured before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def inner(out: Path, plan_args: list[str]) -> int:
+    """``launcher plan PLAN_ARGS`` with every loadsim.simulate run recorded to ``out``."""
+    sys.path.insert(0, str(ROOT))
+    import runpy
+
+    from launcher.planner import loadsim
+    from launcher.planner.schedsim import simulate as real  # what loadsim calls
+
+    runs: list[dict[str, Any]] = []
+
+    def recorded(lim: Any, timer: Any, work: Any, **kw: Any) -> Any:
+        res = real(lim, timer, work, **kw)
+        runs.append({"prompt": work.prompt, "concurrency": work.concurrency,
+                     "requests": [[r.sent_s, r.ttft_s] for r in res.requests]})
+        return res
+
+    setattr(loadsim, "simulate", recorded)  # noqa: B010 (the module's name, replaced)
+    sys.argv = ["launcher", "plan", *plan_args]
+    try:
+        runpy.run_module("launcher", run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    finally:
+        out.write_text(json.dumps(runs))
+    return 0
+
+
+def waves(reqs: list[tuple[float, float]], n: int) -> list[list[tuple[float, float]]]:
+    """(sent, ttft) pairs in waves of ``n`` by send time."""
+    rs = sorted(reqs)
+    return [rs[i:i + n] for i in range(0, len(rs), n)]
+
+
+def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path]) -> list[dict[str, Any]]:
+    import issue22_now
+    import issue22_table
+
+    util = float(issue22_now.table_map("UTIL")[case])
+    comp = issue22_now.table_map("RANGE").get(case, issue22_now.RUNS_COMPILATION)
+    args = ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
+            "--topology", str(issue22_now.TOPOLOGY), "--tp", "1", "--pp", "1", "--dp", "1",
+            "--gpu-memory-utilization", str(util), *issue22_now.SCENARIOS[scen],
+            *(["--host-timing", str(hosts[case])] if case in hosts else []),
+            "--", "--load-format", "dummy", "--compilation-config", comp]
+    cache = out / "cache"
+    env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = Path(tmp) / "runs.json"
+        got = subprocess.run([sys.executable, __file__, "--inner", str(rec), *args], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600)
+        if not rec.exists():
+            raise SystemExit(f"{case} {scen}: the plan failed: {got.stderr.strip()[-300:]}")
+        runs: list[dict[str, Any]] = json.loads(rec.read_text())
+        return runs
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--inner"]:
+        return inner(Path(argv[1]), argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--scenario", default="c32", choices=("c32", "long16-c4"))
+    ap.add_argument("--case", action="append", default=[])
+    ap.add_argument("--host-timing", action="append", default=[], metavar="CASE=FILE")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    import issue22_now
+    from issue22_waves import groups, p50
+
+    # issue22_now.py --host-speed's records, then --host-timing's as given here
+    hosts = {f.stem.removeprefix("host-"): f.resolve() for f in a.out.glob("host-*.json")}
+    hosts.update({c: Path(f).resolve() for c, _, f in (h.partition("=") for h in a.host_timing)})
+    planned = [json.loads(x) for x in (a.out / "predictions.jsonl").read_text().splitlines()]
+    cases = a.case or sorted({d["case"] for d in planned if d.get("scenario") == a.scenario})
+    prompt, conc = (int(issue22_now.SCENARIOS[a.scenario][i]) for i in (1, 5))
+    print("| case | wave | TTFT p50 measured | simulated | first tokens measured | simulated |")
+    print("| --- | ---: | ---: | ---: | --- | --- |")
+    for case in cases:
+        f = a.results / case / f"{a.scenario}.json"
+        if not f.exists():
+            continue
+        d = json.loads(f.read_text())
+        meas = [(r["t_sent_s"], r["ttft_s"]) for r in d["requests"] if r.get("error") is None]
+        runs = [r for r in simulated(case, a.scenario, a.out, hosts)
+                if r["prompt"] == prompt and r["concurrency"] == conc]
+        if not runs:
+            print(f"| {case} | — | no simulated run of {conc} x {prompt} | | | |")
+            continue
+        sim = [(s, t) for s, t in runs[-1]["requests"]]
+        mw, sw = waves(meas, conc), waves(sim, conc)
+        for i in range(max(len(mw), len(sw))):
+            cells = []
+            for w in (mw, sw):
+                cells.append(f"{p50([t for _, t in w[i]]):.3f}" if i < len(w) else "—")
+            shown = [groups([{"t_sent_s": s, "ttft_s": t} for s, t in w[i]]) if i < len(w)
+                     else "—" for w in (mw, sw)]
+            print(f"| {case} | {i + 1} | {cells[0]} | {cells[1]} | {shown[0]} | {shown[1]} |")
+        n = len(meas)
+        print(f"| {case} | all | {p50([t for _, t in meas]):.3f} | "
+              f"{p50([t for _, t in sim]):.3f} (first {n}: "
+              f"{p50([t for _, t in sorted(sim)[:n]]):.3f}) | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
