@@ -274,13 +274,22 @@ KERNEL_LAUNCH_S = 7.1e-6
 # not fitted to any run: the share of an eager layer's host dispatches such a step still makes,
 # counting every dispatch alike. A dense decoder layer past the range dispatches its compiled
 # pieces' 8 kernels (fused add + RMSNorm, qkv GEMM, rotary; o GEMM, fused add + RMSNorm, gate_up
-# GEMM, SiLU-and-mul, down GEMM) and the 2 ops between them; within it, 3 piece replays and the
-# same 2 ops: 5 of 10. "Alike" is an ASSUMPTION: the kernels' launches themselves are a small
-# part of the layer's 0.7 ms (the H200's kernel tables, kernels.tgz of 2026-12-02-h200-table3:
-# 4-10 us each launched from Python), so the share says how much of the rest of the host's
-# per-layer work (Python around each dispatch site) a piecewise step keeps, which nothing timed
-# yet; SmolLM2's one default-range run agrees (docs/planner.md), which is not a validation.
-PIECEWISE_HOST_SHARE = 5 / 10
+# GEMM, SiLU-and-mul, down GEMM) and the 2 ops between them; within it, ONE piece replay and the
+# same 2 ops: 3 of 10 (launcher.probe.layerops.piecewise_dispatches, from the layer's ops as
+# vLLM's split_graph cuts them: the KV-cache write and the attention are consecutive splitting
+# ops, which it keeps together, so no piece lies between them, and the piece after a layer's
+# attention runs on through the next layer's norm, qkv GEMM and rotary to its KV-cache write).
+# Until session 25 this counted 3 pieces a layer (5 of 10): the run before the KV-cache write
+# and the one after the attention counted apart, and one between the two ops; replayed at each
+# run's own timed host, the 512-token first tokens of the host-bound shapes were all planned
+# slow with it (Qwen2.5-1.5B -20% on the thirteenth table's fast host and -15% on the eleventh's,
+# Gemma-3-4B -17%, DeepSeek-V2-Lite -28%, GLM-4.7-Flash -35% and -10%, Moonlight-16B-A3B -23% on
+# the twelfth; docs/planner.md). "Alike" is an ASSUMPTION: the kernels' launches themselves are
+# a small part of the layer's 0.7 ms (the H200's kernel tables, kernels.tgz of
+# 2026-12-02-h200-table3: 4-10 us each launched from Python), so the share says how much of the
+# rest of the host's per-layer work (Python around each dispatch site) a piecewise step keeps,
+# which nothing timed yet; at 3 of 10 the same first tokens land at -18..+24% (most -13..+13%).
+PIECEWISE_HOST_SHARE = 3 / 10
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,35 @@ def kernels(ops: Iterable[str]) -> int:
     return count
 
 
+# The ops vLLM's piecewise CUDA graphs split a model at that a decoder layer runs (among the
+# ``splitting_ops`` the H200's vLLM 0.26 logs: the KV-cache write and the attention, plain and
+# latent); they run eagerly between the graph pieces.
+SPLITTING_OPS = ("unified_kv_cache_update", "unified_attention_with_output",
+                 "unified_mla_kv_cache_update", "unified_mla_attention_with_output")
+
+
+def piecewise_dispatches(ops: Iterable[str]) -> int:
+    """What the host dispatches a layer of a piecewise-graph step, counted from the layer's
+    ops in order (:attr:`LayerOps.ops`): each splitting op (:data:`SPLITTING_OPS`), run
+    eagerly, and one graph replay for each piece, a run of other ops between two splitting
+    ops. vLLM's ``split_graph`` (vllm/compilation/backends.py, 0.32 as 0.26) starts a piece at
+    each splitting op and keeps consecutive splitting ops together, so no piece lies between
+    the KV-cache write and the attention that follows it; and the run after a layer's
+    attention continues into the next layer's norm and projections up to its KV-cache write,
+    so the layer's op list is read as a cycle (its last run and its first are one piece).
+    Views and allocations (free ops) start no piece of their own: vLLM merges a piece holding
+    only an allocation into the one before it."""
+    kinds = [any(op.endswith(s) for s in SPLITTING_OPS) for op in ops
+             if classify(op) != "free"]
+    splits = sum(kinds)
+    if not splits:
+        return 1 if kinds else 0  # one piece: the whole layer inside one graph
+    # the runs of non-splitting ops, read cyclically: a run starts where a non-splitting op
+    # follows a splitting one
+    pieces = sum(1 for i, split in enumerate(kinds) if not split and kinds[i - 1])
+    return splits + pieces
+
+
 def _shrink(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The config at a few tiny layers, its family's own fields kept."""
     c = dict(cfg)

@@ -20,6 +20,7 @@ from launcher.planner.hardware import (
     EAGER_HOST_LAYER_S,
     KERNEL_LAUNCH_S,
     MOE_LAYER_PREFILL_S,
+    PIECEWISE_HOST_SHARE,
     SERVER_HOST,
 )
 from launcher.probe import layerops
@@ -90,6 +91,26 @@ def test_kernel_rule_fuses_element_wise_runs_between_gemms_and_split_ops() -> No
     assert layerops.classify("aten.topk") == "opaque"
     assert layerops.classify("vllm.unified_attention_with_output") == "opaque"
     assert layerops.classify("_C.rotary_embedding") == "fusible"
+
+
+def test_a_piecewise_layer_replays_one_piece_beside_its_two_attention_ops() -> None:
+    # vLLM's split_graph keeps the consecutive KV-cache write and attention together, and the
+    # run after the attention goes on into the next layer up to its KV-cache write: one piece
+    assert layerops.piecewise_dispatches(LLAMA_OPS) == 3
+    # the host's share of an eager layer that a piecewise layer keeps is that count over the
+    # eager layer's dispatches (its kernels, the two ops among them)
+    share = layerops.piecewise_dispatches(LLAMA_OPS) / layerops.kernels(LLAMA_OPS)
+    assert share == pytest.approx(PIECEWISE_HOST_SHARE)
+    write = LLAMA_OPS.index("vllm.unified_kv_cache_update") + 1
+    # device work between the two ops would be a piece of its own; a view or an allocation not
+    between = (*LLAMA_OPS[:write], "aten.add", *LLAMA_OPS[write:])
+    assert layerops.piecewise_dispatches(between) == 4
+    viewed = (*LLAMA_OPS[:write], "aten.view", "aten.empty", *LLAMA_OPS[write:])
+    assert layerops.piecewise_dispatches(viewed) == 3
+    # the latent attention's ops split alike; a layer with no splitting op is one piece
+    mla = tuple(op.replace("unified_", "unified_mla_") for op in LLAMA_OPS)
+    assert layerops.piecewise_dispatches(mla) == 3
+    assert layerops.piecewise_dispatches(("aten.mm", "aten.add", "aten.mm")) == 1
 
 
 def test_eager_host_layer_charges_the_kernels_beyond_the_llama_layers() -> None:
