@@ -290,6 +290,15 @@ def _prefill_points(timed: list[KernelTime]) -> list[tuple[float, float]]:
     return [(x, statistics.median(by[x])) for x in sorted(by) if x > 0]
 
 
+def _fixed_and_per_token(timed: list[KernelTime]) -> tuple[float, float]:
+    """(fixed, per token) of an op from its timed points (two or more, ascending in tokens, as
+    KernelTable.lookup gives them): the line through the fewest and the most tokens, neither
+    part below 0 (a table whose points share one token count: the difference per token)."""
+    lo, hi = timed[0], timed[-1]
+    per = max(0.0, (hi.seconds - lo.seconds) / max(1, hi.tokens - lo.tokens))
+    return max(0.0, lo.seconds - per * lo.tokens), per
+
+
 def rope_width(s: StepShape) -> int:
     """The elements a token's rotary embedding reads and writes on one TP rank: every query and
     key head's (vLLM rotates both), or under latent attention the rope dims of each query head
@@ -330,9 +339,7 @@ def fused_rope_s(table: KernelTable, tokens: int, prefix: str = "") -> float:
     norm = table.lookup(prefix + "norm")
     if len(norm) < 2 or tokens <= 0:
         return timed
-    lo, hi = norm[0], norm[-1]
-    per_token = max(0.0, (hi.seconds - lo.seconds) / max(1, hi.tokens - lo.tokens))
-    fixed = max(0.0, lo.seconds - per_token * lo.tokens)
+    fixed, per_token = _fixed_and_per_token(norm)
     scale = rope_width(table.shape) / max(1, table.shape.hidden)
     return min(timed, fixed + per_token * scale * tokens) if timed else timed
 
@@ -397,9 +404,7 @@ def step_cost(
     head = table.lookup("head")
     per_row = fixed_head = 0.0
     if len(head) >= 2:
-        rows = head[-1].tokens - head[0].tokens
-        per_row = max(0.0, (head[-1].seconds - head[0].seconds) / rows)
-        fixed_head = max(0.0, head[0].seconds - per_row * head[0].tokens)
+        fixed_head, per_row = _fixed_and_per_token(head)
     elif head:
         per_row = head[0].seconds
     # the layers' prompt-chunk attention as measured at each timed (query, key) pair count
