@@ -36,6 +36,7 @@ import json
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -260,6 +261,14 @@ def table_from_json(raw: Any) -> KernelTable:
                                 _seconds(x.get("seconds"), "seconds"),
                                 _positive_int(x.get("context", 0), "context"),
                                 _positive_int(x.get("group", 0), "group")))
+    # one timing a size: every reader interpolates an op's points by their token counts (and
+    # attention's by context), which two timings of one size leave undefined; the probe never
+    # writes them, so such a table was edited or joined, and is not read
+    seen = Counter((t.op, t.group, t.tokens, t.context) for t in times)
+    twice = next((k for k, n in seen.items() if n > 1), None)
+    if twice is not None:
+        raise KernelTableError(f"kernel table times {twice[0][:40]!r} at {twice[2]} tokens"
+                               + (f" over {twice[3]} keys" if twice[3] else "") + " twice")
     step = d.get("engine_step_s")
     shape = _shape(d.get("shape"))
     if shape.key() != key.shape:

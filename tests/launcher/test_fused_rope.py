@@ -5,9 +5,13 @@ Gemma-3-12B's 8,192-token prompt chunk, where its bytes take ~60 us)."""
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from launcher.planner.kernelcost import fused_rope_s, rope_width, step_cost
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.planner.kernelcost import _at, fused_rope_s, rope_width, step_cost
 from launcher.probe.kernels import Attention, KernelTable, KernelTime, Linear, StepShape, TableKey
 
 # hidden 64; 4 query and 2 KV heads of 16: the rope reads and writes 96 elements a token
@@ -65,3 +69,35 @@ def test_steps_past_the_graphs_pay_the_fused_rope_and_steps_within_them_the_time
     assert past < timed
     # within the graphs (the graph figures, half the eager ones): the timed chain
     assert cost.forward_s[-1] == pytest.approx(timed / 2)
+
+
+# one timing a size, as the table parser accepts (kernels.table_from_json)
+_points = st.lists(st.tuples(st.sampled_from((1, 2, 512, 8192)),
+                             st.floats(0.0, 1e-2, allow_nan=False)),
+                   min_size=1, max_size=4, unique_by=lambda p: p[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(norm=_points, rope=_points, head=_points, tokens=st.integers(0, 16384))
+def test_any_timed_points_give_a_rope_and_head_never_negative_nor_above_the_timed_chain(
+        norm: list[tuple[int, float]], rope: list[tuple[int, float]],
+        head: list[tuple[int, float]], tokens: int) -> None:
+    """Whatever a readable table holds (zero times, points faster at more tokens, one point),
+    the fused rope is a finite cost no larger than the timed chain, and the step's
+    LM head (the same fixed-and-per-token rule) plans without an error."""
+    times = [KernelTime(op, n, sec) for op, pts in (("norm", norm), ("rope", rope),
+                                                      ("head", head)) for n, sec in pts]
+    times += [KernelTime("linear:qkv", n, 1e-5) for n in (1, 8192)]
+    times += [KernelTime("linear:o", n, 1e-5) for n in (1, 8192)]
+    t = KernelTable(TableKey("gpu", "d", "v", "t", SHAPE.key()), SHAPE, tuple(times),
+                    "synthetic", "now", None, (), ())
+    got = fused_rope_s(t, tokens)
+    timed = fused_rope_s(t, 0)  # no tokens: the timed chain as read
+    assert math.isfinite(got)
+    assert got >= 0
+    if tokens > 0:
+        assert got <= _at(t.lookup("rope"), tokens) + 1e-15
+    assert timed >= 0
+    cost = step_cost(t, assumed_step_overhead_s=0.0).cost
+    assert math.isfinite(cost.forward(512))
+    assert cost.forward(512) >= 0

@@ -126,6 +126,22 @@ def test_a_damaged_field_is_one_error(field: str, value: Any) -> None:
     assert back.shape == TINY
 
 
+@given(st.lists(st.tuples(st.sampled_from(["norm", "rope", "attn:prefill"]),
+                          st.sampled_from([1, 512, 8192]), st.sampled_from([0, 8192])),
+                min_size=1, max_size=6))
+def test_a_table_timing_one_size_twice_is_one_error_not_a_plan_that_breaks(
+        sizes: list[tuple[str, int, int]]) -> None:
+    """Every reader interpolates an op's timings by size; two of one size (an edited or joined
+    file) made the plan's step cost raise where the table was read back."""
+    times = tuple(KernelTime(op, n, 1e-5 * (i + 1), ctx) for i, (op, n, ctx) in enumerate(sizes))
+    raw = json.loads(json.dumps(table_to_json(KernelTable(key_for(TINY), TINY, times, "m", "now"))))
+    if len(set(sizes)) == len(sizes):
+        assert table_from_json(raw).times == times
+        return
+    with pytest.raises(KernelTableError, match="twice"):
+        table_from_json(raw)
+
+
 SHARED = replace(TINY, linears=(*TINY.linears, Linear("shared_gate_up", 64, 64, 16, 1),
                                  Linear("shared_down", 32, 64, 16, 1)))
 
