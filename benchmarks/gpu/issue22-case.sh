@@ -51,4 +51,7 @@ PREDICT_CASES=$case_ PRED_TAG=measured-$case_ bash $S predict
 echo "primary $case_: predictions-measured-$case_.jsonl (planner $(cat REV 2>/dev/null || echo ?)," \
   "made $(date -u +%FT%TZ) on $(hostname), before its engine started)" | tee -a "$OUT/PRIMARY.txt"
 bash $S "$case_"
+# PROFILE=1: then its prompt steps on the device, kernel by kernel, after the serving (one more
+# engine start, ~60-120 s: the figures come from the served engine first)
+[[ ${PROFILE:-0} == 1 ]] && PROFILE_CASES=$case_ bash $S profile
 echo "$case_: call done in $(( $(date +%s) - t0 ))s"

@@ -19,6 +19,8 @@
 #           kept where plans find it) -> $OUT/probe.txt, the tables in $OUT/kernels.tgz and the
 #           host timing record in $OUT/host-cost-CASES.json. The order that shows both paths, each
 #           before anything is served: PRED_TAG=roofline predict, probe, PRED_TAG=tables predict
+#  profile  each of $PROFILE_CASES' prompt steps profiled on the device (prompt_profile.py: kernels
+#           by name, the span, the gaps), 512 tokens and, with long16, 16k -> $OUT/profile-*.jsonl
 #  retime   this host's front end timed again (the host-only part of `probe --measure`, kept
 #           where plans find it, as the probe keeps it), appended to $OUT/host-timings.txt:
 #           run right before a case's plans, so that they describe the host as it is then
@@ -240,6 +242,8 @@ declare -A RANGE=([moonlightd]='{}' [gemma12d]='{}' [mladef]='{}' [qwen06]='{}' 
   [mlalong]='{}' [awq70]='{}' [qwen8b]='{}' [gemma4b]='{}' [qwen3b]='{}')
 compile_cfg() { echo "${COMPILATION_CONFIG:-${RANGE[$1]:-$GRAPHS64}}"; }
 base() { echo "--tp 1 --pp 1 --dp 1 --gpu-memory-utilization ${UTIL[$1]}"; }
+# the MoE routing the plans assume for a case (see glm above): uniform at random, or vLLM's own
+routing_of() { case $1 in glm|mlalong|moe30|mladef|moonlightd) echo uniform_random ;; esac; }
 
 # predict CASE SCENARIO ARGS...: one JSON line with the plan's figures for that workload
 predict() {
@@ -320,10 +324,27 @@ for step in "$@"; do
     wc -l "$OUT/predictions${PRED_TAG:+-$PRED_TAG}.jsonl"
     continue
   fi
+  if [[ $step == profile ]]; then
+    # each of $PROFILE_CASES' prompt steps on the device, kernel by kernel (prompt_profile.py):
+    # the 512-token prompt, and a 16k prompt's 8,192-token chunks where the case has long16; the
+    # same weights' loader, routing and utilisation as the case's serving; one engine start each
+    for c in ${PROFILE_CASES:-}; do
+      lens=512; [[ " ${SCEN[$c]} " == *" long16 "* ]] && lens="512 16384"
+      for n in $lens; do
+        VLLM_MOE_ROUTING_SIMULATION_STRATEGY=$(routing_of "$c") VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+          timeout 300 python3 benchmarks/gpu/prompt_profile.py "$M/${MODEL[$c]}" --dummy \
+          --prompt "$n" --repeats 3 --gpu-memory-utilization "${UTIL[$c]}" \
+          --out "$OUT/profile-$c-$n.jsonl" > "$OUT/profile-$c-$n.log" 2>&1
+        echo "$c: profile of a $n-token prompt exit $? ($(tail -n 1 "$OUT/profile-$c-$n.jsonl" 2>/dev/null | cut -c1-160))" |
+          tee -a "$OUT/summary.txt"
+      done
+    done
+    continue
+  fi
   [[ -n ${MODEL[$step]:-} ]] || { echo "unknown step $step" >&2; exit 2; }
   port=$((port + 10))
   # the MoE routing the plans assume (see glm above); vLLM reads it in the engine's processes
-  routing=; [[ $step == glm || $step == mlalong || $step == moe30 || $step == mladef || $step == moonlightd ]] && routing=uniform_random
+  routing=$(routing_of "$step")
   # a random checkpoint in place of the dummy loader's zeros (WEIGHTS, the header)
   dir=$M/${MODEL[$step]} load=dummy
   if [[ ${LOAD_WEIGHTS:-${WEIGHTS[$step]:-dummy}} == random ]]; then
