@@ -5,6 +5,7 @@ measured folders so that `issue22_table.py` reads them as it reads the machine's
 
     python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE] [--predictions F]
         [--host-speed CASE=RATIO ...] [--host-timing CASE=FILE ...] [--kernels FILE]
+        [--measured-gpu]
     python benchmarks/gpu/issue22_table.py OUT_DIR
 
 Computed after the measurements, so its figures are agreement, not validation; the machine's
@@ -14,6 +15,14 @@ own predictions (RESULTS_DIR/predictions.jsonl) are never rewritten.
 in RATIO of the time the shipped profile's host did (`launcher plan --host-timing` with the
 H200 host's timed figures x RATIO): no record holds a `probe --measure` timing of its host, so
 the ratio is read from the record's own host-only work (docs/planner.md says which).
+
+The topology is the saved NVML reading as the machine's own `launcher plan` read its GPUs:
+live, through NVML alone. `probe --measure` on the machine keeps its GEMM rates, graph-kernel
+cost and link figures for no later plan (only for a file, with --save: no saved launcher.out
+of tables 1-13 plans "from figures measured on it"), so the plans here drop the ones
+``--topology``'s file carries (:func:`machine_topology`); ``--measured-gpu`` keeps them. Each
+plan is then compared with the machine's line field by field (:func:`disagreements`): at the
+planner commit the machine ran, a replay must print "all N the machine's".
 
 ``--kernels FILE`` plans with the kernel tables `probe --measure --model` timed on the machine
 (a results folder's kernels.tgz, or a folder of the tables' JSON files), as its plans after the
@@ -30,9 +39,11 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,6 +60,74 @@ SCENARIOS = {
     **{f"depth{d}": ["--workload", "agent", "--sessions", "1", "--context", str(d),
                      "--prompt", "512", "--gen", "64"] for d in (8000, 32000)},
 }
+
+
+# the notes `probe --measure` adds to a topology (measure.measure_topology), and the one the
+# reader adds for a GPU's measured figures (topoparse._perf): none is in a live NVML reading
+MEASURE_NOTE = re.compile(r"^(measured \d{4}-|GPU\d+ measured: |GPU\d+: planned from figures "
+                          r"measured on it|one GPU: no link to measure|all-reduce gave WRONG)")
+
+
+def machine_topology(src: Path, out: Path) -> Path:
+    """``src`` (a saved topology) as the machine's `launcher plan` read its GPUs: through NVML
+    alone (topology.load_topology without a path), without the figures `probe --measure
+    --save` adds: each GPU's GEMM rates and graph-kernel cost ("measured", which the plan then
+    takes over the datasheet's: H200 761 TFLOP/s measured against 989 x 0.7 = 692 shipped, the
+    roofline's steps 9% apart) and each pair's link figures. A reading without them (an NVML
+    dump) is used as it is."""
+    data = json.loads(src.read_text())
+    if not isinstance(data, dict) or data.get("format") is None:
+        return src
+    bare = {**data,
+            "notes": [n for n in data.get("notes") or [] if not MEASURE_NOTE.match(str(n))],
+            "gpus": [{k: v for k, v in g.items() if k != "measured"} if isinstance(g, dict) else g
+                     for g in data.get("gpus") or []],
+            "pairs": [{**p, "measured": None} if isinstance(p, dict) else p
+                      for p in data.get("pairs") or []]}
+    path = out / "topology.json"
+    path.write_text(json.dumps(bare, indent=1) + "\n")
+    return path
+
+
+def leaves(d: Any, at: str = "") -> dict[str, Any]:
+    """A JSON value's leaves by path ("agent_rooms[0].ttft_recomputed_s"); an empty list or
+    object is a leaf."""
+    if isinstance(d, dict) and d:
+        return {k: v for key, x in d.items()
+                for k, v in leaves(x, f"{at}.{key}" if at else str(key)).items()}
+    if isinstance(d, list) and d:
+        return {k: v for i, x in enumerate(d) for k, v in leaves(x, f"{at}[{i}]").items()}
+    return {at: d}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two JSON leaves agree (numbers to a relative 1e-9: a float printed twice)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) \
+            and not isinstance(a, bool) and not isinstance(b, bool):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    return bool(a == b)
+
+
+def disagreements(machine: list[dict[str, Any]], replay: list[dict[str, Any]]) -> list[str]:
+    """Each leaf of a replayed plan that is not the machine's plan's for the same case and
+    scenario, one line each ("case scenario field: machine -> replay"); a leaf only one side
+    has counts too, but for the fields a machine's line has none of (an older
+    issue22-table.sh's predict wrote no kernel_table, compilation_config). Empty: the replay
+    is the machine's plan, field for field."""
+    out = []
+    mine = {(d.get("case"), d.get("scenario")): d for d in replay}
+    for m in machine:
+        name = f"{m.get('case')} {m.get('scenario')}"
+        r = mine.get((m.get("case"), m.get("scenario")))
+        if r is None:
+            out.append(f"{name}: not replayed")
+            continue
+        a = leaves(m)
+        b = {k: v for k, v in leaves(r).items() if re.split(r"[.\[]", k, maxsplit=1)[0] in m}
+        out += [f"{name} {k}: {json.dumps(a.get(k, '(none)'))} -> {json.dumps(b.get(k, '(none)'))}"
+                for k in dict.fromkeys((*a, *b))
+                if k not in a or k not in b or not _same(a[k], b[k])]
+    return out
 
 
 def host_timing_file(out: Path, case: str, ratio: float) -> Path:
@@ -138,22 +217,44 @@ def table_map(name: str) -> dict[str, str]:
                                                      body.group(1))}
 
 
+# what a plan reads of the machine it runs on besides its --topology and --host-timing: the
+# GPUs a process sees, NCCL's transport, the host's free memory for KV offloading, and its
+# cache (kernel tables, this host's front-end timing, the CPU engine's step): the machine's
+# plans had none of this host's
+PLAN_ENV_DROPPED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE",
+                    "TOPOSERVE_HOST_FREE_GIB", "XDG_CACHE_HOME")
+
+
+def plan_env(env: Mapping[str, str], cache: Path) -> dict[str, str]:
+    """``env`` for a replayed plan: without :data:`PLAN_ENV_DROPPED`, its cache ``cache``
+    (only the tables the replay keeps there: an absent one is an empty cache, not this host's
+    ~/.cache/toposerve, whose `probe --measure` host timing a plan would take as the serving
+    host's)."""
+    return {**{k: v for k, v in env.items() if k not in PLAN_ENV_DROPPED},
+            "TOPOSERVE_CACHE": str(cache)}
+
+
 def plan_line(case: str, scen: str, model: str, util: float, topo: Path,
-              host: Path | None = None, compilation: str = RUNS_COMPILATION,
-              cache: Path | None = None) -> str:
+              host: Path | None, compilation: str,
+              cache: Path) -> str:
+    """One plan's line as issue22-table.sh's predict writes it, planned with ``cache`` as its
+    TOPOSERVE_CACHE (:func:`plan_env`)."""
     cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
            "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
            "--gpu-memory-utilization", str(util), *SCENARIOS[scen],
            *(["--host-timing", str(host)] if host else []),
            "--", "--load-format", "dummy", "--compilation-config", compilation]
-    env = {**os.environ, "TOPOSERVE_CACHE": str(cache)} if cache else None
-    got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    got = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env=plan_env(os.environ, cache))
     try:
         d = json.loads(got.stdout)
     except ValueError:
         return json.dumps({"case": case, "scenario": scen,
                            "error": (got.stdout + got.stderr).strip()[-300:]})
-    out = {"case": case, "scenario": scen, "max_model_len": d["max_model_len"], **d["predicted"]}
+    # the fields issue22-table.sh's predict writes, in its order
+    out = {"case": case, "scenario": scen, "max_model_len": d["max_model_len"], **d["predicted"],
+           "kernel_table": any("kernel table" in r for r in d.get("reasons", [])),
+           "compilation_config": compilation}
     if d.get("agent"):
         out["agent_rooms"] = d["agent"]["rooms"]
     return json.dumps(out)
@@ -178,6 +279,9 @@ def main() -> int:
     ap.add_argument("--kernels", type=Path, default=None,
                     help="plan with these kernel tables (a results folder's kernels.tgz, or a "
                          "folder of them), re-keyed to the installed vLLM and torch")
+    ap.add_argument("--measured-gpu", action="store_true",
+                    help="keep the --topology file's measured GPU and link figures, which no "
+                         "machine's plan had (default: dropped, as the machine's NVML reading)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     sys.path.insert(0, str(ROOT))
@@ -190,11 +294,15 @@ def main() -> int:
     ranges = table_map("RANGE")
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)
+    topology = args.topology if args.measured_gpu else machine_topology(args.topology, args.out)
     hosts = {case: host_timing_file(args.out, case, float(ratio))
              for case, _, ratio in (h.partition("=") for h in args.host_speed)}
     hosts.update({case: Path(f).resolve()
                   for case, _, f in (h.partition("=") for h in args.host_timing)})
-    cache = None
+    # the plans' own cache: the kernel tables kept for them, nothing of this host's
+    cache = args.out / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir()
     if args.kernels:
         cache, names = kernel_cache(args.kernels, args.out)
         print(f"kernel tables of {', '.join(sorted(names))} -> {cache}")
@@ -204,13 +312,17 @@ def main() -> int:
             link.symlink_to((args.results / case).resolve())
     with ThreadPoolExecutor(2) as pool:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
-                                                  util[j[0]], args.topology, hosts.get(j[0]),
+                                                  util[j[0]], topology, hosts.get(j[0]),
                                                   args.compilation_config
                                                   or ranges.get(j[0], RUNS_COMPILATION),
                                                   cache),
                                    jobs))
     (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")
+    off = disagreements(old, [json.loads(x) for x in lines])
+    print(f"against the machine's plans ({source.name}): " + (
+        f"all {len(old)} the machine's, field for field" if not off else
+        f"{len(off)} field(s) differ:\n  " + "\n  ".join(off)))
     return 0
 
 

@@ -10,6 +10,9 @@
 # the shipped host (their runs predate the record). The roofline tables (t5-t7, no kernel
 # tables) twice: at the shipped host, and at their run's host (--host-speed, the probe's
 # per-sequence time over the shipped host's: docs/planner.md, "After the thirteenth table").
+# Every plan on the H200's NVML reading as the machines' plans read it: without the GEMM rates
+# the lead's saved reading measured (issue22_now.py's machine_topology), so a table replayed at
+# the planner commit its machine ran reproduces the machine's lines (issue22_now.py says so).
 set -euo pipefail
 OUT=${1:?usage: issue22_replay_all.sh OUT [TABLE...]}
 shift

@@ -1,0 +1,170 @@
+"""benchmarks/gpu/issue22_now.py, the replay of issue 22's tables: it plans each case on the
+topology the machine's own plan read (NVML alone: no GEMM rates, graph-kernel cost or link
+figures from `probe --measure`), and says field by field where a replay is not the machine's
+plan. Issue 22: the thirteenth table's Qwen3-8B depth figures replayed 5-9% low because the
+replay planned on the lead's saved reading with its measured 761 TFLOP/s, where the machine
+planned on the H200's datasheet figures."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.probe.topology import topology_from_json
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-lead" / "h200-probe.json"
+T13 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-04-h200-table13"
+
+
+def load() -> ModuleType:
+    path = REPO / "benchmarks" / "gpu" / "issue22_now.py"
+    spec = importlib.util.spec_from_file_location("issue22_now_benchmark", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NOW = load()
+
+
+def test_the_replay_topology_has_no_measured_gpu_figures(tmp_path: Path) -> None:
+    saved = topology_from_json(json.loads(H200.read_text()))
+    assert saved.gpus[0].perf is not None  # the lead's reading carries 761 TFLOP/s
+    topo = topology_from_json(json.loads(NOW.machine_topology(H200, tmp_path).read_text()))
+    assert [g.perf for g in topo.gpus] == [None]
+    assert not any("measured" in n for n in topo.notes)
+    # everything NVML read stays: the card, its memory, its PCIe link, the driver
+    assert [(g.name, g.memory_bytes, g.cc, g.pcie_gen_cur, g.pcie_width_cur) for g in topo.gpus] \
+        == [(g.name, g.memory_bytes, g.cc, g.pcie_gen_cur, g.pcie_width_cur) for g in saved.gpus]
+    assert (topo.driver, topo.cuda) == (saved.driver, saved.cuda)
+
+
+def test_the_machines_saved_plans_were_made_without_measured_gpu_figures() -> None:
+    """What the replay's topology rests on: no saved plan printed out on the machine planned from
+    measured figures (topoparse notes "planned from figures measured on it" for those)."""
+    outs = sorted((REPO / "benchmarks" / "gpu" / "results").glob("*-h200-table*/*/launcher.out"))
+    assert len(outs) >= 50
+    assert not [p for p in outs if "planned from figures measured" in p.read_text()]
+    assert "1× NVIDIA H200" in (T13 / "qwen8b" / "launcher.out").read_text()
+
+
+def test_an_nvml_dump_is_planned_as_it_is(tmp_path: Path) -> None:
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"gpus": [{"index": 0, "name": "NVIDIA H200"}]}))
+    assert NOW.machine_topology(dump, tmp_path) == dump
+
+
+pairs = st.fixed_dictionaries({"a": st.just(0), "b": st.just(1), "nvlinks": st.integers(0, 18),
+                               "measured": st.none() | st.fixed_dictionaries(
+                                   {"bandwidth_gbs": st.floats(1, 900),
+                                    "allreduce_gbs": st.floats(1, 900)})})
+
+
+@settings(max_examples=40, deadline=None)
+@given(measured=st.lists(st.booleans(), min_size=1, max_size=4), pair=st.none() | pairs,
+       notes=st.lists(st.sampled_from(["measured 2026-12-01 09:07:05", "one GPU: no link to "
+                                       "measure", "GPU0 measured: 1 TFLOP/s", "a user's note",
+                                       "GPU1: planned from figures measured on it (x)"])))
+def test_any_saved_reading_loses_exactly_what_probe_measure_added(
+        tmp_path_factory: Any, measured: list[bool], pair: dict[str, Any] | None,
+        notes: list[str]) -> None:
+    base = json.loads(H200.read_text())
+    data = copy.deepcopy(base)
+    gpu = base["gpus"][0]
+    data["gpus"] = [{**gpu, "index": i, **({} if m else {"measured": None})}
+                    for i, m in enumerate(measured)]
+    data["pairs"] = [pair] if pair and len(measured) > 1 else []
+    data["notes"] = notes
+    out = tmp_path_factory.mktemp("t")
+    src = out / "in.json"
+    src.write_text(json.dumps(data))
+    bare = json.loads(NOW.machine_topology(src, out).read_text())
+    topo, before = topology_from_json(bare), topology_from_json(data)
+    assert all(g.perf is None for g in topo.gpus)
+    assert all(p.measured is None for p in topo.pairs)
+    assert list(bare["notes"]) == [n for n in notes if n == "a user's note"]
+    strip = [{k: v for k, v in vars(g).items() if k != "perf"} for g in before.gpus]
+    assert [{k: v for k, v in vars(g).items() if k != "perf"} for g in topo.gpus] == strip
+    assert [p.nvlinks for p in topo.pairs] == [p.nvlinks for p in before.pairs]
+
+
+def test_the_machines_own_plan_is_all_agreement() -> None:
+    lines = [json.loads(x) for x in (T13 / "predictions-measured-qwen8b.jsonl").read_text()
+             .splitlines()]
+    assert NOW.disagreements(lines, copy.deepcopy(lines)) == []
+    assert NOW.disagreements(lines, lines[:1]) == [f"qwen8b {s}: not replayed"
+                                                   for s in ("c32", "depth8000", "depth32000")]
+
+
+def test_a_replay_off_the_machine_names_the_leaf() -> None:
+    """The thirteenth table's Qwen3-8B at 32k, as replayed on the measured rates."""
+    machine = [json.loads(x) for x in (T13 / "predictions-measured-qwen8b.jsonl").read_text()
+               .splitlines()][3:]
+    replay = copy.deepcopy(machine)
+    replay[0]["agent_rooms"][1]["ttft_recomputed_s"] = 1.2616229960155987
+    del replay[0]["kernel_table"]
+    del replay[0]["agent_rooms"][0]["host_copy_s"]
+    assert NOW.disagreements(machine, replay) == [
+        "qwen8b depth32000 kernel_table: true -> \"(none)\"",
+        "qwen8b depth32000 agent_rooms[0].host_copy_s: 0.09361097003555102 -> \"(none)\"",
+        "qwen8b depth32000 agent_rooms[1].ttft_recomputed_s: 1.3814906935203006 -> "
+        "1.2616229960155987"]
+    # a field an older predict did not write is no disagreement
+    older = [{k: v for k, v in machine[0].items() if k != "compilation_config"}]
+    assert NOW.disagreements(older, copy.deepcopy(machine)) == []
+
+
+json_leaf = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=5) \
+    | st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)
+json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text("abc", min_size=1, max_size=3), inner,
+                                            max_size=3), max_leaves=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(line=st.dictionaries(st.text("xyz", min_size=1, max_size=3), json_value, max_size=4),
+       pick=st.integers(0, 100))
+def test_one_changed_leaf_is_one_disagreement(line: dict[str, Any], pick: int) -> None:
+    machine = {"case": "c", "scenario": "s", **line}
+    assert NOW.disagreements([machine], [copy.deepcopy(machine)]) == []
+    paths = list(NOW.leaves(machine))
+    path = paths[pick % len(paths)]
+    if path in ("case", "scenario"):
+        return
+    replay = json.loads(json.dumps(machine))
+    # walk to the leaf and put a value no JSON leaf above equals
+    keys = [int(k[:-1]) if k.endswith("]") else k
+            for k in path.replace("[", ".").split(".") if k]
+    at: Any = replay
+    for k in keys[:-1]:
+        at = at[k]
+    at[keys[-1]] = "changed leaf"
+    assert [d.split(":")[0] for d in NOW.disagreements([machine], [replay])] == [f"c s {path}"]
+
+
+names = st.sampled_from(["CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE", "TOPOSERVE_HOST_FREE_GIB",
+                         "TOPOSERVE_CACHE", "XDG_CACHE_HOME", "PATH", "PYTHONPATH", "HOME"])
+
+
+@given(env=st.dictionaries(names | st.text("ABC_", min_size=1, max_size=4), st.text(max_size=4)))
+def test_a_replayed_plan_reads_nothing_of_this_host(env: dict[str, str]) -> None:
+    """No GPU narrowing, NCCL transport, free host memory or cache of this host: the cache is
+    the replay's own (a `probe --measure` here keeps this host's front-end timing in
+    ~/.cache/toposerve, which a plan would take for the serving host's)."""
+    got = NOW.plan_env(env, Path("/replay/cache"))
+    assert got["TOPOSERVE_CACHE"] == "/replay/cache"
+    assert not set(got) & set(NOW.PLAN_ENV_DROPPED)
+    assert {k: v for k, v in env.items() if k not in (*NOW.PLAN_ENV_DROPPED, "TOPOSERVE_CACHE")} \
+        == {k: v for k, v in got.items() if k != "TOPOSERVE_CACHE"}
