@@ -2,7 +2,7 @@
 the ones the plan's simulated vLLM scheduler produced for the same case.
 
     python benchmarks/gpu/issue22_simwaves.py RESULTS_DIR OUT_DIR [--scenario c32]
-        [--case CASE ...] [--host-timing CASE=FILE ...]
+        [--case CASE ...] [--host-timing CASE=FILE ...] [--prompt-token-factor F]
 
 OUT_DIR is an `issue22_now.py` output of RESULTS_DIR (its predictions.jsonl names the cases;
 its cache/, where there is one, holds the kernel tables it re-keyed, which the plans here read
@@ -10,10 +10,24 @@ as issue22_now.py's did). Each case is planned again with issue22_now.py's `laun
 arguments (``--host-timing`` as given to it) in a process whose ``loadsim.simulate`` records
 the simulated run behind the plan's load figures; nothing the plan computes changes. For each
 wave (a closed loop of N streams sends N requests at once, and each stream its next as its
-last ends): TTFT p50 measured and simulated, and the groups of first tokens (count@seconds
-after the wave's first send, issue22_waves.groups). A 32-stream TTFT p50 sits between such
-groups, so a figure that misses by a group is read here, not in the p50. Agreement, not
-validation: the records were measured before.
+last ends): TTFT p50 measured and simulated, the groups of first tokens (count@seconds
+after the wave's first send, issue22_waves.groups), and when the wave's requests ended, in ms
+after its first one ended (:func:`ends`): each end sends the stream's next request, so the
+next wave's order is read there. A 32-stream TTFT p50 sits between such groups, so a figure
+that misses by a group is read here, not in the p50. Agreement, not validation: the records
+were measured before.
+
+With ``--scenario long16-c4`` the ends show a race the 16k TTFT p50 turns on: a 16,384-token
+prompt is two full 8,192-token steps only where nothing else takes budget, and the earlier
+wave's decoders take a token each a step, so the prompt's last tokens need a third step; the
+next prompt sent before that step is chosen fills it with its own first chunk (a whole chunk
+step later). Whether a wave's second request ends a decode step or a chunk step after its
+first (the next request on its way in against the decode steps it still has) decides it.
+
+``--prompt-token-factor F`` is an experiment, not the plan: the simulated way in takes each
+prompt token at the host's timed per-token functions x F instead of x
+hardware.UNTIMED_PATH_FACTOR (the output path's factor, which the plan applies to both paths);
+F = 1 is the timed functions alone (loadgen sends token ids: no tokenizer on the way in).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+FACTOR_ENV = "ISSUE22_SIMWAVES_PROMPT_TOKEN_FACTOR"  # --prompt-token-factor, to the plan process
 
 
 def inner(out: Path, plan_args: list[str]) -> int:
@@ -44,10 +59,24 @@ def inner(out: Path, plan_args: list[str]) -> int:
     def recorded(lim: Any, timer: Any, work: Any, **kw: Any) -> Any:
         res = real(lim, timer, work, **kw)
         runs.append({"prompt": work.prompt, "concurrency": work.concurrency,
-                     "requests": [[r.sent_s, r.ttft_s] for r in res.requests]})
+                     "requests": [[r.sent_s, r.ttft_s, r.finished_s] for r in res.requests]})
         return res
 
     setattr(loadsim, "simulate", recorded)  # noqa: B010 (the module's name, replaced)
+    factor = os.environ.get(FACTOR_ENV)
+    if factor:
+        from dataclasses import replace
+
+        from launcher.planner.hardware import UNTIMED_PATH_FACTOR
+
+        run = loadsim.loadgen_run
+        scale = float(factor) / UNTIMED_PATH_FACTOR
+
+        def rescaled(m: Any, lay: Any, f: Any, **kw: Any) -> Any:
+            host = replace(lay.host, prompt_token_s=lay.host.prompt_token_s * scale)
+            return run(m, replace(lay, host=host), f, **kw)
+
+        setattr(loadsim, "loadgen_run", rescaled)  # noqa: B010 (the module's name, replaced)
     sys.argv = ["launcher", "plan", *plan_args]
     try:
         runpy.run_module("launcher", run_name="__main__")
@@ -59,13 +88,22 @@ def inner(out: Path, plan_args: list[str]) -> int:
     return 0
 
 
-def waves(reqs: list[tuple[float, float]], n: int) -> list[list[tuple[float, float]]]:
-    """(sent, ttft) pairs in waves of ``n`` by send time."""
+def waves(reqs: list[tuple[float, float, float]], n: int
+          ) -> list[list[tuple[float, float, float]]]:
+    """(sent, ttft, end) triples in waves of ``n`` by send time."""
     rs = sorted(reqs)
     return [rs[i:i + n] for i in range(0, len(rs), n)]
 
 
-def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path]) -> list[dict[str, Any]]:
+def ends(wave: list[tuple[float, float, float]]) -> str:
+    """When a wave's requests ended, in whole ms after its first one ended, ascending: "0 9 55
+    167". Each end is the stream's next send."""
+    done = sorted(e for _, _, e in wave)
+    return " ".join(f"{(e - done[0]) * 1e3:.0f}" for e in done)
+
+
+def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
+              factor: float | None = None) -> list[dict[str, Any]]:
     import issue22_now
     import issue22_table
 
@@ -77,7 +115,8 @@ def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path]) -> list[d
             *(["--host-timing", str(hosts[case])] if case in hosts else []),
             "--", "--load-format", "dummy", "--compilation-config", comp]
     cache = out / "cache"
-    env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {})}
+    env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {}),
+           **({FACTOR_ENV: str(factor)} if factor is not None else {})}
     with tempfile.TemporaryDirectory() as tmp:
         rec = Path(tmp) / "runs.json"
         got = subprocess.run([sys.executable, __file__, "--inner", str(rec), *args], cwd=ROOT,
@@ -97,6 +136,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--scenario", default="c32", choices=("c32", "long16-c4"))
     ap.add_argument("--case", action="append", default=[])
     ap.add_argument("--host-timing", action="append", default=[], metavar="CASE=FILE")
+    ap.add_argument("--prompt-token-factor", type=float, default=None, metavar="F",
+                    help="an experiment: the way in's per-token work at the timed functions x F")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
     import issue22_now
@@ -108,32 +149,36 @@ def main(argv: list[str]) -> int:
     planned = [json.loads(x) for x in (a.out / "predictions.jsonl").read_text().splitlines()]
     cases = a.case or sorted({d["case"] for d in planned if d.get("scenario") == a.scenario})
     prompt, conc = (int(issue22_now.SCENARIOS[a.scenario][i]) for i in (1, 5))
-    print("| case | wave | TTFT p50 measured | simulated | first tokens measured | simulated |")
-    print("| --- | ---: | ---: | ---: | --- | --- |")
+    print("| case | wave | TTFT p50 measured | simulated | first tokens measured | simulated "
+          "| ends (ms after the first) measured | simulated |")
+    print("| --- | ---: | ---: | ---: | --- | --- | --- | --- |")
     for case in cases:
         f = a.results / case / f"{a.scenario}.json"
         if not f.exists():
             continue
         d = json.loads(f.read_text())
-        meas = [(r["t_sent_s"], r["ttft_s"]) for r in d["requests"] if r.get("error") is None]
-        runs = [r for r in simulated(case, a.scenario, a.out, hosts)
+        meas = [(r["t_sent_s"], r["ttft_s"], r["t_sent_s"] + r["e2e_s"]) for r in d["requests"]
+                if r.get("error") is None]
+        runs = [r for r in simulated(case, a.scenario, a.out, hosts, a.prompt_token_factor)
                 if r["prompt"] == prompt and r["concurrency"] == conc]
         if not runs:
-            print(f"| {case} | — | no simulated run of {conc} x {prompt} | | | |")
+            print(f"| {case} | — | no simulated run of {conc} x {prompt} | | | | | |")
             continue
-        sim = [(s, t) for s, t in runs[-1]["requests"]]
+        sim = [(s, t, e) for s, t, e in runs[-1]["requests"]]
         mw, sw = waves(meas, conc), waves(sim, conc)
         for i in range(max(len(mw), len(sw))):
             cells = []
             for w in (mw, sw):
-                cells.append(f"{p50([t for _, t in w[i]]):.3f}" if i < len(w) else "—")
-            shown = [groups([{"t_sent_s": s, "ttft_s": t} for s, t in w[i]]) if i < len(w)
+                cells.append(f"{p50([t for _, t, _ in w[i]]):.3f}" if i < len(w) else "—")
+            shown = [groups([{"t_sent_s": s, "ttft_s": t} for s, t, _ in w[i]]) if i < len(w)
                      else "—" for w in (mw, sw)]
-            print(f"| {case} | {i + 1} | {cells[0]} | {cells[1]} | {shown[0]} | {shown[1]} |")
+            done = [ends(w[i]) if i < len(w) else "—" for w in (mw, sw)]
+            print(f"| {case} | {i + 1} | {cells[0]} | {cells[1]} | {shown[0]} | {shown[1]} "
+                  f"| {done[0]} | {done[1]} |")
         n = len(meas)
-        print(f"| {case} | all | {p50([t for _, t in meas]):.3f} | "
-              f"{p50([t for _, t in sim]):.3f} (first {n}: "
-              f"{p50([t for _, t in sorted(sim)[:n]]):.3f}) | | |")
+        print(f"| {case} | all | {p50([t for _, t, _ in meas]):.3f} | "
+              f"{p50([t for _, t, _ in sim]):.3f} (first {n}: "
+              f"{p50([t for _, t, _ in sorted(sim)[:n]]):.3f}) | | | | |")
     return 0
 
 
