@@ -148,6 +148,9 @@ class Room:
     # CPU engine's: memfit.CPU_BATCHED_TOKENS)
     limits: memfit.EngineLimits | None = field(default=None, compare=False, repr=False)
     block: int = field(default=memfit.BLOCK_TOKENS, compare=False, repr=False)  # CPU: 128
+    # the warm and cold turns timed on this model's kernel table through the simulated
+    # scheduler (:func:`timed_turn_ttft_s`); False: the roofline's (:func:`turn_ttft_s`)
+    timed: bool = field(default=False, compare=False, repr=False)
 
     @property
     def fits(self) -> bool:
@@ -255,6 +258,31 @@ def turn_ttft_s(m: ModelSpec, lay: Layout, depth: int, new: int,
     cold = costmodel.prefill_at_depth_s(m, lay, depth + new, 0, batched_tokens)
     way_in = costmodel.request_host_s(lay.host, depth + new)
     return warm + way_in, cold + way_in
+
+
+def timed_turn_ttft_s(m: ModelSpec, r: Room, ask: AgentAsk,
+                      tables: Sequence[KernelTable]) -> tuple[float, float] | None:
+    """(warm, cold) time to first token of one session's turn alone at the asked depth, as
+    :func:`turn_ttft_s` says them, through the simulated scheduler on this model's kernel
+    table for the room's layout (:func:`step_timer`): the steps, way in and first-token
+    hand-over every option's simulated figure takes (:func:`simulate_turns`), where
+    :func:`turn_ttft_s` is the roofline at the card's datasheet or measured rates. Cold: the
+    whole prompt of depth + new tokens on an idle engine; warm: the same after a turn whose
+    prompt was the depth (cached, as loadgen's --depth primes it). None where no kernel table
+    is kept for the layout (:func:`turn_ttft_s` then stands) or a turn does not fit."""
+    assert r.lay is not None
+    timer = step_timer(m, r.lay, tables)
+    if isinstance(timer, RooflineStep):
+        return None
+    d, new, gen = ask.context, ask.turn_tokens, ask.gen_tokens
+    try:
+        cold = simulate_turns(m, r, (Turn(d + new, gen),), 1, think_s=None, offload=False,
+                              timer=timer)
+        warm = cold if d < 1 else simulate_turns(m, r, (Turn(d, gen), Turn(d + new, gen)), 1,
+                                                 think_s=None, offload=False, timer=timer)
+    except SimError:
+        return None
+    return warm.ttft(1 if d >= 1 else 0).p50, cold.ttft(0).p50
 
 
 def host_stored_bytes(m: ModelSpec, prompt: int, kv_dtype_bytes: int,
@@ -540,15 +568,22 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
         lay = candidate_layout(c, topo, links, c.fit.kv_budget)
         warm, cold = turn_ttft_s(m, lay, ask.context, ask.turn_tokens,
                                  c.fit.limits.batched_tokens)
-        for name, nbytes in dtypes:
-            out.append(Room(
-                layout=label(c), tp=c.tp, pp=c.pp, dp=c.dp, kv_dtype=name,
-                held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes,
-                                   c.fit.limits.batched_tokens),
-                need=-(-ask.sessions // c.dp), kv_budget_bytes=c.fit.kv_budget,
-                ttft_warm_s=warm, ttft_cold_s=cold,
-                copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay,
-                limits=c.fit.limits))
+        made = [Room(layout=label(c), tp=c.tp, pp=c.pp, dp=c.dp, kv_dtype=name,
+                     held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes,
+                                        c.fit.limits.batched_tokens),
+                     need=-(-ask.sessions // c.dp), kv_budget_bytes=c.fit.kv_budget,
+                     ttft_warm_s=warm, ttft_cold_s=cold,
+                     copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay,
+                     limits=c.fit.limits)
+                for name, nbytes in dtypes]
+        # where this model's kernel table is kept for the layout, a turn alone is timed as the
+        # options' simulated figures are (the table's steps), not on the roofline; one figure
+        # for both element sizes, as the roofline's (the table times 16-bit attention)
+        timed = timed_turn_ttft_s(m, made[0], ask, policy.kernels) if policy.kernels else None
+        if timed is not None:
+            made = [replace(r, ttft_warm_s=timed[0], ttft_cold_s=timed[1], timed=True)
+                    for r in made]
+        out += made
     return out
 
 
@@ -675,7 +710,9 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
                f"({ask.request_tokens:,} tokens a request)"]
     reasons += [f"  {r.layout} {r.kv_dtype}: holds {r.held} of the {r.need} session(s) per "
                 f"replica on its GPUs; one session's turn at depth alone "
-                f"{_ms(r.ttft_warm_s)} cached, {_ms(r.ttft_cold_s)} recomputed" for r in all_rooms]
+                f"{_ms(r.ttft_warm_s)} cached, {_ms(r.ttft_cold_s)} recomputed"
+                + (" (the kernel table's steps through the simulated scheduler)" if r.timed
+                   else "") for r in all_rooms]
     sims: dict[str, Simulated | None] = {}
     alone_by: dict[str, float] = {}
 
