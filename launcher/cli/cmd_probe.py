@@ -27,7 +27,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--measure",
         action="store_true",
-        help="measure each GPU's bf16 GEMM rates (prefill TFLOP/s, decode GB/s) and peer "
+        help="measure each GPU's bf16 GEMM rates (prefill TFLOP/s, decode GB/s, as vLLM's "
+        "F.linear runs them; kept for `launcher plan` on this machine) and peer "
         "copies and a real NCCL all-reduce per pair (needs torch with CUDA), and this host's "
         "front-end costs with the installed vLLM's own functions (kept for `launcher plan`)",
     )
@@ -53,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         from launcher.probe import measure  # torch only when asked
 
         topo = measure.measure_topology(topo, os.environ)
+        from launcher.pipeline import gpuperfs
+
+        for line in gpuperfs.keep(topo, os.environ):  # for later plans on this machine
+            print(line)
     if args.measure and not topo.gpus and args.topology is None:
         from launcher.pipeline import enginesteps
         from launcher.probe.enginestep import EngineStepError

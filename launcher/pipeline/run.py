@@ -28,7 +28,7 @@ from launcher.errors import LauncherError, ModelError, PlanError
 from launcher.model import tinymodel
 from launcher.model.modelspec import ModelSpec, find_config, load_model_spec
 from launcher.model.toolcalls import chat_template, lacks_chat_template, tokenizer_tokens
-from launcher.pipeline import enginesteps, hostcosts, kerneltables
+from launcher.pipeline import enginesteps, gpuperfs, hostcosts, kerneltables
 from launcher.pipeline.requests import PlanRequest, ServeRequest
 from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
 from launcher.planner.plan import Plan, plan
@@ -118,6 +118,7 @@ def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
     policy = replace(request.policy, kernels=kerneltables.cached(model, topo, env))
     topo = enginesteps.attach(topo, env)  # the CPU engine's step, where probe --measure timed it
     topo = hostcosts.attach(topo, env)  # this host's front end, where probe --measure timed it
+    topo = gpuperfs.attach(topo, env)  # each GPU's GEMM rates, where probe --measure timed it
     if request.host_timing is not None:  # the serving host's, timed there
         topo = replace(topo, host_timing=hostcosts.read(request.host_timing))
     try:

@@ -17,15 +17,19 @@ assumed efficiency (launcher/planner/hardware.py):
   crosses zero bytes at it. A full-graph decode step pays it for every kernel of every layer
   (costmodel.decode_step_s, the layer's kernels from the family registry).
 
-The shapes, the arithmetic (:func:`gemm_flops`, :func:`gemm_bytes`, :func:`summarize`) and the
-JSON reader live here; :mod:`launcher.probe.measure` runs the timing with torch.
+The shapes, the arithmetic (:func:`gemm_flops`, :func:`gemm_bytes`, :func:`summarize`), the
+JSON reader and the record `probe --measure` keeps for later plans on this machine
+(:class:`KeptPerf`, keyed by :class:`GpuKey`; the cache is :mod:`launcher.pipeline.gpuperfs`) live
+here; :mod:`launcher.probe.measure` runs the timing with torch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -270,3 +274,60 @@ def perf_from_json(raw: Any) -> tuple[GpuPerf | None, list[str]]:
                    note if isinstance(note, str) else None)
     return (perf if perf.any else None), reasons
 
+
+
+# ------------------------------------------------------------------- kept for later plans here
+
+KEPT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class GpuKey:
+    """Which GPU a kept measurement is of: NVML's name, the driver and the card's UUID (""
+    where the reading had none). Figures kept under one key are read for that key only: another
+    card, even of the same model, or the same card under another driver, plans from its own."""
+
+    name: str
+    driver: str
+    uuid: str
+
+    def digest(self) -> str:
+        text = json.dumps([self.name, self.driver, self.uuid])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class KeptPerf:
+    """One GPU's figures as `probe --measure` kept them, and when (UTC, as it was said)."""
+
+    key: GpuKey
+    measured_at: str
+    perf: GpuPerf
+
+
+def kept_to_json(kept: KeptPerf) -> dict[str, Any]:
+    return {"format": KEPT_FORMAT, "key": asdict(kept.key), "measured_at": kept.measured_at,
+            "measured": perf_to_json(kept.perf)}
+
+
+def kept_from_json(raw: Any) -> tuple[KeptPerf | None, list[str]]:
+    """A kept record and what was ignored and why; None with a reason when it cannot be used
+    (not an object, another format, no key, nothing measured). Total: never raises."""
+    if not isinstance(raw, Mapping):
+        return None, [f"is not a record (a {type(raw).__name__})"]
+    if raw.get("format") != KEPT_FORMAT:
+        return None, [f"is of format {repr(raw.get('format'))[:20]}, not {KEPT_FORMAT}"]
+    key, at = raw.get("key"), raw.get("measured_at")
+    parts = [key.get(f) for f in ("name", "driver", "uuid")] if isinstance(key, Mapping) else []
+    if len(parts) != 3 or not all(isinstance(p, str) for p in parts):
+        return None, ["has no GPU key (name, driver, uuid)"]
+    if not isinstance(at, str) or not at or len(at) > 40 or not at.isprintable():
+        return None, ["has no time of measurement"]
+    perf, reasons = perf_from_json(raw.get("measured"))
+    if perf is None:
+        return None, ["has no measured figure", *reasons]
+    note = perf.kernel_note
+    if note is not None and (len(note) > 200 or not note.isprintable()):
+        perf = replace(perf, kernel_note=None)  # said in a one-line reason: no more than a line
+    name, driver, uuid = (str(p) for p in parts)
+    return KeptPerf(GpuKey(name, driver, uuid), at, perf), reasons

@@ -1,8 +1,11 @@
 """`probe --measure`: what each GPU computes and what the links really do, with torch and NCCL.
 
 For each GPU, in a fresh process that sees only it: bf16 matmuls at the shapes of a 512-token
-prefill and of decode steps of a 7-70B model, timed (achieved TFLOP/s and GB/s; the shapes and
-arithmetic are :mod:`launcher.probe.gpuperf`). The planner uses these over the datasheet table.
+prefill and of decode steps of a 7-70B model, run as vLLM runs an unquantized linear
+(``F.linear`` on ``[n x k]`` weights, :func:`time_gemms`), timed (achieved TFLOP/s and GB/s;
+the shapes and arithmetic are :mod:`launcher.probe.gpuperf`). The planner uses these over the
+datasheet table; `probe --measure` keeps them for later plans on this machine
+(:mod:`launcher.pipeline.gpuperfs`).
 
 For each pair, in fresh processes that see only those two GPUs (CUDA_VISIBLE_DEVICES, PCI order):
 
@@ -184,7 +187,8 @@ def measure_topology(topo: Topology, env: Mapping[str, str]) -> Topology:
         pairs = tuple(replace(p, measured=measure_pair(p, env, Path(tmp))) for p in topo.pairs)
     bad = [f"GPU{p.a}-GPU{p.b}" for p in pairs if p.measured and p.measured.allreduce_ok is False]
     notes = [f"measured {time.strftime('%Y-%m-%d %H:%M:%S')}"]
-    notes += [f"GPU{g.index} measured: {g.perf.describe()}" for g in gpus if g.perf is not None]
+    notes += [f"GPU{g.index} measured: {g.perf.describe()} (timed as {TIMED_AS})"
+              for g in gpus if g.perf is not None]
     if len(gpus) < 2:
         notes.append("one GPU: no link to measure")
     if bad:
@@ -323,20 +327,30 @@ def _elapsed(torch: Any, device: str, fn: Any, reps: int) -> float:
 DECODE_CYCLE_BYTES = 1 << 30
 
 
+# What the GEMM timing runs, for the probe's line and the record's method.
+TIMED_AS = "bf16 F.linear as vLLM's unquantized linear ([n x k] weights)"
+
+
 def time_gemms(torch: Any, device: str, shapes: Sequence[Shape], reps: int = 20,
                cycle_bytes: int = DECODE_CYCLE_BYTES) -> list[Sample]:
-    """Time bf16 matmuls of each shape on ``device`` ("cuda" or "cpu")."""
+    """Time bf16 ``[m x k] x [k x n]`` products of each shape on ``device`` ("cuda" or "cpu")
+    as vLLM runs an unquantized linear layer (UnquantizedLinearMethod.apply:
+    ``torch.nn.functional.linear(x, weight)``, the weight ``[n x k]`` and contiguous as a
+    checkpoint stores it; cuBLAS runs it with the weight transposed), prefill and decode alike.
+    ``torch.matmul`` on a ``[k x n]`` weight is another cuBLAS layout: on the H200 it ran the
+    prefill shapes 740-800 TFLOP/s where vLLM's own linears ran 620-710 (issue 22)."""
+    linear = torch.nn.functional.linear
     samples = []
     for kind, m, k, n in shapes:
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         one = k * n * gpuperf.DTYPE_BYTES
         copies = max(1, -(-cycle_bytes // one)) if kind == "decode" else 1
-        ws = [torch.randn(k, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
         state = {"i": 0}
 
         def step(x: Any = x, ws: Any = ws, state: dict[str, int] = state) -> None:
             state["i"] = (state["i"] + 1) % len(ws)
-            torch.matmul(x, ws[state["i"]])
+            linear(x, ws[state["i"]])
 
         # for decode, at least one full cycle through the copies, so each is read from memory
         count = max(reps, copies) if kind == "decode" else reps
@@ -419,7 +433,7 @@ def gemm_worker(out: Path, device: str, tiny: bool) -> None:
     else:
         samples = time_gemms(torch, device, gpuperf.default_shapes())
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-    method = (f"torch {torch.__version__} bf16 matmul on {device}, "
+    method = (f"torch {torch.__version__} {TIMED_AS} on {device}, "
               f"{len(samples)} shapes{' (tiny)' if tiny else ''}")
     perf = gpuperf.summarize(samples, device=name, method=method)
     kernel_s, graph, note = (graph_kernel(torch, device) if not tiny

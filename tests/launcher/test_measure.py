@@ -171,7 +171,7 @@ def test_the_gemm_worker_writes_figures_the_topology_reader_takes(tmp_path: Path
     raw = json.loads(out.read_text())
     assert len(raw["samples"]) == 5
     assert raw["device"] == "cpu"
-    assert "bf16 matmul on cpu" in raw["method"]
+    assert "bf16 F.linear as vLLM's unquantized linear ([n x k] weights) on cpu" in raw["method"]
     perf, reasons = gpuperf.perf_from_json(raw)
     assert reasons == []
     assert perf is not None
