@@ -8,35 +8,22 @@ planned on the H200's datasheet figures."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.probe.topology import topology_from_json
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-lead" / "h200-probe.json"
 T13 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-04-h200-table13"
 
 
-def load() -> ModuleType:
-    path = REPO / "benchmarks" / "gpu" / "issue22_now.py"
-    spec = importlib.util.spec_from_file_location("issue22_now_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-NOW = load()
+NOW = load_script("benchmarks/gpu/issue22_now.py", "issue22_now_benchmark")
 
 
 def test_the_replay_topology_has_no_measured_gpu_figures(tmp_path: Path) -> None:

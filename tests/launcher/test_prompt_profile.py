@@ -3,30 +3,18 @@ to split a prompt step's device span into kernels and gaps (issue 22)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load() -> ModuleType:
-    path = REPO / "benchmarks" / "gpu" / "prompt_profile.py"
-    spec = importlib.util.spec_from_file_location("prompt_profile_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-PROFILE = load()
+PROFILE = load_script("benchmarks/gpu/prompt_profile.py", "prompt_profile_benchmark")
 
 
 def kernel(name: str, ts_us: float, dur_us: float, cat: str = "kernel") -> dict[str, Any]:

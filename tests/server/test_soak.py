@@ -3,22 +3,13 @@ may fail, and the proxy's memory and descriptors must stay flat."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 
-from tests.server.conftest import REPO
+from tests.support.scripts import load_script
 
 
 def load_soak() -> ModuleType:
-    path = REPO / "benchmarks" / "soak.py"
-    spec = importlib.util.spec_from_file_location("soak_benchmark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/soak.py", "soak_benchmark")
 
 
 def test_short_soak_serves_everything_and_stays_flat() -> None:
