@@ -56,6 +56,10 @@ class Stack:
     # The key `launcher serve` gave vLLM (its /v1 routes refuse requests without it); the
     # proxy holds it, a test that talks to the engine directly sends it.
     engine_key: str | None = None
+    # The stack's own TOPOSERVE_CACHE (None: an engine reused from TOPOSERVE_TEST_VLLM_URL):
+    # no engine-step timing kept in it, so the stack's serve times its engine as a first serve
+    # on a machine does, and keeps the record there.
+    cache: Path | None = None
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -97,6 +101,7 @@ class _Launch:
     key: str | None
     reuse: str | None
     log: Path
+    cache: Path | None = None
 
 
 _early: list[_Launch] = []  # started at collection, not yet taken by the fixture
@@ -120,10 +125,26 @@ def _launch(logs: Path) -> _Launch:
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     if key:
         env["TOPOSERVE_ENGINE_API_KEY"] = key
+    cache = None if reuse else _first_serve_cache(logs / "cache")
+    if cache is not None:
+        env["TOPOSERVE_CACHE"] = str(cache)
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True, env=env)
-    return _Launch(proc, proxy_port, vllm_url, key, reuse, log)
+    return _Launch(proc, proxy_port, vllm_url, key, reuse, log, cache)
+
+
+def _first_serve_cache(root: Path) -> Path:
+    """A cache as a first serve here finds it: the session's embedded model and model shapes
+    (pure functions of their inputs, not rebuilt), no timing of this machine's engine."""
+    from launcher.model.tinymodel import default_cache_dir
+
+    shared = default_cache_dir(os.environ)
+    root.mkdir(parents=True)
+    for kept in ("models", "shapes"):
+        (shared / kept).mkdir(parents=True, exist_ok=True)
+        (root / kept).symlink_to(shared / kept)
+    return root
 
 
 def _uses_stack(item: pytest.Item) -> bool:
@@ -187,7 +208,7 @@ def stack(tiny_model_path: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         _wait_ready(f"{proxy_url}/ready", proc, log, STACK_START_TIMEOUT_S)
         yield Stack(vllm_url, proxy_url, _served_model(vllm_url, key), tiny_model_path,
-                    None if reuse else proc.pid, log, key)
+                    None if reuse else proc.pid, log, key, launch.cache)
     finally:
         if key:
             os.environ.pop("TOPOSERVE_API_KEY", None)

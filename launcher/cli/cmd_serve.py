@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from launcher.cli import argtypes, planopts
 from launcher.cli.apikeys import collect_api_keys
@@ -18,6 +20,9 @@ from launcher.engine.serve import Supervision, run
 from launcher.errors import LauncherError
 from launcher.model import tinymodel
 from launcher.pipeline.requests import ServeRequest
+
+if TYPE_CHECKING:
+    from launcher.pipeline.run import Planned
 
 
 def add_parser(sub: Any) -> None:
@@ -60,6 +65,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
     add_protection_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="the embedded model on the CPU engine: do not time the engine once it "
+                   "is up (done once per machine where no timing is kept, 10-35 s, before the "
+                   "proxy takes requests; `launcher probe --measure` does the same)")
     p.set_defaults(func=main)
 
 
@@ -102,9 +111,14 @@ def main(args: argparse.Namespace) -> int:
     if not headless and args.host not in ("127.0.0.1", "localhost", "::1") and not keys:
         console.print(f"[bold red]WARNING:[/] binding to {args.host} without an API key: anyone "
                       "who can reach this machine can use the model. Pass --api-key.")
-    spec = build_spec(args, keys)
+    planned, spec = planned_spec(args, keys)
     for line in spec.summary:
         console.print(line)
+    from launcher.pipeline import enginesteps
+
+    step = first_serve_step(args, planned, spec)
+    if step == enginesteps.HINT:
+        console.print(f"  note: {enginesteps.HINT_LINE}", markup=False)
     if args.dry_run:
         return 0
     log_dir = args.log_dir or tinymodel.default_cache_dir(os.environ) / "logs"
@@ -119,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
                       grace_s=args.grace, log_dir=log_dir, join_timeout_s=args.join_timeout,
                       node_secret_file=args.node_secret_file)
     if place is None:
-        return run(spec, sup, console)
+        timing = (calibration(planned, spec, console) if step == enginesteps.TIME else None)
+        return run(spec, sup, console, after_ready=timing)
     from launcher.engine import nodes
 
     return nodes.run_group(spec, sup, console)
@@ -136,8 +151,53 @@ def serve_request(args: argparse.Namespace, keys: tuple[str, ...]) -> ServeReque
 
 
 def build_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> LaunchSpec:
+    return planned_spec(args, keys)[1]
+
+
+def planned_spec(args: argparse.Namespace, keys: tuple[str, ...]) -> tuple[Planned, LaunchSpec]:
     # Imported here so that `launcher serve --help` stays fast and NVML is touched only when used.
     from launcher.pipeline.run import launch_spec, plan_and_render
 
     request = serve_request(args, keys)
-    return launch_spec(plan_and_render(request.plan, os.environ), request)
+    planned = plan_and_render(request.plan, os.environ)
+    return planned, launch_spec(planned, request)
+
+
+def first_serve_step(args: argparse.Namespace, planned: Planned, spec: LaunchSpec) -> str | None:
+    """Whether this serve times the CPU engine it starts (enginesteps.first_serve)."""
+    from launcher.pipeline import enginesteps
+
+    chosen, request = planned.plan, planned.request
+    return enginesteps.first_serve(
+        os.environ, engine=str(chosen.engine),
+        single=(chosen.tp, chosen.pp, chosen.dp) == (1, 1, 1) and len(spec.replicas) == 1,
+        # the embedded model as `probe --measure` serves it: vLLM flags or a context of the
+        # user's own would time (and keep for every later plan) another engine than that
+        default_model=(request.model is None and not request.engine.extra_args
+                       and request.policy.max_model_len is None),
+        planned_here=(request.saved_plan is None and request.topology is None
+                      and request.engine.place is None),
+        calibrate=args.calibrate)
+
+
+def calibration(planned: Planned, spec: LaunchSpec, console: Console) -> Callable[[], None]:
+    """What serve runs once its engine is ready, before the proxy: time that engine, keep the
+    record, plan the same request again with it and print both plans' figures."""
+    from launcher.pipeline import enginesteps
+    from launcher.pipeline.run import plan_and_render
+    from launcher.probe import enginestep
+
+    key = spec.engine_api_key
+    served = enginestep.Served(spec.replicas[0].url, spec.served_name,
+                               {"Authorization": f"Bearer {key}"} if key else {})
+
+    def timing() -> None:
+        console.print("  timing this machine's CPU engine once (10-35 s; kept for later plans; "
+                      "--no-calibrate skips it)…", markup=False)
+        line = enginesteps.calibrate_served(
+            os.environ, served, planned.plan.predicted,
+            lambda: plan_and_render(planned.request, os.environ).plan.predicted)
+        console.print(f"[green]✓[/] {escape(line)}" if line.startswith("timed") and
+                      "serving on the assumed plan" not in line else f"[yellow]![/] {escape(line)}")
+
+    return timing

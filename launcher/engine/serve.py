@@ -79,10 +79,14 @@ class SignalGuard:
 class Runner:
     """The running stack: engine replicas, the proxy, and the loop that keeps them up."""
 
-    def __init__(self, spec: LaunchSpec, sup: Supervision, console: Console) -> None:
+    def __init__(self, spec: LaunchSpec, sup: Supervision, console: Console,
+                 after_ready: Callable[[], None] | None = None) -> None:
         self.spec = spec
         self.sup = sup
         self.console = console
+        # run once every engine is ready and before the proxy starts, so that nothing it does
+        # to the engines (serve's timing of the CPU engine) meets a user's request
+        self.after_ready = after_ready
         self.guard = SignalGuard()
         self.engines: list[supervise.Child] = []
         self.proxy: supervise.Child | None = None
@@ -140,13 +144,22 @@ class Runner:
         for child in self.engines:
             self._truncate_log(child)
             child.start()
+        if self.after_ready is not None:
+            self._await_engines()
+            self.after_ready()
+            if self.guard.stopping:
+                raise StopRequested
         self.proxy = self._proxy_child()
         self._truncate_log(self.proxy)
         self.proxy.start()
         self.guard.children = self._all_children()
+        if self.after_ready is None:  # the proxy starts beside the engines
+            self._await_engines()
+        self._await_proxy()
+
+    def _await_engines(self) -> None:
         for i, replica in enumerate(self.spec.replicas):
             self._await_engine(i, replica, retried=False)
-        self._await_proxy()
 
     @staticmethod
     def _truncate_log(child: supervise.Child) -> None:
@@ -316,8 +329,9 @@ class Runner:
             self.console.print("Stopped: proxy and vLLM exited, no process left behind.")
 
 
-def run(spec: LaunchSpec, sup: Supervision, console: Console) -> int:
-    return run_with(Runner(spec, sup, console), spec, console)
+def run(spec: LaunchSpec, sup: Supervision, console: Console,
+        after_ready: Callable[[], None] | None = None) -> int:
+    return run_with(Runner(spec, sup, console, after_ready), spec, console)
 
 
 def run_with(runner: Runner, spec: LaunchSpec, console: Console,

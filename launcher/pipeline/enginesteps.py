@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,12 @@ from launcher.engine.detect import engine_argv, engine_prefix
 from launcher.engine.render import render
 from launcher.model.modelspec import load_model_spec
 from launcher.model.tinymodel import default_cache_dir, ensure_tiny_model
-from launcher.planner.costmodel import attention_work, cpu_attention_fit, streamed_weight_bytes
+from launcher.planner.costmodel import (
+    Prediction,
+    attention_work,
+    cpu_attention_fit,
+    streamed_weight_bytes,
+)
 from launcher.planner.plan import Policy, plan
 from launcher.probe import enginestep, kernelprobe, kernels
 from launcher.probe.topology import Topology
@@ -131,3 +137,61 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
             f"{fixed * 1e3:.1f} ms + {per_token * 1e6:.1f} us per prompt token; {wide}; {deep}"
             f"{dropped}; {where}")
 
+
+
+# What `serve` does about the CPU engine's timing before its first plan reaches a user.
+TIME = "time"  # time the engine serve has just started (the embedded model, no record here)
+HINT = "hint"  # another model on the CPU, no record here: say that `probe --measure` times it
+HINT_LINE = ("this machine's CPU engine is not timed yet, so the plan above is the assumed one: "
+             "`launcher probe --measure` once times this machine's CPU engine, and every later "
+             "plan here uses it")
+
+Timer = Callable[[Mapping[str, str], enginestep.Served], str]
+
+
+def first_serve(env: Mapping[str, str], *, engine: str, single: bool, default_model: bool,
+                planned_here: bool, calibrate: bool) -> str | None:
+    """:data:`TIME`, :data:`HINT` or None: whether `serve` times the CPU engine it starts. Only
+    this machine's own plan (``planned_here``: no --plan, no --topology, one node) of the CPU
+    engine as one process (``single``), and only while no timing is kept for this machine (the
+    key :func:`attach` reads); the timing is of the embedded model (``default_model``), whose
+    vocabulary and shapes :func:`measure` uses, so another model only gets the hint."""
+    if not calibrate or engine != "cpu" or not single or not planned_here:
+        return None
+    if enginestep.load(default_cache_dir(env), key_here(env)) is not None:
+        return None
+    return TIME if default_model else HINT
+
+
+def calibrate_served(env: Mapping[str, str], served: enginestep.Served, assumed: Prediction,
+                     replan: Callable[[], Prediction], *, timer: Timer | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> str:
+    """Time the engine ``served`` (just started by `serve`, not yet behind the proxy) with
+    ``timer`` (:func:`measure`), which keeps the record, then plan again (``replan``: the same
+    request, which :func:`attach` now gives the record) and say both: the line to print. A
+    failure anywhere is that one line, the serve going on with the assumed plan."""
+    run = timer or (lambda e, s: measure(e, served=s))
+    started = clock()
+    try:
+        run(env, served)
+    except Exception as exc:  # any failure of the timing is one line, never fatal
+        return (f"timing this machine's CPU engine failed ({_one_line(exc)}); serving on the "
+                "assumed plan")
+    took = clock() - started
+    if enginestep.load(default_cache_dir(env), key_here(env)) is None:
+        return (f"timed this machine's CPU engine ({took:.0f} s) but the cache "
+                f"({default_cache_dir(env)}) did not keep it; serving on the assumed plan")
+    try:
+        pred = replan()
+    except Exception as exc:
+        return (f"timed this machine's CPU engine once ({took:.0f} s, kept for later plans), but "
+                f"planning with it failed ({_one_line(exc)}); serving on the assumed plan")
+    return (f"timed this machine's CPU engine once ({took:.0f} s, kept for later plans): "
+            f"predicted prefill {pred.prefill_tok_s:,.0f} tok/s, decode {pred.decode_tok_s:,.1f} "
+            f"tok/s (the assumed plan said {assumed.prefill_tok_s:,.0f}/"
+            f"{assumed.decode_tok_s:,.1f})")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -21,7 +21,7 @@ def serve(tmp: Path, limit: int, *args: str) -> tuple[subprocess.Popen[bytes], i
            "STANDIN_STATE": str(tmp / "state"), "KV_LIMIT_TOKENS": str(limit)}
     out = tmp / "launcher.out"
     argv = [sys.executable, "-m", "launcher", "serve", "--port", str(port),
-            "--log-dir", str(tmp / "logs"), "--grace", "5", *args]
+            "--log-dir", str(tmp / "logs"), "--grace", "5", "--no-calibrate", *args]
     with out.open("wb") as fh:
         proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
     return proc, port, out

@@ -35,8 +35,9 @@ class Launch:
         self.err = tmp / "launcher.err"
         full_env = {**os.environ, "TOPOSERVE_ENGINE_CMD": f"{sys.executable} {STANDIN}",
                     "STANDIN_STATE": str(tmp / "state"), **env}
+        # --no-calibrate: the stand-in engine is not the CPU engine a first serve times
         argv = [sys.executable, "-m", "launcher", "serve", "--port", str(self.port),
-                "--log-dir", str(tmp / "logs"), "--grace", "5", *args]
+                "--log-dir", str(tmp / "logs"), "--grace", "5", "--no-calibrate", *args]
         with self.out.open("wb") as out, self.err.open("wb") as err:
             self.proc = subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=out, stderr=err)
 
