@@ -242,10 +242,20 @@ class RequestTiming:
     finished_s: float
     gen: int
     cached_tokens: int  # prompt tokens the prefix cache supplied
+    # when the scheduler saw it (its way in behind it), and when the engine's step made its first
+    # token (before the API server's loop was free to send it out); NaN where not kept
+    reached_s: float = math.nan
+    engine_first_s: float = math.nan
 
     @property
     def ttft_s(self) -> float:
         return self.first_token_s - self.sent_s
+
+    @property
+    def engine_ttft_s(self) -> float:
+        """Its first token's wait inside the engine: from the scheduler seeing it to the step
+        that made the token, without the way in and out (NaN where not kept)."""
+        return self.engine_first_s - self.reached_s
 
     @property
     def tpot_s(self) -> float:
@@ -317,6 +327,7 @@ class _Req:
     ready: float = 0.0  # a prefix being copied back from host memory arrives then
     finished: float = math.nan
     held_at: float = math.nan  # the end of the step whose output it waits to be handed
+    reached: float = math.nan  # when the scheduler saw it (simulate's requests)
 
 
 @dataclass
@@ -946,7 +957,7 @@ def simulate(
 
     def finished(r: _Req, at: float) -> None:
         nonlocal to_send
-        done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached))
+        done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached, r.reached, r.first))
         if closed and to_send:
             send(at)
             to_send -= 1
@@ -956,14 +967,14 @@ def simulate(
     while len(done) < work.total:
         cut = core.cut()
         while sends and front.reaches() <= cut:
-            _, key = front.pop()
+            reached, key = front.pop()
             # without a shared prefix each request is a session of its own: preempted, it finds
             # its blocks again where no other request took them (vLLM's recompute preemption
             # frees them into the prefix cache), as simulate_sessions' requests do; nobody
             # else's prompt matches it
             own = None if work.shared_prefix else sent
             eng.waiting.append(_Req(sends.pop(key), work.prompt, work.gen, work.prompt,
-                                    session=own))
+                                    session=own, reached=reached))
             sent += 1
         if not eng.running and not eng.waiting:
             core.deliver(core.now)  # nothing launched after it: its outputs go out as it ends
