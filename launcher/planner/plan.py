@@ -131,6 +131,11 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         describe_model(m),
         (f"predicted from this CPU's kernel table ({'; '.join(measured[1])}): "
          if measured is not None else
+         # a timed engine step is what the figures stand on (the next line says what was
+         # timed); the assumed bandwidth stays for the planned model's own weight reads
+         f"predicted on {policy.cpu_cores} CPU cores from the engine timed on this machine "
+         f"(the model's weight reads at an assumed {hardware.CPU_MEM_GBS:g} GB/s): "
+         if over.measured else
          f"predicted on {policy.cpu_cores} CPU cores at an assumed {hardware.CPU_MEM_GBS:g} GB/s "
          "of DRAM bandwidth: ")
         + f"prefill {pred.prefill_tok_s:.0f} tok/s, decode {pred.decode_tok_s:.1f} tok/s",
