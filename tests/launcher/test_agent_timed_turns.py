@@ -7,28 +7,22 @@ where its kernel table's steps give 1.206 s."""
 
 from __future__ import annotations
 
-import json
-import tarfile
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from launcher.model.modelspec import load_model_spec
-from launcher.pipeline import hostcosts
 from launcher.pipeline.run import plan_with_agent
 from launcher.planner import agent
 from launcher.planner.kernelcost import step_shape
 from launcher.planner.plantypes import Policy
 from launcher.planner.schedsim import Turn
-from launcher.probe import kernels
 from launcher.probe.topology import load_topology
 from tests.launcher.test_kernels import table_like
+from tests.support.table13 import REPO, table13_case
 
-REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "tests" / "fixtures" / "models"
 TOPOS = REPO / "tests" / "fixtures" / "topologies"
-T13 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-04-h200-table13"
 
 
 def rooms(policy: Policy, ask: agent.AgentAsk, model: str = "llama-3.1-8b",
@@ -90,18 +84,7 @@ def test_the_thirteenth_tables_qwen3_8b_turns_from_its_kernel_table(tmp_path: Pa
     kernel table gives, on the topology and host the machine's plan read (NVML alone, its
     host record), within 5%; the roofline at the datasheet's rates there (the machine's plan)
     was +3/+11% cached and +4/+11% recomputed at 8k/32k."""
-    with tarfile.open(T13 / "kernels.tgz") as tar:
-        raw = [json.load(f) for mem in tar.getmembers() if mem.name.endswith(".json")
-               if (f := tar.extractfile(mem)) is not None]
-    m = load_model_spec(str(REPO / "benchmarks" / "gpu" / "models" / "qwen3-8b-shape"))
-    table = next(t for t in map(kernels.table_from_json, raw) if t.shape.name == m.name)
-    assert table.key.shape == step_shape(m, 1).key()
-    h200 = json.loads((REPO / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-lead"
-                       / "h200-probe.json").read_text())
-    del h200["gpus"][0]["measured"]  # as the machine's plan read it: NVML alone
-    (tmp_path / "h200.json").write_text(json.dumps(h200))
-    topo = replace(load_topology(str(tmp_path / "h200.json"), {}),
-                   host_timing=hostcosts.read(str(T13 / "host-cost-qwen8b.json")))
+    m, table, topo = table13_case(tmp_path, "qwen3-8b-shape", "qwen8b")
     measured = {8000: (0.0252, 0.2266), 32000: (0.0489, 1.241)}
     for depth, (warm, cold) in measured.items():
         policy = Policy(force_tp=1, force_dp=1, gpu_memory_utilization=0.3, kernels=(table,))

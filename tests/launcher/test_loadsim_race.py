@@ -10,43 +10,24 @@ last decode step on the engine, ~3 ms too late in the plan)."""
 from __future__ import annotations
 
 import json
-import tarfile
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from launcher.engine.planfile import plan_from_json, plan_to_json
 from launcher.engine.render import render
-from launcher.model.modelspec import load_model_spec
-from launcher.pipeline import hostcosts
 from launcher.pipeline.run import plan
 from launcher.planner import loadsim
-from launcher.planner.kernelcost import step_shape
 from launcher.planner.plantypes import Plan, Policy
-from launcher.probe import kernels
-from launcher.probe.topology import Topology, load_topology
+from tests.support.table13 import table13_case
 
-REPO = Path(__file__).resolve().parents[2]
-T13 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-04-h200-table13"
 RACE = "the p50 turns on whether a request reaches the scheduler before a step is chosen"
 
 
 def gemma12d(tmp_path: Path, prompt: int, gen: int, streams: int) -> Plan:
     """Table 13's gemma12d case planned as the machine planned it: its own kernel table and
     host record, the H200 as NVML reads it, default CUDA graphs, 0.4 of the memory."""
-    with tarfile.open(T13 / "kernels.tgz") as tar:
-        raw = [json.load(f) for mem in tar.getmembers() if mem.name.endswith(".json")
-               if (f := tar.extractfile(mem)) is not None]
-    m = load_model_spec(str(REPO / "benchmarks" / "gpu" / "models" / "gemma-3-12b-shape"))
-    table = next(t for t in map(kernels.table_from_json, raw) if t.shape.name == m.name)
-    assert table.key.shape == step_shape(m, 1).key()
-    h200 = json.loads((REPO / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-lead"
-                       / "h200-probe.json").read_text())
-    del h200["gpus"][0]["measured"]  # as the machine's plan read it: NVML alone
-    (tmp_path / "h200.json").write_text(json.dumps(h200))
-    topo: Topology = replace(load_topology(str(tmp_path / "h200.json"), {}),
-                             host_timing=hostcosts.read(str(T13 / "host-cost-gemma12d.json")))
+    m, table, topo = table13_case(tmp_path, "gemma-3-12b-shape", "gemma12d")
     policy = Policy(force_tp=1, force_pp=1, force_dp=1, gpu_memory_utilization=0.4,
                     prompt_tokens=prompt, gen_tokens=gen, concurrency=streams, kernels=(table,))
     return plan(topo, m, policy)
