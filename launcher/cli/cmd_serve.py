@@ -194,10 +194,9 @@ def calibration(planned: Planned, spec: LaunchSpec, console: Console) -> Callabl
     def timing() -> None:
         console.print("  timing this machine's CPU engine once (10-35 s; kept for later plans; "
                       "--no-calibrate skips it)…", markup=False)
-        line = enginesteps.calibrate_served(
+        done = enginesteps.calibrate_served(
             os.environ, served, planned.plan.predicted,
             lambda: plan_and_render(planned.request, os.environ).plan.predicted)
-        console.print(f"[green]✓[/] {escape(line)}" if line.startswith("timed") and
-                      "serving on the assumed plan" not in line else f"[yellow]![/] {escape(line)}")
+        console.print(f"{'[green]✓[/]' if done.ok else '[yellow]![/]'} {escape(done.line)}")
 
     return timing

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.engine import supervise
@@ -149,6 +149,16 @@ HINT_LINE = ("this machine's CPU engine is not timed yet, so the plan above is t
 Timer = Callable[[Mapping[str, str], enginestep.Served], str]
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """What `serve`'s timing of its CPU engine came to: ``ok`` when the record was kept and the
+    plan made from it (``line`` then has its figures), else the one line saying what failed,
+    the serve going on with the assumed plan."""
+
+    ok: bool
+    line: str
+
+
 def first_serve(env: Mapping[str, str], *, engine: str, single: bool, default_model: bool,
                 planned_here: bool, calibrate: bool) -> str | None:
     """:data:`TIME`, :data:`HINT` or None: whether `serve` times the CPU engine it starts. Only
@@ -165,31 +175,33 @@ def first_serve(env: Mapping[str, str], *, engine: str, single: bool, default_mo
 
 def calibrate_served(env: Mapping[str, str], served: enginestep.Served, assumed: Prediction,
                      replan: Callable[[], Prediction], *, timer: Timer | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> str:
+                     clock: Callable[[], float] = time.monotonic) -> Calibrated:
     """Time the engine ``served`` (just started by `serve`, not yet behind the proxy) with
     ``timer`` (:func:`measure`), which keeps the record, then plan again (``replan``: the same
-    request, which :func:`attach` now gives the record) and say both: the line to print. A
-    failure anywhere is that one line, the serve going on with the assumed plan."""
+    request, which :func:`attach` now gives the record) and say both. A failure anywhere is
+    one line (not ``ok``), the serve going on with the assumed plan."""
     run = timer or (lambda e, s: measure(e, served=s))
     started = clock()
     try:
         run(env, served)
     except Exception as exc:  # any failure of the timing is one line, never fatal
-        return (f"timing this machine's CPU engine failed ({_one_line(exc)}); serving on the "
-                "assumed plan")
+        return Calibrated(False, f"timing this machine's CPU engine failed ({_one_line(exc)}); "
+                          "serving on the assumed plan")
     took = clock() - started
     if enginestep.load(default_cache_dir(env), key_here(env)) is None:
-        return (f"timed this machine's CPU engine ({took:.0f} s) but the cache "
-                f"({default_cache_dir(env)}) did not keep it; serving on the assumed plan")
+        return Calibrated(False, f"timed this machine's CPU engine ({took:.0f} s) but the cache "
+                          f"({default_cache_dir(env)}) did not keep it; serving on the assumed "
+                          "plan")
     try:
         pred = replan()
     except Exception as exc:
-        return (f"timed this machine's CPU engine once ({took:.0f} s, kept for later plans), but "
-                f"planning with it failed ({_one_line(exc)}); serving on the assumed plan")
-    return (f"timed this machine's CPU engine once ({took:.0f} s, kept for later plans): "
-            f"predicted prefill {pred.prefill_tok_s:,.0f} tok/s, decode {pred.decode_tok_s:,.1f} "
-            f"tok/s (the assumed plan said {assumed.prefill_tok_s:,.0f}/"
-            f"{assumed.decode_tok_s:,.1f})")
+        return Calibrated(False, f"timed this machine's CPU engine once ({took:.0f} s, kept for "
+                          f"later plans), but planning with it failed ({_one_line(exc)}); "
+                          "serving on the assumed plan")
+    return Calibrated(True, f"timed this machine's CPU engine once ({took:.0f} s, kept for "
+                      f"later plans): predicted prefill {pred.prefill_tok_s:,.0f} tok/s, decode "
+                      f"{pred.decode_tok_s:,.1f} tok/s (the assumed plan said "
+                      f"{assumed.prefill_tok_s:,.0f}/{assumed.decode_tok_s:,.1f})")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -62,10 +62,11 @@ def test_a_timing_that_kept_its_record_prints_the_replanned_figures_beside_the_a
         return "timed"
 
     ticks = iter([100.0, 127.4])
-    line = enginesteps.calibrate_served(env, SERVED, ASSUMED, lambda: TIMED, timer=timer,
+    done = enginesteps.calibrate_served(env, SERVED, ASSUMED, lambda: TIMED, timer=timer,
                                         clock=lambda: next(ticks))
     assert seen == [SERVED]
-    assert line == ("timed this machine's CPU engine once (27 s, kept for later plans): "
+    assert done.ok
+    assert done.line == ("timed this machine's CPU engine once (27 s, kept for later plans): "
                     "predicted prefill 15,800 tok/s, decode 451.2 tok/s (the assumed plan "
                     "said 3,375/294.5)")
 
@@ -86,7 +87,9 @@ def test_a_failed_timing_is_one_line_and_the_assumed_plan_stands(
         replanned.append(1)
         return TIMED
 
-    line = enginesteps.calibrate_served(env, SERVED, ASSUMED, replan, timer=timer)
+    done = enginesteps.calibrate_served(env, SERVED, ASSUMED, replan, timer=timer)
+    assert not done.ok
+    line = done.line
     assert line.startswith("timing this machine's CPU engine failed (")
     assert line.endswith("serving on the assumed plan")
     assert "\n" not in line
@@ -98,14 +101,16 @@ def test_a_timing_the_cache_did_not_keep_or_a_replan_that_fails_says_so_in_one_l
     env = {"TOPOSERVE_CACHE": str(tmp_path)}
     unkept = enginesteps.calibrate_served(env, SERVED, ASSUMED, lambda: TIMED,
                                           timer=lambda e, s: "not kept")
-    assert "did not keep it; serving on the assumed plan" in unkept
+    assert not unkept.ok
+    assert "did not keep it; serving on the assumed plan" in unkept.line
 
     def fails() -> Prediction:
         raise RuntimeError("no\nplan")
 
-    line = enginesteps.calibrate_served(env, SERVED, ASSUMED, fails,
-                                        timer=lambda e, s: str(kept(env)))
-    assert line.endswith("planning with it failed (no plan); serving on the assumed plan")
+    failed = enginesteps.calibrate_served(env, SERVED, ASSUMED, fails,
+                                          timer=lambda e, s: str(kept(env)))
+    assert not failed.ok
+    assert failed.line.endswith("planning with it failed (no plan); serving on the assumed plan")
 
 
 def test_no_calibrate_is_serves_option() -> None:
