@@ -242,10 +242,8 @@ class RequestTiming:
     finished_s: float
     gen: int
     cached_tokens: int  # prompt tokens the prefix cache supplied
-    # when the scheduler saw it (its way in behind it), and when the engine's step made its first
-    # token (before the API server's loop was free to send it out); NaN where not kept
+    # when the scheduler saw it (its way in behind it); NaN where not kept (simulate_sessions)
     reached_s: float = math.nan
-    engine_first_s: float = math.nan
 
     @property
     def ttft_s(self) -> float:
@@ -254,8 +252,10 @@ class RequestTiming:
     @property
     def engine_ttft_s(self) -> float:
         """Its first token's wait inside the engine: from the scheduler seeing it to the step
-        that made the token, without the way in and out (NaN where not kept)."""
-        return self.engine_first_s - self.reached_s
+        that made the token, without the way in and out (simulate's first token is the making
+        step's end, its way out charged in the way in: request_overhead_s; NaN where not
+        kept)."""
+        return self.first_token_s - self.reached_s
 
     @property
     def tpot_s(self) -> float:
@@ -957,7 +957,7 @@ def simulate(
 
     def finished(r: _Req, at: float) -> None:
         nonlocal to_send
-        done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached, r.reached, r.first))
+        done.append(RequestTiming(r.sent, r.first, at, r.gen, r.cached, r.reached))
         if closed and to_send:
             send(at)
             to_send -= 1
