@@ -79,7 +79,8 @@ def summarize(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[str, A
     ranked = sorted(by.items(), key=lambda kv: -kv[1][1])
     return {
         "kernels": len(spans),
-        "span_s": spans[-1][1] - spans[0][0] if spans else 0.0,
+        # to the latest end, which on overlapping streams need not be the last start's
+        "span_s": max(end for _, end, _ in spans) - spans[0][0],
         "busy_s": busy,
         "gaps": len(gaps),
         "gap_s": sum(gaps),

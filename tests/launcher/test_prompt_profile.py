@@ -40,6 +40,13 @@ def test_gaps_between_kernels_are_counted_and_overlaps_are_not_busy_twice() -> N
     assert abs(top["total_s"] - 200e-6) < 1e-12
 
 
+def test_the_span_runs_to_the_latest_end_where_a_later_kernel_ends_first() -> None:
+    # a long kernel on one stream, a short one started later on another
+    s = PROFILE.summarize([kernel("gemm", 0, 100), kernel("norm", 10, 10)])
+    assert abs(s["span_s"] - 100e-6) < 1e-12
+    assert abs(s["busy_s"] - 100e-6) < 1e-12
+
+
 def test_a_trace_without_device_kernels_says_so() -> None:
     s = PROFILE.summarize([kernel("aten::mm", 0, 50, cat="cpu_op"), {"ph": "M"}])
     assert s["kernels"] == 0
@@ -50,8 +57,10 @@ event = st.fixed_dictionaries({
     "ph": st.sampled_from(["X", "X", "B", "i"]),
     "cat": st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "cuda_runtime"]),
     "name": st.text(max_size=8),
-    "ts": st.one_of(st.floats(0, 1e6), st.integers(0, 10**6), st.none(), st.text(max_size=2)),
-    "dur": st.one_of(st.floats(-5, 1e4), st.integers(0, 10**4), st.none()),
+    # small integers too, so that kernels overlap often (streams side by side)
+    "ts": st.one_of(st.integers(0, 50), st.floats(0, 1e6), st.integers(0, 10**6), st.none(),
+                    st.text(max_size=2)),
+    "dur": st.one_of(st.integers(0, 50), st.floats(-5, 1e4), st.integers(0, 10**4), st.none()),
 })
 
 
