@@ -303,6 +303,11 @@ for step in "$@"; do
     for f in "$cache"/host-cost/*.json; do
       [[ -f $f ]] && cp "$f" "$OUT/host-cost-${PREDICT_CASES// /-}.json"
     done
+    # and the GPU's figures the probe kept for the plans after it (d0434d7; one GPU here), so
+    # that a replay plans with them too (issue22_now.py --gpu-perf CASE=FILE)
+    for f in "$cache"/gpu-perf/*.json; do
+      [[ -f $f ]] && cp "$f" "$OUT/gpu-perf-${PREDICT_CASES// /-}.json"
+    done
     continue
   fi
   if [[ $step == predict ]]; then

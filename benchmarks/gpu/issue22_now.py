@@ -5,7 +5,7 @@ measured folders so that `issue22_table.py` reads them as it reads the machine's
 
     python benchmarks/gpu/issue22_now.py RESULTS_DIR OUT_DIR [--topology FILE] [--predictions F]
         [--host-speed CASE=RATIO ...] [--host-timing CASE=FILE ...] [--kernels FILE]
-        [--measured-gpu]
+        [--gpu-perf CASE=FILE ...] [--measured-gpu]
     python benchmarks/gpu/issue22_table.py OUT_DIR
 
 Computed after the measurements, so its figures are agreement, not validation; the machine's
@@ -20,7 +20,10 @@ The topology is the saved NVML reading as the machine's own `launcher plan` read
 live, through NVML alone. `probe --measure` on the machine keeps its GEMM rates, graph-kernel
 cost and link figures for no later plan (only for a file, with --save: no saved launcher.out
 of tables 1-13 plans "from figures measured on it"), so the plans here drop the ones
-``--topology``'s file carries (:func:`machine_topology`); ``--measured-gpu`` keeps them. Each
+``--topology``'s file carries (:func:`machine_topology`); ``--measured-gpu`` keeps them. Since
+d0434d7 `probe --measure` keeps each GPU's figures for the plans made after it on that machine:
+a table run since saves the record (gpu-perf-CASE.json), and ``--gpu-perf CASE=FILE`` gives CASE's
+replay those figures (:func:`with_kept_perf`). Each
 plan is then compared with the machine's line field by field (:func:`disagreements`): at the
 planner commit the machine ran, a replay must print "all N the machine's".
 
@@ -86,6 +89,27 @@ def machine_topology(src: Path, out: Path) -> Path:
                       for p in data.get("pairs") or []]}
     path = out / "topology.json"
     path.write_text(json.dumps(bare, indent=1) + "\n")
+    return path
+
+
+def with_kept_perf(topo: Path, kept: Path, out: Path, case: str) -> Path:
+    """``topo`` (the machine's reading, :func:`machine_topology`) with every GPU's measured
+    figures from ``kept``, the record `probe --measure` kept on the machine for its later plans
+    (launcher/pipeline/gpuperfs.py, since d0434d7; issue22-table.sh's probe copies it to
+    gpu-perf-CASE.json): the plans after that probe read them, so CASE's replay does."""
+    from launcher.probe import gpuperf
+
+    try:
+        rec, reasons = gpuperf.kept_from_json(json.loads(kept.read_text()))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{kept}: cannot be read ({exc})") from None
+    if rec is None:
+        raise SystemExit(f"{kept}: {'; '.join(reasons)}")
+    data = json.loads(topo.read_text())
+    data["gpus"] = [{**g, "measured": gpuperf.perf_to_json(rec.perf)} if isinstance(g, dict)
+                    else g for g in data.get("gpus") or []]
+    path = out / f"topology-{case}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 
@@ -279,6 +303,9 @@ def main() -> int:
     ap.add_argument("--kernels", type=Path, default=None,
                     help="plan with these kernel tables (a results folder's kernels.tgz, or a "
                          "folder of them), re-keyed to the installed vLLM and torch")
+    ap.add_argument("--gpu-perf", action="append", default=[], metavar="CASE=FILE",
+                    help="plan CASE with the GPU figures `probe --measure` kept on its machine "
+                         "(gpu-perf-CASE.json of tables after d0434d7), as its plans had them")
     ap.add_argument("--measured-gpu", action="store_true",
                     help="keep the --topology file's measured GPU and link figures, which no "
                          "machine's plan had (default: dropped, as the machine's NVML reading)")
@@ -295,6 +322,8 @@ def main() -> int:
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)
     topology = args.topology if args.measured_gpu else machine_topology(args.topology, args.out)
+    topologies = {case: with_kept_perf(topology, Path(f).resolve(), args.out, case)
+                  for case, _, f in (g.partition("=") for g in args.gpu_perf)}
     hosts = {case: host_timing_file(args.out, case, float(ratio))
              for case, _, ratio in (h.partition("=") for h in args.host_speed)}
     hosts.update({case: Path(f).resolve()
@@ -312,7 +341,8 @@ def main() -> int:
             link.symlink_to((args.results / case).resolve())
     with ThreadPoolExecutor(2) as pool:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
-                                                  util[j[0]], topology, hosts.get(j[0]),
+                                                  util[j[0]], topologies.get(j[0], topology),
+                                                  hosts.get(j[0]),
                                                   args.compilation_config
                                                   or ranges.get(j[0], RUNS_COMPILATION),
                                                   cache),

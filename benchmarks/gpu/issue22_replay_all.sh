@@ -49,6 +49,11 @@ for t in $TABLES; do
         [ -e "$h" ] || continue
         c=${h##*/host-cost-}; hosts+=(--host-timing "${c%.json}=$h")
       done
+      # the GPU figures the probe kept for the plans after it (tables run since d0434d7)
+      for g in "$d"/gpu-perf-*.json; do
+        [ -e "$g" ] || continue
+        c=${g##*/gpu-perf-}; hosts+=(--gpu-perf "${c%.json}=$g")
+      done
       "$PY" benchmarks/gpu/issue22_now.py "$d" "$OUT/$t" --predictions "$p" --kernels "$k/kernels" \
         "${hosts[@]}" >/dev/null
       echo "$t: $(summary "$OUT/$t")" ;;

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,27 @@ def test_the_replay_topology_has_no_measured_gpu_figures(tmp_path: Path) -> None
     assert [(g.name, g.memory_bytes, g.cc, g.pcie_gen_cur, g.pcie_width_cur) for g in topo.gpus] \
         == [(g.name, g.memory_bytes, g.cc, g.pcie_gen_cur, g.pcie_width_cur) for g in saved.gpus]
     assert (topo.driver, topo.cuda) == (saved.driver, saved.cuda)
+
+
+def test_a_kept_gpu_record_gives_the_replay_the_figures_the_machines_plans_read(
+        tmp_path: Path) -> None:
+    """Tables run since d0434d7: the probe kept each GPU's figures for the plans after it, so a
+    replay given that record (--gpu-perf) plans the GPU with exactly them."""
+    from launcher.probe import gpuperf
+
+    perf = topology_from_json(json.loads(H200.read_text())).gpus[0].perf
+    assert perf is not None
+    key = gpuperf.GpuKey("NVIDIA H200", "580.159.04", "GPU-0")
+    kept = tmp_path / "gpu-perf-qwen8b.json"
+    kept.write_text(json.dumps(gpuperf.kept_to_json(
+        gpuperf.KeptPerf(key, "2026-12-05 01:00 UTC", perf))))
+    bare = NOW.machine_topology(H200, tmp_path)
+    topo = topology_from_json(json.loads(
+        NOW.with_kept_perf(bare, kept, tmp_path, "qwen8b").read_text()))
+    assert [g.perf for g in topo.gpus] == [perf]
+    kept.write_text(json.dumps({"format": 1}))
+    with pytest.raises(SystemExit, match="has no GPU key"):
+        NOW.with_kept_perf(bare, kept, tmp_path, "qwen8b")
 
 
 def test_the_machines_saved_plans_were_made_without_measured_gpu_figures() -> None:
