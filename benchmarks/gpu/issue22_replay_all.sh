@@ -3,7 +3,7 @@
 # lead's protocol since session 24, in one command, so that a change to the cost model is judged
 # on all of them at once (agreement, not validation: the machine's own plans are the proof).
 #
-#   benchmarks/gpu/issue22_replay_all.sh OUT [TABLE...]     (repo root; TABLE: t5 .. t13)
+#   benchmarks/gpu/issue22_replay_all.sh OUT [TABLE...]     (repo root; TABLE: t5 .. t14)
 #
 # Kernel-table tables (t8-t13) plan with the kernel tables each run timed; t12 and t13 at their
 # own host records (host-cost-CASE.json, timed by the probe on the serving machine), t8-t11 at
@@ -16,12 +16,13 @@
 set -euo pipefail
 OUT=${1:?usage: issue22_replay_all.sh OUT [TABLE...]}
 shift
-TABLES=${*:-t5 t6 t7 t8 t9 t10 t11 t12 t13}
+TABLES=${*:-t5 t6 t7 t8 t9 t10 t11 t12 t13 t14}
 PY=${PY:-.venv/bin/python}
 R=benchmarks/gpu/results
 declare -A DIR=([t5]=2026-12-03-h200-table5 [t6]=2026-12-03-h200-table6 [t7]=2026-12-03-h200-table7
   [t8]=2026-12-03-h200-table8 [t9]=2026-12-04-h200-table9 [t10]=2026-12-04-h200-table10
-  [t11]=2026-12-04-h200-table11 [t12]=2026-12-04-h200-table12 [t13]=2026-12-04-h200-table13)
+  [t11]=2026-12-04-h200-table11 [t12]=2026-12-04-h200-table12 [t13]=2026-12-04-h200-table13
+  [t14]=2026-12-05-h200-table14)
 declare -A SPEED=([t5]=1.06 [t6]=1.73 [t7]=1.56)
 mkdir -p "$OUT"
 summary() {  # the table's summary line of issue22_table.py
