@@ -102,6 +102,20 @@ def ends(wave: list[tuple[float, float, float]]) -> str:
     return " ".join(f"{(e - done[0]) * 1e3:.0f}" for e in done)
 
 
+def replay_topology(out: Path, case: str) -> Path:
+    """The H200 reading ``case`` was replayed on in ``out`` (issue22_now.py writes it there: the
+    machine's reading, with the GPU figures the case's probe kept where the table has them), so
+    that the simulated runs are the replay's plans; the saved reading itself only where the
+    replay left none. Without this the runs planned on the lead's saved reading, whose GEMM
+    rates no machine plan read (05da664), and came out apart from the plans beside them."""
+    import issue22_now
+
+    for path in (out / f"topology-{case}.json", out / "topology.json"):
+        if path.is_file():
+            return path
+    return Path(issue22_now.TOPOLOGY)
+
+
 def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
               factor: float | None = None) -> list[dict[str, Any]]:
     import issue22_now
@@ -110,7 +124,7 @@ def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
     util = float(issue22_now.table_map("UTIL")[case])
     comp = issue22_now.table_map("RANGE").get(case, issue22_now.RUNS_COMPILATION)
     args = ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
-            "--topology", str(issue22_now.TOPOLOGY), "--tp", "1", "--pp", "1", "--dp", "1",
+            "--topology", str(replay_topology(out, case)), "--tp", "1", "--pp", "1", "--dp", "1",
             "--gpu-memory-utilization", str(util), *issue22_now.SCENARIOS[scen],
             *(["--host-timing", str(hosts[case])] if case in hosts else []),
             "--", "--load-format", "dummy", "--compilation-config", comp]
@@ -125,6 +139,29 @@ def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
             raise SystemExit(f"{case} {scen}: the plan failed: {got.stderr.strip()[-300:]}")
         runs: list[dict[str, Any]] = json.loads(rec.read_text())
         return runs
+
+
+def planned_p50(planned: list[dict[str, Any]], case: str, scen: str) -> float | None:
+    """The TTFT p50 of ``case``'s ``scen`` line in the replay's plans (None: no such line)."""
+    for d in planned:
+        if d.get("case") == case and d.get("scenario") == scen and "ttft_p50_s" in d:
+            return float(d["ttft_p50_s"])
+    return None
+
+
+def chosen_run(runs: list[dict[str, Any]], p50_s: float | None) -> list[list[float]]:
+    """The simulated run the plan's figures came from. A plan simulates every candidate layout,
+    then the chosen one twice more with its way in at either end of the host's spread (the race
+    check, 3e5141c), so the last run is one of those, not the plan's: the run whose TTFT p50
+    is the plan's (to the 0.1 ms the plan's JSON keeps) is; the last only where none is (a plan
+    from before the race check, or no p50 to match)."""
+    from issue22_waves import p50
+
+    if p50_s is not None:
+        for run in runs:
+            if abs(p50([t for _, t, _ in run["requests"]]) - p50_s) < 6e-5:
+                return list(run["requests"])
+    return list(runs[-1]["requests"])
 
 
 def main(argv: list[str]) -> int:
@@ -146,6 +183,10 @@ def main(argv: list[str]) -> int:
     # issue22_now.py --host-speed's records, then --host-timing's as given here
     hosts = {f.stem.removeprefix("host-"): f.resolve() for f in a.out.glob("host-*.json")}
     hosts.update({c: Path(f).resolve() for c, _, f in (h.partition("=") for h in a.host_timing)})
+    if not (a.out / "predictions.jsonl").is_file():
+        # OUT is a replay's folder (issue22_now.py RESULTS OUT), whose plans name the cases
+        raise SystemExit(f"{a.out}: no predictions.jsonl: replay the table into it first "
+                         f"(issue22_now.py {a.results} {a.out})")
     planned = [json.loads(x) for x in (a.out / "predictions.jsonl").read_text().splitlines()]
     cases = a.case or sorted({d["case"] for d in planned if d.get("scenario") == a.scenario})
     prompt, conc = (int(issue22_now.SCENARIOS[a.scenario][i]) for i in (1, 5))
@@ -164,7 +205,7 @@ def main(argv: list[str]) -> int:
         if not runs:
             print(f"| {case} | — | no simulated run of {conc} x {prompt} | | | | | |")
             continue
-        sim = [(s, t, e) for s, t, e in runs[-1]["requests"]]
+        sim = [(s, t, e) for s, t, e in chosen_run(runs, planned_p50(planned, case, a.scenario))]
         mw, sw = waves(meas, conc), waves(sim, conc)
         for i in range(max(len(mw), len(sw))):
             cells = []
