@@ -7,7 +7,7 @@
 # calls, after which the next one is a different host (the ninth table's second machine ran the
 # host's reference workload 1.75x faster than the first, which had planned its case). So each
 # call plans its own case on its own host right before serving it:
-#   1. the bundle unpacked into /root/site if this machine has not got it yet (its five parts
+#   1. the bundle unpacked into /root/site if this machine has not got it yet (its parts
 #      staged in /root/stage by the calls before, as README.md says);
 #   2. the shipped profile's plans (predictions-shipped-CASE.jsonl), before anything else;
 #   3. `probe --measure` and `probe --measure --model` of the case (issue22-table.sh probe);
@@ -29,7 +29,7 @@ if [[ ! -d /root/site/vllm ]]; then
   # a machine released between calls comes back bare: without the bundle the probe would time
   # torch alone and the start would fail, so stop here (the tenth table lost two calls so)
   if ! compgen -G "/root/stage/site.tar.xz.part*" >/dev/null; then
-    echo "$case_: no vLLM bundle staged in /root/stage (a fresh machine): stage .gpu/e0..e4 first" >&2
+    echo "$case_: no vLLM bundle staged in /root/stage (a fresh machine): stage the bundle's parts first (.gpu/s/pNN from resplit-bundle.sh, one call each)" >&2
     exit 3
   fi
   cat /root/stage/site.tar.xz.part* | xz -d -T16 | tar -xf - -C /root/site
