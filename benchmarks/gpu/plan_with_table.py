@@ -50,12 +50,12 @@ def run(argv: list[str]) -> int:
     model = argv[argv.index("--model") + 1] if "--model" in argv else None
     shape = step_shape(load_model_spec(model)) if model else None
 
-    def kept(cache_dir: Path, key: TableKey) -> KernelTable | None:
+    def kept(cache_dir: Path, key: TableKey) -> tuple[KernelTable | None, str]:
         if key.shape == table.key.shape:
-            return replace(table, key=key)
+            return replace(table, key=key), ""
         if shape is not None and key.shape == shape.key() and shape.name == table.shape.name:
-            return replace(carried(table, shape), key=key)
-        return None
+            return replace(carried(table, shape), key=key), ""
+        return None, ""
 
     kernelprobe.cached_table = kept  # the one seam a plan reads kept tables through
     return main(["plan", *argv[1:]])

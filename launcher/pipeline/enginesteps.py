@@ -46,8 +46,10 @@ def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
     reading without GPUs (a saved topology is another machine's; GPUs plan from their tables)."""
     if topo.gpus or topo.source != "nvml":
         return topo
-    step = enginestep.load(default_cache_dir(env), key_here(env))
-    return topo if step is None else replace(topo, engine_step=step)
+    step, why = enginestep.read(default_cache_dir(env), key_here(env))
+    if step is None:  # none kept, or one that cannot be used: its line in the plan's reasons
+        return replace(topo, notes=(*topo.notes, why)) if why else topo
+    return replace(topo, engine_step=step)
 
 
 def _vocab(model: Path) -> int:

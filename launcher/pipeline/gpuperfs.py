@@ -11,15 +11,15 @@ a reason line.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from launcher.model.tinymodel import default_cache_dir
-from launcher.probe import gpuperf
-from launcher.probe.kernels import write_cache_json
+from launcher.probe import gpuperf, keptrecord
+from launcher.probe.keptrecord import write_cache_json
 from launcher.probe.topology import Gpu, Topology
 
 # The largest kept record read (a probe's record with every sample is ~5 kB)
@@ -52,26 +52,30 @@ def keep(topo: Topology, env: Mapping[str, str], now: str | None = None) -> list
     return lines
 
 
-def _load(cache_dir: Path, key: gpuperf.GpuKey) -> tuple[gpuperf.KeptPerf | None, list[str]]:
-    """The figures kept for ``key`` and the reasons to say; (None, []) where none were kept."""
-    path = cache_path(cache_dir, key)
-    try:
-        with path.open("rb") as f:
-            data = f.read(_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None, []
-    except OSError as exc:
-        return None, [f"cannot be read ({exc.strerror or type(exc).__name__})"]
-    if len(data) > _MAX_BYTES:
-        return None, ["is too large to be a kept record"]
-    try:
-        raw = json.loads(data.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None, ["is not JSON"]
+def _parse(raw: Any) -> tuple[gpuperf.KeptPerf, list[str]]:
+    """A kept record and the notes on what of it was ignored; ValueError (the reasons, one
+    line) where it cannot be used."""
     kept, reasons = gpuperf.kept_from_json(raw)
-    if kept is not None and kept.key != key:
-        return None, ["is another GPU's (its key differs)"]
+    if kept is None:
+        raise ValueError("; ".join(reasons))
     return kept, reasons
+
+
+_Kept = tuple[gpuperf.KeptPerf, list[str]]
+KEPT: keptrecord.Kind[_Kept, gpuperf.GpuKey] = keptrecord.Kind(
+    "the file `probe --measure` kept its figures in", "planned from the datasheet table",
+    _parse, lambda got: got[0].key, max_bytes=_MAX_BYTES)
+
+
+def _load(cache_dir: Path, key: gpuperf.GpuKey, gpu: int
+          ) -> tuple[gpuperf.KeptPerf | None, list[str]]:
+    """The figures kept for ``key`` (GPU ``gpu``) and the notes to say: what of them was
+    ignored, or the one line why a kept file cannot be used; (None, []) where none was kept."""
+    kind = replace(KEPT, what=f"GPU{gpu}: {KEPT.what}")
+    found = keptrecord.read(kind, cache_path(cache_dir, key), key)
+    if found[0] is None:
+        return None, [found[1]] if found[1] else []
+    return found[0]
 
 
 def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
@@ -85,12 +89,9 @@ def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
         if g.perf is not None:
             gpus.append(g)
             continue
-        kept, reasons = _load(cache, gpu_key(g, topo))
+        kept, reasons = _load(cache, gpu_key(g, topo), g.index)
         if kept is None:
-            if reasons:  # a file was there and cannot be used
-                notes.append(f"GPU{g.index}: the file `probe --measure` kept its figures in "
-                             f"({cache_path(cache, gpu_key(g, topo))}) "
-                             f"{'; '.join(reasons)[:160]}: planned from the datasheet table")
+            notes += reasons  # a file was there and cannot be used: its one line
             gpus.append(g)
             continue
         notes += [f"GPU{g.index}: kept figures: {r[:160]}" for r in reasons]

@@ -43,8 +43,10 @@ def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
     reading (a saved topology is another machine's, whose host was not timed here)."""
     if topo.source != "nvml":
         return topo
-    rec = hostcost.load(default_cache_dir(env), key_here())
-    return topo if rec is None else replace(topo, host_timing=rec)
+    rec, why = hostcost.read(default_cache_dir(env), key_here())
+    if rec is None:  # none kept, or one that cannot be used: its line in the plan's reasons
+        return replace(topo, notes=(*topo.notes, why)) if why else topo
+    return replace(topo, host_timing=rec)
 
 
 def read(path: str) -> hostcost.HostTiming:

@@ -57,12 +57,15 @@ def _line(m: ModelSpec, table: KernelTable, path: object) -> str:
             f"({table.method}); {where}")
 
 
-def cached(m: ModelSpec, topo: Topology, env: Mapping[str, str]) -> tuple[KernelTable, ...]:
-    """The tables `probe --measure --model` kept for this model on this machine."""
+def cached(m: ModelSpec, topo: Topology, env: Mapping[str, str]
+           ) -> tuple[tuple[KernelTable, ...], tuple[str, ...]]:
+    """The tables `probe --measure --model` kept for this model on this machine, and a line
+    for each kept file that cannot be used (the plan's reasons say it)."""
     cache = default_cache_dir(env)
     if not topo.gpus:
         keys = [kernelprobe.cpu_key(step_shape(m))]
     else:
         keys = [k for _, k in _gpu_keys(m, topo)]
-    found = (kernelprobe.cached_table(cache, k) for k in keys)
-    return tuple(t for t in found if t is not None)
+    found = [kernelprobe.cached_table(cache, k) for k in keys]
+    return (tuple(t for t, _ in found if t is not None),
+            tuple(dict.fromkeys(why for _, why in found if why)))

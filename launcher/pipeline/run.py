@@ -115,12 +115,15 @@ def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
         return read_saved_plan(request.saved_plan, topo, refuse_elsewhere=request.refuse_elsewhere)
     # this model's kernel tables kept on this machine (`probe --measure --model`): plan, serve
     # and tune all plan with them, so that each runs the plan the others show
-    policy = replace(request.policy, kernels=kerneltables.cached(model, topo, env))
+    tables, unusable = kerneltables.cached(model, topo, env)
+    policy = replace(request.policy, kernels=tables)
+    topo = replace(topo, notes=(*topo.notes, *unusable))  # kept tables that cannot be used
     topo = enginesteps.attach(topo, env)  # the CPU engine's step, where probe --measure timed it
-    topo = hostcosts.attach(topo, env)  # this host's front end, where probe --measure timed it
-    topo = gpuperfs.attach(topo, env)  # each GPU's GEMM rates, where probe --measure timed it
     if request.host_timing is not None:  # the serving host's, timed there
         topo = replace(topo, host_timing=hostcosts.read(request.host_timing))
+    else:  # this host's front end, where probe --measure timed it
+        topo = hostcosts.attach(topo, env)
+    topo = gpuperfs.attach(topo, env)  # each GPU's GEMM rates, where probe --measure timed it
     try:
         host_free = (request.host_free_bytes if request.host_free_bytes is not None
                      else topo.host_available_bytes)

@@ -61,8 +61,9 @@ from typing import Any
 
 import httpx
 
+from launcher.probe import keptrecord
 from launcher.probe.attentionfit import DepthPair
-from launcher.probe.kernels import number_field, text_field, write_cache_json
+from launcher.probe.keptrecord import number_field, text_field, write_cache_json
 
 FORMAT = 7  # 1 was the offline engine's step, without the server's per-token work
 # 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
@@ -196,9 +197,9 @@ def from_json(raw: Any) -> EngineStep:
         raise EngineStepError("an engine step record is not a JSON object")
     version = raw.get("version")
     if isinstance(version, bool) or version not in READ_FORMATS:
+        # (the reason line keptrecord makes of it says how to time again)
         raise EngineStepError(f"engine step record version {str(version)[:20]!r} is not one of "
-                              f"{', '.join(map(str, READ_FORMATS))} (`launcher probe --measure` "
-                              "times the engine again)")
+                              f"{', '.join(map(str, READ_FORMATS))}")
     k = raw.get("key")
     if not isinstance(k, dict):
         raise EngineStepError("the engine step record has no key object")
@@ -231,8 +232,7 @@ def from_json(raw: Any) -> EngineStep:
     if least < BURST_GAP_S:
         raise EngineStepError(f"a decode step of {least * 1e3:.3f} ms in the record is below "
                               f"{BURST_GAP_S * 1e3:g} ms, no decode step: its tokens were read "
-                              "as they came in a burst (`launcher probe --measure` times the "
-                              "engine again)")
+                              "as they came in a burst")
     # by name: the starred parts above are of no fixed length to a type checker
     return replace(rec, batch_streams=streams, batch_steps_s=batch_steps,
                    unread_rounds=unread_rounds)
@@ -310,13 +310,20 @@ def save(cache_dir: Path, rec: EngineStep) -> Path | None:
     return write_cache_json(cache_path(cache_dir, rec.key), to_json(rec))
 
 
+KEPT = keptrecord.Kind(
+    "the CPU engine's step `probe --measure` kept", "planned with the engine's overheads assumed",
+    from_json, lambda rec: rec.key, again="`launcher probe --measure` times the engine again")
+
+
+def read(cache_dir: Path, key: StepKey) -> tuple[EngineStep | None, str]:
+    """The kept measurement for ``key``, or the one-line reason a kept file cannot be used
+    (:func:`keptrecord.read`); (None, "") where none is."""
+    return keptrecord.read(KEPT, cache_path(cache_dir, key), key)
+
+
 def load(cache_dir: Path, key: StepKey) -> EngineStep | None:
-    """The kept measurement for ``key``; None when there is none or it cannot be read."""
-    try:
-        rec = from_json(json.loads(cache_path(cache_dir, key).read_text()))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return rec if rec.key == key else None
+    """The kept measurement for ``key``; None when there is none or it cannot be used."""
+    return read(cache_dir, key)[0]
 
 
 

@@ -38,7 +38,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.probe.kernels import number_field, text_field, write_cache_json
+from launcher.probe import keptrecord
+from launcher.probe.keptrecord import number_field, text_field, write_cache_json
 
 FORMAT = 2  # 2: the timing's steadiness (Steadiness); 1 (read, said in the reason): one pass
 # The prompt lengths the per-token line goes through (a short request's and the H200 timing's
@@ -337,14 +338,20 @@ def against_kept(cache_dir: Path, rec: HostTiming) -> HostTiming:
                                            before=old.measured_at))
 
 
+KEPT = keptrecord.Kind(
+    "the host timing `probe --measure` kept", "planned with the shipped server-host profile",
+    from_json, lambda rec: rec.key, again="`launcher probe --measure` times this host again")
+
+
+def read(cache_dir: Path, key: HostKey) -> tuple[HostTiming | None, str]:
+    """The kept timing for ``key`` (this CPU, this many cores, this vLLM), or the one-line
+    reason a kept file cannot be used (:func:`keptrecord.read`); (None, "") where none is."""
+    return keptrecord.read(KEPT, cache_path(cache_dir, key), key)
+
+
 def load(cache_dir: Path, key: HostKey) -> HostTiming | None:
-    """The kept timing for ``key`` (this CPU, this many cores, this vLLM); None when there is
-    none, it cannot be read, or it is another host's."""
-    try:
-        rec = parse(cache_path(cache_dir, key).read_text())
-    except (OSError, HostCostError):
-        return None
-    return rec if rec.key == key else None
+    """The kept timing for ``key``; None when there is none or it cannot be used."""
+    return read(cache_dir, key)[0]
 
 
 # ---------------------------------------------------------------------------------- timing

@@ -60,8 +60,9 @@ def gpu_key(shape: StepShape, gpu: Gpu, driver: str | None) -> TableKey:
                     dist_version("torch"), shape.key())
 
 
-def cached_table(cache_dir: Path, key: TableKey) -> KernelTable | None:
-    return kernels.load(cache_dir, key)
+def cached_table(cache_dir: Path, key: TableKey) -> tuple[KernelTable | None, str]:
+    """The table kept for ``key``, or the one-line reason a kept file cannot be used."""
+    return kernels.read(cache_dir, key)
 
 
 def measure_cpu(

@@ -42,6 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.probe import keptrecord
+from launcher.probe.keptrecord import text_field, write_cache_json
+
 # --------------------------------------------------------------------------------- the shapes
 
 
@@ -295,50 +298,26 @@ def cache_path(cache_dir: Path, key: TableKey) -> Path:
     return cache_dir / "kernels" / f"{key.digest()}.json"
 
 
-def number_field(raw: Any, what: str, hi: float, error: type[ValueError]) -> float:
-    """A saved record's positive finite number below ``hi``; ``error`` (one line) otherwise.
-    The engine-step and host-timing records read their fields with it."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise error(f"{what} is not a number: {str(raw)[:40]!r}")
-    value = float(raw)
-    if not math.isfinite(value) or not 0 < value < hi:
-        raise error(f"{what} is out of range: {value!r}")
-    return value
-
-
-def text_field(raw: Any, what: str, error: type[ValueError]) -> str:
-    """A saved record's text field, at most 200 characters; ``error`` when it is not text."""
-    if not isinstance(raw, str):
-        raise error(f"{what} is not text")
-    return raw[:200]
-
-
-def write_cache_json(path: Path, data: object) -> Path | None:
-    """Write ``data`` to ``path`` whole or not at all (a reader never sees half a file); None
-    when the cache cannot be written. Kernel tables and engine steps are kept this way."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError:
-        return None
-    return path
-
-
 def save(cache_dir: Path, table: KernelTable) -> Path | None:
     """Write the table where a later plan finds it; None when nothing can be kept there."""
     return write_cache_json(cache_path(cache_dir, table.key), table_to_json(table))
 
 
+KEPT = keptrecord.Kind(
+    "the kernel table `probe --measure --model` kept", "planned as if none was kept",
+    table_from_json, lambda table: table.key,
+    again="`launcher probe --measure --model M` times the model again")
+
+
+def read(cache_dir: Path, key: TableKey) -> tuple[KernelTable | None, str]:
+    """The cached table for ``key``, or the one-line reason a kept file cannot be used
+    (:func:`keptrecord.read`); (None, "") where none is."""
+    return keptrecord.read(KEPT, cache_path(cache_dir, key), key)
+
+
 def load(cache_dir: Path, key: TableKey) -> KernelTable | None:
-    """The cached table for ``key``; None when there is none or it cannot be read."""
-    try:
-        raw = json.loads(cache_path(cache_dir, key).read_text())
-        table = table_from_json(raw)
-    except (OSError, ValueError, RecursionError):
-        return None
-    return table if table.key == key else None
+    """The cached table for ``key``; None when there is none or it cannot be used."""
+    return read(cache_dir, key)[0]
 
 
 # ------------------------------------------------------------------------------------ timing

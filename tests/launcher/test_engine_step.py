@@ -79,8 +79,13 @@ def test_a_record_timed_at_depth_survives_its_json_and_a_format_2_record_still_r
              "depth_extra_s": 0.4}
     assert costmodel.cpu_attention_pair_s(enginestep.from_json(three)) is None
     # format 1 (the offline engine's step) is refused in one line that says what to do
-    with pytest.raises(EngineStepError, match="probe --measure"):
+    with pytest.raises(EngineStepError, match="version '1' is not one of 2, "):
         enginestep.from_json({**old, "version": 1})
+    assert enginestep.write_cache_json(enginestep.cache_path(tmp_path, KEY), {**old, "version": 1})
+    kept, why = enginestep.read(tmp_path, KEY)
+    assert kept is None
+    assert "version '1' is not one of 2, " in why
+    assert why.endswith("`launcher probe --measure` times the engine again")
     # half a timing at depth is refused, not read as half a figure
     broken = {**json.loads(json.dumps(enginestep.to_json(rec))), "depth_new_tokens": None}
     with pytest.raises(EngineStepError, match="depth_new_tokens missing"):

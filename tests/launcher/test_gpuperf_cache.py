@@ -187,7 +187,7 @@ def test_an_unknown_format_or_a_corrupt_file_is_said(tmp_path: Path) -> None:
     path = gpuperfs.cache_path(tmp_path, gpuperfs.gpu_key(ADA, HERE))
     path.write_text(json.dumps({**_valid_record(), "format": 9}))
     notes = gpuperfs.attach(HERE, env).notes
-    assert any("is of format 9, not 1: planned from the datasheet table" in n for n in notes)
+    assert any("(is of format 9, not 1): planned from the datasheet table" in n for n in notes)
     path.write_text("{not json")
     got = gpuperfs.attach(HERE, env)
     assert got.gpus[0].perf is None
