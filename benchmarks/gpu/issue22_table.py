@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aic_compare  # the same directory: run as `python benchmarks/gpu/issue22_table.py`
 
@@ -72,6 +74,21 @@ class Figure:
     measured: float | None
     toposerve: float | None
     aic: float | str | None  # a str is aiconfigurator's reason for not estimating
+    # the plan's span of this figure between its host timing's sampled pace and its rounds' own
+    # (predicted.host_pace_range, where the pace was unsteady), (low, high)
+    pace_range: tuple[float, float] | None = None
+
+
+def pace_range(line: Any, key: str) -> tuple[float, float] | None:
+    """``key``'s span in a plan line's host_pace_range ({figure: [low, high]}), None where the
+    line has none or it is not two finite numbers, low first."""
+    spans = line.get("host_pace_range") if isinstance(line, dict) else None
+    got = spans.get(key) if isinstance(spans, dict) else None
+    if not isinstance(got, list) or len(got) != 2 or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            for x in got) or got[0] > got[1]:
+        return None
+    return float(got[0]), float(got[1])
 
 
 def load_json(path: Path) -> dict | None:
@@ -116,6 +133,9 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
         d = pred.get((case, scen))
         return None if d is None or key not in d else float(d[key])
 
+    def r(case: str, scen: str, key: str) -> tuple[float, float] | None:
+        return pace_range(pred.get((case, scen)), key)
+
     for case in MODEL:
         folder = results / f"{case}{suffix}"
         if not folder.is_dir():
@@ -125,20 +145,24 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
             a = aic(exe, case, 512, 256, 1)
             out.append(Figure(case, "prefill tok/s (512)", single["prefill_tok_s"]["p50"],
                               p(case, "single", "prefill_tok_s"),
-                              a if isinstance(a, str) else 512 / (a["ttft_ms"] / 1000)))
+                              a if isinstance(a, str) else 512 / (a["ttft_ms"] / 1000),
+                              r(case, "single", "prefill_tok_s")))
             out.append(Figure(case, "decode tok/s", single["decode_tok_s"]["p50"],
                               p(case, "single", "decode_tok_s"),
-                              a if isinstance(a, str) else 1000 / a["tpot_ms"]))
+                              a if isinstance(a, str) else 1000 / a["tpot_ms"],
+                              r(case, "single", "decode_tok_s")))
         if c32 is not None:
             a = aic(exe, case, 512, 256, 32)
             out.append(Figure(case, "32-stream tok/s", c32["output_tok_s"],
                               p(case, "c32", "throughput_tok_s"),
-                              a if isinstance(a, str) else a["tok_s"]))
+                              a if isinstance(a, str) else a["tok_s"],
+                              r(case, "c32", "throughput_tok_s")))
             # TTFT under load: the plan's simulated scheduler (ttft_p50_s, from 17f7fc5 on)
             if p(case, "c32", "ttft_p50_s") is not None:
                 out.append(Figure(case, "32-stream TTFT p50 s", c32["ttft_s"]["p50"],
                                   p(case, "c32", "ttft_p50_s"),
-                                  a if isinstance(a, str) else a["ttft_ms"] / 1000))
+                                  a if isinstance(a, str) else a["ttft_ms"] / 1000,
+                                  r(case, "c32", "ttft_p50_s")))
         for n in (1, 4):
             s = summary(folder, f"long16-c{n}")
             if s is None:
@@ -146,13 +170,15 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
             a = aic(exe, case, 16384, 128, n)
             # one request's TTFT (ttft_s) until the plan gave it under load (ttft_p50_s)
             under_load = p(case, f"long16-c{n}", "ttft_p50_s")
+            ttft_key = "ttft_p50_s" if under_load is not None else "ttft_s"
             out.append(Figure(case, f"16k TTFT s, {n} at once", s["ttft_s"]["p50"],
-                              under_load if under_load is not None
-                              else p(case, f"long16-c{n}", "ttft_s"),
-                              a if isinstance(a, str) else a["ttft_ms"] / 1000))
+                              p(case, f"long16-c{n}", ttft_key),
+                              a if isinstance(a, str) else a["ttft_ms"] / 1000,
+                              r(case, f"long16-c{n}", ttft_key)))
             out.append(Figure(case, f"16k output tok/s, {n} at once", s["output_tok_s"],
                               p(case, f"long16-c{n}", "throughput_tok_s"),
-                              a if isinstance(a, str) else a["tok_s"]))
+                              a if isinstance(a, str) else a["tok_s"],
+                              r(case, f"long16-c{n}", "throughput_tok_s")))
         for kind, key in (("cached", "ttft_cached_s"), ("cold", "ttft_recomputed_s")):
             for depth, ttft in sorted(depth_ttft(folder, f"depth-{kind}").items()):
                 if depth == 0:
@@ -163,6 +189,31 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
                                   None if predicted is None else float(predicted),
                                   "no depth input"))
     return out
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.4g}"
+
+
+def pace_summary(figs: list[Figure]) -> str | None:
+    """One line: how many measured figures lie inside their plan's host-pace range (ends
+    included), and which do not, with how far past the nearer end; None where no plan gave a
+    range."""
+    ranged = [f for f in figs if f.pace_range is not None and f.measured]
+    if not ranged:
+        return None
+    outside = []
+    for f in ranged:
+        assert f.pace_range is not None
+        assert f.measured
+        low, high = f.pace_range
+        if not low <= f.measured <= high:
+            end = low if f.measured < low else high
+            outside.append(f"{f.case} {f.name} {_num(f.measured)} not in {_num(low)}-"
+                           f"{_num(high)} ({(f.measured - end) / end:+.1%} past)")
+    return (f"host-pace range: {len(ranged) - len(outside)} of {len(ranged)} measured figures "
+            f"inside their plan's span between its host timing's two paces"
+            + (f"; outside: {'; '.join(outside)}" if outside else ""))
 
 
 def err(x: float | str | None, m: float | None) -> str:
@@ -208,6 +259,8 @@ def main() -> int:
         print(f"shared with aiconfigurator ({len(theirs)} figures): toposerve "
               f"{sum(ours_shared) / len(ours_shared):.1%}, aiconfigurator "
               f"{sum(theirs) / len(theirs):.1%}")
+    if (paced := pace_summary(figs)) is not None:
+        print(paced)
     return 0
 
 

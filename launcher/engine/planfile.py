@@ -38,6 +38,16 @@ def _pred(p: Prediction | None) -> dict[str, Any] | None:
     )
 
 
+def _paced(pred: dict[str, Any] | None, plan: Plan) -> dict[str, Any] | None:
+    """The plan's figures with, where its host timing's pace is unsteady, each moving figure's
+    span at the timing's rounds' speed: ``host_pace_range: {figure: [low, high]}`` (the plan's
+    word, as ``ttft_p50_range_s``: not read back)."""
+    if pred is None or not plan.host_pace_range:
+        return pred
+    return {**pred, "host_pace_range": {k: [low, high]
+                                        for k, (low, high) in plan.host_pace_range.items()}}
+
+
 def candidate_to_json(c: Candidate) -> dict[str, Any]:
     return {
         "mode": c.mode,
@@ -70,7 +80,7 @@ def plan_to_json(plan: Plan, rendered: Rendered) -> dict[str, Any]:
         "workload": plan.workload,
         "max_model_len": plan.max_model_len,
         "gpu_memory_utilization": plan.gpu_memory_utilization,
-        "predicted": _pred(plan.predicted),
+        "predicted": _paced(_pred(plan.predicted), plan),
         "reasons": list(plan.reasons),
         # the first engine's command, and every engine (one per replica) as serve runs them
         "argv": list(rendered.argv),

@@ -539,7 +539,7 @@ REQUEST_OVERHEAD_S = SERVER_HOST.request_fixed_s  # what a request's TTFT pays b
 H200_HOST_STEP_TIMED_S = 9.5e-6
 
 
-def host_profile(timing: HostTiming | None) -> HostProfile:
+def host_profile(timing: HostTiming | None, pace: float | None = None) -> HostProfile:
     """The serving host's profile: where `probe --measure` timed this host's front end
     (launcher/probe/hostcost.py: the functions the shipped profile's timed parts come from),
     the per-token and per-sequence terms are this host's timed figures x UNTIMED_PATH_FACTOR
@@ -563,7 +563,9 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
     (docs/planner.md, "Issue 22's sixth table"). The seventh table's host showed why: its CPUs
     ran at two speeds ~1.9x apart, switching within a second, and each timing of a few seconds
     landed in one; so a timing that sampled the pace a running thread keeps over ~5 s
-    (hostcost.SUSTAIN_SAMPLES) is planned at that pace (HostTiming.pace). Without a timing:
+    (hostcost.SUSTAIN_SAMPLES) is planned at that pace (HostTiming.pace). ``pace``: another
+    pace to scale the timed figures to (1.0: the timing's rounds' own speed, which an engine
+    may keep instead: loadsim.host_pace_span); None: the timing's. Without a timing:
     :data:`SERVER_HOST`."""
     if timing is None:
         return SERVER_HOST
@@ -572,7 +574,7 @@ def host_profile(timing: HostTiming | None) -> HostProfile:
     # as they stand: that host's timing sampled none, and the later lent hosts whose fast
     # spells timed the per-sequence path within 4-7% of it served host-bound steps 1.1-1.25x
     # the shipped figures, where the seventh table's host's sampled pace was 1.26x its fastest
-    pace = timing.pace()
+    pace = timing.pace() if pace is None else pace
     seq_s, token_s = timing.seq_step_s * pace, timing.prompt_token_s * pace
     speed = seq_s / H200_HOST_SEQ_TIMED_S
     k = timing.key

@@ -35,8 +35,8 @@ class Links:
     group's joining (keyed by the GPUs' numbers, which name one GPU of ``topo`` here as in
     :meth:`between`), and the fits and predictions (:attr:`memo`)."""
 
-    def __init__(self, topo: Topology, graphs: cudagraphs.Requested = cudagraphs.VLLM_RULE
-                 ) -> None:
+    def __init__(self, topo: Topology, graphs: cudagraphs.Requested = cudagraphs.VLLM_RULE,
+                 host: hardware.HostProfile | None = None) -> None:
         self.topo = topo
         # what decides the served engine's CUDA graphs (the policy's: Policy.cuda_graphs);
         # each layout resolves them on its own GPUs (replica_layout)
@@ -45,7 +45,8 @@ class Links:
         self._joined: dict[tuple[int, ...], Link] = {}
         self._groups: dict[tuple[int, ...], tuple[float, float, int]] = {}
         # the serving host's profile: timed here by `probe --measure`, or the shipped one
-        self.host = hardware.host_profile(topo.host_timing)
+        # (``host``: another, as the host-pace span plans the chosen layout at the rounds' speed)
+        self.host = host or hardware.host_profile(topo.host_timing)
         self.memo = SearchMemo()
         self._machine: _Machine | None = None
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from launcher.model.modelspec import ModelSpec
-from launcher.planner import costmodel, memfit
+from launcher.planner import costmodel, hardware, memfit
 from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import Layout, Prediction
 from launcher.planner.hardware import HostProfile, LayerHost, loop_split
 from launcher.planner.kernelcost import layout_step
-from launcher.planner.layouts import Links, candidate_layout
+from launcher.planner.layouts import Links, Shape, candidate_layout, evaluate
 from launcher.planner.memfit import BLOCK_TOKENS, Fit
 from launcher.planner.plantypes import Candidate, Policy
 from launcher.planner.schedsim import (
@@ -40,7 +40,7 @@ from launcher.planner.schedsim import (
     percentiles,
     simulate,
 )
-from launcher.probe.hostcost import PACE_SPREAD
+from launcher.probe.hostcost import PACE_SPREAD, UNSTEADY
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
 from topocommon.quantiles import percentile
@@ -67,6 +67,18 @@ MEDIAN_STEP = 0.15
 # its own spread is not called a race.
 WAY_IN_SPREAD = PACE_SPREAD
 RACE_SHIFT = 0.10
+# A host timing whose rounds ran at another speed than a running thread kept after them
+# (HostTiming.pace apart from 1 by more than hostcost.UNSTEADY, where its note says host-bound
+# figures "may come out up to x... faster/slower than planned") is planned at the sampled pace,
+# but an engine may keep the rounds' speed instead, and which one a run keeps is not known before
+# it (hostcost.PACE_SPREAD). Issue 22's fourteenth table: Qwen2.5-1.5B, planned at pace 1.51,
+# measured between that plan and the same plan at pace 1 on prefill, decode, 32-stream tok/s
+# and TTFT p50 (16k output tok/s one at once 1.5% past the pace-1 end). So the chosen layout is
+# predicted once more at the rounds' speed (pace 1, :func:`host_pace_span`) and the plan gives
+# each figure that moves as the span between the two (its planned figures unchanged): every
+# float figure of the prediction, one and many streams.
+PACE_FIGURES = ("prefill_tok_s", "decode_tok_s", "throughput_tok_s", "ttft_s", "e2e_s",
+                "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "sim_throughput_tok_s")
 
 
 @dataclass(frozen=True)
@@ -194,13 +206,15 @@ def loadgen_run(m: ModelSpec, lay: Layout, f: Fit, *, prompt: int, gen: int, str
 
 
 def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: int, gen: int,
-               concurrency: int, max_num_seqs: int, table: KernelTable | None = None
-               ) -> tuple[Prediction, tuple[str, ...]]:
+               concurrency: int, max_num_seqs: int, table: KernelTable | None = None,
+               look_for_race: bool = True) -> tuple[Prediction, tuple[str, ...]]:
     """``pred`` (the closed formulas') with the load of ``concurrency`` streams from the
     simulated scheduler, and the plan's line saying so; ``pred`` unchanged, with the reason,
     where the layout has pipeline stages or the workload cannot run. With the kernel ``table``
     the candidate was predicted from, its steps are timed as :mod:`kernelcost` times them
-    (under the layout's CUDA graphs, ``lay.graphs``, as the roofline's are)."""
+    (under the layout's CUDA graphs, ``lay.graphs``, as the roofline's are).
+    ``look_for_race``: simulate again for the race of the way in (:func:`way_in_race`; False:
+    the figures alone)."""
     host = (host_line(lay.host),
             costmodel.graph_kernel_line(lay.gpus))
     if lay.pp > 1:
@@ -224,8 +238,9 @@ def under_load(m: ModelSpec, lay: Layout, f: Fit, pred: Prediction, *, prompt: i
         ttft_p50_s=ttft.p50, ttft_p90_s=ttft.p90, tpot_p50_s=tpot.p50,
         load_concurrency=concurrency, load_requests=busy * len(requests),
         sim_throughput_tok_s=busy * len(requests) * gen / span)
-    race = way_in_race(m, lay, f, prompt=prompt, gen=gen, streams=per_replica,
-                       max_num_seqs=max_num_seqs, table=table, p50=ttft.p50)
+    race = (way_in_race(m, lay, f, prompt=prompt, gen=gen, streams=per_replica,
+                        max_num_seqs=max_num_seqs, table=table, p50=ttft.p50)
+            if look_for_race else None)
     if race is not None:
         out = RacedPrediction(**{k: getattr(out, k)
                                  for k in SimulatedPrediction.__dataclass_fields__},
@@ -316,6 +331,72 @@ def chosen_under_load(m: ModelSpec, policy: Policy, links: Links, topo: Topology
                            gen=policy.gen_tokens, concurrency=policy.streams,
                            max_num_seqs=policy.max_num_seqs, table=c.kernel_table)
     return replace(c, predicted=pred), why
+
+
+def host_pace_span(m: ModelSpec, policy: Policy, topo: Topology, c: Candidate
+                   ) -> tuple[dict[str, tuple[float, float]], tuple[str, ...]]:
+    """Where the plan's host timing has an unsteady pace (:data:`PACE_FIGURES`' comment): the
+    span of each figure of ``c`` (the chosen candidate, with its load) that moves between its
+    planned prediction and the same layout predicted again with the host's terms at the
+    timing's rounds' speed (pace 1), ``{figure: (low, high)}`` to 0.1 ms / 0.0001 tok/s as the
+    plan's JSON keeps figures, and the plan's line on the headline figures. ({}, ()) where the
+    pace is steady (within UNSTEADY of 1, or no timing), the candidate was not sized, or the
+    plan spans nodes. One more prediction of the one chosen layout, its load simulated once
+    (without the race's two runs)."""
+    timing = topo.host_timing
+    if timing is None or c.predicted is None or c.fit is None or policy.nodes > 1:
+        return {}, ()
+    pace = timing.pace()
+    if max(pace, 1 / pace) <= UNSTEADY:
+        return {}, ()
+    links = Links(topo, policy.cuda_graphs, host=hardware.host_profile(timing, pace=1.0))
+    by_index = {g.index: g for g in topo.gpus}
+    size = c.tp * c.pp
+    groups = [tuple(by_index[i] for i in c.gpus[k:k + size])
+              for k in range(0, len(c.gpus), size)]
+    again, lay = evaluate(m, policy, links, groups, Shape(c.tp, c.pp, c.dp), None)
+    if lay is None or again.predicted is None or again.fit is None:
+        return {}, ()
+    other, _ = under_load(m, lay, again.fit, again.predicted, prompt=policy.prompt_tokens,
+                          gen=policy.gen_tokens, concurrency=policy.streams,
+                          max_num_seqs=policy.max_num_seqs, table=again.kernel_table,
+                          look_for_race=False)
+    span = pace_span(c.predicted, other)
+    return span, ((pace_line(pace, c.predicted, other),) if span else ())
+
+
+def pace_span(planned: Prediction, other: Prediction) -> dict[str, tuple[float, float]]:
+    """Each of :data:`PACE_FIGURES` both predictions have that differs between them (to the
+    4 decimals a plan's JSON keeps): (low, high)."""
+    out = {}
+    for name in PACE_FIGURES:
+        a, b = getattr(planned, name, None), getattr(other, name, None)
+        if isinstance(a, float) and isinstance(b, float) and round(a, 4) != round(b, 4):
+            out[name] = (round(min(a, b), 4), round(max(a, b), 4))
+    return out
+
+
+def pace_line(pace: float, planned: Prediction, other: Prediction) -> str:
+    """The plan's line on the headline figures at the host timing's rounds' speed."""
+    def tok(p: Prediction, name: str) -> str:
+        value = float(getattr(p, name))
+        return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+    def ms(p: Prediction, name: str) -> str:
+        value = float(getattr(p, name)) * 1e3
+        return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+    parts = [f"{what} {tok(planned, name)} → {tok(other, name)} tok/s"
+             for what, name in (("prefill", "prefill_tok_s"), ("decode", "decode_tok_s"),
+                                ("throughput", "throughput_tok_s"))]
+    if isinstance(planned, SimulatedPrediction) and isinstance(other, SimulatedPrediction):
+        parts += [f"{what} {ms(planned, name)} → {ms(other, name)} ms"
+                  for what, name in (("TTFT p50", "ttft_p50_s"), ("TPOT p50", "tpot_p50_s"))]
+    return (f"host pace: the host's work planned at x{pace:.2f} its timed rounds' (the pace a "
+            f"running thread kept here); at the rounds' own pace, which an engine may keep "
+            f"instead, this layout gives (as planned → at x1.00): {', '.join(parts)}; the "
+            f"planned figures stand, and the plan's predicted.host_pace_range gives each "
+            f"figure's span")
 
 
 def _ms(s: float) -> str:

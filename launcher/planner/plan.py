@@ -216,11 +216,13 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     # the chosen layout's load at the asked concurrency, through the simulated scheduler
     chosen, load = loadsim.chosen_under_load(model, policy, links, topology, picked)
     cands = [chosen if c is picked else c for c in cands]
+    # the chosen layout at the host timing's rounds' speed, where its pace is unsteady
+    pace_range, paced = loadsim.host_pace_span(model, policy, topology, chosen)
     env, engine_settings, why = settings(topology, chosen)
     if policy.nodes > 1:
         engine_settings = replace(engine_settings, distributed_backend="ray")
     reasons = (*describe_plan(topology, links, model, policy, chosen, cands, why, node_note),
-               *load)
+               *load, *paced)
     assert chosen.predicted is not None
     assert chosen.max_model_len is not None
     return Plan(
@@ -242,4 +244,5 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         nodes=policy.nodes,
         env=env,
         settings=engine_settings,
+        host_pace_range=pace_range,
     )

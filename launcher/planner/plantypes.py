@@ -206,6 +206,10 @@ class Plan:
     nodes: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     settings: EngineSettings = EngineSettings()  # the vLLM settings the layout needs
+    # where the host timing's pace is unsteady: each figure of ``predicted`` that moves at the
+    # timing's rounds' speed, (low, high) between the two (loadsim.host_pace_span); its JSON is
+    # predicted.host_pace_range. Empty: a steady pace (the figures stand as planned)
+    host_pace_range: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def mode_name(tp: int, pp: int, dp: int) -> Mode:
