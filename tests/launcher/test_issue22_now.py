@@ -60,12 +60,20 @@ def test_a_kept_gpu_record_gives_the_replay_the_figures_the_machines_plans_read(
         NOW.with_kept_perf(bare, kept, tmp_path, "qwen8b")
 
 
-def test_the_machines_saved_plans_were_made_without_measured_gpu_figures() -> None:
-    """What the replay's topology rests on: no saved plan printed out on the machine planned from
-    measured figures (topoparse notes "planned from figures measured on it" for those)."""
+def test_a_machine_plan_from_measured_gpu_figures_kept_them_for_its_replay() -> None:
+    """What the replay's topology rests on: a saved plan printed out on the machine planned from
+    measured figures (topoparse notes "planned from figures measured on it" for those) only
+    where its table kept the record those figures came from (gpu-perf-CASE.json, which
+    issue22_replay_all.sh gives back with --gpu-perf): tables 1-13 ran before `probe --measure`
+    kept any (d0434d7), so none of theirs did; the fourteenth's all did."""
     outs = sorted((REPO / "benchmarks" / "gpu" / "results").glob("*-h200-table*/*/launcher.out"))
     assert len(outs) >= 50
-    assert not [p for p in outs if "planned from figures measured" in p.read_text()]
+    measured = [p for p in outs if "planned from figures measured" in p.read_text()]
+    assert not [p for p in measured if not (p.parent.parent / f"gpu-perf-{p.parent.name}.json")
+                .is_file()]
+    assert not [p for p in measured if "-table1" in p.parent.parent.name
+                and p.parent.parent.name[-2:] in {"10", "11", "12", "13"}]
+    assert len(measured) >= 4
     assert "1× NVIDIA H200" in (T13 / "qwen8b" / "launcher.out").read_text()
 
 
