@@ -16,7 +16,7 @@ from launcher.cli import argtypes, planopts
 from launcher.cli.apikeys import collect_api_keys
 from launcher.engine import supervise
 from launcher.engine.launchspec import LaunchSpec
-from launcher.engine.serve import Supervision, run
+from launcher.engine.serve import Cutting, Supervision, run
 from launcher.errors import LauncherError
 from launcher.model import tinymodel
 from launcher.pipeline.requests import ServeRequest
@@ -180,7 +180,8 @@ def first_serve_step(args: argparse.Namespace, planned: Planned, spec: LaunchSpe
         calibrate=args.calibrate)
 
 
-def calibration(planned: Planned, spec: LaunchSpec, console: Console) -> Callable[[], None]:
+def calibration(planned: Planned, spec: LaunchSpec,
+                console: Console) -> Callable[[Cutting], None]:
     """What serve runs once its engine is ready, before the proxy: time that engine, keep the
     record, plan the same request again with it and print both plans' figures."""
     from launcher.pipeline import enginesteps
@@ -191,12 +192,12 @@ def calibration(planned: Planned, spec: LaunchSpec, console: Console) -> Callabl
     served = enginestep.Served(spec.replicas[0].url, spec.served_name,
                                {"Authorization": f"Bearer {key}"} if key else {})
 
-    def timing() -> None:
+    def timing(cut: Cutting) -> None:
         console.print("  timing this machine's CPU engine once (10-35 s; kept for later plans; "
                       "--no-calibrate skips it)…", markup=False)
         done = enginesteps.calibrate_served(
             os.environ, served, planned.plan.predicted,
-            lambda: plan_and_render(planned.request, os.environ).plan.predicted)
+            lambda: plan_and_render(planned.request, os.environ).plan.predicted, cut=cut)
         console.print(f"{'[green]✓[/]' if done.ok else '[yellow]![/]'} {escape(done.line)}")
 
     return timing

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -52,11 +52,27 @@ class StopRequested(Exception):
     """The user asked to stop (first SIGINT/SIGTERM) while we were waiting for something."""
 
 
+class StopCut(BaseException):
+    """The first SIGINT/SIGTERM, raised where it landed inside :meth:`SignalGuard.cutting`: what
+    ran there (blocked in a socket read or not) ends at once. A BaseException, so that no
+    ``except Exception`` on its way out takes it for a failure of what it cut."""
+
+
+Cutting = Callable[[], AbstractContextManager[None]]
+
+
 class SignalGuard:
-    """First SIGINT/SIGTERM asks for a graceful stop; a second one kills every child at once."""
+    """First SIGINT/SIGTERM asks for a graceful stop; a second one kills every child at once.
+
+    The stop is a flag that the waits poll (none of them waits long between looks), except
+    inside :meth:`cutting`, where it is raised as :class:`StopCut` from the handler, so that a
+    long step of ours that does not poll (serve's timing of its engine: HTTP requests that
+    take seconds each) ends at once rather than when it would have (up to ~35 s later, past a
+    supervisor's grace period)."""
 
     def __init__(self) -> None:
         self.stopping = False
+        self.cuttable = False
         self.children: list[supervise.Child] = []
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -65,6 +81,22 @@ class SignalGuard:
                 child.signal_group(signal.SIGKILL)
             os._exit(128 + signum)
         self.stopping = True
+        if self.cuttable:
+            self.cuttable = False  # raised once: the code catching it is not cut in turn
+            raise StopCut
+
+    @contextmanager
+    def cutting(self) -> Iterator[None]:
+        """A stop while inside raises :class:`StopCut` there (one asked before entering raises
+        it on entry). Only around work whose partial result is dropped whole: a stop can land
+        between any two of its bytecodes."""
+        if self.stopping:
+            raise StopCut
+        self.cuttable = True
+        try:
+            yield
+        finally:
+            self.cuttable = False
 
     @contextmanager
     def installed(self) -> Iterator[SignalGuard]:
@@ -80,12 +112,13 @@ class Runner:
     """The running stack: engine replicas, the proxy, and the loop that keeps them up."""
 
     def __init__(self, spec: LaunchSpec, sup: Supervision, console: Console,
-                 after_ready: Callable[[], None] | None = None) -> None:
+                 after_ready: Callable[[Cutting], None] | None = None) -> None:
         self.spec = spec
         self.sup = sup
         self.console = console
         # run once every engine is ready and before the proxy starts, so that nothing it does
-        # to the engines (serve's timing of the CPU engine) meets a user's request
+        # to the engines (serve's timing of the CPU engine) meets a user's request; given the
+        # guard's cutting(), within which a stop ends its long steps at once
         self.after_ready = after_ready
         self.guard = SignalGuard()
         self.engines: list[supervise.Child] = []
@@ -146,7 +179,7 @@ class Runner:
             child.start()
         if self.after_ready is not None:
             self._await_engines()
-            self.after_ready()
+            self.after_ready(self.guard.cutting)
             if self.guard.stopping:
                 raise StopRequested
         self.proxy = self._proxy_child()
@@ -330,7 +363,7 @@ class Runner:
 
 
 def run(spec: LaunchSpec, sup: Supervision, console: Console,
-        after_ready: Callable[[], None] | None = None) -> int:
+        after_ready: Callable[[Cutting], None] | None = None) -> int:
     return run_with(Runner(spec, sup, console, after_ready), spec, console)
 
 
@@ -343,7 +376,7 @@ def run_with(runner: Runner, spec: LaunchSpec, console: Console,
             runner.start()
             console.print(spec.banner())
             runner.supervise_forever()
-        except StopRequested:
+        except (StopRequested, StopCut):  # StopCut: a hook that let its cut stop through
             pass
         finally:
             runner.shutdown(before_engines=before_engines)

@@ -12,12 +12,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.engine import supervise
 from launcher.engine.detect import engine_argv, engine_prefix
 from launcher.engine.render import render
+from launcher.engine.serve import Cutting, StopCut
 from launcher.model.modelspec import load_model_spec
 from launcher.model.tinymodel import default_cache_dir, ensure_tiny_model
 from launcher.planner.costmodel import (
@@ -87,12 +89,15 @@ def _started(model: Path, env: Mapping[str, str], log: Path) -> tuple[supervise.
 
 
 def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
-            depth: int = enginestep.DEPTH_CONTEXT, batch: int = enginestep.BATCH_STREAMS) -> str:
+            depth: int = enginestep.DEPTH_CONTEXT, batch: int = enginestep.BATCH_STREAMS,
+            cut: Cutting = nullcontext) -> str:
     """Time the CPU engine here as loadgen measures it (the real vLLM OpenAI server on the
     embedded model: ``served`` when one is up, else one started for it) and keep the figures;
     the line to print. ``depth``: the cached context the attention timing puts before its new
     tokens (0: not timed, ~10 s shorter on two cores); ``batch``: the streams the step at many
-    sequences is timed with (0: not timed, a few seconds shorter)."""
+    sequences is timed with (0: not timed, a few seconds shorter). ``cut``: the window in which
+    a stop ends the timing at once (serve's SignalGuard.cutting, raising StopCut): its requests
+    only, so that a stop never lands in the saving of a record (nothing kept, or all of it)."""
     path = ensure_tiny_model(env)
     spec = load_model_spec(str(path))
     cache = default_cache_dir(env)
@@ -102,7 +107,8 @@ def measure(env: Mapping[str, str], served: enginestep.Served | None = None, *,
         child, url = _started(path, env, log)
         served = enginestep.Served(url, SERVED_NAME)
     try:
-        timed = enginestep.time_served(served, _vocab(path), depth=depth, batch=batch)
+        with cut():
+            timed = enginestep.time_served(served, _vocab(path), depth=depth, batch=batch)
     finally:
         if child is not None:
             child.stop(10.0)
@@ -177,15 +183,21 @@ def first_serve(env: Mapping[str, str], *, engine: str, single: bool, default_mo
 
 def calibrate_served(env: Mapping[str, str], served: enginestep.Served, assumed: Prediction,
                      replan: Callable[[], Prediction], *, timer: Timer | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> Calibrated:
+                     clock: Callable[[], float] = time.monotonic,
+                     cut: Cutting = nullcontext) -> Calibrated:
     """Time the engine ``served`` (just started by `serve`, not yet behind the proxy) with
-    ``timer`` (:func:`measure`), which keeps the record, then plan again (``replan``: the same
-    request, which :func:`attach` now gives the record) and say both. A failure anywhere is
-    one line (not ``ok``), the serve going on with the assumed plan."""
-    run = timer or (lambda e, s: measure(e, served=s))
+    ``timer`` (:func:`measure`, its requests within ``cut``), which keeps the record, then plan
+    again (``replan``: the same request, which :func:`attach` now gives the record) and say
+    both. A failure anywhere is one line (not ``ok``), the serve going on with the assumed plan;
+    a stop that cut the timing (StopCut) is one line too, nothing kept, the caller stopping."""
+    run = timer or (lambda e, s: measure(e, served=s, cut=cut))
     started = clock()
     try:
         run(env, served)
+    except StopCut:
+        return Calibrated(False, f"timing this machine's CPU engine cut short by the stop "
+                          f"({clock() - started:.0f} s in): nothing kept, the next serve "
+                          "times it")
     except Exception as exc:  # any failure of the timing is one line, never fatal
         return Calibrated(False, f"timing this machine's CPU engine failed ({_one_line(exc)}); "
                           "serving on the assumed plan")

@@ -8,7 +8,8 @@ Started by the launcher through TOPOSERVE_ENGINE_CMD. Behaviour comes from the e
 - STANDIN_DIE_AFTER=S: on the first start only, exit S seconds after becoming ready;
 - STANDIN_RESTART_GATE=PATH: every start after the first waits, not listening, until PATH
   exists (a test lets it listen once it has seen what the wait is for);
-- STANDIN_COMPLETION_DELAY=S: each /v1/completions takes S seconds (requests in flight).
+- STANDIN_COMPLETION_DELAY=S: each /v1/completions takes S seconds (requests in flight); each
+  one's arrival is a line appended to STANDIN_STATE's `completions` before that wait.
 Otherwise it serves /health, /v1/models and a minimal non-streamed /v1/completions.
 """
 
@@ -72,6 +73,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         req = json.loads(self.rfile.read(length) or b"{}")
+        state = Path(os.environ.get("STANDIN_STATE", "/tmp/standin"))
+        with (state / "completions").open("a") as fh:
+            fh.write(json.dumps({"max_tokens": req.get("max_tokens")}) + "\n")
         time.sleep(float(os.environ.get("STANDIN_COMPLETION_DELAY", "0")))
         n = int(req.get("max_tokens", 1))
         self._send({"id": "cmpl-standin", "object": "text_completion", "model": self.model,

@@ -4,14 +4,21 @@ plan beside the assumed one; any failure of that is one line and the serve goes 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from launcher.cli.main import build_parser
+from launcher.engine.serve import SignalGuard, StopCut
+from launcher.engine.supervise import free_port, group_alive, http_ok
 from launcher.pipeline import enginesteps
 from launcher.planner.costmodel import Prediction
 from launcher.probe import enginestep
@@ -19,6 +26,7 @@ from launcher.probe.enginestep import EngineStep, Served
 from tests.support.cache import fresh_cache
 
 REPO = Path(__file__).resolve().parents[2]
+STANDIN = Path(__file__).with_name("standin_engine.py")
 SERVED = Served("http://127.0.0.1:1", "toposerve-tiny", {"Authorization": "Bearer k"})
 ASSUMED = Prediction(3375.0, 294.5, 300.0, 0.15, 1.0, 1)
 TIMED = Prediction(15800.0, 451.2, 900.0, 0.03, 0.6, 1)
@@ -137,3 +145,98 @@ def test_another_model_or_engine_on_the_cpu_gets_the_probe_hint_and_no_calibrate
     # the embedded model with vLLM flags of the user's own is another engine than the one
     # `probe --measure` times: the hint, not a timing kept for every later plan
     assert "probe --measure` once times" in dry("--", "--enforce-eager")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_during_the_first_serve_timing_cuts_it_short_keeps_nothing_and_leaves_nothing(
+        tmp_path: Path, tiny_model_path: str, sig: signal.Signals) -> None:
+    """A supervisor's SIGTERM (or Ctrl-C) while serve times its engine, before the proxy: the
+    timing ends at once (not when its request does: the stand-in holds each one 30 s) and
+    the serve stops as any stop does, exit 0, its engine gone, no record kept."""
+    cache = fresh_cache(tmp_path / "cache", tiny_model=tiny_model_path)
+    state = tmp_path / "state"
+    env = {**os.environ, "TOPOSERVE_CACHE": str(cache), "STANDIN_STATE": str(state),
+           "TOPOSERVE_ENGINE_CMD": f"{sys.executable} {STANDIN}",
+           "STANDIN_COMPLETION_DELAY": "30"}
+    port = free_port()
+    out, err = tmp_path / "serve.out", tmp_path / "serve.err"
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--port", str(port),
+                                 "--log-dir", str(tmp_path / "logs"), "--grace", "5"],
+                                cwd=REPO, env=env, stdout=o, stderr=e)
+    try:
+        deadline = time.monotonic() + 120
+        while not (state / "completions").exists():  # the timing's first request is held
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        time.sleep(0.3)
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=90)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = out.read_text() + err.read_text()
+    assert code == 0, said
+    assert took < 5, f"{took:.1f} s from the signal to exit: {said}"
+    assert "Traceback" not in said
+    assert said.count("cut short") == 1, said
+    assert "nothing kept" in said
+    assert "no process left behind" in said
+    for line in (state / "starts").read_text().splitlines():
+        assert not group_alive(json.loads(line)["pgid"]), line
+    assert enginestep.load(cache, enginesteps.key_here(env)) is None
+    assert not (cache / "engine-step").exists() or not any((cache / "engine-step").iterdir())
+    assert not http_ok(f"http://127.0.0.1:{port}/health")
+
+
+class _Held(BaseHTTPRequestHandler):
+    """Reads a request and answers nothing until the test lets it go."""
+
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.release.wait(30)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("at_once", [False, True], ids=["one-stream", "streams-at-once"])
+def test_a_stop_inside_the_guards_cutting_ends_a_held_timed_request_at_once(
+        at_once: bool) -> None:
+    """The cut reaches both ways the timing sends: one stream from a client (blocked in a
+    socket read) and the streams sent at once from an event loop; a stop asked before the
+    window opens cuts on entry."""
+    release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Held", (_Held,), {"release": release}))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served = Served(f"http://127.0.0.1:{server.server_address[1]}", "m")
+    guard = SignalGuard()
+
+    def timed() -> object:
+        if at_once:
+            return enginestep.time_batch(served, [[5, 6, 7]] * 4, 2)
+        return enginestep.time_served(served, 1000, rounds=1, depth=0, batch=0)
+
+    try:
+        with guard.installed():
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            started = time.monotonic()
+            with pytest.raises(StopCut), guard.cutting():
+                timed()
+            took = time.monotonic() - started
+            assert guard.stopping
+            assert not guard.cuttable
+            with pytest.raises(StopCut), guard.cutting():
+                raise AssertionError("a window opened after the stop ran")
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert took < 2.0, took
