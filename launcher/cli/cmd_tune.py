@@ -31,7 +31,7 @@ from launcher.cli import argtypes, planopts
 from launcher.cli.apikeys import collect_api_keys
 from launcher.engine.launchspec import LaunchSpec
 from launcher.engine.planfile import agent_to_json, plan_to_json
-from launcher.engine.serve import Runner, StopRequested, Supervision
+from launcher.engine.serve import Runner, StopCut, StopRequested, Supervision
 from launcher.errors import LauncherError
 from launcher.model import tinymodel
 from launcher.pipeline.requests import EngineRequest, ServeRequest
@@ -249,7 +249,11 @@ class Tuner:
                 runner.start()
                 for k in range(args.repeats):
                     out = self.results / f"{_slug(cand.name)}-start{start_no}-round{k + 1}.json"
-                    code, tail = run_loadgen(spec, args, out, args.warmup if k == 0 else 0)
+                    # a stop ends the round at once (subprocess.run kills loadgen as the cut
+                    # passes through it), not when its requests end: a supervisor's grace
+                    # period is shorter than a round can be; its result is dropped whole
+                    with runner.guard.cutting():
+                        code, tail = run_loadgen(spec, args, out, args.warmup if k == 0 else 0)
                     if code != 0 or not out.exists():
                         return Measured(cand, tuple(rounds), f"loadgen exited {code}: {tail}")
                     rounds.append(Round.from_loadgen(json.loads(out.read_text())))
@@ -263,7 +267,7 @@ class Tuner:
                     if stop is not None:
                         self.console.print(stop)
                         return Measured(cand, tuple(rounds), note=stop)
-            except StopRequested:
+            except (StopRequested, StopCut):
                 raise KeyboardInterrupt from None
             except LauncherError as exc:
                 return Measured(cand, tuple(rounds), str(exc))
