@@ -4,7 +4,6 @@ plan beside the assumed one; any failure of that is one line and the serve goes 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,15 +17,15 @@ import pytest
 
 from launcher.cli.main import build_parser
 from launcher.engine.serve import SignalGuard, StopCut
-from launcher.engine.supervise import free_port, group_alive, http_ok
+from launcher.engine.supervise import free_port, http_ok
 from launcher.pipeline import enginesteps
 from launcher.planner.costmodel import Prediction
 from launcher.probe import enginestep
 from launcher.probe.enginestep import EngineStep, Served
 from tests.support.cache import fresh_cache
+from tests.support.standin import STANDIN, engines_alive, stop_once_held
 
 REPO = Path(__file__).resolve().parents[2]
-STANDIN = Path(__file__).with_name("standin_engine.py")
 SERVED = Served("http://127.0.0.1:1", "toposerve-tiny", {"Authorization": "Bearer k"})
 ASSUMED = Prediction(3375.0, 294.5, 300.0, 0.15, 1.0, 1)
 TIMED = Prediction(15800.0, 451.2, 900.0, 0.03, 0.6, 1)
@@ -159,35 +158,17 @@ def test_a_stop_during_the_first_serve_timing_cuts_it_short_keeps_nothing_and_le
            "TOPOSERVE_ENGINE_CMD": f"{sys.executable} {STANDIN}",
            "STANDIN_COMPLETION_DELAY": "30"}
     port = free_port()
-    out, err = tmp_path / "serve.out", tmp_path / "serve.err"
-    with out.open("wb") as o, err.open("wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--port", str(port),
-                                 "--log-dir", str(tmp_path / "logs"), "--grace", "5"],
-                                cwd=REPO, env=env, stdout=o, stderr=e)
-    try:
-        deadline = time.monotonic() + 120
-        while not (state / "completions").exists():  # the timing's first request is held
-            assert proc.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, out.read_text()
-            time.sleep(0.1)
-        time.sleep(0.3)
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        code = proc.wait(timeout=90)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    said = out.read_text() + err.read_text()
-    assert code == 0, said
-    assert took < 5, f"{took:.1f} s from the signal to exit: {said}"
+    run = stop_once_held(["-m", "launcher", "serve", "--port", str(port), "--log-dir",
+                          str(tmp_path / "logs"), "--grace", "5"], env, state, sig, tmp_path,
+                         exit_s=90)
+    said = run.said
+    assert run.code == 0, said
+    assert run.took_s < 5, f"{run.took_s:.1f} s from the signal to exit: {said}"
     assert "Traceback" not in said
     assert said.count("cut short") == 1, said
     assert "nothing kept" in said
     assert "no process left behind" in said
-    for line in (state / "starts").read_text().splitlines():
-        assert not group_alive(json.loads(line)["pgid"]), line
+    assert not engines_alive(state)
     assert enginestep.load(cache, enginesteps.key_here(env)) is None
     assert not (cache / "engine-step").exists() or not any((cache / "engine-step").iterdir())
     assert not http_ok(f"http://127.0.0.1:{port}/health")
