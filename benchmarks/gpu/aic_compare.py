@@ -43,10 +43,10 @@ CASES = {
 
 
 def aic(exe: str, model: str, tp: int, quant: str | None, batch: int, isl: int = 512,
-        osl: int = 256) -> dict[str, float] | str:
+        osl: int = 256, system: str = "h200_sxm") -> dict[str, float] | str:
     """aiconfigurator's TTFT, TPOT (ms) and tokens/s for ``batch`` requests of ``isl`` -> ``osl``
     (``quant`` None: its own reading of the config), or the line saying why it cannot."""
-    cmd = [exe, "cli", "estimate", "--model-path", str(MODELS / model), "--system", "h200_sxm",
+    cmd = [exe, "cli", "estimate", "--model-path", str(MODELS / model), "--system", system,
            "--backend", "vllm", "--isl", str(isl), "--osl", str(osl), "--batch-size", str(batch),
            "--tp-size", str(tp), "--estimate-mode", "agg"]
     if quant is not None:

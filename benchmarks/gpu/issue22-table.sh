@@ -229,6 +229,19 @@ declare -A UTIL=([moonlightd]=0.3 [gemma12d]=0.4 [mladef]=0.5 [qwen06]=0.3 [gemm
   [moonlight]=0.3 [smollm2]=0.3 [awq14]=0.3 [gemma2]=0.3 [long14]=0.4 [nemo12]=0.4
   [small]=0.9 [qwen7b]=0.9 [mla]=0.9 [awq]=0.9 [gemma]=0.9 [long8b]=0.3
   [qwen3]=0.9 [small3b]=0.3)
+# The fractions above are of an H200's 143,771 MiB (nvidia-smi's memory.total), where every case
+# was sized. On a card of another size (a lent H100: 81,559 MiB) the same bytes are asked for,
+# capped at 0.92, so a case keeps its weights' room and its KV pool and its plans and its start
+# read the same scaled figure (base() below); at 0.5 of an H200 moe30 asks 0.88 of an H100.
+UTIL_REF_MIB=${UTIL_REF_MIB:-143771}
+if gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n1) \
+    && [[ $gpu_mib =~ ^[0-9]+$ ]] && (( gpu_mib != UTIL_REF_MIB )); then
+  for k in "${!UTIL[@]}"; do
+    UTIL[$k]=$(awk -v u="${UTIL[$k]}" -v r="$UTIL_REF_MIB" -v t="$gpu_mib" \
+      'BEGIN { v = u * r / t; if (v > 0.92) v = 0.92; printf "%.2f", v }')
+  done
+  echo "GPU memory ${gpu_mib} MiB: each case's utilisation scaled from the H200's ${UTIL_REF_MIB} MiB" >&2
+fi
 # each case's weights: dummy (vLLM's dummy loader) unless named here; random: a random checkpoint
 # written on the machine before the start (see the header). LOAD_WEIGHTS=dummy|random overrides all
 declare -A WEIGHTS=([q3awq32]=random [q3awq14]=random [awq70]=random [awq8b]=random

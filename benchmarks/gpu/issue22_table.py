@@ -5,8 +5,8 @@ estimated by NVIDIA's aiconfigurator on the same config folder.
 
 RESULTS_DIR holds what `benchmarks/gpu/issue22-table.sh predict CASE...` left: predictions.jsonl
 and one folder per case (the `.tgz` unpacked) with loadgen's JSON files. aiconfigurator (PyPI,
-in a venv of its own) is asked `cli estimate --backend vllm --system h200_sxm` with the same
-input/output lengths and batch; a case it cannot run prints its reason. Every percentage is
+in a venv of its own) is asked `cli estimate --backend vllm --system h200_sxm` (`--system`) with
+the same input/output lengths and batch; a case it cannot run prints its reason. Every percentage is
 against the measurement; the mean absolute error is over the figures both tools gave.
 """
 
@@ -113,16 +113,17 @@ def depth_ttft(folder: Path, name: str) -> dict[int, float]:
             for r in d["runs"] if r.get("depth")}
 
 
-def aic(exe: str | None, case: str, isl: int, osl: int, batch: int) -> dict[str, float] | str:
+def aic(exe: str | None, case: str, isl: int, osl: int, batch: int,
+        system: str = "h200_sxm") -> dict[str, float] | str:
     """aiconfigurator's estimate on one GPU (aic_compare.aic), its refusal shortened."""
     if exe is None:
         return "not run"
-    got = aic_compare.aic(exe, MODEL[case], 1, None, batch, isl, osl)
+    got = aic_compare.aic(exe, MODEL[case], 1, None, batch, isl, osl, system)
     return got.split("Supported architectures")[0].strip()[:120] if isinstance(got, str) else got
 
 
 def figures(results: Path, exe: str | None, predictions: Path | None = None,
-            suffix: str = "") -> list[Figure]:
+            suffix: str = "", system: str = "h200_sxm") -> list[Figure]:
     pred: dict[tuple[str, str], dict] = {}
     for line in (predictions or results / "predictions.jsonl").read_text().splitlines():
         d = json.loads(line)
@@ -142,7 +143,7 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
             continue
         single, c32 = summary(folder, "single"), summary(folder, "c32")
         if single is not None:
-            a = aic(exe, case, 512, 256, 1)
+            a = aic(exe, case, 512, 256, 1, system)
             out.append(Figure(case, "prefill tok/s (512)", single["prefill_tok_s"]["p50"],
                               p(case, "single", "prefill_tok_s"),
                               a if isinstance(a, str) else 512 / (a["ttft_ms"] / 1000),
@@ -152,7 +153,7 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
                               a if isinstance(a, str) else 1000 / a["tpot_ms"],
                               r(case, "single", "decode_tok_s")))
         if c32 is not None:
-            a = aic(exe, case, 512, 256, 32)
+            a = aic(exe, case, 512, 256, 32, system)
             out.append(Figure(case, "32-stream tok/s", c32["output_tok_s"],
                               p(case, "c32", "throughput_tok_s"),
                               a if isinstance(a, str) else a["tok_s"],
@@ -167,7 +168,7 @@ def figures(results: Path, exe: str | None, predictions: Path | None = None,
             s = summary(folder, f"long16-c{n}")
             if s is None:
                 continue
-            a = aic(exe, case, 16384, 128, n)
+            a = aic(exe, case, 16384, 128, n, system)
             # one request's TTFT (ttft_s) until the plan gave it under load (ttft_p50_s)
             under_load = p(case, f"long16-c{n}", "ttft_p50_s")
             ttft_key = "ttft_p50_s" if under_load is not None else "ttft_s"
@@ -230,8 +231,11 @@ def main() -> int:
                     help="the plans' JSON lines (default: RESULTS/predictions.jsonl)")
     ap.add_argument("--suffix", default="",
                     help="the measured folders' NAME_SUFFIX (e.g. -default: CASE-default/)")
+    ap.add_argument("--system", default="h200_sxm",
+                    help="aiconfigurator's system of the GPU that served the table (h100_sxm for "
+                         "an H100 SXM)")
     args = ap.parse_args()
-    figs = figures(args.results, args.aic, args.predictions, args.suffix)
+    figs = figures(args.results, args.aic, args.predictions, args.suffix, args.system)
     print("| case | figure | measured | toposerve | aiconfigurator |")
     print("| --- | --- | ---: | ---: | ---: |")
     ours, theirs, ours_shared, n10, n15 = [], [], [], 0, 0
