@@ -52,7 +52,22 @@ cp "$OUT/probe.txt" "$OUT/probe-$case_.txt"
 PREDICT_CASES=$case_ PRED_TAG=measured-$case_ bash $S predict
 echo "primary $case_: predictions-measured-$case_.jsonl (planner $(cat REV 2>/dev/null || echo ?)," \
   "made $(date -u +%FT%TZ) on $(hostname), before its engine started)" | tee -a "$OUT/PRIMARY.txt"
-bash $S "$case_"
+# STAMPS=1: vLLM's front end and engine core stamped during the case's c32 scenario only
+# (benchmarks/vllm_frontend_order/with_stamps.sh: stamps.py as sitecustomize in each Python of
+# the serving, rows kept from c32's start to its loadgen JSON; the hooks, a clock read and a deque
+# append each, stay in for the whole start; no step is slept on a GPU) -> ev-PID.jsonl in
+# $OUT/CASE/ (so in CASE.tgz) and a line in summary.txt; read, once CASE.tgz is unpacked:
+#   python3 benchmarks/gpu/burst_stamps.py CASE_DIR      (a hook that failed: a patchfail line)
+# The snapshot must hold benchmarks/vllm_frontend_order/ (README.md's git archive names only
+# benchmarks/gpu/*.sh and *.py): without it the case is served as without STAMPS, and said so.
+W=benchmarks/vllm_frontend_order/with_stamps.sh
+if [[ ${STAMPS:-0} == 1 && -f $W && -f ${W%/*}/stamps.py ]]; then
+  SUMMARY=$OUT/summary.txt bash $W "$OUT/$case_${NAME_SUFFIX:-}" bash $S "$case_"
+else
+  [[ ${STAMPS:-0} == 1 ]] && echo "$case_: STAMPS=1 but the snapshot has no $W: served without stamps" |
+    tee -a "$OUT/summary.txt"
+  bash $S "$case_"
+fi
 # PROFILE=1: then its prompt steps on the device, kernel by kernel, after the serving (one more
 # engine start, ~60-120 s: the figures come from the served engine first)
 [[ ${PROFILE:-0} == 1 ]] && PROFILE_CASES=$case_ bash $S profile
