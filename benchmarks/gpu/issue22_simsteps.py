@@ -50,8 +50,8 @@ def inner(out: Path, plan_args: list[str]) -> int:
     steps: list[dict[str, Any]] = []
     real_step, real_sim = schedsim._step, loadsim.simulate
 
-    def step(eng: Any, timer: Any, now: float, shared: int) -> Any:
-        s = real_step(eng, timer, now, shared)
+    def step(eng: Any, timer: Any, now: float, *rest: Any) -> Any:
+        s = real_step(eng, timer, now, *rest)
         if s is not None:
             steps.append({
                 "start": now, "end": s.now, "tokens": sum(s.chosen.values()),
@@ -153,7 +153,8 @@ def main(argv: list[str]) -> int:
         mine = [r for r in runs if r["prompt"] == prompt and r["concurrency"] == conc]
         chosen = chosen_run(mine, planned_p50(planned, case, a.scenario)) if mine else []
         run = next((r for r in mine if r["requests"] == chosen), None)
-        line = (f"{case}: budget {budgets}, most in a step {max(s['tokens'] for s in every)}, "
+        most = max((s["tokens"] for s in every), default=0)
+        line = (f"{case}: budget {budgets}, most in a step {most}, "
                 f"{over} steps over; measured {groups(reqs[:conc])}")
         if run is not None:
             t0 = min(q[0] for q in run["requests"])
