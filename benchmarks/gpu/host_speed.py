@@ -1,6 +1,8 @@
 """The host's single-thread speed over time, sampled beside a GPU session's steps.
 
     python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0] [--busy 0]   # JSON lines
+        [--duty 10,25,50,75,100 --duty-seconds 2 --burst-ms 3] [--per-cpu 0.2]
+        [--sweep-at-start] [--sweep-on FILE --sweep-match TEXT] [--tag TAG]
 
 Every ``interval`` seconds: the least of 5 runs of the host timing's reference workload
 (launcher.probe.hostcost.reference_work: a JSON parse, pickling and sha256 of 4,000 ids, the
@@ -13,12 +15,38 @@ shipped host, not 1.9x (docs/planner.md, "Issue 22's sixth table"). Whether the 
 moves between the probe and the serving, and whether a hypervisor's steal goes with it, is what
 these samples show. One sample costs ~5 ms of one core (0.1% at the default interval), so it
 runs beside the engines without moving what they measure.
+
+The sweep (``--duty``, ``--per-cpu``; issue 22, session 28): on the lent hosts of tables 7-14
+that ran the reference at two speeds ~1.9x apart, `probe --measure` plans at the pace of a thread
+that never sleeps (x1.19-1.51 of its rounds) while the served engines' host-bound steps kept only
+x0.66-0.86 of it. Two mechanisms would give that. (a) The pace depends on the thread's duty cycle
+(a boost budget or a hypervisor's CPU credit: a thread that idles between bursts runs its bursts
+fast), and an engine's host stages run in bursts between GPU waits. ``--duty`` measures it: the
+reference in bursts of ``--burst-ms`` (an engine step's few ms) separated by idle gaps, at each
+duty in turn for ``--duty-seconds`` (two halves, in the order given and then reversed, so that a
+drift of the host over the sweep falls on every duty alike), and per duty the runs' median, p90,
+mean and fastest, the median of a burst's first run against its later ones, and the wall time's
+median (CPU time below wall time: the thread waited, e.g. on steal). (b) The vCPUs differ (an SMT
+sibling a busy engine thread shares) and an unpinned sampler mixes them: ``--per-cpu S`` pins this
+thread to each CPU it may run on in turn (os.sched_setaffinity) and runs the reference back to back
+S seconds on each; afterwards the thread may run anywhere again.
+A sweep's figures go into the sample's row, beside its usual fields (unchanged, so readers of the
+older rows read these): "sweep" (the tag: "start", --tag, or the --sweep-on line that asked for it),
+"duty" (a list, one object a duty), "per_cpu" (one object a CPU), "sweep_s" (its wall seconds).
+It runs at a sample given by --sweep-at-start (the first), and at the first sample after each new
+line of FILE containing TEXT (--sweep-on FILE --sweep-match TEXT: issue22-table.sh passes its
+summary.txt and "ready=1", so a case's engine is swept once it serves). Its cost: one thread, at
+the default duties 2 s each, 10 s of wall and 5.2 s of one core's time (sum of the duties x 2 s),
+plus the per-CPU pass's S seconds of one core per CPU (16 x 0.2 = 3.2 s on the H200's host), in
+which the pinned thread shares a CPU with whatever runs there: once a case, beside 15 idle cores.
+Read the rows with benchmarks/gpu/host_speed_read.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,6 +105,157 @@ def busy(seconds: float) -> dict[str, float]:
             "busy_runs": len(runs)}
 
 
+def _quantile(xs: list[float], q: float) -> float:
+    """The value at fraction q of xs sorted (nearest rank, no interpolation)."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _ms(x: float) -> float:
+    return round(x * 1e3, 4)
+
+
+def run_stats(runs: list[float]) -> dict[str, float]:
+    """Median, p90, mean and fastest of runs (seconds) in ms, and their count."""
+    return {"runs": len(runs), "med_ms": _ms(_quantile(runs, 0.5)),
+            "p90_ms": _ms(_quantile(runs, 0.9)), "mean_ms": _ms(sum(runs) / len(runs)),
+            "min_ms": _ms(min(runs))}
+
+
+def gap_s(duty: float, burst_s: float) -> float:
+    """The idle gap after a burst of burst_s that makes the thread busy ``duty`` (0-1] of the
+    time: burst / (burst + gap) = duty."""
+    return burst_s * (1.0 - duty) / duty
+
+
+def bursts(duty: float, seconds: float, burst_s: float) -> tuple[list[list[float]], list[float]]:
+    """The reference in bursts of ``burst_s`` (whole runs, at least one a burst) and idle gaps
+    making the thread busy ``duty`` of the time, for ``seconds`` of wall: each burst's runs in
+    CPU seconds, and every run's wall seconds. At duty 1 there is no gap: a thread that never
+    sleeps, cut into bursts only to tell a burst's first run from its later ones."""
+    gap = gap_s(duty, burst_s)
+    out: list[list[float]] = []
+    wall: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or not out:
+        cur: list[float] = []
+        b_end = time.perf_counter() + burst_s
+        while time.perf_counter() < b_end or not cur:
+            c0, w0 = time.thread_time(), time.perf_counter()
+            reference_work()
+            cur.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - w0)
+        out.append(cur)
+        if gap > 0:
+            time.sleep(gap)
+    return out, wall
+
+
+def duty_stats(duty_pct: float, burst_lists: list[list[float]], wall: list[float],
+               burst_s: float, low: float | None = None) -> dict[str, float]:
+    """One duty's object of a sweep row: run_stats of every run, the medians of the bursts'
+    first runs and of their later runs (burst-then-slow shows as first < rest), the wall time's
+    median, the burst and gap as run, and the share of runs at the fast level ("fast_share":
+    under SLOW x ``low``, the sweep's fastest run, where given: with two levels the median
+    follows whichever holds half the runs, the share says how they split)."""
+    runs = [r for b in burst_lists for r in b]
+    rest = [r for b in burst_lists for r in b[1:]]
+    row: dict[str, float] = {"duty": duty_pct, "burst_ms": round(burst_s * 1e3, 3),
+                             "gap_ms": round(gap_s(duty_pct / 100, burst_s) * 1e3, 3),
+                             "bursts": len(burst_lists), **run_stats(runs),
+                             "first_med_ms": _ms(_quantile([b[0] for b in burst_lists], 0.5)),
+                             "wall_med_ms": _ms(_quantile(wall, 0.5))}
+    if rest:
+        row["rest_med_ms"] = _ms(_quantile(rest, 0.5))
+    if low is not None:
+        row["fast_share"] = round(sum(r < SLOW * low for r in runs) / len(runs), 4)
+    return row
+
+
+def duty_sweep(duties: list[float], seconds: float, burst_s: float) -> list[dict[str, float]]:
+    """Each duty (percent) for ``seconds`` in two halves, the duties in the order given and then
+    reversed (ABBA: a drift over the sweep lands on every duty alike); one object a duty."""
+    got: dict[float, tuple[list[list[float]], list[float]]] = {d: ([], []) for d in duties}
+    for d in list(duties) + list(reversed(duties)):
+        b, w = bursts(d / 100, seconds / 2, burst_s)
+        got[d][0].extend(b)
+        got[d][1].extend(w)
+    low = min(r for b, _ in got.values() for burst in b for r in burst)
+    return [duty_stats(d, *got[d], burst_s, low) for d in duties]
+
+
+def per_cpu(seconds: float) -> list[dict[str, float]]:
+    """The reference back to back ``seconds`` pinned to each CPU this thread may run on, in
+    turn (the thread's affinity put back after): per CPU its first run, run_stats, and the share
+    of its runs at the fast level (under SLOW x the fastest run on any CPU). Empty where the OS
+    cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    got: list[tuple[int, list[float]]] = []
+    try:
+        for cpu in allowed:
+            os.sched_setaffinity(0, {cpu})
+            runs: list[float] = []
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end or not runs:
+                c0 = time.thread_time()
+                reference_work()
+                runs.append(time.thread_time() - c0)
+            got.append((cpu, runs))
+    finally:
+        os.sched_setaffinity(0, set(allowed))
+    low = min(r for _, runs in got for r in runs)
+    return [{"cpu": cpu, "first_ms": _ms(runs[0]), **run_stats(runs),
+             "fast_share": round(sum(r < SLOW * low for r in runs) / len(runs), 4)}
+            for cpu, runs in got]
+
+
+def sweep(args: argparse.Namespace, tag: str) -> dict[str, object]:
+    """The sweep's fields of a row (the module's docstring)."""
+    t0 = time.perf_counter()
+    row: dict[str, object] = {"sweep": tag}
+    if args.duty:
+        row["duty"] = duty_sweep(args.duty, args.duty_seconds, args.burst_ms / 1e3)
+    if args.per_cpu > 0:
+        row["per_cpu"] = per_cpu(args.per_cpu)
+    row["sweep_s"] = round(time.perf_counter() - t0, 3)
+    return row
+
+
+def duties(text: str) -> list[float]:
+    """'10,25,50' -> [10.0, 25.0, 50.0]; each in (0, 100]; empty text -> []."""
+    out = [float(x) for x in text.split(",") if x.strip()]
+    if any(not 0 < d <= 100 for d in out):
+        raise argparse.ArgumentTypeError(f"a duty is a percent in (0, 100]: {text}")
+    return out
+
+
+class LineWatch:
+    """New lines of a file that contain a text: the lines there when it started do not count
+    (the file need not exist yet)."""
+
+    def __init__(self, path: str | None, match: str) -> None:
+        self.path = Path(path) if path else None
+        self.match = match
+        self.seen = len(self._lines())
+
+    def _lines(self) -> list[str]:
+        if self.path is None:
+            return []
+        try:
+            return [ln for ln in self.path.read_text(errors="replace").splitlines()
+                    if self.match in ln]
+        except OSError:
+            return []
+
+    def new(self) -> list[str]:
+        lines = self._lines()
+        fresh = lines[self.seen:]
+        self.seen = len(lines)
+        return fresh
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
@@ -84,7 +263,21 @@ def main() -> int:
     ap.add_argument("--busy", type=float, default=0.0,
                     help="after each sample, run the reference back to back this many seconds "
                          "(a thread that never sleeps) and report its mean and slow share")
+    ap.add_argument("--duty", type=duties, default=[],
+                    help="duty-cycle sweep: the reference in bursts at these percents of busy "
+                         "time, e.g. 10,25,50,75,100 (empty: no sweep)")
+    ap.add_argument("--duty-seconds", type=float, default=2.0, help="seconds at each duty")
+    ap.add_argument("--burst-ms", type=float, default=3.0, help="a burst's length (ms)")
+    ap.add_argument("--per-cpu", type=float, default=0.0,
+                    help="seconds of the reference pinned to each allowed CPU in a sweep (0: none)")
+    ap.add_argument("--sweep-at-start", action="store_true", help="sweep at the first sample")
+    ap.add_argument("--sweep-on", metavar="FILE", help="sweep after each new line of FILE "
+                    "containing --sweep-match (lines there at start do not count)")
+    ap.add_argument("--sweep-match", default="ready=1", help="the text --sweep-on looks for")
+    ap.add_argument("--tag", default="start", help="the sweep field of --sweep-at-start's row")
     args = ap.parse_args()
+    sweeping = bool(args.duty) or args.per_cpu > 0
+    watch = LineWatch(args.sweep_on, args.sweep_match)
     last = proc_stat()
     n = 0
     while args.samples <= 0 or n < args.samples:
@@ -98,7 +291,10 @@ def main() -> int:
             row["steal"] = round((now[2] - last[2]) / total, 4)
         if args.busy > 0:
             row.update(busy(args.busy))
-        last = proc_stat() if args.busy > 0 else now
+        tags = ([args.tag] if args.sweep_at_start and n == 0 else []) + watch.new()
+        if sweeping and tags:
+            row.update(sweep(args, " | ".join(tags)))
+        last = proc_stat() if args.busy > 0 or "sweep" in row else now
         print(json.dumps(row), flush=True)
         n += 1
         if args.samples <= 0 or n < args.samples:

@@ -40,7 +40,7 @@ fi
   { echo "$case_: no vLLM or pylib in /root/site: the staged bundle is incomplete" >&2; exit 3; }
 rm -rf /root/src && cp -r "$snap" /root/src
 cd /root/src
-export PYTHONPATH=/root/site:/root/src MONITOR_BUSY=${MONITOR_BUSY:-1}
+export PYTHONPATH=/root/site:/root/src MONITOR_BUSY=${MONITOR_BUSY:-1} MONITOR_SWEEP=${MONITOR_SWEEP:-1}
 S=benchmarks/gpu/issue22-table.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   grep -m1 "model name" /proc/cpuinfo; } > "$OUT/machine-$case_.txt"

@@ -1,0 +1,203 @@
+"""What benchmarks/gpu/host_speed.py's rows say of a host: its two speeds, a running thread's window
+against the sleeping sampler, and the sweep's pace by duty cycle and by CPU.
+
+    python benchmarks/gpu/host_speed_read.py RESULTS_DIR_OR_host-speed.jsonl ...
+
+Per file, the sleeping sampler's reference (ref_cpu_ms, the least of 5 runs every 5 s): its fast
+level (the 5th percentile), median, harmonic mean (the pace a thread working through the whole
+run kept) and the share of samples at the slow level (over SLOW x the fast level), with how much a
+sample's level follows the one before (P(slow | the sample before slow) against P(slow | fast):
+alike, the level is drawn afresh every few seconds). Where the rows have --busy's windows (a
+thread that never sleeps for a second, right after the sampler's 5 runs): the median of a
+window's first run over its mean, the shares of windows whose first run / mean is at the fast
+level, and of the windows that mix the two levels, the share whose first run is fast (a thread
+that starts fast after idling then drops would put this near 1), and how often the sleeping
+sampler's level is the window's. Then each sweep row (host_speed.py --duty / --per-cpu): per duty
+the median, p90, a burst's first run and its later runs, and the median over the median at the
+highest duty (below 1: bursts separated by idle run faster than a thread that never sleeps);
+per CPU the spread of the pinned medians (max over min, and the slowest CPUs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+# the slow level: a run this much slower than the fast level (host_speed.SLOW)
+SLOW = 1.4
+# the fast level of a file: this quantile of its fastest figures (the few runs below it are noise)
+FAST_Q = 0.05
+
+Row = dict[str, Any]
+
+
+def _num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def parse(text: str) -> tuple[list[Row], int]:
+    """host-speed.jsonl's rows (objects with a positive ref_cpu_ms) and the count of other
+    non-blank lines (a line cut by a killed sampler, anything else): never raises."""
+    rows: list[Row] = []
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict) and _num(row.get("ref_cpu_ms")):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def levels(rows: list[Row]) -> dict[str, float]:
+    """The sleeping sampler's two levels (the module's docstring)."""
+    ref = [float(r["ref_cpu_ms"]) for r in rows]
+    fast = quantile(ref, FAST_Q)
+    slow = [x > SLOW * fast for x in ref]
+    after_slow = [b for a, b in itertools.pairwise(slow) if a]
+    after_fast = [b for a, b in itertools.pairwise(slow) if not a]
+    out = {"n": len(ref), "fast_ms": fast, "med_ms": quantile(ref, 0.5),
+           "hmean_ms": len(ref) / sum(1 / x for x in ref), "slow_share": sum(slow) / len(ref)}
+    if after_slow:
+        out["p_slow_after_slow"] = sum(after_slow) / len(after_slow)
+    if after_fast:
+        out["p_slow_after_fast"] = sum(after_fast) / len(after_fast)
+    return out
+
+
+def windows(rows: list[Row]) -> dict[str, float] | None:
+    """The --busy windows against their first run and the sampler (the module's docstring);
+    None where no row has one."""
+    b = [r for r in rows if all(_num(r.get(k)) for k in
+                                ("busy_first_ms", "busy_mean_ms", "busy_min_ms"))]
+    if not b:
+        return None
+    fast = quantile([float(r["busy_min_ms"]) for r in b], FAST_Q)
+    ref_fast = quantile([float(r["ref_cpu_ms"]) for r in rows], FAST_Q)
+
+    def at_fast(x: float) -> bool:
+        return x < SLOW * fast
+
+    mixed = [r for r in b if not at_fast(r["busy_mean_ms"]) and at_fast(r["busy_min_ms"])]
+    out = {"n": len(b), "fast_ms": fast,
+           "first_over_mean": quantile([r["busy_first_ms"] / r["busy_mean_ms"] for r in b], 0.5),
+           "first_fast": sum(at_fast(r["busy_first_ms"]) for r in b) / len(b),
+           "mean_fast": sum(at_fast(r["busy_mean_ms"]) for r in b) / len(b),
+           "mixed": len(mixed) / len(b),
+           "sampler_agrees": sum((r["ref_cpu_ms"] > SLOW * ref_fast)
+                                 == (not at_fast(r["busy_mean_ms"])) for r in b) / len(b),
+           "hmean_ms": len(b) / sum(1 / r["busy_mean_ms"] for r in b)}
+    if mixed:
+        out["mixed_first_fast"] = sum(at_fast(r["busy_first_ms"]) for r in mixed) / len(mixed)
+    return out
+
+
+def duty_table(row: Row) -> list[dict[str, float]]:
+    """A sweep row's duties, lowest first, each with ``rel``: its median over the median at the
+    highest duty swept (the thread that sleeps least)."""
+    duty = [d for d in row.get("duty") or [] if isinstance(d, dict)
+            and _num(d.get("duty")) and _num(d.get("med_ms"))]
+    if not duty:
+        return []
+    duty.sort(key=lambda d: d["duty"])
+    top = duty[-1]["med_ms"]
+    return [{**d, "rel": d["med_ms"] / top} for d in duty]
+
+
+def cpu_spread(row: Row) -> dict[str, Any] | None:
+    """A sweep row's per-CPU medians: their least, median and most, most over least, the CPUs
+    over SLOW x the least (the slow ones), and each CPU's share of runs at the fast level (as
+    text); None without a per-CPU pass."""
+    cpus = [c for c in row.get("per_cpu") or [] if isinstance(c, dict) and _num(c.get("med_ms"))]
+    if not cpus:
+        return None
+    meds = [c["med_ms"] for c in cpus]
+    low = min(meds)
+    return {"n": len(cpus), "min_ms": low, "med_ms": quantile(meds, 0.5), "max_ms": max(meds),
+            "spread": max(meds) / low,
+            "slow_cpus": [c.get("cpu") for c in cpus if c["med_ms"] > SLOW * low],
+            "fast_shares": " ".join(f"{c.get('cpu')}:{c['fast_share']:.0%}" for c in cpus
+                                    if isinstance(c.get("fast_share"), (int, float)))}
+
+
+def _fmt(x: object) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) else "?"
+
+
+def report(name: str, rows: list[Row], bad: int) -> list[str]:
+    """The printed lines of one file."""
+    if not rows:
+        return [f"{name}: no rows ({bad} other lines)"]
+    lv = levels(rows)
+    out = [f"{name}: {lv['n']} samples{f' ({bad} other lines)' if bad else ''}; sampler reference "
+           f"fast {lv['fast_ms']:.3f} ms, median {lv['med_ms']:.3f}, harmonic mean "
+           f"{lv['hmean_ms']:.3f}, slow (> x{SLOW} fast) {lv['slow_share']:.0%}"
+           + (f"; P(slow | before slow) {lv['p_slow_after_slow']:.2f}, P(slow | before fast) "
+              f"{lv['p_slow_after_fast']:.2f}" if "p_slow_after_slow" in lv
+              and "p_slow_after_fast" in lv else "")]
+    w = windows(rows)
+    if w:
+        out.append(f"  never-sleeping 1-s windows ({w['n']}): fast {w['fast_ms']:.3f} ms; "
+                   f"first run / mean median {w['first_over_mean']:.2f}; first run at fast level "
+                   f"{w['first_fast']:.0%}, mean at fast level {w['mean_fast']:.0%}; mixed "
+                   f"{w['mixed']:.0%}"
+                   + (f", of them first run fast {w['mixed_first_fast']:.0%}"
+                      if "mixed_first_fast" in w else "")
+                   + f"; sampler's level = window's {w['sampler_agrees']:.0%}; windows' harmonic "
+                   f"mean {w['hmean_ms']:.3f} ms")
+    for r in rows:
+        if "sweep" not in r:
+            continue
+        out.append(f"  sweep '{r['sweep']}' at t={r.get('t')} ({r.get('sweep_s', '?')} s):")
+        for d in duty_table(r):
+            burst = (f"first {d['first_med_ms']:.3f} / rest {d['rest_med_ms']:.3f}"
+                     if _num(d.get("first_med_ms")) and _num(d.get("rest_med_ms")) else "")
+            fast = (f", at the fast level {d['fast_share']:.0%}"
+                    if isinstance(d.get("fast_share"), (int, float)) else "")
+            out.append(f"    duty {d['duty']:5.1f}% (burst {d.get('burst_ms', '?')} ms, gap "
+                       f"{d.get('gap_ms', '?')} ms, {d.get('runs', '?')} runs): median "
+                       f"{d['med_ms']:.3f} ms (x{d['rel']:.2f} the top duty's), p90 "
+                       f"{_fmt(d.get('p90_ms'))}, mean {_fmt(d.get('mean_ms'))}{fast}; {burst}")
+        c = cpu_spread(r)
+        if c:
+            out.append(f"    per CPU ({c['n']}): median {c['min_ms']:.3f} / {c['med_ms']:.3f} / "
+                       f"{c['max_ms']:.3f} ms (least / median / most), most/least "
+                       f"x{c['spread']:.2f}; slow CPUs {c['slow_cpus'] or 'none'}; at the "
+                       f"fast level per CPU {c['fast_shares']}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.splitlines()[3].strip(), file=sys.stderr)
+        return 2
+    for a in argv:
+        p = Path(a)
+        if p.is_dir():
+            p = p / "host-speed.jsonl"
+        try:
+            text = p.read_text(errors="replace")
+        except OSError as e:
+            print(f"{a}: {e}")
+            continue
+        print("\n".join(report(str(p), *parse(text))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,178 @@
+"""benchmarks/gpu/host_speed.py's duty-cycle and per-CPU sweep and its reader,
+benchmarks/gpu/host_speed_read.py (issue 22: the host's pace by duty cycle): the reader's parser
+keeps every row and drops only what is not one, whatever the file holds; the sweep's arithmetic
+(a duty's gap, a burst's first run against its later ones); a run of the sampler writes the older
+fields beside the sweep's and sweeps only when asked (at start, or on a new matching line)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.scripts import REPO, load_script
+
+HS = load_script("benchmarks/gpu/host_speed.py", "host_speed_benchmark")
+RD = load_script("benchmarks/gpu/host_speed_read.py", "host_speed_read_benchmark")
+
+OLD_FIELDS = {"t", "ref_cpu_ms", "ref_wall_ms"}
+
+pos = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
+share = st.floats(0, 1)
+duty_st = st.fixed_dictionaries(
+    {"duty": st.floats(min_value=1, max_value=100), "med_ms": pos},
+    optional={"p90_ms": pos, "mean_ms": pos, "first_med_ms": pos, "rest_med_ms": pos,
+              "fast_share": share})
+cpu_st = st.fixed_dictionaries({"cpu": st.integers(0, 255), "med_ms": pos},
+                               optional={"fast_share": share})
+row_st = st.fixed_dictionaries(
+    {"t": st.floats(min_value=0, max_value=2e9), "ref_cpu_ms": pos, "ref_wall_ms": pos},
+    optional={"busy_first_ms": pos, "busy_mean_ms": pos, "busy_min_ms": pos,
+              "busy_slow_share": share, "busy_runs": st.integers(1, 5000),
+              "sweep": st.text(max_size=8), "duty": st.lists(duty_st, max_size=6),
+              "per_cpu": st.lists(cpu_st, max_size=6)})
+# what str.splitlines breaks a line at
+BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+junk_st = st.one_of(
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=BREAKS),
+            min_size=1).filter(lambda s: s.strip() and not s.strip().startswith("{")),
+    st.just('{"t": 1, "ref_cpu_ms": 0.5'),          # a line cut by a killed sampler
+    st.just('{"t": 1, "ref_cpu_ms": "0.5"}'),        # no number
+    st.just('{"t": 1, "ref_cpu_ms": -1}'),
+    st.just("[1, 2]"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(row_st.map(lambda r: ("row", r)), junk_st.map(lambda j: ("junk", j))),
+                max_size=30))
+def test_parser_keeps_every_row_and_counts_the_rest(items: list[tuple[str, object]]) -> None:
+    text = "\n".join(json.dumps(x) if kind == "row" else str(x) for kind, x in items)
+    rows, bad = RD.parse(text)
+    assert rows == [x for kind, x in items if kind == "row"]
+    assert bad == sum(kind == "junk" for kind, _ in items)
+    if rows:   # and every summary of what it kept runs, with shares in [0, 1]
+        lv = RD.levels(rows)
+        assert 0 <= lv["slow_share"] <= 1
+        assert lv["fast_ms"] <= lv["med_ms"]
+        assert "\n".join(RD.report("f", rows, bad))
+    for r in rows:  # each duty paced against the highest one's median; CPUs spread from 1 up
+        table = RD.duty_table(r)
+        assert [d["duty"] for d in table] == sorted(d["duty"] for d in r.get("duty", []))
+        if table:
+            assert table[-1]["rel"] == 1.0
+        c = RD.cpu_spread(r)
+        assert c is None or c["spread"] >= 1.0
+
+
+@given(st.floats(min_value=0.01, max_value=1.0), st.floats(min_value=1e-4, max_value=0.05))
+def test_a_duty_gap_makes_the_thread_busy_that_share(duty: float, burst: float) -> None:
+    gap = HS.gap_s(duty, burst)
+    assert gap >= 0
+    assert burst / (burst + gap) == pytest.approx(duty, rel=1e-9)
+
+
+def test_a_burst_that_starts_fast_shows_as_first_below_rest() -> None:
+    burst_lists = [[0.0005, 0.001, 0.001], [0.0005, 0.001]] * 5
+    d = HS.duty_stats(25.0, burst_lists, [0.001] * 25, 0.003, low=0.0005)
+    assert d["fast_share"] == 0.4   # 10 of 25 runs under 1.4 x the sweep's fastest
+    assert d["first_med_ms"] == 0.5
+    assert d["rest_med_ms"] == 1.0
+    assert d["runs"] == 25
+    assert d["bursts"] == 10
+    assert d["gap_ms"] == 9.0
+
+
+def test_duty_table_paces_each_duty_against_the_highest() -> None:
+    row = {"duty": [{"duty": 100.0, "med_ms": 1.0}, {"duty": 10.0, "med_ms": 0.5},
+                    {"duty": 50.0, "med_ms": 0.8}, {"duty": "x"}]}
+    assert [(d["duty"], d["rel"]) for d in RD.duty_table(row)] == [(10.0, 0.5), (50.0, 0.8),
+                                                                  (100.0, 1.0)]
+
+
+def test_cpu_spread_names_the_slow_cpus() -> None:
+    row = {"per_cpu": [{"cpu": 0, "med_ms": 0.5}, {"cpu": 1, "med_ms": 0.95},
+                       {"cpu": 2, "med_ms": 0.55}]}
+    c = RD.cpu_spread(row)
+    assert c is not None
+    assert c["slow_cpus"] == [1]
+    assert c["spread"] == pytest.approx(1.9)
+
+
+def window(first: float, mean: float, low: float) -> dict[str, float]:
+    return {"ref_cpu_ms": mean, "busy_first_ms": first, "busy_mean_ms": mean, "busy_min_ms": low}
+
+
+def test_windows_tell_a_burst_then_slow_host_from_a_steady_one() -> None:
+    # starts at the fast level (0.5) after idling, then runs mostly slow (mean 0.9)
+    burst_then_slow = [window(0.5, 0.9, 0.5) for _ in range(20)] + [window(0.5, 0.5, 0.5)]
+    w = RD.windows(burst_then_slow)
+    assert w is not None
+    assert w["mixed_first_fast"] == 1.0
+    assert w["first_over_mean"] < 0.6
+    steady = [window(0.35, 0.35, 0.34) for _ in range(20)]
+    s = RD.windows(steady)
+    assert s is not None
+    assert s["mixed"] == 0
+    assert s["first_fast"] == 1.0
+    assert RD.windows([{"ref_cpu_ms": 0.4}]) is None
+
+
+def test_line_watch_counts_only_new_matching_lines(tmp_path: Path) -> None:
+    f = tmp_path / "summary.txt"
+    f.write_text("a: ready=1 after 3s\n")
+    w = HS.LineWatch(str(f), "ready=1")
+    assert w.new() == []
+    f.write_text(f.read_text() + "b: loadgen failed\nb: ready=1 after 9s\n")
+    assert w.new() == ["b: ready=1 after 9s"]
+    assert w.new() == []
+    assert HS.LineWatch(str(tmp_path / "none"), "ready=1").new() == []
+
+
+def run_sampler(*args: str) -> list[dict[str, object]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/host_speed.py"), *args],
+                         capture_output=True, text=True, timeout=60, env=env, check=True).stdout
+    return [json.loads(x) for x in out.splitlines()]
+
+
+def test_a_sweep_row_keeps_the_older_fields_and_covers_each_duty_and_cpu() -> None:
+    (row,) = run_sampler("--samples", "1", "--duty", "50,100", "--duty-seconds", "0.04",
+                         "--per-cpu", "0.01", "--sweep-at-start", "--tag", "before")
+    assert row.keys() >= OLD_FIELDS
+    assert row["sweep"] == "before"
+    duty = row["duty"]
+    assert isinstance(duty, list)
+    assert [d["duty"] for d in duty] == [50.0, 100.0]
+    assert all(d["runs"] >= 2 and d["min_ms"] <= d["med_ms"] <= d["p90_ms"] for d in duty)
+    cpus = row["per_cpu"]
+    assert isinstance(cpus, list)
+    assert sorted(c["cpu"] for c in cpus) == sorted(os.sched_getaffinity(0))
+
+
+def test_the_per_cpu_pass_puts_the_threads_affinity_back() -> None:
+    before = os.sched_getaffinity(0)
+    cpus = HS.per_cpu(0.001)
+    assert [c["cpu"] for c in cpus] == sorted(before)
+    assert os.sched_getaffinity(0) == before
+
+
+def test_no_sweep_unless_asked() -> None:
+    rows = run_sampler("--samples", "2", "--interval", "0", "--duty", "100",
+                       "--duty-seconds", "0.02")
+    assert len(rows) == 2
+    assert all("sweep" not in r and r.keys() >= OLD_FIELDS for r in rows)
+
+
+def test_duties_outside_a_percent_are_refused() -> None:
+    assert HS.duties("10, 25,100") == [10.0, 25.0, 100.0]
+    assert HS.duties("") == []
+    for bad in ("0", "150", "-5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="percent"):
+            HS.duties(bad)
