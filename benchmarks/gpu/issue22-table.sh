@@ -290,7 +290,8 @@ port=18500
 # (from a subshell, so that it is no job of this shell's: predict's bare `wait` would wait for it)
 # MONITOR_SWEEP=1 (issue22-case.sh's default; only where a step serves a case): the host's pace
 # by duty cycle and by CPU (host_speed.py --duty/--per-cpu, its docstring) swept once before the
-# first engine starts (a row tagged "before", ~15 s here, nothing else running) and once as each
+# first engine starts (a row tagged "before", ~15 s here, nothing else running) and once (by duty
+# only) as each
 # engine serves (the sampler's first row after run_config.sh's "ready=1" line in summary.txt, which
 # falls in the case's first scenario); rows keep every older field. Read: host_speed_read.py
 sweep=()
@@ -299,7 +300,10 @@ if [[ ${MONITOR_SWEEP:-0} == 1 ]]; then
     --duty-seconds "${SWEEP_SECONDS:-2}" --burst-ms "${SWEEP_BURST_MS:-3}" --per-cpu "${SWEEP_CPU_S:-0.2}"); done
   ((${#sweep[@]})) && timeout 60 python3 benchmarks/gpu/host_speed.py --samples 1 --busy "${MONITOR_BUSY:-0}" \
     "${sweep[@]}" --sweep-at-start --tag before >>"$OUT/host-speed.jsonl" 2>/dev/null
-  ((${#sweep[@]})) && sweep+=(--sweep-on "$OUT/summary.txt" --sweep-match "ready=1")
+  # while serving, by duty only: a thread pinned to each CPU in turn would share the engine's
+  # own CPUs with it for 0.2 s each, inside the case's first (host-bound, single-stream) scenario
+  ((${#sweep[@]})) && sweep=(--duty "${SWEEP_DUTY:-10,25,50,75,100}" --duty-seconds "${SWEEP_SECONDS:-2}"
+    --burst-ms "${SWEEP_BURST_MS:-3}" --sweep-on "$OUT/summary.txt" --sweep-match "ready=1")
 fi
 ( python3 benchmarks/gpu/host_speed.py --interval 5 --busy "${MONITOR_BUSY:-0}" ${sweep[@]+"${sweep[@]}"} >>"$OUT/host-speed.jsonl" 2>/dev/null &
   echo $! >"$OUT/.monitor.pid" )
