@@ -291,9 +291,9 @@ port=18500
 # MONITOR_SWEEP=1 (issue22-case.sh's default; only where a step serves a case): the host's pace
 # by duty cycle and by CPU (host_speed.py --duty/--per-cpu, its docstring) swept once before the
 # first engine starts (a row tagged "before", ~15 s here, nothing else running) and once (by duty
-# only) as each
-# engine serves (the sampler's first row after run_config.sh's "ready=1" line in summary.txt, which
-# falls in the case's first scenario); rows keep every older field. Read: host_speed_read.py
+# only) as each engine serves (the sampler's first row after run_config.sh's "ready=1" line in
+# summary.txt, which falls in the case's first scenario); rows keep every older field. Read:
+# host_speed_read.py
 sweep=()
 if [[ ${MONITOR_SWEEP:-0} == 1 ]]; then
   for s_ in "$@"; do [[ -n ${MODEL[$s_]:-} ]] && sweep=(--duty "${SWEEP_DUTY:-10,25,50,75,100}"
