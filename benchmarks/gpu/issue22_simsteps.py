@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +39,7 @@ ROOT = HERE.parents[1]
 def inner(out: Path, plan_args: list[str]) -> int:
     """``launcher plan PLAN_ARGS`` with each loadsim.simulate run's steps recorded to ``out``."""
     sys.path.insert(0, str(ROOT))
-    import runpy
+    from issue22_simwaves import plan_recorded
 
     from launcher.planner import loadsim, schedsim
 
@@ -74,40 +71,14 @@ def inner(out: Path, plan_args: list[str]) -> int:
 
     setattr(schedsim, "_step", step)  # noqa: B010 (the module's name, replaced)
     setattr(loadsim, "simulate", recorded)  # noqa: B010
-    sys.argv = ["launcher", "plan", *plan_args]
-    try:
-        runpy.run_module("launcher", run_name="__main__")
-    except SystemExit as e:
-        if e.code not in (0, None):
-            raise
-    finally:
-        out.write_text(json.dumps(runs))
-    return 0
+    return plan_recorded(plan_args, out, runs)
 
 
 def simulated(case: str, scen: str, out: Path, host: Path | None) -> list[dict[str, Any]]:
     """The case's simulated runs, each with its steps (issue22_simwaves.simulated's plan)."""
-    import issue22_now
-    import issue22_simwaves
-    import issue22_table
+    from issue22_simwaves import replanned
 
-    util = float(issue22_now.table_map("UTIL")[case])
-    comp = issue22_now.table_map("RANGE").get(case, issue22_now.RUNS_COMPILATION)
-    args = ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
-            "--topology", str(issue22_simwaves.replay_topology(out, case)), "--tp", "1",
-            "--pp", "1", "--dp", "1", "--gpu-memory-utilization", str(util),
-            *issue22_now.SCENARIOS[scen], *(["--host-timing", str(host)] if host else []),
-            "--", "--load-format", "dummy", "--compilation-config", comp]
-    cache = out / "cache"
-    env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {})}
-    with tempfile.TemporaryDirectory() as tmp:
-        rec = Path(tmp) / "runs.json"
-        got = subprocess.run([sys.executable, __file__, "--inner", str(rec), *args], cwd=ROOT,
-                             env=env, capture_output=True, text=True, timeout=600)
-        if not rec.exists():
-            raise SystemExit(f"{case} {scen}: the plan failed: {got.stderr.strip()[-300:]}")
-        runs: list[dict[str, Any]] = json.loads(rec.read_text())
-        return runs
+    return replanned(__file__, case, scen, out, host)
 
 
 def shown(step: dict[str, Any], t0: float) -> str:

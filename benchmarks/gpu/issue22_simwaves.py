@@ -49,8 +49,6 @@ FACTOR_ENV = "ISSUE22_SIMWAVES_PROMPT_TOKEN_FACTOR"  # --prompt-token-factor, to
 def inner(out: Path, plan_args: list[str]) -> int:
     """``launcher plan PLAN_ARGS`` with every loadsim.simulate run recorded to ``out``."""
     sys.path.insert(0, str(ROOT))
-    import runpy
-
     from launcher.planner import loadsim
     from launcher.planner.schedsim import simulate as real  # what loadsim calls
 
@@ -77,6 +75,14 @@ def inner(out: Path, plan_args: list[str]) -> int:
             return run(m, replace(lay, host=host), f, **kw)
 
         setattr(loadsim, "loadgen_run", rescaled)  # noqa: B010 (the module's name, replaced)
+    return plan_recorded(plan_args, out, runs)
+
+
+def plan_recorded(plan_args: list[str], out: Path, runs: list[dict[str, Any]]) -> int:
+    """``launcher plan PLAN_ARGS`` in this process, whose recorders (put in by the caller) fill
+    ``runs``; ``runs`` written to ``out`` whether the plan ends well or not."""
+    import runpy
+
     sys.argv = ["launcher", "plan", *plan_args]
     try:
         runpy.run_module("launcher", run_name="__main__")
@@ -118,6 +124,16 @@ def replay_topology(out: Path, case: str) -> Path:
 
 def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
               factor: float | None = None) -> list[dict[str, Any]]:
+    env = {FACTOR_ENV: str(factor)} if factor is not None else {}
+    return replanned(__file__, case, scen, out, hosts.get(case), env)
+
+
+def replanned(script: str, case: str, scen: str, out: Path, host: Path | None,
+              extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """``case``'s ``scen`` planned again with issue22_now.py's `launcher plan` arguments (the
+    replay's topology and kernel tables in ``out``, ``host`` as --host-timing) by ``script
+    --inner REC ARGS`` (``extra_env`` added to its environment), whose recorders write REC:
+    the runs they recorded."""
     import issue22_now
     import issue22_table
 
@@ -126,14 +142,14 @@ def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
     args = ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
             "--topology", str(replay_topology(out, case)), "--tp", "1", "--pp", "1", "--dp", "1",
             "--gpu-memory-utilization", str(util), *issue22_now.SCENARIOS[scen],
-            *(["--host-timing", str(hosts[case])] if case in hosts else []),
+            *(["--host-timing", str(host)] if host else []),
             "--", "--load-format", "dummy", "--compilation-config", comp]
     cache = out / "cache"
     env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {}),
-           **({FACTOR_ENV: str(factor)} if factor is not None else {})}
+           **(extra_env or {})}
     with tempfile.TemporaryDirectory() as tmp:
         rec = Path(tmp) / "runs.json"
-        got = subprocess.run([sys.executable, __file__, "--inner", str(rec), *args], cwd=ROOT,
+        got = subprocess.run([sys.executable, script, "--inner", str(rec), *args], cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=600)
         if not rec.exists():
             raise SystemExit(f"{case} {scen}: the plan failed: {got.stderr.strip()[-300:]}")

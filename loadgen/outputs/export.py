@@ -75,10 +75,7 @@ class Metrics:
         }
         names = [*BASE_LABELS, *extra]
         reg = self.registry
-        self._dists = {
-            key: Gauge(name, doc, [*names, "stat"], registry=reg)
-            for key, (name, doc) in _DISTS.items()
-        }
+        self._dists = _stat_gauges(_DISTS, names, reg)
         self._output = Gauge(
             "loadgen_output_tokens_per_second",
             "Generated tokens per second over the run (all streams)",
@@ -101,10 +98,7 @@ class Metrics:
             "loadgen_run_timestamp_seconds", "Unix time the run ended", names, registry=reg
         )
         # --depth: the level read at its depth (the standard series carry the depth labels too)
-        self._depth_dists = {
-            key: Gauge(name, doc, [*names, "stat"], registry=reg)
-            for key, (name, doc) in _DEPTH_DISTS.items()
-        }
+        self._depth_dists = _stat_gauges(_DEPTH_DISTS, names, reg)
         self._depth_hit = Gauge(
             "loadgen_depth_cache_hit_ratio",
             "Cached / prompt tokens of the level's requests (usage.cached_tokens)",
@@ -112,10 +106,7 @@ class Metrics:
             registry=reg,
         )
         # --workload agent, one series per turn (the level's own series above cover the run)
-        self._turn_dists = {
-            key: Gauge(name, doc, [*names, "turn", "stat"], registry=reg)
-            for key, (name, doc) in _TURN_DISTS.items()
-        }
+        self._turn_dists = _stat_gauges(_TURN_DISTS, [*names, "turn"], reg)
         self._turn_hit = Gauge(
             "loadgen_agent_prefix_cache_hit_ratio",
             "Cached / prompt tokens of one agent turn (usage.cached_tokens)",
@@ -142,12 +133,7 @@ class Metrics:
         s = level.summary
         if level.depth is not None:
             self._record_depth(level, labels)
-        for key, gauge in self._dists.items():
-            d: Dist = getattr(s, key)
-            for stat in STATS:
-                value = d.get(stat)
-                if value is not None:
-                    gauge.labels(**labels, stat=stat).set(value)
+        _set_stats(self._dists, s, labels)
         if s.output_tok_s is not None:
             self._output.labels(**labels).set(s.output_tok_s)
         if s.total_tok_s is not None:
@@ -159,12 +145,7 @@ class Metrics:
     def _record_depth(self, level: LevelResult, labels: dict[str, str]) -> None:
         assert level.depth is not None
         d = summarize_depth(level.depth, level.requests)
-        for key, gauge in self._depth_dists.items():
-            values: Dist = getattr(d, key)
-            for stat in STATS:
-                value = values.get(stat)
-                if value is not None:
-                    gauge.labels(**labels, stat=stat).set(value)
+        _set_stats(self._depth_dists, d, labels)
         if d.hit_rate is not None:
             self._depth_hit.labels(**labels).set(d.hit_rate)
 
@@ -177,12 +158,7 @@ class Metrics:
     def record_agent(self, agent: AgentResult) -> None:
         labels = self.labels(agent.sessions)
         for turn in agent.per_turn:
-            for key, gauge in self._turn_dists.items():
-                d: Dist = getattr(turn, key)
-                for stat in STATS:
-                    value = d.get(stat)
-                    if value is not None:
-                        gauge.labels(**labels, turn=str(turn.turn), stat=stat).set(value)
+            _set_stats(self._turn_dists, turn, {**labels, "turn": str(turn.turn)})
             if turn.cache_hit_rate is not None:
                 self._turn_hit.labels(**labels, turn=str(turn.turn)).set(turn.cache_hit_rate)
         rate = (agent.prefix_cache or {}).get("hit_rate")
@@ -203,6 +179,26 @@ class Metrics:
                 f"cannot push to the Pushgateway at {gateway} ({exc}): check --pushgateway;"
                 " the results above and any --json file are complete"
             ) from None
+
+
+def _stat_gauges(
+    table: dict[str, tuple[str, str]], labels: list[str], reg: CollectorRegistry
+) -> dict[str, Gauge]:
+    """A gauge per Dist of ``table`` (key: (name, doc)), labelled ``labels`` and the stat."""
+    return {
+        key: Gauge(name, doc, [*labels, "stat"], registry=reg) for key, (name, doc) in table.items()
+    }
+
+
+def _set_stats(gauges: dict[str, Gauge], source: object, labels: dict[str, str]) -> None:
+    """Each of :func:`_stat_gauges`' ``gauges`` set, per stat, from the Dist ``source`` holds
+    under the gauge's key (a stat the Dist lacks is left unset)."""
+    for key, gauge in gauges.items():
+        d: Dist = getattr(source, key)
+        for stat in STATS:
+            value = d.get(stat)
+            if value is not None:
+                gauge.labels(**labels, stat=stat).set(value)
 
 
 @contextmanager
