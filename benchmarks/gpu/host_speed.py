@@ -1,6 +1,6 @@
 """The host's single-thread speed over time, sampled beside a GPU session's steps.
 
-    python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0] [--busy 0]   # JSON lines
+    python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0] [--busy 0 [--busy-every 1]]
         [--duty 10,25,50,75,100 --duty-seconds 2 --burst-ms 3] [--per-cpu 0.2]
         [--sweep-at-start] [--sweep-on FILE --sweep-match TEXT] [--tag TAG]
 
@@ -13,8 +13,12 @@ Why: the sixth table's probe timed its host's reference at 1.00 ms where two oth
 the same CPU model timed 0.51-0.54 ms, and its engines then served about 1.25x slower than the
 shipped host, not 1.9x (docs/planner.md, "Issue 22's sixth table"). Whether the host's speed
 moves between the probe and the serving, and whether a hypervisor's steal goes with it, is what
-these samples show. One sample costs ~5 ms of one core (0.1% at the default interval), so it
-runs beside the engines without moving what they measure.
+these samples show. One sample costs ~5 ms of one core (0.1% at the default interval, 0.5% at
+the 1 s issue22-table.sh uses since session 29), so it runs beside the engines without moving
+what they measure. Why every second there: at 5 s a case's single-stream scenario got one or
+two samples, too few to tell which of the host's two levels each request ran at (helper 100's
+analysis, results/host-pace-analysis-2026-12-05.md); ``--busy-every 5`` keeps the busy thread
+at the share it had beside a 5 s sampler.
 
 The sweep (``--duty``, ``--per-cpu``; issue 22, session 28): on the lent hosts of tables 7-14
 that ran the reference at two speeds ~1.9x apart, `probe --measure` plans at the pace of a thread
@@ -263,6 +267,9 @@ def main() -> int:
     ap.add_argument("--busy", type=float, default=0.0,
                     help="after each sample, run the reference back to back this many seconds "
                          "(a thread that never sleeps) and report its mean and slow share")
+    ap.add_argument("--busy-every", type=int, default=1, metavar="N",
+                    help="the --busy window after every Nth sample only (the first included): "
+                         "a sampler every second keeps the busy thread's share of a 5 s one")
     ap.add_argument("--duty", type=duties, default=[],
                     help="duty-cycle sweep: the reference in bursts at these percents of busy "
                          "time, e.g. 10,25,50,75,100 (empty: no sweep)")
@@ -289,12 +296,13 @@ def main() -> int:
             total = now[0] - last[0]
             row["busy"] = round((now[1] - last[1]) / total, 4)
             row["steal"] = round((now[2] - last[2]) / total, 4)
-        if args.busy > 0:
+        windowed = args.busy > 0 and n % max(1, args.busy_every) == 0
+        if windowed:
             row.update(busy(args.busy))
         tags = ([args.tag] if args.sweep_at_start and n == 0 else []) + watch.new()
         if sweeping and tags:
             row.update(sweep(args, " | ".join(tags)))
-        last = proc_stat() if args.busy > 0 or "sweep" in row else now
+        last = proc_stat() if windowed or "sweep" in row else now
         print(json.dumps(row), flush=True)
         n += 1
         if args.samples <= 0 or n < args.samples:

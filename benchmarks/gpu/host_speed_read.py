@@ -3,20 +3,20 @@ against the sleeping sampler, and the sweep's pace by duty cycle and by CPU.
 
     python benchmarks/gpu/host_speed_read.py RESULTS_DIR_OR_host-speed.jsonl ...
 
-Per file, the sleeping sampler's reference (ref_cpu_ms, the least of 5 runs every 5 s): its fast
-level (the 5th percentile), median, harmonic mean (the pace a thread working through the whole
-run kept) and the share of samples at the slow level (over SLOW x the fast level), with how much a
-sample's level follows the one before (P(slow | the sample before slow) against P(slow | fast):
-alike, the level is drawn afresh every few seconds). Where the rows have --busy's windows (a
-thread that never sleeps for a second, right after the sampler's 5 runs): the median of a
-window's first run over its mean, the shares of windows whose first run / mean is at the fast
-level, and of the windows that mix the two levels, the share whose first run is fast (a thread
-that starts fast after idling then drops would put this near 1), and how often the sleeping
+Per file, the sleeping sampler's reference (ref_cpu_ms, the least of 5 runs every --interval: 5 s
+to session 28, 1 s since; the level-follows figures below are per sample, so read them at the
+file's interval): its fast level (the 5th percentile), median, harmonic mean (the pace a thread
+working through the whole run kept) and the share of samples at the slow level (over SLOW x the
+fast level), with how much a sample's level follows the one before (P(slow | the sample before
+slow) against P(slow | fast): alike, the level is drawn afresh every few seconds). Where the rows
+have --busy's windows (a thread that never sleeps for a second, right after the sampler's 5 runs):
+the median of a window's first run over its mean, the shares of windows whose first run / mean is
+at the fast level, and of the windows that mix the two levels, the share whose first run is fast (a
+thread that starts fast after idling then drops would put this near 1), and how often the sleeping
 sampler's level is the window's. Then each sweep row (host_speed.py --duty / --per-cpu): per duty
 the median, p90, a burst's first run and its later runs, and the median over the median at the
-highest duty (below 1: bursts separated by idle run faster than a thread that never sleeps);
-per CPU the spread of the pinned medians (max over min, and the slowest CPUs).
-"""
+highest duty (below 1: bursts separated by idle run faster than a thread that never sleeps); per
+CPU the spread of the pinned medians (max over min, and the slowest CPUs). """
 
 from __future__ import annotations
 

@@ -37,10 +37,11 @@
 # The plans (predict, probe) read the shape folder as before: the checkpoint's size is the size
 # the plans take for it, to the byte (launcher.model.modelspec's AWQ estimate).
 # Beside every step, benchmarks/gpu/host_speed.py samples the host's speed (a fixed piece of
-# pure-Python work, CPU and wall time, and the machine's steal time) every 5 s into
+# pure-Python work, CPU and wall time, and the machine's steal time) every second (5 s before
+# session 29) into
 # $OUT/host-speed.jsonl: whether the host's speed moves between the probe and the serving.
-# MONITOR_BUSY=S adds, after each sample, S seconds of the same work back to back (a thread that
-# never sleeps, as an engine core's): whether such a thread sees the host's slow level as the
+# MONITOR_BUSY=S adds, after every MONITOR_BUSY_EVERY-th sample, S seconds of the same work
+# back to back (a thread that never sleeps, as an engine core's): whether such a thread sees the host's slow level as the
 # sleeping sampler does (the eighth table's engines did not follow the sampler: its README)
 # The twelfth table (2026-12-04, session 24), at vLLM's DEFAULT CUDA-graph range (RANGE '{}'):
 #  moonlightd  Moonlight-16B-A3B shape (DeepSeek-V3 layout: latent attention, 64 experts top 6 +
@@ -305,7 +306,10 @@ if [[ ${MONITOR_SWEEP:-0} == 1 ]]; then
   ((${#sweep[@]})) && sweep=(--duty "${SWEEP_DUTY:-10,25,50,75,100}" --duty-seconds "${SWEEP_SECONDS:-2}"
     --burst-ms "${SWEEP_BURST_MS:-3}" --sweep-on "$OUT/summary.txt" --sweep-match "ready=1")
 fi
-( python3 benchmarks/gpu/host_speed.py --interval 5 --busy "${MONITOR_BUSY:-0}" ${sweep[@]+"${sweep[@]}"} >>"$OUT/host-speed.jsonl" 2>/dev/null &
+# every MONITOR_INTERVAL s (1: each request of a single-stream scenario gets a sample), the busy
+# window after every MONITOR_BUSY_EVERY-th (5: its share of the host as beside a 5 s sampler)
+( python3 benchmarks/gpu/host_speed.py --interval "${MONITOR_INTERVAL:-1}" --busy "${MONITOR_BUSY:-0}" \
+    --busy-every "${MONITOR_BUSY_EVERY:-5}" ${sweep[@]+"${sweep[@]}"} >>"$OUT/host-speed.jsonl" 2>/dev/null &
   echo $! >"$OUT/.monitor.pid" )
 trap 'kill "$(cat "$OUT/.monitor.pid")" 2>/dev/null' EXIT
 for step in "$@"; do

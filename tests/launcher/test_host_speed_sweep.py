@@ -176,3 +176,12 @@ def test_duties_outside_a_percent_are_refused() -> None:
     for bad in ("0", "150", "-5"):
         with pytest.raises(argparse.ArgumentTypeError, match="percent"):
             HS.duties(bad)
+
+
+def test_the_busy_window_runs_after_every_nth_sample_only() -> None:
+    """--busy-every N: the sampler every second keeps the busy thread's share of the host it
+    had beside a 5 s one (issue22-table.sh: --interval 1 --busy-every 5); the rows between keep
+    the sleeping sampler's fields alone."""
+    rows = run_sampler("--samples", "5", "--interval", "0", "--busy", "0.01", "--busy-every", "2")
+    assert [("busy_mean_ms" in r) for r in rows] == [True, False, True, False, True]
+    assert all(r.keys() >= OLD_FIELDS for r in rows)
