@@ -58,7 +58,7 @@ def classify(payload: bytes) -> Chunk:
         return Chunk(done=True)
     try:
         body = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past any answer
         return Chunk(error=f"malformed stream event: {payload[:80]!r}")
     if not isinstance(body, dict):
         return Chunk(error=f"malformed stream event: {payload[:80]!r}")

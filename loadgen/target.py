@@ -52,7 +52,7 @@ def reason(response: httpx.Response) -> str:
     refusal is in the server's words (vLLM: "... chat template ..."), never only its status."""
     try:
         detail = error_message(response.json())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past any error body
         detail = response.text[:200]
     detail = " ".join(detail.split()) or "(empty body)"
     return f"HTTP {response.status_code}: {detail}"
@@ -68,7 +68,7 @@ def _check(response: httpx.Response) -> Any:
         raise TargetError(f"{where} answered {reason(response)}")
     try:
         return response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         raise TargetError(f"{where} answered with something that is not JSON") from None
 
 
@@ -87,9 +87,10 @@ class TargetClient:
         with _translated(self.url, "/v1/models"):
             body = _check(self._http.get("/v1/models"))
         data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, list) or not data:
+        models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        if not models:  # a list of anything but model objects names no model either
             raise TargetError(f"{self.url}/v1/models lists no model: is the engine loaded?")
-        return [m for m in data if isinstance(m, dict)]
+        return models
 
     def tokenize(self, model: str, **fields: Any) -> dict[str, Any]:
         """POST /tokenize (vLLM's): `prompt=text` or `messages=[...]`."""
@@ -101,9 +102,12 @@ class TargetClient:
                 reason(response),
             )
         body = _check(response)
-        if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        # token ids are what prompts are built of: a list of anything else is no token list
+        if not isinstance(tokens, list) or not all(_is_count(t) for t in tokens):
             raise NoTokenize(f"{self.url}/tokenize answered without a vLLM-style token list")
-        return body
+        answer: dict[str, Any] = body
+        return answer
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         """A control-plane POST (calibration requests), JSON in and out."""
@@ -135,9 +139,13 @@ def pick_model(models: list[dict[str, Any]], wanted: str | None, url: str) -> di
 def max_model_len(model: Mapping[str, Any], tokenize_body: Mapping[str, Any] | None) -> int | None:
     for source in (model, tokenize_body or {}):
         value = source.get("max_model_len")
-        if isinstance(value, int) and value > 0:
+        if isinstance(value, int) and _is_count(value) and value > 0:
             return value
     return None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def plan_label(metrics_text: str | None) -> str:

@@ -225,5 +225,5 @@ def _body_error(pieces: tuple[tuple[float, bytes], ...]) -> str:
     body = b"".join(piece for _, piece in pieces)
     try:
         return error_message(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):
         return body[:200].decode("utf-8", "replace").strip() or "(empty body)"

@@ -75,7 +75,10 @@ class RemoteCounter:
 
 def _count(body: Mapping[str, Any]) -> int:
     count = body.get("count")
-    return count if isinstance(count, int) else len(body["tokens"])
+    # a count the server gets wrong in type or sign: its token list says (tokenize checked it)
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    return len(body["tokens"])
 
 
 class LocalCounter:
@@ -152,7 +155,7 @@ def _generic_class(folder: Path) -> bool:
         tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
         model_cfg = (json.loads((folder / "config.json").read_text())
                      if (folder / "config.json").is_file() else {})
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     if not (isinstance(tok_cfg, dict) and isinstance(model_cfg, dict)):
         return False
