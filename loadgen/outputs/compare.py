@@ -31,11 +31,24 @@ def load(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise BadArgument(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise BadArgument(f"{path} is not JSON: give files written by `loadgen --json`") from None
     if not isinstance(data, dict) or not ("summary" in data or "runs" in data):
         raise BadArgument(f"{path} is not a loadgen --json result (no summary or runs)")
+    runs = data.get("runs", [data])
+    if not isinstance(runs, list) or not all(_is_run(r) for r in runs):
+        raise BadArgument(f"{path} is not a loadgen --json result (a run without its config and "
+                          "summary objects, or its concurrency not a number)")
     return data
+
+
+def _is_run(run: object) -> bool:
+    # what runs_by_concurrency reads of each run: config.concurrency (a dict key) and summary
+    if not isinstance(run, dict):
+        return False
+    config, summary = run.get("config"), run.get("summary")
+    concurrency = config.get("concurrency") if isinstance(config, dict) else []
+    return (isinstance(summary, dict) and isinstance(concurrency, (int, float, str, type(None))))
 
 
 def runs_by_concurrency(data: dict[str, Any]) -> dict[Any, dict[str, Any]]:
