@@ -46,7 +46,11 @@ class CandidateSpec:
 
 def parse_candidate(text: str) -> CandidateSpec:
     """``"tp=2"``, ``"pp=2 name=layers"``, ``"name=small --max-num-batched-tokens 256"``."""
-    tokens = shlex.split(text)
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:  # an unclosed quote or a trailing backslash
+        raise LauncherError(f"candidate {text!r}: {exc} (quote each vLLM value whole, e.g. "
+                            "name=x --served-model-name 'my model')") from None
     split: dict[str, int] = {}
     name = None
     rest: list[str] = []
@@ -60,7 +64,8 @@ def parse_candidate(text: str) -> CandidateSpec:
                                 f"{tok!r} (e.g. 'tp=2', 'pp=2', 'name=x --max-num-seqs 8')")
         if key == "name":
             name = value
-        elif key in SPLIT_KEYS and value.isdigit() and int(value) > 0:
+        # isascii: str.isdigit() takes '²' and other digits int() refuses
+        elif key in SPLIT_KEYS and value.isascii() and value.isdigit() and int(value) > 0:
             split[key] = int(value)
         else:
             raise LauncherError(f"candidate {text!r}: unknown or invalid {tok!r}; use tp=N, "
