@@ -136,7 +136,7 @@ def _merge_json_flag(args: list[str], flag: str, ours: Mapping[str, Any]
 def _as_obj(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

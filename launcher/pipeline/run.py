@@ -229,6 +229,11 @@ def read_plan_file(path: Path) -> dict[str, Any]:
             f"the plan file {path} is not JSON ({exc.msg} at line {exc.lineno}): "
             "write it with `launcher plan --json > FILE` or `launcher tune`"
         ) from exc
+    except (ValueError, RecursionError) as exc:  # not UTF-8 text, or nested past any plan
+        raise LauncherError(
+            f"the plan file {path} is not a plan ({type(exc).__name__}): "
+            "write it with `launcher plan --json > FILE` or `launcher tune`"
+        ) from exc
     if not isinstance(data, dict):
         raise LauncherError(f"the plan file {path} does not hold a plan object")
     return data
