@@ -354,18 +354,20 @@ def read_host_facts(root: Path = Path("/")) -> HostFacts:
     governors = []
     for f in sorted((root / "sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor")):
         with contextlib.suppress(OSError):
-            governors.append(f.read_text().strip())
+            # errors="replace": a byte that is not UTF-8 is no governor name, never a traceback
+            governors.append(f.read_text(errors="replace").strip())
     groups_dir = root / "sys/kernel/iommu_groups"
     groups = len(list(groups_dir.iterdir())) if groups_dir.is_dir() else 0
     cmdline = ""
     with contextlib.suppress(OSError):
-        cmdline = (root / "proc/cmdline").read_text()
+        cmdline = (root / "proc/cmdline").read_text(errors="replace")  # bootloaders pass bytes
     acs: tuple[str, ...] | None = None
     lspci = shutil.which("lspci")
     if lspci:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             res = subprocess.run(
-                [lspci, "-vvv"], capture_output=True, text=True, timeout=10, check=False
+                [lspci, "-vvv"], capture_output=True, text=True, errors="replace", timeout=10,
+                check=False,  # errors="replace": VPD strings may hold any bytes
             )
             # without root lspci prints "<access denied>" instead of capabilities
             if res.returncode == 0 and "ACSCap" in res.stdout:
