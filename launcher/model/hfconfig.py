@@ -335,7 +335,7 @@ def _read_cached(path: Path) -> HfShape | None:
 
     try:
         return _from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None  # absent, unreadable or not ours: count the model again
 
 

@@ -200,7 +200,7 @@ def checkpoint_bytes(index_path: Path | None) -> int | None:
         return None
     try:
         data: Any = json.loads(index_path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past any index
         return None
     meta = data.get("metadata") if isinstance(data, dict) else None
     total = meta.get("total_size") if isinstance(meta, dict) else None

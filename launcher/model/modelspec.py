@@ -570,7 +570,7 @@ def load_model_spec(
     cfg_path = find_config(ref, env, revision)
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested past any config
         raise ModelError(_not_a_config(cfg_path, exc)) from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} is not a JSON object")
@@ -608,6 +608,10 @@ def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | No
     gives the parameter count: bytes / the checkpoint's bytes per parameter.
     """
     if total is None or spec.params <= 0:
+        return spec
+    if total * 8 < spec.params:
+        # Less than one bit per weight config.json counts cannot hold the weights in any format:
+        # a damaged index (or a header-only file), read as no index rather than a 0-byte model.
         return spec
     if spec.quantization is not None:
         return replace(spec, weight_bytes=total)
