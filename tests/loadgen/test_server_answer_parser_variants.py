@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from loadgen.errors import LoadgenError, NoTokenize
 from loadgen.prompts import token_pool
 from loadgen.sse import classify
-from loadgen.target import TargetClient, max_model_len, pick_model
+from loadgen.target import TargetClient, max_model_len, pick_model, plan_label
 from loadgen.timing import _body_error
 from loadgen.tokens import RemoteCounter
 
@@ -110,3 +110,18 @@ def test_any_stream_event_or_error_body_is_read(payload: bytes) -> None:
 def test_a_stream_event_nested_past_the_recursion_limit_is_a_malformed_event() -> None:
     # found here: json's RecursionError went past `except ValueError` as a traceback
     assert (classify(b"[" * 100_000).error or "").startswith("malformed stream event")
+
+
+PLAN_LINES = st.sampled_from([
+    '# TYPE toposerve_plan_info gauge', 'toposerve_plan_info{tp="2",pp="1",mode="x"} 1',
+    'toposerve_plan_info{} 1', 'toposerve_plan_info{tp="2"} 0', 'toposerve_plan_info 1',
+    'toposerve_plan_info{tp="2" 1', 'other_metric 3', '# HELP toposerve_plan_info x',
+])  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(PLAN_LINES, st.text(max_size=30)), max_size=6).map("\n".join))
+def test_any_metrics_text_gives_a_plan_label_or_unknown(text: str) -> None:
+    label = plan_label(text)
+    keys = ("mode=", "tp=", "pp=", "dp=", "transport=", "engine=")
+    assert label == "unknown" or label.startswith(keys)
