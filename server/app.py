@@ -505,8 +505,13 @@ def _inspect_body(body: bytes, media: bool) -> tuple[ProxyError | None, str | No
         # gives the GIL up only between calls into Python, so without one a body of many
         # small objects held the loop for the whole parse
         obj = json.loads(body, object_pairs_hook=_python_dict)
-    except (ValueError, RecursionError):  # the engine answers a broken body in its own words
+    except ValueError:  # the engine's json.loads refuses it too, and answers in its own words
         obj = None
+    except RecursionError:
+        # Not broken JSON: deeper than this interpreter's parser goes, and an engine on
+        # another Python may read deeper (3.11 stops under 1,000 levels; from 3.12 C code has
+        # its own, higher limit): relayed unread, its media URLs went to the engine unchecked.
+        return BadRequest(_TOO_DEEP), None
     return (guard.media_refusal(obj) if media else None), _model_of(obj)
 
 

@@ -89,7 +89,8 @@ class HeadLimit:
     went over, else None. A head that comes whole in its first chunk and is shorter than one
     line's limit (every usual request) costs one ``find``."""
 
-    __slots__ = ("cr", "done", "fast_max", "head_max", "line", "line_max", "lines", "total")
+    __slots__ = ("cr", "done", "end", "fast_max", "head_max", "line", "line_max", "lines",
+                 "total")
 
     def __init__(self, line_max: int, head_max: int) -> None:
         self.line_max = line_max
@@ -99,6 +100,9 @@ class HeadLimit:
 
     def reset(self) -> None:
         self.done = False
+        # Where the head ended in the chunk whose feed ended it (just past its blank line),
+        # else -1: the bytes after it in that chunk are the request's body and what follows.
+        self.end = -1
         self.line = 0  # bytes of the line being received
         self.total = 0
         self.lines = 0  # non-blank lines so far (blank ones before the request line are skipped)
@@ -107,10 +111,11 @@ class HeadLimit:
     def feed(self, data: bytes) -> str | None:
         if self.done:
             return None
-        if (not self.total and data[:1] not in b"\r\n"
-                and data.find(_HEAD_END, 0, self.fast_max) >= 0):
-            self.done = True
-            return None
+        if not self.total and data[:1] not in b"\r\n":
+            end = data.find(_HEAD_END, 0, self.fast_max)
+            if end >= 0:
+                self.done, self.end = True, end + len(_HEAD_END)
+                return None
         pos, end = 0, len(data)
         while True:
             nl = data.find(b"\n", pos)
@@ -132,7 +137,7 @@ class HeadLimit:
             if not blank:
                 self.lines += 1
             elif self.lines:
-                self.done = True
+                self.done, self.end = True, pos
                 return None
 
     def _over(self) -> str | None:

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ HOP_BY_HOP = frozenset({
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length", b"date",
     b"server", b"x-request-id",
 })
+_LOCATIONS = frozenset({b"location", b"content-location"})
 CLIENT_GONE = 499
 FINAL_SEND_TIMEOUT_S = 5.0
 # Non-streamed answers up to this are buffered, checked and sent with one write; longer ones
@@ -292,7 +294,9 @@ class Relay:
                      guard: _Guard, down: Downstream) -> None:
         if resp.status >= 500:
             self.metrics.upstream_errors.labels(up.url, "status_5xx").inc()
-        headers = [(k, v) for k, v in resp.headers if k not in HOP_BY_HOP]
+        engine = self.pools[up.url].netloc.encode("latin-1")
+        headers = [(k, proxied_location(v, engine) if k in _LOCATIONS else v)
+                   for k, v in resp.headers if k not in HOP_BY_HOP]
         headers.append((b"x-request-id", call.request_id.encode()))
         if resp.content_type == b"text/event-stream":
             await self._relay_stream(call, up, resp, headers, guard, down)
@@ -634,6 +638,30 @@ async def _bounded(sending: Awaitable[None], bound_s: float = FINAL_SEND_TIMEOUT
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(bound_s):
             await sending
+
+
+def proxied_location(value: bytes, engine: bytes) -> bytes:
+    """A ``Location`` the engine built from the Host the proxy sent it (FastAPI's redirect of
+    a path with a trailing slash: ``http://127.0.0.1:8001/v1/chat/completions``), made the path
+    alone, which the client resolves against the proxy's own URL (as nginx's ``proxy_redirect
+    default``): the engine's address stays inside, and a client that follows the redirect
+    comes back through the proxy instead of going round it. Any other value is unchanged, and
+    so is one whose path a browser could read as another host's (``//x``, ``/\\x``, a tab or
+    space in it: the WHATWG URL parser drops tabs and takes a backslash for a slash)."""
+    text = value.strip()
+    # https: the engine's uvicorn trusts X-Forwarded-Proto from the proxy's address, so a
+    # client that sends one gets its redirects built with that scheme
+    for prefix in (b"http://" + engine, b"https://" + engine, b"//" + engine):
+        if text[:len(prefix)].lower() == prefix.lower():
+            rest = text[len(prefix):]
+            if rest[:1] not in (b"", b"/", b"?", b"#") or _UNSAFE_PATH.search(rest):
+                return value
+            rest = rest if rest[:1] == b"/" else b"/" + rest
+            return value if rest[:2] == b"//" else rest
+    return value
+
+
+_UNSAFE_PATH = re.compile(rb"[\x00-\x20\\\x7f]")
 
 
 def _stream_error(call: Call, message: str, code: str) -> bytes:

@@ -194,6 +194,12 @@ class _PipelineFull(Exception):
     """Raised inside the parser: the connection has MAX_PIPELINED requests queued."""
 
 
+FRAMING_TOO_LARGE = (
+    "the request's chunked body sent {n} bytes in a row that were not body (chunk size lines, "
+    "chunk extensions, trailer fields), over the limit of {limit}; send the body with a "
+    "Content-Length, or in chunks without extensions or trailers")
+
+
 def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
     timeout_s = guards.header_timeout_s
 
@@ -205,6 +211,12 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
         _header_timer: asyncio.TimerHandle | None = None
         _refused: Refusal | None = None
         _pipeline_full = False  # no more requests are read: the queued ones end the connection
+        # A request's body being read (headers complete, message not): what llhttp hands on
+        # from it, and how many bytes in a row came that were not body (see data_received).
+        _in_body = False
+        _heads = 0  # request heads parsed on this connection
+        _body_fed = 0
+        _framing_run = 0
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -233,7 +245,9 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             if over is not None:
                 self._refuse(431, head_too_large(self._head, over), "header_too_large", data)
                 return
+            in_body, heads, self._body_fed = self._in_body, self._heads, 0
             super().data_received(data)
+            self._bound_framing(in_body, self._heads - heads, len(data))
             # uvicorn stops its keep-alive timer on any byte, and arms nothing until a request
             # begins: bytes that begin none (a lone CRLF, which llhttp skips) would leave an
             # idle connection without a timer for ever. Between requests, the header timer runs.
@@ -242,6 +256,44 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                     and (cycle is None or cycle.response_complete)
                     and getattr(self, "timeout_keep_alive_task", None) is None):
                 self._arm()
+
+        def _bound_framing(self, began_in_body: bool, new_heads: int, size: int) -> None:
+            """A chunked body's bytes that are not body (size lines, extensions, trailer
+            fields) are bounded like a head: llhttp buffers none of it, but httptools joins
+            a trailer value's pieces and uvicorn keeps every trailer field, so an endless
+            trailer section grew the proxy by about 500 MB a second, before any key was
+            asked. Counted per read that ends inside a request's body and carried no body
+            byte: a read wholly inside that body adds its size, the read that ended its head
+            what came after the head. A read with body bytes starts the count again: where
+            in it they lay is not known, so the bound is looser by at most one read (256
+            KiB), never absent."""
+            if not self._in_body or self._body_fed or self._refused is not None:
+                self._framing_run = 0
+                return
+            if began_in_body and not new_heads:
+                self._framing_run += size
+            elif not began_in_body and new_heads == 1 and self._head.end >= 0:
+                self._framing_run = size - self._head.end  # the head's own bytes are bounded
+            else:  # a request ended in this read and another began: its head is not placed
+                self._framing_run = 0
+                return
+            limit = guards.max_header_bytes + guards.max_header_line_bytes
+            if self._framing_run <= limit:
+                return
+            message = FRAMING_TOO_LARGE.format(n=self._framing_run, limit=limit)
+            cycle = self.cycle
+            if cycle is not None and cycle.response_started:  # no second answer: cut it
+                log.info("cut off a request: %s", message)
+                self._in_body = False
+                self.transport.abort()
+                return
+            if cycle is not None:
+                # The app runs already (since the head): it must not answer after the
+                # refusal (uvicorn's send would write past its end, a traceback per request):
+                # as for a client gone, its sends are dropped and its receive() says so.
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self._refuse(431, message, "header_too_large")
 
         def _refuse(self, status: int, message: str, code: str, head: bytes = b"") -> None:
             self._disarm()
@@ -292,6 +344,8 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             hook = extensions[DISCONNECT_HOOK] = new_disconnect_hook()
             super().on_headers_complete()
+            self._in_body = True
+            self._heads += 1
             # The relay's downstream over the cycle's own send (server.relay.Relay.handle):
             # direct writes on routes that reach it through FastAPI, whose send wraps it.
             cycle = self.cycle
@@ -316,11 +370,21 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             # In place: uvicorn's scope holds this very list.
             self.headers[:] = [*(h for h in self.headers if h[0] != b"host"), (b"host", authority)]
 
+        def on_header(self, name: bytes, value: bytes) -> None:
+            # After the head, a field is a chunked body's trailer: uvicorn would append it to
+            # the scope's headers, which the app has read already (the Host, Origin and key
+            # checks) and the relay forwards when the body is in. RFC 9110 6.5.1 lets a
+            # recipient drop trailer fields; nothing here reads them.
+            if not self._in_body:
+                super().on_header(name, value)
+
         def on_body(self, body: bytes) -> None:
+            self._body_fed += len(body)
             if self._refused is None:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._in_body = False
             if self._refused is None:
                 super().on_message_complete()
                 self._head.reset()

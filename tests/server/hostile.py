@@ -182,6 +182,7 @@ class StandIn:
     stream: list[bytes] | None = None
     require_key: str | None = None  # anything without "authorization: Bearer <it>" gets 401
     authorizations: list[str] = field(default_factory=list)  # each request's, "" for none
+    heads: list[str] = field(default_factory=list)  # each request's head, as sent
     seen: list[str] = field(default_factory=list)
     connections: int = 0  # accepted so far
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -227,6 +228,7 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
                 with engine.lock:
                     engine.seen.append(f"{method} {path}")
                     engine.authorizations.append(auth)
+                    engine.heads.append(head.decode("latin-1"))
                 if engine.require_key and auth != f"Bearer {engine.require_key}":
                     body = b'{"error": "Unauthorized"}'
                     conn.sendall(b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json"
