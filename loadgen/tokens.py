@@ -159,7 +159,9 @@ def _generic_class(folder: Path) -> bool:
         return False
     if not (isinstance(tok_cfg, dict) and isinstance(model_cfg, dict)):
         return False
-    if (tok_cfg.get("tokenizer_class") not in GENERIC_CLASSES or "auto_map" in tok_cfg
+    named = tok_cfg.get("tokenizer_class")
+    # isinstance first: a list there is unhashable (a TypeError in the set lookup), no class
+    if (not isinstance(named, str) or named not in GENERIC_CLASSES or "auto_map" in tok_cfg
             or "auto_map" in model_cfg or not (folder / "tokenizer.json").is_file()
             or (folder / "tekken.json").exists()):
         return False
