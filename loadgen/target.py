@@ -87,8 +87,12 @@ class TargetClient:
         with _translated(self.url, "/v1/models"):
             body = _check(self._http.get("/v1/models"))
         data = body.get("data") if isinstance(body, dict) else None
-        models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
-        if not models:  # a list of anything but model objects names no model either
+        # a model is asked for by its id: an entry without a string id names no model (it was
+        # sent as the model "None"), and a list of anything but such entries lists none
+        listed = data if isinstance(data, list) else []
+        models = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)
+                  and m["id"]]
+        if not models:
             raise TargetError(f"{self.url}/v1/models lists no model: is the engine loaded?")
         return models
 

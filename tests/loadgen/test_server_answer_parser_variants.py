@@ -57,7 +57,8 @@ def test_any_models_answer_is_a_model_or_one_line(status: int, body: bytes) -> N
     except LoadgenError as exc:
         one_line(exc)
         return
-    assert isinstance(model, dict)
+    assert isinstance(model["id"], str)
+    assert model["id"]
     limit = max_model_len(model, None)
     assert limit is None or (type(limit) is int and limit > 0)
 
@@ -80,9 +81,11 @@ def test_any_tokenize_answer_is_a_token_list_or_no_tokenize(status: int, body: b
         one_line(exc)
 
 
-@pytest.mark.parametrize("body", [b'{"data": [1, "m"]}', b'{"data": [[]]}'])
+@pytest.mark.parametrize("body", [b'{"data": [1, "m"]}', b'{"data": [[]]}', b'{"data": [{}]}',
+                                  b'{"data": [{"id": 7}]}'])
 def test_a_model_list_of_no_model_objects_is_one_line(body: bytes) -> None:
-    # found here: the list filtered to nothing, then models[0] was an IndexError
+    # found here: the list filtered to nothing, then models[0] was an IndexError; an entry
+    # without a string id was served as the model "None" (or "7")
     with pytest.raises(LoadgenError, match="lists no model"):
         client(200, body).models()
 
