@@ -9,14 +9,20 @@ extra flags last because vLLM keeps the last occurrence of a flag, so the user's
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from launcher.errors import EngineError
+
 # Flags whose value is a JSON object: a setting of ours is merged into the user's object instead
 # of being given twice (vLLM would keep only one of the two).
 COMPILATION_CONFIG = "--compilation-config"
+# The spellings vLLM's parser takes for it (its short alias, and `_` for `-` in a long flag):
+# a user's value under any of them is the one vLLM keeps, so ours is merged into it.
+COMPILATION_CONFIG_SPELLINGS = (COMPILATION_CONFIG, "--compilation_config", "-cc")
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ class EngineCommand:
             out.append("--trust-remote-code")
         extra = list(self.extra_args)
         if self.compilation_config:
-            extra, merged = _merge_json_flag(extra, COMPILATION_CONFIG, self.compilation_config)
+            extra, merged = _merge_json_flag(extra, COMPILATION_CONFIG_SPELLINGS,
+                                             self.compilation_config)
             if not merged:
                 out += [COMPILATION_CONFIG, json.dumps(dict(self.compilation_config),
                                                        separators=(",", ":"))]
@@ -116,29 +123,70 @@ class EngineCommand:
         return (prefix + " " if prefix else "") + shlex.join(self.argv())
 
 
-def _merge_json_flag(args: list[str], flag: str, ours: Mapping[str, Any]
+def _merge_json_flag(args: list[str], spellings: tuple[str, ...], ours: Mapping[str, Any]
                      ) -> tuple[list[str], bool]:
-    """Merge ``ours`` into the last ``flag VALUE`` / ``flag=VALUE`` of the user's ``args``
-    (ours wins key by key, the user's other keys stay). (new args, whether one was found)."""
+    """Merge ``ours`` into the last ``flag VALUE`` / ``flag=VALUE`` of the user's ``args``, the
+    flag under any of its ``spellings`` (ours wins key by key, the user's other keys stay).
+    (new args, whether one was found). A value that is no JSON object is refused
+    (:func:`_as_obj`), never read as ``{}``: that would drop the user's settings for ours."""
     for i in range(len(args) - 1, -1, -1):
         item = args[i]
-        if item == flag and i + 1 < len(args):
-            out = list(args)
-            out[i + 1] = json.dumps(deep_merge(_as_obj(args[i + 1]), ours))
-            return out, True
-        if item.startswith(flag + "="):
-            out = list(args)
-            out[i] = f"{flag}={json.dumps(deep_merge(_as_obj(item[len(flag) + 1:]), ours))}"
-            return out, True
+        for flag in spellings:
+            if item == flag and i + 1 < len(args):
+                out = list(args)
+                out[i + 1] = json.dumps(deep_merge(_as_obj(flag, args[i + 1]), ours))
+                return out, True
+            if item.startswith(flag + "="):
+                value = item[len(flag) + 1:]
+                out = list(args)
+                out[i] = f"{flag}={json.dumps(deep_merge(_as_obj(flag, value), ours))}"
+                return out, True
     return args, False
 
 
-def _as_obj(text: str) -> dict[str, Any]:
+# vLLM (0.32) reads this flag's value as JSON after writing out bare numbers with a size suffix
+# (`[1k, 2K]`: 1000, 2048; engine/arg_utils.py _expand_json_human_readable_numbers): only outside
+# JSON strings, decimal suffixes k m g t, binary K M G T (whole numbers only).
+_JSON_STRING = re.compile(r'("(?:[^"\\]|\\.)*")')
+_SIZED_NUMBER = re.compile(r"\b(\d+(?:\.\d+)?)([kKmMgGtT])\b")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _sized(match: re.Match[str]) -> str:
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return str(int(float(number) * _DECIMAL[suffix]))
+    if "." in number:  # vLLM refuses a decimal with a binary suffix
+        raise ValueError(f"{match.group()}: no decimals with a binary suffix")
+    return str(int(number) * _BINARY[suffix])
+
+
+def _expand_sized_numbers(text: str) -> str:
+    parts = _JSON_STRING.split(text)
+    parts[::2] = [_SIZED_NUMBER.sub(_sized, part) for part in parts[::2]]
+    return "".join(parts)
+
+
+def _as_obj(flag: str, text: str) -> dict[str, Any]:
+    """The user's ``flag`` value as the JSON object vLLM reads it as. Anything else (a bare
+    level such as ``3``, which older vLLMs took and 0.32 refuses; a truncated object; a list)
+    is refused in one line that says what to pass: read as ``{}``, the launcher's own settings
+    would silently have replaced the user's."""
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        value = json.loads(_expand_sized_numbers(text))
+    except (ValueError, OverflowError, RecursionError):  # JSONDecodeError is a ValueError
+        value = None
+    if isinstance(value, dict):
+        return value
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    level = text.strip()
+    hint = (f" (an optimization level is its own flag: -O{level})"
+            if level in ("0", "1", "2", "3") else "")
+    raise EngineError(
+        f"{flag} {shown!r} is not a JSON object, and the launcher merges its own compilation "
+        f"settings into yours: pass one, e.g. {flag} '{{\"cudagraph_mode\": \"PIECEWISE\"}}'"
+        f"{hint}")
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,20 +1,22 @@
 """Files a user hands the launcher as its own JSON: the saved plan (`serve --plan FILE`) and
 the JSON of a vLLM flag the launcher merges its settings into (--compilation-config). Any bytes,
-nesting past Python's recursion limit included, are a plan, one LauncherError line, or (the
-flag) the launcher's own settings; never a traceback."""
+nesting past Python's recursion limit included, are a plan or one LauncherError line, and (the
+flag) the user's object with the launcher's settings merged in, or one line that says what to
+pass (read as {}, the user's settings were silently replaced by ours); never a traceback."""
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from launcher.engine.enginecmd import COMPILATION_CONFIG, _merge_json_flag
-from launcher.errors import LauncherError
+from launcher.errors import EngineError, LauncherError
 from launcher.pipeline.run import read_plan_file
 
 DEEP = st.sampled_from([b"[" * 100_000, b'{"a":' * 100_000])
@@ -55,10 +57,24 @@ def test_a_plan_file_that_was_a_traceback_is_one_line(tmp_path: Path, content: b
 
 @settings(max_examples=150, deadline=None)
 @given(CONTENT.map(lambda b: b.decode("utf-8", "replace")), st.booleans())
-def test_any_compilation_config_value_is_merged_with_ours(value: str, joined: bool) -> None:
+def test_any_compilation_config_value_is_merged_with_ours_or_refused_in_one_line(
+    value: str, joined: bool
+) -> None:
+    assume(not re.search(r"\d[kKmMgGtT]", value))  # vLLM's size suffixes: test_engine_command
     ours = {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     args = [f"{COMPILATION_CONFIG}={value}"] if joined else [COMPILATION_CONFIG, value]
-    out, found = _merge_json_flag(args, COMPILATION_CONFIG, ours)
+    try:
+        user = json.loads(value)
+    except (ValueError, RecursionError):
+        user = None
+    if not isinstance(user, dict):
+        with pytest.raises(EngineError) as refused:
+            _merge_json_flag(args, (COMPILATION_CONFIG,), ours)
+        assert "\n" not in str(refused.value)
+        assert "is not a JSON object" in str(refused.value)
+        return
+    out, found = _merge_json_flag(args, (COMPILATION_CONFIG,), ours)
     assert found
     merged = json.loads(out[-1].split("=", 1)[1] if joined else out[-1])
-    assert merged["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    # as text: a NaN the user gave is no NaN equal to itself
+    assert json.dumps(merged, sort_keys=True) == json.dumps({**user, **ours}, sort_keys=True)

@@ -7,6 +7,7 @@ import json
 import shlex
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 
 from launcher.cli.main import main
 from launcher.engine import failures
-from launcher.engine.enginecmd import EngineCommand
+from launcher.engine.enginecmd import COMPILATION_CONFIG_SPELLINGS, EngineCommand, deep_merge
+from launcher.errors import EngineError
 from tests.conftest import REPO, TOPOLOGIES
 from tests.serve.standin_engine import SYMM_MEM_CRASH
 
@@ -115,7 +117,7 @@ WORD = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, m
 @settings(max_examples=200, deadline=None)
 @given(
     extra=st.lists(st.one_of(FLAG, WORD), max_size=8).filter(
-        lambda xs: not any(x.startswith("--compilation-config") for x in xs)),
+        lambda xs: not any(x.startswith(COMPILATION_CONFIG_SPELLINGS) for x in xs)),
     tp=st.integers(1, 8), pp=st.integers(1, 4), trust=st.booleans(),
     backend=st.sampled_from([None, "ray", "mp"]), no_car=st.booleans(),
     parser=st.sampled_from([None, "hermes"]), compilation=st.booleans(),
@@ -133,3 +135,101 @@ def test_user_extra_args_are_last_for_any_command(
     assert argv[len(argv) - len(extra):] == tuple(extra)
     assert argv.count("--compilation-config") == int(compilation)
     assert ("--trust-remote-code" in argv[:len(argv) - len(extra)]) == trust
+
+
+OURS = {"pass_config": {"fuse_allreduce_rms": False}}  # the symm-mem fallback's
+
+
+def merged_user_value(*user: str) -> Any:
+    """The --compilation-config value vLLM gets when a fallback's settings meet ``user``'s."""
+    argv = EngineCommand("m", "h", 1, compilation_config=OURS, extra_args=user).argv()
+    flags = [a for a in argv if a.startswith(COMPILATION_CONFIG_SPELLINGS)]
+    assert len(flags) == 1, argv  # one flag: vLLM would keep only the last of two
+    flag = flags[0]
+    return json.loads(flag.split("=", 1)[1] if "=" in flag else argv[argv.index(flag) + 1])
+
+
+def as_user_gives(spelling: str, equals: bool, value: str) -> tuple[str, ...]:
+    return (f"{spelling}={value}",) if equals else (spelling, value)
+
+
+@pytest.mark.parametrize("spelling", COMPILATION_CONFIG_SPELLINGS)
+@pytest.mark.parametrize("equals", [False, True])
+def test_the_users_compilation_object_keeps_its_keys_under_every_spelling_vllm_takes(
+    spelling: str, equals: bool
+) -> None:
+    """-cc and --compilation_config are vLLM's too: not merged, the user's flag (last) would
+    replace the fallback's settings, the fix a retry exists for."""
+    user = as_user_gives(spelling, equals, '{"cudagraph_mode": "PIECEWISE"}')
+    assert merged_user_value("--max-num-seqs", "4", *user) == {
+        "cudagraph_mode": "PIECEWISE", **OURS}
+
+
+@pytest.mark.parametrize("value", ["3", "0", '{"level":', "[]", "null", "None", "", '"{}"',
+                                   "{'level': 3}", "level=3", '{"sizes": [1.5K]}'])
+@pytest.mark.parametrize("spelling", COMPILATION_CONFIG_SPELLINGS)
+@pytest.mark.parametrize("equals", [False, True])
+def test_a_compilation_value_that_is_no_json_object_is_refused_in_one_line_not_read_as_empty(
+    value: str, spelling: str, equals: bool
+) -> None:
+    """vLLM 0.32 takes only a JSON object for the flag (pydantic validates it as
+    CompilationConfig; `3`, an older vLLM's level shorthand, exits 2). Read as {} it was
+    replaced by the launcher's own settings without a word."""
+    with pytest.raises(EngineError) as refused:
+        merged_user_value(*as_user_gives(spelling, equals, value))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"{spelling} {value!r} is not a JSON object")
+    assert f"pass one, e.g. {spelling} '{{" in message
+    assert ("-O" + value in message) == (value in ("3", "0"))  # a level has its own flag
+
+
+def test_a_compilation_value_is_left_as_given_when_the_launcher_adds_nothing() -> None:
+    """vLLM's own parser says what it thinks of a value nothing is merged into."""
+    argv = EngineCommand("m", "h", 1, extra_args=("--compilation-config", "3")).argv()
+    assert argv[-2:] == ("--compilation-config", "3")
+
+
+def test_sized_numbers_are_read_as_vllm_reads_them_outside_strings() -> None:
+    """vLLM 0.32 writes out `1k` (1000) and `2K` (2048) in a JSON flag before parsing it
+    (engine/arg_utils.py _expand_json_human_readable_numbers); a string is left as it is."""
+    user = ("-cc", '{"compile_sizes": [1k, 2K, 1.5m], "cache_dir": "/tmp/1k \\" 2K"}')
+    assert merged_user_value(*user) == {
+        "compile_sizes": [1000, 2048, 1500000], "cache_dir": '/tmp/1k " 2K', **OURS}
+
+
+JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                      st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+JSON_VALUE = st.recursive(JSON_LEAF, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=8)
+JSON_OBJECT = st.dictionaries(st.text(max_size=8), JSON_VALUE, max_size=4)
+SPELLING = st.sampled_from(COMPILATION_CONFIG_SPELLINGS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=JSON_OBJECT, spelling=SPELLING, equals=st.booleans(), spaced=st.booleans())
+def test_any_json_object_the_user_gives_is_merged_key_by_key(
+    obj: dict[str, Any], spelling: str, equals: bool, spaced: bool
+) -> None:
+    text = json.dumps(obj, indent=1 if spaced else None)
+    assert merged_user_value(*as_user_gives(spelling, equals, text)) == deep_merge(obj, OURS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=JSON_OBJECT.filter(bool), spelling=SPELLING, equals=st.booleans(), data=st.data())
+def test_any_truncated_json_object_is_refused(
+    obj: dict[str, Any], spelling: str, equals: bool, data: st.DataObject
+) -> None:
+    text = json.dumps(obj)
+    cut = data.draw(st.integers(0, len(text) - 1))  # the closing brace is last: never whole
+    with pytest.raises(EngineError, match="is not a JSON object"):
+        merged_user_value(*as_user_gives(spelling, equals, text[:cut]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUE.filter(lambda v: not isinstance(v, dict)), spelling=SPELLING,
+       equals=st.booleans())
+def test_any_json_value_but_an_object_is_refused(value: Any, spelling: str, equals: bool) -> None:
+    with pytest.raises(EngineError, match="is not a JSON object"):
+        merged_user_value(*as_user_gives(spelling, equals, json.dumps(value)))
