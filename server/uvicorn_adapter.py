@@ -194,6 +194,24 @@ class _PipelineFull(Exception):
     """Raised inside the parser: the connection has MAX_PIPELINED requests queued."""
 
 
+class _Deferred:
+    """A refusal of a pipelined request whose earlier requests are still being answered
+    (``GuardedProtocol._refuse``): written once they all are. Until then nothing more is
+    parsed, and what the client sends is dropped (reading is paused, but uvicorn's flow
+    control may resume it)."""
+
+    __slots__ = ("code", "message", "status", "target")
+
+    def __init__(self, status: int, message: str, code: str, target: str) -> None:
+        self.status, self.message, self.code, self.target = status, message, code, target
+
+    def drop(self, data: bytes) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
 FRAMING_TOO_LARGE = (
     "the request's chunked body sent {n} bytes in a row that were not body (chunk size lines, "
     "chunk extensions, trailer fields), over the limit of {limit}; send the body with a "
@@ -209,7 +227,7 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
         client that stops reading (the same rules as server.front's)."""
 
         _header_timer: asyncio.TimerHandle | None = None
-        _refused: Refusal | None = None
+        _refused: Refusal | _Deferred | None = None
         _pipeline_full = False  # no more requests are read: the queued ones end the connection
         # A request's body being read (headers complete, message not): what llhttp hands on
         # from it, and how many bytes in a row came that were not body (see data_received).
@@ -297,8 +315,37 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
 
         def _refuse(self, status: int, message: str, code: str, head: bytes = b"") -> None:
             self._disarm()
+            target = request_target(self.url, head)
+            cycle = self.cycle
+            if not self._in_body and cycle is not None and not cycle.response_complete:
+                # A pipelined request refused (its head too large, not HTTP, an upgrade)
+                # while an earlier one is still being answered or queued: written now, the
+                # refusal landed inside that answer (a streamed one was cut by a 431 in the
+                # middle of its chunks, and its next write failed, a 500 in the log). As
+                # nginx, which reads the next request only once one is answered: the
+                # refusal waits for every earlier answer (on_response_complete).
+                log.info("a pipelined request is refused once the answers before it are "
+                         "complete: %d %s", status, message)
+                self._refused = _Deferred(status, message, code, target)
+                self.transport.pause_reading()
+                return
             self._refused = refuse(self.transport, self.loop, self.server_state.default_headers,
-                                   status, message, code, request_target(self.url, head))
+                                   status, message, code, target)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            deferred = self._refused
+            cycle = self.cycle
+            if (not isinstance(deferred, _Deferred) or self.transport.is_closing()
+                    or self.pipeline or (cycle is not None and not cycle.response_complete)):
+                return  # nothing waits, the client asked to close, or more answers are due
+            keep_alive = getattr(self, "timeout_keep_alive_task", None)
+            if keep_alive is not None:  # armed by uvicorn just now: the refusal closes instead
+                keep_alive.cancel()
+                self.timeout_keep_alive_task = None
+            self._refused = refuse(self.transport, self.loop, self.server_state.default_headers,
+                                   deferred.status, deferred.message, deferred.code,
+                                   deferred.target)
 
         def send_400_response(self, msg: str) -> None:
             if self._pipeline_full:  # the parser was stopped on purpose: nothing to answer
