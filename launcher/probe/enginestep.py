@@ -13,7 +13,8 @@ engine of its own, so a test could not time the engine it served from.
 So `launcher probe --measure` starts the engine as `serve` does (vLLM's OpenAI server on the
 embedded tiny model, :mod:`launcher.pipeline.enginesteps`) and :func:`time_served` times it as
 loadgen does: streamed completions of token-id prompts, every body piece stamped as it arrives;
-the decode step is (last token - first token) / (completion tokens - 1), the prefill a line
+the decode step is (last token - first token) / (completion tokens - 1) of decodes sent as
+loadgen's default run sends them (its 256 tokens out, greedy, back to back), the prefill a line
 through the time to first token of a short and a long prompt, and attention over a cached
 context: the long prompt's count of new tokens after DEPTH_CONTEXT tokens that are already in
 the prefix cache (a coding agent's turn), sent right before the round's long prompt, its plain
@@ -74,10 +75,20 @@ FORMAT = 7  # 1 was the offline engine's step, without the server's per-token wo
 # rounds not kept; its steps may have been read from tokens the server held back (a step below
 # BURST_GAP_S is refused on reading, as any record's is)
 READ_FORMATS = (2, 3, 4, 5, 6, FORMAT)
-# Tokens per timed generation and rounds: enough gaps that one late event moves the mean little,
-# few enough that a round takes about a second on two busy cores.
-STEPS = 128
+# Tokens per timed decode, and rounds. A decode is timed as loadgen's default run reads one: its
+# --gen (256 tokens out, so STEPS = 255 gaps, over loadgen's own 512-768 tokens of context), and
+# its requests as loadgen sends them, greedy and one decode right after another (time_served).
+# Timed as before instead, each 129-token decode after its round's one-token requests and
+# sampled at the server's default temperature, the step read 0.75-1.09 of loadgen's decode
+# (median 0.95) in 9 rounds interleaved with this timing and loadgen's on one engine, quiet,
+# beside one busy loop and beside a 1-in-3 busy one; this timing 0.97-1.15 (median 1.02): under
+# the busy loop 0.75-0.79 against 1.01-1.02, its held-back decodes read from their ends over 128
+# steps less a first token timed alone (2026-12-05, docs/planner.md 7c).
+STEPS = 255
 ROUNDS = 7
+# The step at many streams keeps its shorter generation (time_served: at most this many steps):
+# 16 streams of 256 tokens would double that timing for no figure a plan at 8 streams missed.
+BATCH_STEPS = 128
 # The two prompts the prefill line goes through: a request's fixed cost, and loadgen's default
 # prompt, whose request then times the decode steps at loadgen's default context (a 1024-token
 # prompt's steps were 15% slower here than loadgen's at 512).
@@ -92,7 +103,7 @@ LONG_PROMPT = 512
 DEPTH_CONTEXT = 2048
 # The step at many sequences: this many streams sent at once, each SHORT_PROMPT fresh tokens
 # after a LONG_PROMPT-token prefix cached once before (so each decodes at the one-stream step's
-# context, and their prefill is one short step), STEPS + 1 tokens out; BATCH_ROUNDS times, the
+# context, and their prefill is one short step), BATCH_STEPS + 1 tokens out; BATCH_ROUNDS times, the
 # median kept. 16: between the 8 and 32 streams a plan is asked for, and a second or so a round
 # on two cores (all 16 decode in a step of ~8 ms here).
 BATCH_STREAMS = 16
@@ -486,9 +497,11 @@ def prefill_line(short_s: float, long_s: float, short: int = SHORT_PROMPT,
 
 
 def _body(served: Served, ids: list[int], gen: int) -> dict[str, Any]:
-    """A streamed completion of exactly ``gen`` tokens, its usage at the end."""
+    """A streamed completion of exactly ``gen`` tokens, its usage at the end: the fields
+    loadgen's requests carry (loadgen.workload.generation_body), greedy as its are."""
     return {"model": served.model, "prompt": ids, "max_tokens": gen, "min_tokens": gen,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
 
 
 def _checked(got: Streamed, gen: int) -> Streamed:
@@ -563,18 +576,21 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                 seed: int | None = None, depth: int = DEPTH_CONTEXT,
                 batch: int = BATCH_STREAMS) -> Timed:
     """Time a running engine as loadgen does, one stream at a time: per round a short prompt
-    (time to first token, its only token), a long one (its time to first token, its only token)
-    and another that then generates ``steps`` + 1 tokens (its decode step), and as many new
-    tokens after a cached context of ``depth`` tokens (0: not timed) sent right before the long
-    one, its plain partner: the two first tokens are then milliseconds apart, so a machine whose
-    speed moves between rounds moves both (attentionfit). The context is sent once before the
-    rounds and the same in every round. Then, ``batch`` (0: not timed) streams at once,
-    BATCH_ROUNDS times, each a fresh SHORT_PROMPT after a LONG_PROMPT prefix sent once before
-    them: the step with that many in flight (batch_step; a round it cannot read is not kept). A
-    decode stream that cannot be read as it came (:meth:`Streamed.unread`: its tokens held back
-    and sent in a burst) has its step read from its end (:meth:`Streamed.end_step_s`), said; a
-    round whose step cannot be read either way is not kept, said, and run again: up to
-    ``rounds`` (and BATCH_ROUNDS) rounds more, until ``rounds`` are kept. Every other prompt is
+    (time to first token, its only token) and a long one (its time to first token, its only
+    token), and as many new tokens after a cached context of ``depth`` tokens (0: not timed)
+    sent right before the long one, its plain partner: the two first tokens are then
+    milliseconds apart, so a machine whose speed moves between rounds moves both
+    (attentionfit). The context is sent once before the rounds and the same in every round.
+    Then ``rounds`` long prompts that each generate ``steps`` + 1 tokens (the decode step), one
+    right after another, greedy, as loadgen's default run sends its requests (STEPS). Then,
+    ``batch`` (0: not timed) streams at once, BATCH_ROUNDS times, each a fresh SHORT_PROMPT
+    after a LONG_PROMPT prefix sent once before them, at most BATCH_STEPS + 1 tokens out: the
+    step with that many in flight (batch_step; a round it cannot read is not kept). A decode
+    stream that cannot be read as it came (:meth:`Streamed.unread`: its tokens held back and
+    sent in a burst) has its step read from its end (:meth:`Streamed.end_step_s`, less the long
+    prompts' median first token), said; a decode whose step cannot be read either way is not
+    kept, said, and sent again: up to ``rounds`` (and BATCH_ROUNDS) more, until ``rounds`` are
+    kept. Every other prompt is
     new token ids, so that nothing else comes from the prefix cache: drawn from a fresh seed on
     every call unless ``seed`` is given (a second timing of one engine with the first one's
     prompts met them cached: a 512-token first token 3.6x faster than loadgen's).
@@ -598,29 +614,32 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                 _stream(client, served, ids(LONG_PROMPT), 8)
             if depth:  # into the prefix cache, where an agent's previous turn left it
                 _stream(client, served, context, 1)
-            for run in range(1, 2 * rounds + 1):
-                if len(step) == rounds:
-                    break
+            for _ in range(rounds):
                 # first tokens of one-token requests: a server that holds a stream's tokens back
                 # until its generation is made then sends each on time (a stream's first of
                 # two came a step late here, of 33 a whole decode late)
                 first = _stream(client, served, ids(SHORT_PROMPT), 1)
                 at = _stream(client, served, context + ids(LONG_PROMPT), 1) if depth else None
                 plain = _stream(client, served, ids(LONG_PROMPT), 1)
+                short.append(first.ttft_s)
+                long_.append(plain.ttft_s)
+                if at is not None and at.cached_tokens is not None:
+                    pairs.append(DepthPair(plain.ttft_s, at.ttft_s, at.cached_tokens))
+            # then the decodes, one right after another as loadgen sends its requests (STEPS);
+            # one whose step cannot be read is sent again, up to ``rounds`` more
+            plain_s = statistics.median(long_)
+            for run in range(1, 2 * rounds + 1):
+                if len(step) == rounds:
+                    break
                 got = _stream(client, served, ids(LONG_PROMPT), steps + 1)
                 read, why = got.step_s, got.unread()
                 if why is not None:
-                    read = got.end_step_s(plain.ttft_s)
+                    read = got.end_step_s(plain_s)
                     done = ("step read from its end" if read is not None else
                             "step not read, not from its end either: not kept")
                     unread_rounds.append(f"round {run}: the decode's {done}: {why}"[:200])
-                if read is None:
-                    continue
-                short.append(first.ttft_s)
-                long_.append(plain.ttft_s)
-                step.append(read)
-                if at is not None and at.cached_tokens is not None:
-                    pairs.append(DepthPair(plain.ttft_s, at.ttft_s, at.cached_tokens))
+                if read is not None:
+                    step.append(read)
             if not step:
                 raise EngineStepError(f"no timed round could be read, {len(unread_rounds)} run: "
                                       f"{unread_rounds[-1][:200]} (a machine this loaded holds "
@@ -633,7 +652,8 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                     if len(many) == BATCH_ROUNDS:
                         break
                     streams = time_batch(served, [prefix + ids(SHORT_PROMPT) for _ in
-                                                  range(batch)], 9 if not run else steps + 1)
+                                                  range(batch)],
+                                         9 if not run else min(steps, BATCH_STEPS) + 1)
                     if not run:
                         continue
                     step_at = batch_step(streams)
@@ -646,7 +666,7 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
         raise EngineStepError(f"a timed request to {served.url} failed: "
                               f"{type(exc).__name__}: {str(exc)[:200]}") from None
     # a server that does not count cached tokens leaves attention untimed, never guessed
-    timed_depth = len(pairs) == len(step)
+    timed_depth = len(pairs) == len(long_)
     return Timed(tuple(step), tuple(short), tuple(long_), tuple(pairs) if timed_depth else (),
                  depth if timed_depth else 0, tuple(many), batch if many else 0,
                  tuple(unread_rounds))

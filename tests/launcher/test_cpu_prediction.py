@@ -9,6 +9,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,13 @@ from tests.conftest import live_processes
 # they only outvote a disturbed one.
 ROUNDS = 3
 MAX_ROUNDS = 5
+# loadgen's one-stream decode is compared where at least this many of its 4 requests had a
+# decode to read. A request whose tokens vLLM's server held back and sent in one event has none
+# (loadgen says None), and a loaded machine does that to most streams: beside two busy loops here
+# 1 of 4 was readable, or none, and its p50 then rests on the streams that were not held back,
+# one at 2.76 ms against the engine's 2.43-2.46 (docs/planner.md 7c). Such a round is not
+# compared, said in the message, and another is run: at most MAX_ROUNDS + 2 rounds in all.
+READABLE = 3
 BAND = 0.25  # issue 22: the CPU plan within 25% of what loadgen measures on the same machine
 # Each half of a round starts on a quiet machine: under this share of all cores busy over a
 # second (the stack's engine idles near zero between requests), waiting at most QUIET_WAIT_S.
@@ -74,23 +82,53 @@ def wait_for_quiet() -> float:
     return busy
 
 
+def engine_steps(stack: Any) -> tuple[float, float]:
+    """(sum, count) of the engine's own inter-token latency histogram so far
+    (vllm:inter_token_latency_seconds, stamped in its engine core as each step's outputs are
+    made, so neither the API server nor a client moves it): over a run, the engine's own mean
+    step while it ran, a third reading beside the probe's and loadgen's."""
+    with urllib.request.urlopen(f"{stack.vllm_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    sums = {"_sum": 0.0, "_count": 0.0}
+    for line in text.splitlines():
+        for suffix in sums:
+            if line.startswith(f"vllm:inter_token_latency_seconds{suffix}"):
+                sums[suffix] += float(line.rsplit(" ", 1)[1])
+    return sums["_sum"], sums["_count"]
+
+
 def loadgen_figures(stack: Any, concurrency: int = 1,
-                    warm: bool = True) -> tuple[float, float, float]:
+                    warm: bool = True) -> tuple[tuple[float, float | None, float], int, str]:
     """loadgen's default run (512-token prompts, 256 tokens out; one stream: 4 requests after
     one, more: its default requests and warm-up) against the engine: p50 prefill and decode tok/s
-    and the run's output tok/s, as it prints them. ``warm``: False for an engine that has run
-    these very requests already (a round after the first): loadgen's unmeasured warm-up requests
-    (one; one a stream) are then left out, the measured requests the same."""
+    and the run's output tok/s, as it prints them (the decode None where no request had one); how
+    many requests had a decode to read; and for the failure message each request's decode step,
+    its longest gap between token events, and the engine's own mean step over the run
+    (engine_steps). ``warm``: False for an engine that has run these very requests already
+    (a round after the first): loadgen's unmeasured warm-up requests (one; one a stream) are
+    then left out, the measured requests the same."""
     one = concurrency == 1
     warmup = (1 if one else None) if warm else 0
     cfg = Config(url=stack.vllm_url, api_key=stack.engine_key, concurrency=concurrency,
                  requests=4 if one else None, warmup=warmup, progress=False)
-    summary = loadgen_run(cfg).levels[0].summary
+    before = engine_steps(stack)
+    level = loadgen_run(cfg).levels[0]
+    after = engine_steps(stack)
+    summary = level.summary
     assert summary.requests_ok == (4 if one else 4 * concurrency), summary.failures
     assert summary.prefill_tok_s.p50
-    assert summary.decode_tok_s.p50
     assert summary.output_tok_s
-    return summary.prefill_tok_s.p50, summary.decode_tok_s.p50, summary.output_tok_s
+    # which side moved when the halves disagree: a held-back stream (its tokens sent at once,
+    # no decode: None) or a long gap (the server or this process held the stream up) shows here
+    steps = [f"{1e3 / r.decode_tok_s:.2f}" if r.decode_tok_s else "None" for r in level.requests]
+    gaps = [f"{max(r.itl_s, default=0.0) * 1e3:.0f}" for r in level.requests]
+    made = after[1] - before[1]
+    own = f"{(after[0] - before[0]) / made * 1e3:.2f} ms" if made > 0 else "none"
+    detail = (f"loadgen x{concurrency}: steps {', '.join(steps[:4])} ms (longest gaps "
+              f"{', '.join(gaps[:4])} ms), the engine's own mean step {own}")
+    readable = sum(r.decode_tok_s is not None for r in level.requests)
+    return ((summary.prefill_tok_s.p50, summary.decode_tok_s.p50, summary.output_tok_s),
+            readable, detail)
 
 
 @pytest.mark.stack
@@ -117,7 +155,8 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
                                              f"throughput at {MANY} streams"))]
         return [(what, m) for what, m in medians if not 1 - BAND < m < 1 + BAND]
 
-    while len(ratios) < ROUNDS or (outside() and len(ratios) < MAX_ROUNDS):
+    while (len(ratios) < ROUNDS or (outside() and len(ratios) < MAX_ROUNDS)) \
+            and len(seen) < MAX_ROUNDS + 2:
         quiet = wait_for_quiet()
         # attention: not compared here; the step at many streams: timed (the default)
         line = enginesteps.measure(env, served, depth=0)
@@ -133,14 +172,25 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
         # loadgen's warm-up only in the first round: later rounds' engine has run these very
         # requests a round before (the warm-ups took ~10 s a round on two cores: the two runs
         # 9.1 and 37.1 s warmed, 6.3-7.6 and 29.8-34.4 s not, on 2026-12-04)
-        warm = not ratios
-        got = (*loadgen_figures(stack, warm=warm), loadgen_figures(stack, MANY, warm=warm)[2])
+        warm = not seen
+        one, readable, one_detail = loadgen_figures(stack, warm=warm)
+        many_got, _, many_detail = loadgen_figures(stack, MANY, warm=warm)
+        prefill, decode, output = one
+        if decode is None or readable < READABLE:
+            seen.append(f"not compared: {readable} of loadgen's 4 requests had a decode to read "
+                        f"(held back); planned {[round(x) for x in pred]}; probe: {line}; "
+                        f"{one_detail}")
+            continue
+        got = (prefill, decode, output, many_got[2])
         ratios.append((pred[0] / got[0], pred[1] / got[1], pred[2] / got[2], pred[3] / got[3]))
         seen.append(f"busy {quiet:.0%}/{quiet_too:.0%} before the halves; planned (prefill, "
                     f"decode, output tok/s; output tok/s at {MANY} streams) "
                     f"{[round(x) for x in pred]}, loadgen {[round(x) for x in got]}; "
-                    f"probe: {line}")
+                    f"probe: {line}; {one_detail}; {many_detail}")
     print("\n".join(seen))  # shown by `pytest -s`: how far apart the halves read when it passes
+    if len(ratios) < ROUNDS:
+        pytest.fail(f"only {len(ratios)} of {len(seen)} rounds had loadgen's decode to compare "
+                    "(the machine held the engine's streams back)\n" + "\n".join(seen))
     if missed := outside():
         # every round in full: pytest would shorten an assertion's repr to one line
         pytest.fail(f"median plan/loadgen outside 1 +- {BAND}: {missed}\n" + "\n".join(seen))

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from launcher.probe import enginestep
 from launcher.probe.attentionfit import DepthPair
 from launcher.probe.enginestep import EngineStep, EngineStepError, StepKey
 from launcher.probe.topology import Topology
+from loadgen.config import Config
 from tests.support.cache import fresh_cache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -329,3 +334,76 @@ def test_each_sequence_more_costs_the_timed_step_at_many_less_one_over_the_extra
             assert p.throughput_tok_s == pytest.approx(flat.predicted.throughput_tok_s)
         else:
             assert p.throughput_tok_s < 0.6 * flat.predicted.throughput_tok_s
+
+
+class Recording:
+    """A vLLM-like completions server on a loopback socket that streams ``max_tokens`` token
+    events, one every STEP_S after a first token FIRST_S, and keeps every request's body in
+    the order it came."""
+
+    STEP_S = 0.001
+    FIRST_S = 0.005
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        rec = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                rec.bodies.append(body)
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                n = int(body["max_tokens"])
+                time.sleep(rec.FIRST_S)
+                for i in range(n):
+                    if i:
+                        time.sleep(rec.STEP_S)
+                    event = {"choices": [{"index": 0, "text": f" t{i}"}], "usage": None}
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
+                                                  "completion_tokens": n}}
+                self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_decode_is_timed_as_loadgen_sends_it_back_to_back_greedy_at_its_default_length(
+) -> None:
+    """The one-stream decode is timed in the request pattern loadgen's default run sends:
+    decodes of its --gen, greedy, one right after another, never between the rounds' one-token
+    requests (timed between them, sampled, 129 tokens out, the step read 0.75-1.09 of loadgen's
+    on one engine, this pattern 0.97-1.15: docs/planner.md 7c); every round still has its first
+    tokens. Only the requests are asserted (a decode this host held up may be sent again)."""
+    server = Recording()
+    try:
+        got = enginestep.time_served(enginestep.Served(server.url, "recording"), 1000, rounds=3,
+                                     depth=0, batch=0)
+    finally:
+        server.close()
+    gen = Config().gen  # loadgen's default: 256 tokens out
+    sizes = [b["max_tokens"] for b in server.bodies]
+    decodes = [i for i, n in enumerate(sizes) if n > 8]
+    assert len(decodes) >= 3, sizes
+    assert all(sizes[i] == gen for i in decodes), sizes
+    # after the warm-ups and every round's one-token requests, one decode after another
+    assert decodes == list(range(decodes[0], len(sizes))), sizes
+    assert sizes[2:decodes[0]] == [1, 1] * 3, sizes
+    assert all(b["temperature"] == 0.0 for b in server.bodies), server.bodies
+    assert (len(got.steps_s), len(got.short_ttft_s), len(got.long_ttft_s)) == (3, 3, 3), got
