@@ -108,7 +108,13 @@ class EngineCommand:
         if self.trust_remote_code:
             out.append("--trust-remote-code")
         extra = list(self.extra_args)
-        if self.compilation_config:
+        dotted = _dotted_spelling(extra, COMPILATION_CONFIG_SPELLINGS)
+        if self.compilation_config and dotted is not None:
+            # vLLM gathers `FLAG.key value` flags into one object that it passes after every
+            # other flag, so it replaces any whole value, ours too: ours goes in that object,
+            # before the user's keys (which win where both set one).
+            out += _dotted_flags(dotted, self.compilation_config)
+        elif self.compilation_config:
             extra, merged = _merge_json_flag(extra, COMPILATION_CONFIG_SPELLINGS,
                                              self.compilation_config)
             if not merged:
@@ -142,6 +148,27 @@ def _merge_json_flag(args: list[str], spellings: tuple[str, ...], ours: Mapping[
                 out[i] = f"{flag}={json.dumps(deep_merge(_as_obj(flag, value), ours))}"
                 return out, True
     return args, False
+
+
+def _dotted_spelling(args: Sequence[str], spellings: tuple[str, ...]) -> str | None:
+    """The spelling of the user's last ``FLAG.key`` flag (``--compilation-config.mode 3``), as
+    vLLM's parser writes it (``_`` as ``-`` in a long flag's name), or None when none is given."""
+    for item in reversed(args):
+        for flag in spellings:
+            if item.startswith(flag + "."):
+                return flag.replace("_", "-")
+    return None
+
+
+def _dotted_flags(flag: str, ours: Mapping[str, Any], path: str = "") -> list[str]:
+    """``ours`` as ``FLAG.a.b=VALUE`` words, one per leaf (a value vLLM reads as JSON)."""
+    words: list[str] = []
+    for key, value in ours.items():
+        if isinstance(value, Mapping) and value:
+            words += _dotted_flags(flag, value, f"{path}{key}.")
+        else:
+            words.append(f"{flag}.{path}{key}={json.dumps(value, separators=(',', ':'))}")
+    return words
 
 
 # vLLM (0.32) reads this flag's value as JSON after writing out bare numbers with a size suffix

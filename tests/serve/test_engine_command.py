@@ -233,3 +233,59 @@ def test_any_truncated_json_object_is_refused(
 def test_any_json_value_but_an_object_is_refused(value: Any, spelling: str, equals: bool) -> None:
     with pytest.raises(EngineError, match="is not a JSON object"):
         merged_user_value(*as_user_gives(spelling, equals, json.dumps(value)))
+
+
+def gathered_as_vllm_does(argv: tuple[str, ...]) -> dict[str, Any]:
+    """The object vLLM's parser makes of ``FLAG.a.b=VALUE`` / ``FLAG.a.b VALUE`` words (utils/
+    argparse_utils.py, 0.32): keys split at the dots, the value read as JSON (else kept as the
+    string it is), later words win."""
+    gathered: dict[str, Any] = {}
+    for i, word in enumerate(argv):
+        flag = next((f for f in COMPILATION_CONFIG_SPELLINGS if word.startswith(f + ".")), None)
+        if flag is None:
+            continue
+        name, value = word.split("=", 1) if "=" in word else (word, argv[i + 1])
+        *path, leaf = name[len(flag) + 1:].split(".")
+        node = gathered
+        for key in path:
+            node = node.setdefault(key, {})
+        try:
+            node[leaf] = json.loads(value)
+        except ValueError:
+            node[leaf] = value
+    return gathered
+
+
+@pytest.mark.parametrize("spelling", COMPILATION_CONFIG_SPELLINGS)
+def test_the_fallbacks_settings_join_the_users_dotted_compilation_keys(spelling: str) -> None:
+    """vLLM gathers `--compilation-config.KEY VALUE` flags into one object and passes it after
+    every other flag: a whole --compilation-config of ours was replaced by it, and the retry
+    ran without the fallback (checked with vLLM 0.32's parser). Ours goes in with the same
+    spelling (vLLM's, `_` as `-`), before the user's keys, which win where both set one."""
+    user = (f"{spelling}.cudagraph_mode", "PIECEWISE",
+            f"{spelling}.pass_config.fuse_norm_quant=true")
+    argv = EngineCommand("m", "h", 1, compilation_config=OURS, extra_args=user).argv()
+    assert argv[-len(user):] == user
+    assert not any(a == whole or a.startswith(whole + "=")  # no whole value: vLLM drops it
+                   for a in argv for whole in COMPILATION_CONFIG_SPELLINGS)
+    ours = [a for a in argv[:-len(user)] if a.startswith(COMPILATION_CONFIG_SPELLINGS)]
+    assert ours == [f"{spelling.replace('_', '-')}.pass_config.fuse_allreduce_rms=false"]
+    assert gathered_as_vllm_does(argv) == {
+        "cudagraph_mode": "PIECEWISE",
+        "pass_config": {"fuse_allreduce_rms": False, "fuse_norm_quant": True}}
+
+
+KEY = st.from_regex(r"[a-z_]{1,8}", fullmatch=True)  # a config field's name: no dots
+NESTED = st.recursive(JSON_LEAF | st.lists(JSON_LEAF, max_size=3),
+                      lambda inner: st.dictionaries(KEY, inner, min_size=1, max_size=3),
+                      max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ours=st.dictionaries(KEY, NESTED, min_size=1, max_size=4), spelling=SPELLING)
+def test_any_setting_of_ours_reaches_a_dotted_users_object_whole(
+    ours: dict[str, Any], spelling: str
+) -> None:
+    argv = EngineCommand("m", "h", 1, compilation_config=ours,
+                         extra_args=(f"{spelling}.mode", "3")).argv()
+    assert gathered_as_vllm_does(argv) == deep_merge(ours, {"mode": 3})
