@@ -317,13 +317,20 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
             self._disarm()
             target = request_target(self.url, head)
             cycle = self.cycle
-            if not self._in_body and cycle is not None and not cycle.response_complete:
-                # A pipelined request refused (its head too large, not HTTP, an upgrade)
-                # while an earlier one is still being answered or queued: written now, the
-                # refusal landed inside that answer (a streamed one was cut by a 431 in the
-                # middle of its chunks, and its next write failed, a 500 in the log). As
-                # nginx, which reads the next request only once one is answered: the
-                # refusal waits for every earlier answer (on_response_complete).
+            if self._in_body:  # its head was read: it is the newest cycle, queued or running
+                queued = bool(self.pipeline) and self.pipeline[0][0] is cycle
+                if queued:  # it never runs: its refusal is its answer
+                    self.pipeline.popleft()
+                earlier = queued
+            else:  # no cycle of its own: the newest is an earlier request's
+                earlier = cycle is not None and not cycle.response_complete
+            if earlier:
+                # A pipelined request refused (its head too large, not HTTP, an upgrade, its
+                # chunked framing) while an earlier one is still being answered or queued:
+                # written now, the refusal landed inside that answer (a streamed one was cut
+                # by a 431 in the middle of its chunks, and its next write failed, a 500 in
+                # the log). As nginx, which reads the next request only once one is answered:
+                # the refusal waits for every earlier answer (on_response_complete).
                 log.info("a pipelined request is refused once the answers before it are "
                          "complete: %d %s", status, message)
                 self._refused = _Deferred(status, message, code, target)
@@ -333,11 +340,11 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                                    status, message, code, target)
 
         def on_response_complete(self) -> None:
+            queued = bool(self.pipeline)  # uvicorn starts the next one queued, if any
             super().on_response_complete()
             deferred = self._refused
-            cycle = self.cycle
             if (not isinstance(deferred, _Deferred) or self.transport.is_closing()
-                    or self.pipeline or (cycle is not None and not cycle.response_complete)):
+                    or queued):
                 return  # nothing waits, the client asked to close, or more answers are due
             keep_alive = getattr(self, "timeout_keep_alive_task", None)
             if keep_alive is not None:  # armed by uvicorn just now: the refusal closes instead

@@ -35,7 +35,14 @@ REFUSED = {
     "not HTTP": (b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\nno colon here\r\n\r\n", 400),
     "an upgrade": (b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\nupgrade: websocket\r\n"
                    b"connection: upgrade\r\n\r\n", 400),
+    # its head is whole and it is queued: the refusal of its chunked framing is its answer
+    "trailers too large": (b"POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                           b"content-type: application/json\r\ntransfer-encoding: chunked\r\n"
+                           b"\r\n0\r\n" + b"x-t: %b\r\n" % (b"a" * 1000) * 12, 431),
 }
+
+
+SMALL_LIMITS = ("--max-header-line-bytes", "2048", "--max-header-bytes", "8192")
 
 
 @pytest.mark.parametrize("what", list(REFUSED))
@@ -51,7 +58,8 @@ def test_a_refused_pipelined_request_is_answered_after_the_stream_before_it_not_
 
     pipelined, status = REFUSED[what]
     with scripted_engine(script) as engine:
-        p = spawn_proxy([engine])
+        # small limits (10 KiB of framing), so that the trailers come in one read
+        p = spawn_proxy([engine], *SMALL_LIMITS)
         with connect(p.url) as sock:
             sock.sendall(request_bytes("POST", "/v1/messages",
                                        {"content-type": "application/json"}, BODY, close=False))
@@ -59,8 +67,11 @@ def test_a_refused_pipelined_request_is_answered_after_the_stream_before_it_not_
             while FIRST not in seen:  # the answer has begun
                 seen += sock.recv(65536)
             sock.sendall(pipelined)
-            # the proxy has read the pipelined request (and, before the fix, answered it)
-            assert wait_for(lambda: "refuse" in p.log())
+            # the proxy has read the pipelined request (and, before the fix, answered it);
+            # trailers that came in a read apart from their head are read only after the
+            # answer (uvicorn pauses reading at a queued head): then there is nothing to see
+            read = wait_for(lambda: "refuse" in p.log())
+            assert read or what == "trailers too large"
             go.set()
             rest = read_to_end(sock)
         stream, sep, refusal = (seen + rest).partition(b"0\r\n\r\n")
