@@ -9,10 +9,9 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from launcher.probe.enginestep import EngineStep, EngineStepError, StepKey
 from launcher.probe.topology import Topology
 from loadgen.config import Config
 from tests.support.cache import fresh_cache
+from tests.support.postserver import PostServer
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = StepKey("cpu: test CPU (2 threads)", "0.32.0", "2.13.0+cpu")
@@ -336,7 +336,7 @@ def test_each_sequence_more_costs_the_timed_step_at_many_less_one_over_the_extra
             assert p.throughput_tok_s < 0.6 * flat.predicted.throughput_tok_s
 
 
-class Recording:
+class Recording(PostServer):
     """A vLLM-like completions server on a loopback socket that streams ``max_tokens`` token
     events, one every STEP_S after a first token FIRST_S, and keeps every request's body in
     the order it came."""
@@ -346,42 +346,24 @@ class Recording:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
-        rec = self
+        super().__init__(self.respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                rec.bodies.append(body)
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                n = int(body["max_tokens"])
-                time.sleep(rec.FIRST_S)
-                for i in range(n):
-                    if i:
-                        time.sleep(rec.STEP_S)
-                    event = {"choices": [{"index": 0, "text": f" t{i}"}], "usage": None}
-                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
-                                                  "completion_tokens": n}}
-                self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def respond(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        self.bodies.append(body)
+        handler.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        n = int(body["max_tokens"])
+        time.sleep(self.FIRST_S)
+        for i in range(n):
+            if i:
+                time.sleep(self.STEP_S)
+            event = {"choices": [{"index": 0, "text": f" t{i}"}], "usage": None}
+            handler.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
+                                          "completion_tokens": n}}
+        handler.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
 
 
 def test_the_decode_is_timed_as_loadgen_sends_it_back_to_back_greedy_at_its_default_length(

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +32,7 @@ from launcher.model.tinymodel import ensure_tiny_model
 from launcher.pipeline import enginesteps
 from launcher.probe import enginestep
 from launcher.probe.enginestep import BURST_GAP_S, EngineStepError, Streamed
+from tests.support.postserver import PostServer
 
 STEP_S = 0.004  # the stand-in's decode step
 TTFT_S = 0.02  # and its time to first token
@@ -82,7 +83,7 @@ def on_standin_clock(monkeypatch: pytest.MonkeyPatch) -> StandinClock:
     return clock
 
 
-class Standin:
+class Standin(PostServer):
     """A vLLM-like completions server that streams ``max_tokens`` token events, one every
     STEP_S after TTFT_S, except the streams of more than one token that ``hold`` picks by
     their count (1, 2, ...): "held" ones it holds until the whole generation is made, then
@@ -94,24 +95,7 @@ class Standin:
         self.hold = hold
         self.clock = clock
         self.long_streams = itertools.count(1)
-        standin = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                standin.stream(self, int(body["max_tokens"]))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().__init__(lambda handler, body: self.stream(handler, int(body["max_tokens"])))
 
     def stream(self, handler: BaseHTTPRequestHandler, tokens: int) -> None:
         # each write leaves at once, as uvicorn's (TCP_NODELAY): the bursts are the server's
@@ -142,10 +126,6 @@ class Standin:
                 self.clock.sleep(STEP_S)
             write(b"data: " + json.dumps(event).encode() + b"\n\n")
         write(b"data: [DONE]\n\n")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
