@@ -88,6 +88,17 @@ def sample() -> tuple[float, float]:
     return min(cpu), min(wall)
 
 
+def back_to_back(seconds: float) -> list[float]:
+    """The reference's CPU seconds, run after run for ``seconds`` of wall (at least one run)."""
+    runs: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or not runs:
+        c0 = time.thread_time()
+        reference_work()
+        runs.append(time.thread_time() - c0)
+    return runs
+
+
 def busy(seconds: float) -> dict[str, float]:
     """The reference back to back for ``seconds`` (a thread that never sleeps, as an engine
     core's does not while it serves): its first run, mean, fastest, and the share of runs at the
@@ -95,12 +106,7 @@ def busy(seconds: float) -> dict[str, float]:
     level while the sampler above, which sleeps between samples, saw both runs' seconds alike
     (results/2026-12-03-h200-table8); whether a thread that keeps running sees the slow level
     as often as one that wakes every few seconds is what this window measures."""
-    runs: list[float] = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or not runs:
-        c0 = time.thread_time()
-        reference_work()
-        runs.append(time.thread_time() - c0)
+    runs = back_to_back(seconds)
     low = min(runs)
     return {"busy_first_ms": round(runs[0] * 1e3, 4),
             "busy_mean_ms": round(sum(runs) / len(runs) * 1e3, 4),
@@ -200,13 +206,7 @@ def per_cpu(seconds: float) -> list[dict[str, float]]:
     try:
         for cpu in allowed:
             os.sched_setaffinity(0, {cpu})
-            runs: list[float] = []
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end or not runs:
-                c0 = time.thread_time()
-                reference_work()
-                runs.append(time.thread_time() - c0)
-            got.append((cpu, runs))
+            got.append((cpu, back_to_back(seconds)))
     finally:
         os.sched_setaffinity(0, set(allowed))
     low = min(r for _, runs in got for r in runs)
