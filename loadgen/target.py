@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -108,7 +108,7 @@ class TargetClient:
         body = _check(response)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         # token ids are what prompts are built of: a list of anything else is no token list
-        if not isinstance(tokens, list) or not all(_is_count(t) for t in tokens):
+        if not isinstance(tokens, list) or not all(is_count(t) for t in tokens):
             raise NoTokenize(f"{self.url}/tokenize answered without a vLLM-style token list")
         answer: dict[str, Any] = body
         return answer
@@ -143,12 +143,14 @@ def pick_model(models: list[dict[str, Any]], wanted: str | None, url: str) -> di
 def max_model_len(model: Mapping[str, Any], tokenize_body: Mapping[str, Any] | None) -> int | None:
     for source in (model, tokenize_body or {}):
         value = source.get("max_model_len")
-        if isinstance(value, int) and _is_count(value) and value > 0:
+        if is_count(value) and value > 0:
             return value
     return None
 
 
-def _is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
+    """A whole number of tokens as JSON gives one: an int, not a bool (JSON's true is no
+    count), not negative."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

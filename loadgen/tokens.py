@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadgen.errors import NoTokenize, TargetError, TokenizerError
+from loadgen.target import is_count
 from topocommon.hub import HubEnv, is_repo_id
 
 Messages = Sequence[Mapping[str, Any]]
@@ -76,7 +77,7 @@ class RemoteCounter:
 def _count(body: Mapping[str, Any]) -> int:
     count = body.get("count")
     # a count the server gets wrong in type or sign: its token list says (tokenize checked it)
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+    if is_count(count):
         return count
     return len(body["tokens"])
 
