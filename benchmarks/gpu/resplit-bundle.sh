@@ -9,7 +9,8 @@
 # calls were refused. So the part size follows the tree: 64 MiB less the tree, less a 4 MiB
 # margin for the session's own commits. Result: DEST/p00, DEST/p01, ... each one part named
 # site.tar.xz.partNN, whose glob order (issue22-case.sh's unpack) is the bundle's byte order.
-# SRC holds the bundle as parts in SRC/e*/site.tar.xz.part* (session 19's split), globbed in order.
+# SRC holds the bundle as parts in SRC/c*/ (make-vllm-bundle.sh's own layout) or SRC/e*/ (session
+# 19's split), site.tar.xz.part* in each, globbed in order; the first layout found is used.
 set -euo pipefail
 SRC=${1:-.gpu} DEST=${2:-.gpu/s}
 tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
@@ -18,8 +19,11 @@ size=$(( 64 * 1024 * 1024 - tree - untracked - 4 * 1024 * 1024 ))
 (( size > 4 * 1024 * 1024 )) || { echo "the tree ($tree + $untracked bytes) leaves no room for a part" >&2; exit 2; }
 shopt -s nullglob
 parts=()
-for f in "$SRC"/e*/site.tar.xz.part*; do parts+=("$f"); done
-(( ${#parts[@]} )) || { echo "no bundle parts under $SRC/e*/ (make-vllm-bundle.sh, README.md)" >&2; exit 2; }
+for layout in c e; do
+  for f in "$SRC"/$layout*/site.tar.xz.part*; do parts+=("$f"); done
+  (( ${#parts[@]} )) && break
+done
+(( ${#parts[@]} )) || { echo "no bundle parts under $SRC/c*/ or $SRC/e*/ (make-vllm-bundle.sh, README.md)" >&2; exit 2; }
 rm -rf "$DEST" && mkdir -p "$DEST"
 cat "${parts[@]}" | split -b "$size" -d - "$DEST/site.tar.xz.part"
 for f in "$DEST"/site.tar.xz.part*; do
