@@ -212,6 +212,14 @@ INVALID_HTTP = ("the request is not valid HTTP/1.1 ({why}); send plain HTTP/1.1 
                 "characters in headers)")
 UPGRADE_REFUSED = ("this server does not switch protocols (Upgrade, websocket, CONNECT): send "
                    "plain HTTP/1.1 requests without an Upgrade header")
+HOST_REQUIRED = ("an HTTP/1.1 request must carry a Host header (RFC 9112 3.2): send 'Host: "
+                 "127.0.0.1:PORT', the address and port you connect to")
+
+
+def lacks_host(version: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    """An HTTP/1.1 request without Host (names lower-case), which RFC 9112 3.2 says a server
+    MUST answer 400; HTTP/1.0 has no such rule (its tools may leave Host out)."""
+    return version != "1.0" and all(name != b"host" for name, _ in headers)
 
 
 def wants_upgrade(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -692,6 +700,9 @@ class FrontProtocol(asyncio.Protocol):
             length = -2
         if parser.should_upgrade():  # CONNECT
             self._refuse(400, UPGRADE_REFUSED, "upgrade_refused")
+            return
+        if lacks_host(parser.get_http_version(), self.headers):
+            self._refuse(400, HOST_REQUIRED, "missing_host")
             return
         handler = self.handler
         if (handler is None or length < 0 or path not in GENERATION_PATHS

@@ -9,7 +9,8 @@ local models have had exactly this hole (Ollama, llama.cpp, Jupyter closed it th
   could still read the open /ready and /metrics): loopback names and addresses (``localhost``,
   ``*.localhost``, ``127.0.0.0/8``, ``[::1]``), the bound address, and ``--allowed-hosts``
   pass, with any port. An empty host (``Host: :8000``, a bypass found in Ollama) is refused;
-  a request without Host (HTTP/1.0 tools) is no browser's and passes. Bound elsewhere, the
+  a request without Host (HTTP/1.0 tools; HTTP/1.1 without it is refused earlier, by the
+  HTTP layer: server.front.lacks_host) is no browser's and passes. Bound elsewhere, the
   proxy is reached under names it cannot know, so Host is checked only against an explicit
   ``--allowed-hosts``.
 - ``Origin`` is checked while no API key is configured (with keys, a cross-site page cannot

@@ -38,6 +38,7 @@ from server.asgi import (
 )
 from server.downstream import ChunkWriter
 from server.front import (
+    HOST_REQUIRED,
     INVALID_HTTP,
     UPGRADE_REFUSED,
     Guards,
@@ -45,6 +46,7 @@ from server.front import (
     Refusal,
     StallTimer,
     head_too_large,
+    lacks_host,
     refuse,
     request_target,
     wants_upgrade,
@@ -388,6 +390,9 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                 log.info("a client pipelined over %d requests: the queued ones are answered, "
                          "then its connection is closed", MAX_PIPELINED)
                 raise _PipelineFull
+            if lacks_host(self.parser.get_http_version(), self.headers):
+                self._refuse(400, HOST_REQUIRED, "missing_host")
+                return
             if self.url[:1] not in (b"/", b"*"):
                 self._host_from_target()
             if self.parser.should_upgrade() or wants_upgrade(self.headers):
