@@ -28,6 +28,9 @@ local models have had exactly this hole (Ollama, llama.cpp, Jupyter closed it th
   none on a preflight). Every other origin, the loopback ones and the proxy's own included,
   gets no CORS header: a browser then keeps the answer from the page (same-origin pages need
   none), and a keyless proxy still refuses it as above.
+- A body sent with a ``Content-Encoding`` (gzip, deflate, br...; ``identity`` is none) is
+  refused (415) on every route: the media check below reads the body's bytes as they come,
+  and an engine that decodes request codings would fetch what the compressed bytes hid.
 - More than one ``Authorization``, ``x-api-key``, ``Host`` or ``Origin`` header is refused
   (400) on every route: which one counts would otherwise depend on the HTTP layer.
 - Media URLs in request bodies (every key ``url`` or ``*_url`` with a string value, anywhere:
@@ -89,6 +92,10 @@ class InternalMediaRefused(Refusal):
     status, type, code = 400, "invalid_request_error", "internal_media_url"
 
 
+class EncodedBody(Refusal):
+    status, type, code = 415, "invalid_request_error", "unsupported_content_encoding"
+
+
 @dataclass(frozen=True)
 class GuardPolicy:
     """What is checked, from the proxy's settings (``policy``)."""
@@ -124,9 +131,13 @@ def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refu
     host: bytes | None = None
     origin: bytes | None = None
     fetch_site = fetch_mode = b""
+    encoding = b""
     seen: set[bytes] = set()
     for name, value in headers:
-        if name[:10] == b"sec-fetch-":
+        if name == b"content-encoding":
+            if value.strip().lower() not in (b"", b"identity"):
+                encoding = value.strip()
+        elif name[:10] == b"sec-fetch-":
             if name == b"sec-fetch-site":
                 fetch_site = value.strip().lower()
             elif name == b"sec-fetch-mode":
@@ -156,6 +167,13 @@ def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refu
             "cross-site request refused: a web page from another origin may not use a proxy "
             "that has no API key; start the proxy with --api-key-file FILE (or "
             "TOPOSERVE_API_KEYS), or allow that page with --allowed-origins ORIGIN")
+    if encoding:
+        # The body is read as it comes: compressed, the media check above would search
+        # compressed bytes, and an engine that decodes it would fetch what it names.
+        return EncodedBody(
+            f"the request body is sent with Content-Encoding: {encoding.decode('latin-1')}, "
+            "which this proxy does not decode (it reads each body to check it); send the "
+            "body uncompressed, without a Content-Encoding header")
     return None
 
 
