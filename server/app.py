@@ -68,6 +68,7 @@ from server.schemas import ChatCompletionRequest, CompletionRequest, message_lis
 from server.sse import usage_options
 from server.upstream import UpstreamError
 from server.workers import PeerMetrics, Seat
+from topocommon import jsontext
 
 log = logging.getLogger("toposerve.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -491,8 +492,8 @@ def request_id(request: Request) -> str:
 
 def _json_or_none(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # the engine answers a broken body in its own words
+        return jsontext.loads(body)
+    except ValueError:  # the engine answers a broken body in its own words
         return None
 
 
@@ -607,7 +608,7 @@ def parse_object(body: bytes, max_fields: int | None = None) -> dict[str, Any]:
                 return fast
     try:
         if max_fields is None:
-            obj = json.loads(body)
+            obj: object = jsontext.loads(body)
         else:
             fields = 0
 
@@ -624,7 +625,7 @@ def parse_object(body: bytes, max_fields: int | None = None) -> dict[str, Any]:
                          "request (the proxy's limit is --max-json-fields)") from None
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
-    except RecursionError:
+    except (RecursionError, jsontext.NestedTooDeep):  # the counted parse's, the plain one's
         raise BadRequest(_TOO_DEEP) from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None

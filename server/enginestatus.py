@@ -12,10 +12,10 @@ client.
 
 from __future__ import annotations
 
-import json
 import os
 
 from server.errors import EngineGroupNodeDown, EngineGroupRestarting, UpstreamUnavailable
+from topocommon import jsontext
 
 STATES: dict[str, type[UpstreamUnavailable]] = {
     "node_down": EngineGroupNodeDown,
@@ -31,8 +31,8 @@ def parse(raw: bytes) -> UpstreamUnavailable | None:
     if len(raw) > MAX_BYTES:
         return None
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
+        data = jsontext.loads(raw)
+    except ValueError:
         return None
     if not isinstance(data, dict):
         return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +17,7 @@ from server.config import ProxyConfig
 from server.metrics import ProxyMetrics
 from server.router import Router, Upstream
 from server.upstream import Pool, UpstreamError
+from topocommon import jsontext
 
 log = logging.getLogger("toposerve")
 HEALTH_TIMEOUT_S = 2.0
@@ -31,9 +31,10 @@ async def model_entries(pool: Pool, timeout_s: float) -> list[dict[str, Any]] | 
     try:
         async with asyncio.timeout(timeout_s):
             status, body = await pool.get("/v1/models")
-        data = json.loads(body).get("data") if status == 200 else None
-    except (TimeoutError, UpstreamError, OSError, ValueError, AttributeError, RecursionError):
+        listing = jsontext.loads(body) if status == 200 else None
+    except (TimeoutError, UpstreamError, OSError, ValueError):
         return None
+    data = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(data, list):
         return None
     return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]

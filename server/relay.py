@@ -64,6 +64,7 @@ from server.upstream import (
     reuse_window,
     tcp_connect,
 )
+from topocommon import jsontext
 
 log = logging.getLogger("toposerve.access")
 HOP_BY_HOP = frozenset({
@@ -389,9 +390,9 @@ class Relay:
         """One parse of a buffered answer (in a thread when large, as request bodies are):
         malformed JSON is a 502, the usage is counted."""
         try:
-            obj = (await asyncio.to_thread(json.loads, body) if len(body) >= THREAD_PARSE_BYTES
-                   else json.loads(body))
-        except (ValueError, RecursionError):
+            obj = (await asyncio.to_thread(jsontext.loads, body)
+                   if len(body) >= THREAD_PARSE_BYTES else jsontext.loads(body))
+        except ValueError:
             self.metrics.upstream_errors.labels(up.url, "malformed").inc()
             raise UpstreamBadResponse("the engine answered with malformed JSON") from None
         self._count_usage(call, usage_of_object(obj))

@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from topocommon import jsontext
+
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 # Held back at most this much (several choices streaming after the first one ended, or an
 # engine that never sends the usage chunk): then released unchanged, and nothing held again.
@@ -226,8 +228,8 @@ class SseInspector:
 
 def _object(payload: bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(payload)
-    except (ValueError, RecursionError):
+        obj = jsontext.loads(payload)
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 
