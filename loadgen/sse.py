@@ -9,10 +9,10 @@ time of the piece holding that blank line: the moment the client could first hav
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from topocommon import jsontext
 from topocommon.sse import SseReader
 
 DONE = b"[DONE]"
@@ -57,8 +57,8 @@ def classify(payload: bytes) -> Chunk:
     if payload.strip() == DONE:
         return Chunk(done=True)
     try:
-        body = json.loads(payload)
-    except (ValueError, RecursionError):  # RecursionError: nested past any answer
+        body = jsontext.loads(payload)
+    except ValueError:
         return Chunk(error=f"malformed stream event: {payload[:80]!r}")
     if not isinstance(body, dict):
         return Chunk(error=f"malformed stream event: {payload[:80]!r}")

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.errors import ContextTooShort, NoTokenize, TargetError
 from loadgen.sse import error_message
+from topocommon import jsontext
 
 _PLAN_KEYS = ("mode", "tp", "pp", "dp", "transport", "engine")
 
@@ -51,8 +52,8 @@ def reason(response: httpx.Response) -> str:
     or FastAPI error body, else the start of the body as text. What a user needs to fix a
     refusal is in the server's words (vLLM: "... chat template ..."), never only its status."""
     try:
-        detail = error_message(response.json())
-    except (ValueError, RecursionError):  # RecursionError: nested past any error body
+        detail = error_message(jsontext.loads(response.content))  # what httpx's .json() reads
+    except ValueError:
         detail = response.text[:200]
     detail = " ".join(detail.split()) or "(empty body)"
     return f"HTTP {response.status_code}: {detail}"
@@ -67,8 +68,8 @@ def _check(response: httpx.Response) -> Any:
     if response.status_code != 200:
         raise TargetError(f"{where} answered {reason(response)}")
     try:
-        return response.json()
-    except (ValueError, RecursionError):
+        return jsontext.loads(response.content)
+    except ValueError:
         raise TargetError(f"{where} answered with something that is not JSON") from None
 
 

@@ -10,11 +10,11 @@ request that did not get exactly what it asked for is an error, not a sample.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from loadgen.sse import Chunk, Usage, classify, error_message, timed_events
+from topocommon import jsontext
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,6 @@ def _count_mismatch(usage: Usage, expected: Expected) -> str | None:
 def _body_error(pieces: tuple[tuple[float, bytes], ...]) -> str:
     body = b"".join(piece for _, piece in pieces)
     try:
-        return error_message(json.loads(body))
-    except (ValueError, RecursionError):
+        return error_message(jsontext.loads(body))
+    except ValueError:
         return body[:200].decode("utf-8", "replace").strip() or "(empty body)"

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from loadgen.errors import NoTokenize, TargetError, TokenizerError
 from loadgen.target import is_count
+from topocommon import jsontext
 from topocommon.hub import HubEnv, is_repo_id
 
 Messages = Sequence[Mapping[str, Any]]
@@ -153,10 +154,10 @@ def _generic_class(folder: Path) -> bool:
     distrusts (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, for which it picks the model type's
     own class). Anything unreadable or unknown: False, and AutoTokenizer decides."""
     try:
-        tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
-        model_cfg = (json.loads((folder / "config.json").read_text())
+        tok_cfg = jsontext.loads((folder / "tokenizer_config.json").read_text())
+        model_cfg = (jsontext.loads((folder / "config.json").read_text())
                      if (folder / "config.json").is_file() else {})
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError):
         return False
     if not (isinstance(tok_cfg, dict) and isinstance(model_cfg, dict)):
         return False

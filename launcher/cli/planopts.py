@@ -4,7 +4,6 @@ built from them, so that `serve` and `tune` can plan whatever `plan` plans, the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping, Sequence
 
@@ -15,6 +14,7 @@ from launcher.errors import LauncherError, PlanError
 from launcher.pipeline.requests import EngineRequest, PlanRequest
 from launcher.planner import hardware
 from launcher.planner.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
+from topocommon import jsontext
 
 DEFAULT_MASTER_PORT = 29500  # torch.distributed's usual one
 
@@ -163,8 +163,8 @@ def engine_graph_tokens(extra: Sequence[str]) -> int | None:
 
 def _json(text: str) -> object:
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
+        return jsontext.loads(text)
+    except ValueError:
         return text
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from launcher.errors import EngineError
+from topocommon import jsontext
 
 # Flags whose value is a JSON object: a setting of ours is merged into the user's object instead
 # of being given twice (vLLM would keep only one of the two).
@@ -201,8 +202,8 @@ def _as_obj(flag: str, text: str) -> dict[str, Any]:
     is refused in one line that says what to pass: read as ``{}``, the launcher's own settings
     would silently have replaced the user's."""
     try:
-        value = json.loads(_expand_sized_numbers(text))
-    except (ValueError, OverflowError, RecursionError):  # JSONDecodeError is a ValueError
+        value = jsontext.loads(_expand_sized_numbers(text))
+    except (ValueError, OverflowError):  # OverflowError: a sized number past a float (_sized)
         value = None
     if isinstance(value, dict):
         return value

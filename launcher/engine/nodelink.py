@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from launcher.errors import EngineError
+from topocommon import jsontext
 
 HEARTBEAT_S = 1.0
 TIMEOUT_S = 5.0  # no word for this long: the peer (or the network to it) is gone
@@ -104,8 +105,8 @@ def decode(line: bytes) -> dict[str, Any] | None:
     if len(line) > MAX_LINE or not line.endswith(b"\n"):
         return None
     try:
-        value = json.loads(line)
-    except (ValueError, RecursionError):
+        value = jsontext.loads(line)
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
 

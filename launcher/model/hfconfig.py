@@ -331,11 +331,11 @@ def _from_json(data: Any) -> HfShape:
 
 
 def _read_cached(path: Path) -> HfShape | None:
-    import json
+    from topocommon import jsontext
 
     try:
-        return _from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return _from_json(jsontext.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # absent, unreadable or not ours: count the model again
 
 

@@ -13,7 +13,6 @@ fail ends in one :class:`ModelError` line that says what to do.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ModelError
+from topocommon import jsontext
 from topocommon.hub import HubEnv
 
 CONFIG = "config.json"
@@ -199,8 +199,8 @@ def checkpoint_bytes(index_path: Path | None) -> int | None:
     if index_path is None:
         return None
     try:
-        data: Any = json.loads(index_path.read_text())
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested past any index
+        data: Any = jsontext.loads(index_path.read_text())
+    except (OSError, ValueError):
         return None
     meta = data.get("metadata") if isinstance(data, dict) else None
     total = meta.get("total_size") if isinstance(meta, dict) else None

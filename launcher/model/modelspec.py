@@ -8,7 +8,6 @@ read from there; a vision tower's parameters are added to the weights.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from launcher.errors import ModelError
 from launcher.model import families, hfconfig, hub, quantization
 from launcher.model.mla import MlaDims
 from launcher.model.mla import dims as mla_dims
+from topocommon import jsontext
 from topocommon.hub import is_repo_id
 
 GIB = 1024**3
@@ -569,8 +569,8 @@ def load_model_spec(
         raise ModelError(f"--revision is for a hub model (org/name); {ref} is a local path")
     cfg_path = find_config(ref, env, revision)
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested past any config
+        cfg = jsontext.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
         raise ModelError(_not_a_config(cfg_path, exc)) from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} is not a JSON object")

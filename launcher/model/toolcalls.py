@@ -11,12 +11,12 @@ the parser is chosen by family and then checked against the tokens the tokenizer
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from launcher.model import families
+from topocommon import jsontext
 
 # vLLM's --tool-call-parser per model family: the family registry's column
 FAMILY_PARSERS = {f.name: f.tool_parser for f in families.FAMILIES if f.tool_parser}
@@ -142,8 +142,8 @@ def lacks_chat_template(model_dir: str | Path | None) -> bool:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return jsontext.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and jsontext's refusals are ValueErrors
         return None
 
 

@@ -8,7 +8,6 @@ from :mod:`launcher.planner` and :mod:`launcher.engine`, the timing and cache fr
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from launcher.planner.costmodel import (
 from launcher.planner.plan import Policy, plan
 from launcher.probe import enginestep, kernelprobe, kernels
 from launcher.probe.topology import Topology
+from topocommon import jsontext
 
 # How long the engine may take to start: 1-3 minutes on two busy cores, compiling its graph.
 START_TIMEOUT_S = 600.0
@@ -56,9 +56,10 @@ def attach(topo: Topology, env: Mapping[str, str]) -> Topology:
 
 def _vocab(model: Path) -> int:
     try:
-        vocab = json.loads((model / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        vocab = None
+        cfg = jsontext.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = None
+    vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
     return vocab if isinstance(vocab, int) and vocab > 8 else 1000
 
 

@@ -34,6 +34,7 @@ from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
 from launcher.planner.plan import Plan, plan
 from launcher.planner.plantypes import Policy
 from launcher.probe.topology import Topology, load_topology
+from topocommon import jsontext
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def plan_not_for_here(chosen: Plan, topo: Topology, path: Path) -> str | None:
 
 def read_plan_file(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = jsontext.loads(path.read_text())
     except OSError as exc:
         raise LauncherError(f"cannot read the plan file {path}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
@@ -229,7 +230,7 @@ def read_plan_file(path: Path) -> dict[str, Any]:
             f"the plan file {path} is not JSON ({exc.msg} at line {exc.lineno}): "
             "write it with `launcher plan --json > FILE` or `launcher tune`"
         ) from exc
-    except (ValueError, RecursionError) as exc:  # not UTF-8 text, or nested past any plan
+    except ValueError as exc:  # not UTF-8 text, or nested past any plan (NestedTooDeep)
         raise LauncherError(
             f"the plan file {path} is not a plan ({type(exc).__name__}): "
             "write it with `launcher plan --json > FILE` or `launcher tune`"

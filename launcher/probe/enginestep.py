@@ -65,6 +65,7 @@ import httpx
 from launcher.probe import keptrecord
 from launcher.probe.attentionfit import DepthPair
 from launcher.probe.keptrecord import number_field, text_field, write_cache_json
+from topocommon import jsontext
 
 FORMAT = 7  # 1 was the offline engine's step, without the server's per-token work
 # 2: without the timing at depth; 3: with it as one median difference, no pairs to judge its
@@ -436,7 +437,7 @@ def read_stream(sent: float, pieces: Iterable[tuple[float, bytes]]) -> Streamed:
                 if not line.startswith(b"data:"):
                     continue
                 try:
-                    body = json.loads(line[5:])
+                    body = jsontext.loads(line[5:])
                 except ValueError:
                     continue
                 if not isinstance(body, dict):

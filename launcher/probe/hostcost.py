@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from launcher.probe import keptrecord
 from launcher.probe.keptrecord import number_field, text_field, write_cache_json
+from topocommon import jsontext
 
 FORMAT = 2  # 2: the timing's steadiness (Steadiness); 1 (read, said in the reason): one pass
 # The prompt lengths the per-token line goes through (a short request's and the H200 timing's
@@ -306,8 +307,8 @@ def from_json(raw: Any) -> HostTiming:
 def parse(text: str) -> HostTiming:
     """A record from its JSON text (a worker's output or a cache file)."""
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        raw = jsontext.loads(text)
+    except ValueError as exc:
         raise HostCostError(f"a host timing record is not JSON: {str(exc)[:80]}") from None
     return from_json(raw)
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from topocommon import jsontext
+
 R = TypeVar("R")
 K = TypeVar("K")
 
@@ -102,14 +104,16 @@ def read(kind: Kind[R, K], path: Path, key: K) -> tuple[R | None, str]:
     except UnicodeDecodeError:  # write_cache_json writes ASCII: bytes a disk or editor mangled
         return None, kind.line(path, "is not JSON (not UTF-8 text)")
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError):
+        raw = jsontext.loads(text)
+    except ValueError:
         return None, kind.line(path, "is not JSON")
     try:
         rec = kind.parse(raw)
         got = kind.key_of(rec)
     except ValueError as exc:  # the record's own one-line reason: its format, a field
         return None, kind.line(path, f"cannot be used ({exc})")
+    # RecursionError here is the kind's own: a parse that walks or prints (str, repr) a field
+    # nested as deep as jsontext reads; jsontext's refusals are all ValueErrors, caught above
     except (TypeError, LookupError, AttributeError, ArithmeticError, RecursionError) as exc:
         return None, kind.line(path, f"cannot be used (a field is malformed: "
                                f"{type(exc).__name__})")

@@ -17,7 +17,6 @@ the renderer always sets that order, so a plan's GPU indices mean the same thing
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -47,6 +46,7 @@ from launcher.probe.topotypes import (
     normalize_bus_id,
 )
 from launcher.probe.visible import apply_visible_devices, visible_gpus
+from topocommon import jsontext
 
 __all__ = [
     "ANCESTOR_NAMES",
@@ -103,14 +103,14 @@ def host_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 def _read_file(path: str) -> Topology:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = jsontext.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise TopologyError(
             f"topology file {path} not found; save one with `launcher probe --save FILE`"
         ) from exc
     except OSError as exc:
         raise TopologyError(f"cannot read topology file {path}: {exc.strerror or exc}") from exc
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, jsontext.NestedTooDeep
         if _looks_like_topo_matrix(path):
             raise TopologyError(
                 f"{path} is `nvidia-smi topo -m` output, which names neither the GPU models nor "

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from loadgen.errors import BadArgument
+from topocommon import jsontext
 
 # (label, path into summary, higher is better)
 ROWS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
@@ -28,10 +28,10 @@ ROWS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = jsontext.loads(path.read_text())
     except OSError as exc:
         raise BadArgument(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError):
+    except ValueError:
         raise BadArgument(f"{path} is not JSON: give files written by `loadgen --json`") from None
     if not isinstance(data, dict) or not ("summary" in data or "runs" in data):
         raise BadArgument(f"{path} is not a loadgen --json result (no summary or runs)")
