@@ -41,6 +41,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 import httptools
 
@@ -149,12 +150,19 @@ class HeadLimit:
 
 
 def request_target(url: bytes, head: bytes = b"") -> str:
-    """The request's target as far as it is known: the parser's ``url``, else the second word
-    of ``head``'s first line (a head refused before the parser read it)."""
+    """The route the request names, as far as it is known, for the format of its refusal: the
+    parser's ``url``, else the second word of ``head``'s first line (a head refused before the
+    parser read it); an absolute-form target's path (RFC 9112 3.2.2), percent-decoded, with
+    its query: the route as the app matches it (uvicorn decodes the path it routes)."""
     if not url:
         words = head[:head.find(b"\n")].split(b" ", 2) if b"\n" in head else head.split(b" ", 2)
         url = words[1] if len(words) > 1 else b""
-    return url[:4096].decode("latin-1")
+    url = url[:4096]
+    if url[:1] not in (b"/", b"*", b""):  # scheme://authority/path?query
+        rest = url.partition(b"://")[2]
+        start = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        url = rest[start:] if rest[start:start + 1] == b"/" else b"/" + rest[start:]
+    return unquote(url.decode("latin-1"), encoding="latin-1")
 
 
 def refusal(default_headers: Any, status: int, message: str, code: str,
