@@ -224,6 +224,22 @@ HOST_REQUIRED = ("an HTTP/1.1 request must carry a Host header (RFC 9112 3.2): s
                  "127.0.0.1:PORT', the address and port you connect to")
 
 
+TRANSFER_CODING = ("the request body is sent in a transfer coding this proxy does not decode "
+                   "(Transfer-Encoding: {coding}): send the body plainly, with a "
+                   "Content-Length or 'Transfer-Encoding: chunked' alone")
+
+
+def foreign_coding(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The Transfer-Encoding value when it names a coding besides ``chunked`` (names
+    lower-case), else None. llhttp takes ``gzip, chunked`` (chunked last) and de-chunks it,
+    leaving the body still in the other coding."""
+    for name, value in headers:
+        if name == b"transfer-encoding" and any(
+                token.strip().lower() != b"chunked" for token in value.split(b",")):
+            return value.decode("latin-1").strip()
+    return None
+
+
 def lacks_host(version: str, headers: list[tuple[bytes, bytes]]) -> bool:
     """An HTTP/1.1 request without Host (names lower-case), which RFC 9112 3.2 says a server
     MUST answer 400; HTTP/1.0 has no such rule (its tools may leave Host out)."""

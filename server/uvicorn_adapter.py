@@ -40,11 +40,13 @@ from server.downstream import ChunkWriter
 from server.front import (
     HOST_REQUIRED,
     INVALID_HTTP,
+    TRANSFER_CODING,
     UPGRADE_REFUSED,
     Guards,
     HeadLimit,
     Refusal,
     StallTimer,
+    foreign_coding,
     head_too_large,
     lacks_host,
     refuse,
@@ -392,6 +394,11 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
                 raise _PipelineFull
             if lacks_host(self.parser.get_http_version(), self.headers):
                 self._refuse(400, HOST_REQUIRED, "missing_host")
+                return
+            coding = foreign_coding(self.headers)  # server.front hands every coded body here
+            if coding is not None:
+                self._refuse(501, TRANSFER_CODING.format(coding=coding),
+                             "unsupported_transfer_encoding")
                 return
             if self.url[:1] not in (b"/", b"*"):
                 self._host_from_target()
