@@ -20,6 +20,7 @@ import logging
 import posixpath
 import re
 import secrets
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
@@ -627,8 +628,13 @@ def parse_object(body: bytes, max_fields: int | None = None) -> dict[str, Any]:
         raise BadRequest("request body is not valid UTF-8") from None
     except (RecursionError, jsontext.NestedTooDeep):  # the counted parse's, the plain one's
         raise BadRequest(_TOO_DEEP) from None
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except ValueError:
+        # Valid JSON: an integer longer than Python converts (its guard against quadratic
+        # parsing), the one other ValueError json.loads raises. vLLM's parser stops there too.
+        raise BadRequest(f"request body has an integer of over {sys.get_int_max_str_digits()} "
+                         "digits, more than the proxy reads: send shorter numbers") from None
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object")
     return obj

@@ -5,6 +5,7 @@ about a refusal must stay exactly json.loads' (the hostile tests' texts and limi
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -23,8 +24,11 @@ def reference(body: bytes) -> dict[str, Any] | str:
         return "request body is not valid UTF-8"
     except RecursionError:
         return _TOO_DEEP
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return f"request body is not valid JSON: {exc}"
+    except ValueError:  # an integer past sys.get_int_max_str_digits()
+        return (f"request body has an integer of over {sys.get_int_max_str_digits()} digits, "
+                "more than the proxy reads: send shorter numbers")
     if not isinstance(obj, dict):
         return "request body must be a JSON object"
     return obj  # type: ignore[no-any-return]
