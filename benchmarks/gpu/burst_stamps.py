@@ -27,13 +27,15 @@ biggest step: where those spans shrink from one stage to the next is where they 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parent))  # jsonl_rows, when loaded by path (tests)
+from jsonl_rows import read_rows
 
 STAGES = ("app", "body", "create", "add0", "add1", "zmq0", "zmq1", "send1", "done")
 
@@ -49,23 +51,16 @@ class Event:
 def parse_lines(lines: Iterable[str], pid: int) -> tuple[list[Event], int]:
     """The rows of one ev-PID.jsonl and the count of lines that are not a row (a line cut by a
     killed process, garbage): skipped, never fatal."""
-    out: list[Event] = []
-    bad = 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if (not isinstance(row, list) or len(row) < 2 or not isinstance(row[1], str)
-                or isinstance(row[0], bool) or not isinstance(row[0], (int, float))
-                or not math.isfinite(row[0])):
-            bad += 1
-            continue
-        out.append(Event(float(row[0]), row[1], tuple(row[2:]), pid))
-    return out, bad
+    return read_rows(lines, lambda row: _event(row, pid))
+
+
+def _event(row: object, pid: int) -> Event | None:
+    """A row ``[t, name, *args]`` with a finite number t; None for any other JSON value."""
+    if (not isinstance(row, list) or len(row) < 2 or not isinstance(row[1], str)
+            or isinstance(row[0], bool) or not isinstance(row[0], (int, float))
+            or not math.isfinite(row[0])):
+        return None
+    return Event(float(row[0]), row[1], tuple(row[2:]), pid)
 
 
 def load(folder: Path) -> tuple[list[Event], int]:

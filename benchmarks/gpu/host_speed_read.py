@@ -21,11 +21,13 @@ CPU the spread of the pinned medians (max over min, and the slowest CPUs). """
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.append(str(Path(__file__).resolve().parent))  # jsonl_rows, when loaded by path (tests)
+from jsonl_rows import read_rows
 
 # the slow level: a run this much slower than the fast level (host_speed.SLOW)
 SLOW = 1.4
@@ -42,21 +44,11 @@ def _num(x: object) -> bool:
 def parse(text: str) -> tuple[list[Row], int]:
     """host-speed.jsonl's rows (objects with a positive ref_cpu_ms) and the count of other
     non-blank lines (a line cut by a killed sampler, anything else): never raises."""
-    rows: list[Row] = []
-    bad = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(row, dict) and _num(row.get("ref_cpu_ms")):
-            rows.append(row)
-        else:
-            bad += 1
-    return rows, bad
+    return read_rows(text.splitlines(), _row)
+
+
+def _row(value: object) -> Row | None:
+    return value if isinstance(value, dict) and _num(value.get("ref_cpu_ms")) else None
 
 
 def quantile(xs: list[float], q: float) -> float:
