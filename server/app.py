@@ -48,6 +48,7 @@ from server.errors import (
     BadRequest,
     BodyTooLarge,
     Forbidden,
+    MethodNotAllowed,
     NotFound,
     ProxyError,
     RequestTimeout,
@@ -805,9 +806,14 @@ def _add_error_handlers(app: FastAPI, proxy: Proxy) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err: ProxyError = NotFound(str(exc.detail)) if exc.status_code == 404 else BadRequest(
-            str(exc.detail))
-        err.status = exc.status_code
+        allow = (exc.headers or {}).get("Allow")
+        err: ProxyError
+        if exc.status_code == 405 and allow:  # Starlette names the route's methods
+            err = MethodNotAllowed(request.method, request.url.path, allow)
+        else:
+            err = NotFound(str(exc.detail)) if exc.status_code == 404 else BadRequest(
+                str(exc.detail))
+            err.status = exc.status_code
         return render(request, err)
 
     @app.exception_handler(RequestValidationError)

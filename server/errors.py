@@ -68,6 +68,20 @@ class NotFound(ProxyError):
     status, type, code = 404, "invalid_request_error", "not_found"
 
 
+class MethodNotAllowed(ProxyError):
+    """A method no route serves at that path; ``allow`` (the routes' methods) goes out as the
+    ``Allow`` header, which RFC 9110 15.5.6 requires on a 405, and in the message."""
+
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
+
+    def __init__(self, method: str, path: str, allow: str) -> None:
+        super().__init__(f"{method} is not served on {path}: send one of {allow}")
+        self.allow = allow
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"allow", self.allow.encode("latin-1"))]
+
+
 class RequestTimeout(ProxyError):
     status, type, code = 408, "invalid_request_error", "request_timeout"
     close_connection = True
