@@ -20,6 +20,7 @@ import logging
 import posixpath
 import re
 import secrets
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any
@@ -138,7 +139,7 @@ class Proxy:
         self._admin_keys = [k.encode() for k in cfg.admin_api_keys]
         self.guard = guard.policy(cfg.host, cfg.port, bool(cfg.api_keys), cfg.allowed_hosts,
                                   cfg.allowed_origins, cfg.allow_internal_media,
-                                  loopback=cfg.loopback_only)
+                                  loopback=cfg.loopback_only, own_names=[socket.gethostname()])
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -226,7 +227,8 @@ class Proxy:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rid = pick_request_id(headers.get("x-request-id", ""))
         try:
-            refusal = guard.check_head(self.guard, scope["headers"])
+            refusal = guard.check_head(self.guard, scope["headers"], scope.get("client"),
+                                       scope.get("server"))
             if refusal is not None:
                 raise refusal
             self.authorize(headers)
@@ -394,7 +396,8 @@ class ProxyApp:
                 and scope["path"] in GENERATION_SCHEMAS):
             await self.proxy.generation(scope, receive, send)  # checks the head itself
             return
-        refusal = (guard.check_head(self.proxy.guard, scope["headers"])
+        refusal = (guard.check_head(self.proxy.guard, scope["headers"], scope.get("client"),
+                                    scope.get("server"))
                    if scope["type"] == "http" else None)
         if refusal is not None:
             await self.refuse(scope, send, refusal)
@@ -429,7 +432,8 @@ class ProxyApp:
         """A CORS preflight from an allowed origin answered 204 (the Host check still applies;
         no key is asked: browsers send none on a preflight). False: not a preflight."""
         headers = guard.preflight(origin, scope["headers"])
-        if headers is None or guard.check_head(self.proxy.guard, scope["headers"]) is not None:
+        if headers is None or guard.check_head(self.proxy.guard, scope["headers"],
+                                               scope.get("client"), scope.get("server")):
             return False
         await send({"type": "http.response.start", "status": 204, "headers": headers})
         await send({"type": "http.response.body", "body": b""})

@@ -208,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
                    help="names (comma-separated, repeatable) the Host header may give besides "
                         "localhost, 127.0.0.1, [::1] and --host; '*' turns the Host check off "
-                        "(checked when bound to loopback, or elsewhere once this is given)")
+                        "(checked when bound to loopback or once this is given; bound "
+                        "elsewhere without it, for clients on this machine, which may also use "
+                        "any IP address or the machine's host name)")
     p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGINS",
                    help="web origins (scheme://host[:port], comma-separated, repeatable) a "
                         "proxy without API keys takes requests from besides its own and "

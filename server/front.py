@@ -539,6 +539,13 @@ def front_protocol(app: object, generation: Handler, fallback: type[asyncio.Prot
     return Front
 
 
+def _address(info: Any) -> tuple[str, int] | None:
+    """(host, port) of a socket address as asyncio gives it; None for a Unix socket's."""
+    if isinstance(info, tuple) and len(info) >= 2:
+        return str(info[0]), int(info[1])
+    return None
+
+
 class FrontProtocol(asyncio.Protocol):
     app: object
     generation: Handler
@@ -574,6 +581,8 @@ class FrontProtocol(asyncio.Protocol):
         self.head = HeadLimit(self.guards.max_header_line_bytes, self.guards.max_header_bytes)
         self.stall = StallTimer(self.loop, self.guards)
         self.refused: Refusal | None = None  # answered and closing: input dropped
+        self.client: tuple[str, int] | None = None
+        self.server: tuple[str, int] | None = None
 
     def idle(self) -> bool:
         """No request in progress: nothing received of one, none being answered, not refused
@@ -585,6 +594,11 @@ class FrontProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # The two addresses (as uvicorn's scope has them): the Host check on a public bind
+        # asks whether a client is on this machine. asyncio read them when it made the
+        # transport: no system call here.
+        self.client = _address(transport.get_extra_info("peername"))
+        self.server = _address(transport.get_extra_info("sockname"))
         self.host.opened(self)
         self._arm(self.header_timeout_s)
 
@@ -744,7 +758,8 @@ class FrontProtocol(asyncio.Protocol):
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.1", "scheme": "http", "method": "POST",
             "path": path.decode("latin-1"), "raw_path": path, "root_path": "",
-            "query_string": query, "headers": self.headers, "server": None, "client": None,
+            "query_string": query, "headers": self.headers, "server": self.server,
+            "client": self.client,
             "extensions": {DISCONNECT_HOOK: hook},
         }
         task = self.loop.create_task(handler(scope, ex.receive, ex.send))

@@ -11,8 +11,11 @@ local models have had exactly this hole (Ollama, llama.cpp, Jupyter closed it th
   pass, with any port. An empty host (``Host: :8000``, a bypass found in Ollama) is refused;
   a request without Host (HTTP/1.0 tools; HTTP/1.1 without it is refused earlier, by the
   HTTP layer: server.front.lacks_host) is no browser's and passes. Bound elsewhere, the
-  proxy is reached under names it cannot know, so Host is checked only against an explicit
-  ``--allowed-hosts``.
+  proxy is reached under names it cannot know, so Host is checked against an explicit
+  ``--allowed-hosts``, or, without one, for clients on this machine alone (a rebinding page
+  re-points its name at 127.0.0.1 or at the machine's own network address, and its browser
+  runs here): loopback names, any IP address (a page whose origin is an address is reached
+  there, not by rebinding) and this machine's host name pass.
 - ``Origin`` is checked while no API key is configured (with keys, a cross-site page cannot
   send one: browsers attach no ``Authorization`` on their own and the proxy sets no cookies).
   Absent (curl, SDKs, agents): passes. The proxy's own origin (as the Host names it), a
@@ -107,27 +110,40 @@ class GuardPolicy:
     allowed_hosts: frozenset[str] = frozenset()  # lower-case names, brackets stripped
     allowed_origins: frozenset[str] = frozenset()  # normalised scheme://host[:port]; "*": any
     allow_internal_media: bool = False
+    # Bound elsewhere without --allowed-hosts: Host is checked for clients on this machine
+    # alone (``same_machine``: where a rebinding page's browser runs), against the names no
+    # such page can have: loopback ones, IP addresses and this machine's own (``own_names``).
+    check_local_host: bool = False
+    own_names: frozenset[str] = frozenset()
 
 
 def policy(host: str, port: int, has_keys: bool, allowed_hosts: Sequence[str] = (),
            allowed_origins: Sequence[str] = (), allow_internal_media: bool = False,
-           loopback: bool = True) -> GuardPolicy:
+           loopback: bool = True, own_names: Sequence[str] = ()) -> GuardPolicy:
+    """``own_names``: this machine's host name(s) (socket.gethostname()), served on a public
+    bind to clients on this machine."""
     hosts = frozenset(h.strip().lower().strip("[]").rstrip(".") for h in allowed_hosts)
     origins = frozenset("*" if o.strip() == "*" else (normal_origin(o) or "")
                         for o in allowed_origins) - {""}
-    return GuardPolicy(check_host=(loopback or bool(hosts)) and "*" not in hosts,
+    check_host = (loopback or bool(hosts)) and "*" not in hosts
+    return GuardPolicy(check_host=check_host,
                        check_origin=not has_keys and "*" not in origins,
                        bound_host=host.lower().strip("[]"), port=port,
                        allowed_hosts=hosts, allowed_origins=origins,
-                       allow_internal_media=allow_internal_media)
+                       allow_internal_media=allow_internal_media,
+                       check_local_host=not check_host and "*" not in hosts,
+                       own_names=frozenset(n.lower().rstrip(".") for n in own_names if n))
 
 
 # -- request heads --------------------------------------------------------------------------
 
 
-def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refusal | None:
+def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]],
+               client: Sequence[Any] | None = None,
+               server: Sequence[Any] | None = None) -> Refusal | None:
     """The refusal for a request with these raw headers (names lower-case, as both servers
-    give them), or None."""
+    give them), or None. ``client`` and ``server``: the connection's two addresses (the ASGI
+    scope's), asked only on a public bind (``same_machine``)."""
     host: bytes | None = None
     origin: bytes | None = None
     fetch_site = fetch_mode = b""
@@ -151,7 +167,9 @@ def check_head(pol: GuardPolicy, headers: Iterable[tuple[bytes, bytes]]) -> Refu
                 host = value
             elif name == b"origin":
                 origin = value
-    if pol.check_host and host is not None and not host_allowed(pol, host):
+    if host is not None and (pol.check_host or (
+            pol.check_local_host and same_machine(client, server))) and not host_allowed(
+            pol, host, local=not pol.check_host):
         return HostRefused(
             "the Host header names neither this machine's loopback (localhost, 127.0.0.1, "
             "[::1]) nor an allowed host, as a web page reaching this proxy by DNS rebinding "
@@ -210,12 +228,28 @@ def is_loopback_name(name: str) -> bool:
     return ip is not None and ip.is_loopback
 
 
-def host_allowed(pol: GuardPolicy, value: bytes) -> bool:
+def host_allowed(pol: GuardPolicy, value: bytes, local: bool = False) -> bool:
+    """``local``: a client on this machine of a proxy bound elsewhere, which may name the
+    machine by any address or by its own name too (never a rebinding page's: an address is
+    the page's origin then, so its browser connects there)."""
     parts = split_host(value.decode("latin-1"))
     if parts is None:
         return False
     name = parts[0]
-    return name in pol.allowed_hosts or name == pol.bound_host or is_loopback_name(name)
+    return (name in pol.allowed_hosts or name == pol.bound_host or is_loopback_name(name)
+            or (local and (name in pol.own_names or literal_ip(name) is not None)))
+
+
+def same_machine(client: Sequence[Any] | None, server: Sequence[Any] | None) -> bool:
+    """Whether a connection (the ASGI scope's ``client`` and ``server`` addresses) comes from
+    this machine: from a loopback address, or from the very address it reached (a browser
+    here reaching the machine's network address). Unknown (a Unix socket): yes."""
+    peer = literal_ip(str(client[0])) if client else None
+    if peer is None or peer.is_loopback:
+        return True
+    if not server:
+        return False
+    return literal_ip(str(server[0])) == peer
 
 
 def normal_origin(value: str) -> str | None:

@@ -158,14 +158,16 @@ def test_a_keyed_proxy_takes_other_origins_but_still_checks_host(
     assert raw(p.url, "GET", "/ready", [("host", "attacker.example")])[0] == 403
 
 
-def test_a_public_bind_checks_origin_but_not_host(spawn_proxy: SpawnProxy, sim_url: str) -> None:
+def test_a_public_bind_checks_origin_and_an_address_passes_the_host_check(
+        spawn_proxy: SpawnProxy, sim_url: str) -> None:
+    # Names from this machine: tests/server/test_public_bind_rebinding.py
     p = spawn_proxy([sim_url], "--host", "0.0.0.0")
-    assert raw(p.url, "GET", "/v1/models", [("host", "gpu-box.example:8000")])[0] == 200
-    status, _, answer = raw(p.url, "GET", "/v1/models", [("host", "gpu-box.example:8000"),
+    assert raw(p.url, "GET", "/v1/models", [("host", "192.0.2.7:8000")])[0] == 200
+    status, _, answer = raw(p.url, "GET", "/v1/models", [("host", "192.0.2.7:8000"),
                                                           ("origin", "http://attacker.example")])
     assert status == 403
     assert answer["error"]["code"] == "cross_site_request"
-    same = [("host", "gpu-box.example:8000"), ("origin", "http://gpu-box.example:8000")]
+    same = [("host", "192.0.2.7:8000"), ("origin", "http://192.0.2.7:8000")]
     assert raw(p.url, "GET", "/v1/models", same)[0] == 200
 
 
