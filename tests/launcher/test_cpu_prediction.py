@@ -39,13 +39,19 @@ from tests.conftest import live_processes
 # they only outvote a disturbed one.
 ROUNDS = 3
 MAX_ROUNDS = 5
-# loadgen's one-stream decode is compared where at least this many of its 4 requests had a
-# decode to read. A request whose tokens vLLM's server held back and sent in one event has none
-# (loadgen says None), and a loaded machine does that to most streams: beside two busy loops here
-# 1 of 4 was readable, or none, and its p50 then rests on the streams that were not held back,
-# one at 2.76 ms against the engine's 2.43-2.46 (docs/planner.md 7c). Such a round is not
-# compared, said in the message, and another is run: at most MAX_ROUNDS + 2 rounds in all.
-READABLE = 3
+# loadgen's one-stream run is its default one, 8 requests (this test asked for 4 until
+# 2026-12-05), and its decode is compared where more than half of them had a decode to read. A
+# loaded machine moves a few streams more than the engine: vLLM's server holds a stream's tokens
+# back and sends them in one burst (no decode: None), sends its last tokens late (a step read
+# slow) or its first token with later ones (read fast). Beside one busy loop the engine's own
+# step read 2.35-2.71 ms a request (quiet 2.35-3.20), loadgen's requests 1.14-4.30 ms. The
+# probe's step is a median of 7 such decodes (enginestep.ROUNDS); the p50 of 4 requests, the
+# middle two of at most 4 readable, moves with two disturbed streams: beside a load busy 0.4 s
+# in 1.2 s, 4 requests read plan/loadgen 1.63, 1.11, 1.09 (2 of 4 readable each; the engine's
+# own step 3.32 ms in the first, 2.56 in the probe's timing) and the 8 requests right after them
+# 0.97, 0.98, 0.99; beside 50 ms busy in 300 ms 0.92-1.01 and 0.97-1.03 (2026-12-05). A round
+# whose requests were mostly held back is not compared, said in the message, and another is
+# run: at most MAX_ROUNDS + 2 rounds in all.
 BAND = 0.25  # issue 22: the CPU plan within 25% of what loadgen measures on the same machine
 # Each half of a round starts on a quiet machine: under this share of all cores busy over a
 # second (the stack's engine idles near zero between requests), waiting at most QUIET_WAIT_S.
@@ -98,24 +104,23 @@ def engine_steps(stack: Any) -> tuple[float, float]:
 
 
 def loadgen_figures(stack: Any, concurrency: int = 1,
-                    warm: bool = True) -> tuple[tuple[float, float | None, float], int, str]:
-    """loadgen's default run (512-token prompts, 256 tokens out; one stream: 4 requests after
-    one, more: its default requests and warm-up) against the engine: p50 prefill and decode tok/s
-    and the run's output tok/s, as it prints them (the decode None where no request had one); how
-    many requests had a decode to read; and for the failure message each request's decode step,
-    its longest gap between token events, and the engine's own mean step over the run
-    (engine_steps). ``warm``: False for an engine that has run these very requests already
-    (a round after the first): loadgen's unmeasured warm-up requests (one; one a stream) are
-    then left out, the measured requests the same."""
-    one = concurrency == 1
-    warmup = (1 if one else None) if warm else 0
+                    warm: bool = True) -> tuple[tuple[float, float | None, float], int, int, str]:
+    """loadgen's default run (512-token prompts, 256 tokens out, its default requests: 8 at one
+    stream, 4 a stream at more, after its default warm-up) against the engine: p50 prefill and
+    decode tok/s and the run's output tok/s, as it prints them (the decode None where no request
+    had one); how many requests had a decode to read, of how many; and for the failure message
+    each request's decode step, its longest gap between token events, and the engine's own mean
+    step over the run (engine_steps). ``warm``: False for an engine that has run these very
+    requests already (a round after the first): loadgen's unmeasured warm-up requests (two; one a
+    stream) are then left out, the measured requests the same."""
     cfg = Config(url=stack.vllm_url, api_key=stack.engine_key, concurrency=concurrency,
-                 requests=4 if one else None, warmup=warmup, progress=False)
+                 warmup=None if warm else 0, progress=False)
+    requests = cfg.requests_for(concurrency)
     before = engine_steps(stack)
     level = loadgen_run(cfg).levels[0]
     after = engine_steps(stack)
     summary = level.summary
-    assert summary.requests_ok == (4 if one else 4 * concurrency), summary.failures
+    assert summary.requests_ok == requests, summary.failures
     assert summary.prefill_tok_s.p50
     assert summary.output_tok_s
     # which side moved when the halves disagree: a held-back stream (its tokens sent at once,
@@ -124,11 +129,11 @@ def loadgen_figures(stack: Any, concurrency: int = 1,
     gaps = [f"{max(r.itl_s, default=0.0) * 1e3:.0f}" for r in level.requests]
     made = after[1] - before[1]
     own = f"{(after[0] - before[0]) / made * 1e3:.2f} ms" if made > 0 else "none"
-    detail = (f"loadgen x{concurrency}: steps {', '.join(steps[:4])} ms (longest gaps "
-              f"{', '.join(gaps[:4])} ms), the engine's own mean step {own}")
+    detail = (f"loadgen x{concurrency}: steps {', '.join(steps[:8])} ms (longest gaps "
+              f"{', '.join(gaps[:8])} ms), the engine's own mean step {own}")
     readable = sum(r.decode_tok_s is not None for r in level.requests)
     return ((summary.prefill_tok_s.p50, summary.decode_tok_s.p50, summary.output_tok_s),
-            readable, detail)
+            readable, len(level.requests), detail)
 
 
 @pytest.mark.stack
@@ -173,12 +178,12 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
         # requests a round before (the warm-ups took ~10 s a round on two cores: the two runs
         # 9.1 and 37.1 s warmed, 6.3-7.6 and 29.8-34.4 s not, on 2026-12-04)
         warm = not seen
-        one, readable, one_detail = loadgen_figures(stack, warm=warm)
-        many_got, _, many_detail = loadgen_figures(stack, MANY, warm=warm)
+        one, readable, sent, one_detail = loadgen_figures(stack, warm=warm)
+        many_got, _, _, many_detail = loadgen_figures(stack, MANY, warm=warm)
         prefill, decode, output = one
-        if decode is None or readable < READABLE:
-            seen.append(f"not compared: {readable} of loadgen's 4 requests had a decode to read "
-                        f"(held back); planned {[round(x) for x in pred]}; probe: {line}; "
+        if decode is None or 2 * readable <= sent:
+            seen.append(f"not compared: {readable} of loadgen's {sent} requests had a decode to "
+                        f"read (held back); planned {[round(x) for x in pred]}; probe: {line}; "
                         f"{one_detail}")
             continue
         got = (prefill, decode, output, many_got[2])
