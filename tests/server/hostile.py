@@ -348,3 +348,14 @@ def sse_chunks(events: list[bytes]) -> bytes:
 def json_answer(body: bytes, status: bytes = b"200 OK", extra: bytes = b"") -> bytes:
     return (b"HTTP/1.1 %b\r\ncontent-type: application/json\r\n%bcontent-length: %d\r\n\r\n%b"
             % (status, extra, len(body), body))
+
+
+def assert_route_error(answer: Any, anthropic: bool, code: str, kind: str = "invalid_request_error"
+                       ) -> None:
+    """An error answer in the route's format: Anthropic's (``type`` error, its error ``kind``)
+    on the Anthropic routes, else OpenAI's with ``code``."""
+    if anthropic:
+        assert answer["type"] == "error", answer
+        assert answer["error"]["type"] == kind, answer
+    else:
+        assert answer["error"]["code"] == code, answer

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import ProxyProc, sim_stats
-from tests.server.hostile import connect, read_reply
+from tests.server.hostile import assert_route_error, connect, read_reply
 from tests.server.test_local_guard import CHAT, generations
 
 INSIDE = "http://169.254.169.254/latest/meta-data/"
@@ -54,11 +54,7 @@ def test_a_compressed_body_is_refused_before_the_engine_sees_it(
     assert post(proxy, path, plain, None)[0] == 400  # the media check, on the plain body
     status, answer = post(proxy, path, CODINGS[coding](plain), coding.upper())
     assert status == 415, answer
-    if path == "/v1/messages":
-        assert answer["type"] == "error"
-        assert answer["error"]["type"] == "invalid_request_error"
-    else:
-        assert answer["error"]["code"] == "unsupported_content_encoding"
+    assert_route_error(answer, path == "/v1/messages", "unsupported_content_encoding")
     assert "uncompressed" in answer["error"]["message"]
     assert engine_requests(sim_url) == 0
 

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from tests.server.conftest import ProxyProc
-from tests.server.hostile import connect, read_reply
+from tests.server.hostile import assert_route_error, connect, read_reply
 from tests.server.test_local_guard import CHAT, MESSAGES, generations
 from tests.server.test_pipelined_refusals import read_to_end
 
@@ -41,11 +41,7 @@ def test_an_http_1_1_request_without_host_is_a_400_in_the_routes_format(
         reply = read_reply(sock)
     assert reply.status == 400, reply.body
     answer = reply.json()
-    if target == "/v1/messages":
-        assert answer["type"] == "error"
-        assert answer["error"]["type"] == "invalid_request_error"
-    else:
-        assert answer["error"]["code"] == "missing_host"
+    assert_route_error(answer, target == "/v1/messages", "missing_host")
     assert "Host" in answer["error"]["message"]
     assert reply.closed
     assert generations(sim_url) == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.server.conftest import ProxyProc
-from tests.server.hostile import exchange
+from tests.server.hostile import assert_route_error, exchange
 
 
 @pytest.mark.parametrize(("method", "path", "allowed"), [
@@ -23,10 +23,6 @@ def test_a_method_no_route_serves_is_a_405_with_allow_saying_what_to_send(
     allow = [m.strip() for m in reply.headers["allow"].split(",")]
     assert allowed in allow
     answer = reply.json()
-    if path == "/v1/messages":
-        assert answer["type"] == "error"
-        assert answer["error"]["type"] == "invalid_request_error"
-    else:
-        assert answer["error"]["code"] == "method_not_allowed"
+    assert_route_error(answer, path == "/v1/messages", "method_not_allowed")
     assert method in answer["error"]["message"]
     assert allowed in answer["error"]["message"]

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from tests.server.conftest import ProxyProc, sim_stats
-from tests.server.hostile import connect, read_reply
+from tests.server.hostile import assert_route_error, connect, read_reply
 from tests.server.test_local_guard import CHAT, MESSAGES
 
 
@@ -39,10 +39,8 @@ def test_a_transfer_coding_the_proxy_does_not_decode_is_a_501(
     status, answer = chunked_post(proxy, path, coding, gzip.compress(body))
     assert status == 501, answer
     assert isinstance(answer, dict)
-    if path == "/v1/messages":
-        assert answer["type"] == "error"
-    else:
-        assert answer["error"]["code"] == "unsupported_transfer_encoding"
+    assert_route_error(answer, path == "/v1/messages", "unsupported_transfer_encoding",
+                       "api_error")  # Anthropic's type for a 5xx
     assert "Content-Length" in answer["error"]["message"]
     assert engine_requests(sim_url) == 0
 
