@@ -23,10 +23,10 @@ reads them). The planner then takes the engine's overheads from it: the measured
 the roofline gives the tiny model's own forward pass, the prefill's per-token rate as this CPU's
 rate, and the deeper prompt's extra time as attention per (query, key) pair. Many streams: after
 the rounds, BATCH_STREAMS streams sent at once (:func:`time_batch`), each a few fresh tokens
-after a cached LONG_PROMPT-token prefix (the one-stream step's context, without its prefill),
-each stream's decode step read as loadgen reads it, the median kept where they were in flight
-together (:func:`batch_step`): the step at that many sequences, from which the planner takes
-each sequence's own cost in a step.
+after a LONG_PROMPT-token context of its own, cached before (the one-stream step's context,
+without its prefill), each stream's decode step read as loadgen reads it, the median kept where
+they were in flight together (:func:`batch_step`): the step at that many sequences, from which
+the planner takes each sequence's own cost in a step.
 
 What arrives is not always when it was made: on this 2-core machine under load (~3.6) vLLM's
 server held a stream's token events back and sent the whole generation at once, each event in its
@@ -103,10 +103,15 @@ LONG_PROMPT = 512
 # plain partner is the round's long prompt, sent right after it: no request more.
 DEPTH_CONTEXT = 2048
 # The step at many sequences: this many streams sent at once, each SHORT_PROMPT fresh tokens
-# after a LONG_PROMPT-token prefix cached once before (so each decodes at the one-stream step's
-# context, and their prefill is one short step), BATCH_STEPS + 1 tokens out; BATCH_ROUNDS times, the
-# median kept. 16: between the 8 and 32 streams a plan is asked for, and a second or so a round
-# on two cores (all 16 decode in a step of ~8 ms here).
+# after a LONG_PROMPT-token context of its own cached once before (so each decodes at the
+# one-stream step's context, and their prefill is one short step), BATCH_STEPS + 1 tokens out;
+# BATCH_ROUNDS times, the median kept. Contexts of their own, as loadgen's streams and users'
+# have: streams over one shared cached context read their attention from the same blocks, and
+# stepped 3.05-3.61 ms at 8 streams against 3.68-4.57 over contexts of their own (each of three
+# rounds 18-27% faster), 3.97-5.08 against 4.29-5.95 at 16 (4-25%), on this project's 2-core
+# machine (2026-12-05; loadgen's 8-stream run there: the engine's own step 3.55-3.72 ms).
+# 16: between the 8 and 32 streams a plan is asked for, and a second or so a round on two cores
+# (all 16 decode in a step of ~8 ms here).
 BATCH_STREAMS = 16
 BATCH_ROUNDS = 3
 # A round's streams must have been in flight together for at least this share of their decode:
@@ -585,16 +590,16 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
     Then ``rounds`` long prompts that each generate ``steps`` + 1 tokens (the decode step), one
     right after another, greedy, as loadgen's default run sends its requests (STEPS). Then,
     ``batch`` (0: not timed) streams at once, BATCH_ROUNDS times, each a fresh SHORT_PROMPT
-    after a LONG_PROMPT prefix sent once before them, at most BATCH_STEPS + 1 tokens out: the
-    step with that many in flight (batch_step; a round it cannot read is not kept). A decode
-    stream that cannot be read as it came (:meth:`Streamed.unread`: its tokens held back and
-    sent in a burst) has its step read from its end (:meth:`Streamed.end_step_s`, less the long
-    prompts' median first token), said; a decode whose step cannot be read either way is not
-    kept, said, and sent again: up to ``rounds`` (and BATCH_ROUNDS) more, until ``rounds`` are
-    kept. Every other prompt is
-    new token ids, so that nothing else comes from the prefix cache: drawn from a fresh seed on
-    every call unless ``seed`` is given (a second timing of one engine with the first one's
-    prompts met them cached: a 512-token first token 3.6x faster than loadgen's).
+    after a LONG_PROMPT context of its own sent once before them, at most BATCH_STEPS + 1 tokens
+    out: the step with that many in flight (batch_step; a round it cannot read is not kept). A
+    decode stream that cannot be read as it came (:meth:`Streamed.unread`: its tokens held back
+    and sent in a burst) has its step read from its end (:meth:`Streamed.end_step_s`, less the
+    long prompts' median first token), said; a decode whose step cannot be read either way is
+    not kept, said, and sent again: up to ``rounds`` (and BATCH_ROUNDS) more, until ``rounds``
+    are kept. Every other prompt is new token ids, so that nothing else comes from the prefix
+    cache: drawn from a fresh seed on every call unless ``seed`` is given (a second timing of
+    one engine with the first one's prompts met them cached: a 512-token first token 3.6x
+    faster than loadgen's).
     :class:`EngineStepError` (one line) when the engine fails a request, or no round's streams
     could be read."""
     rng = random.Random(seed)  # None: seeded from the OS, as loadgen draws a seed per run
@@ -646,14 +651,14 @@ def time_served(served: Served, vocab: int, *, rounds: int = ROUNDS, steps: int 
                                       f"{unread_rounds[-1][:200]} (a machine this loaded holds "
                                       "the engine's tokens back: time it when it is quieter)")
             if batch > 1:
-                prefix = ids(LONG_PROMPT)
-                _stream(client, served, prefix, 1)  # into the prefix cache
+                contexts = [ids(LONG_PROMPT) for _ in range(batch)]
+                for c in contexts:  # each into the prefix cache
+                    _stream(client, served, c, 1)
                 # a first batch of a size is slow: one warm round, unread, first
                 for run in range(2 * BATCH_ROUNDS + 1):
                     if len(many) == BATCH_ROUNDS:
                         break
-                    streams = time_batch(served, [prefix + ids(SHORT_PROMPT) for _ in
-                                                  range(batch)],
+                    streams = time_batch(served, [c + ids(SHORT_PROMPT) for c in contexts],
                                          9 if not run else min(steps, BATCH_STEPS) + 1)
                     if not run:
                         continue

@@ -389,3 +389,26 @@ def test_the_decode_is_timed_as_loadgen_sends_it_back_to_back_greedy_at_its_defa
     assert sizes[2:decodes[0]] == [1, 1] * 3, sizes
     assert all(b["temperature"] == 0.0 for b in server.bodies), server.bodies
     assert (len(got.steps_s), len(got.short_ttft_s), len(got.long_ttft_s)) == (3, 3, 3), got
+
+
+def test_the_step_at_many_streams_is_timed_over_a_context_of_each_streams_own() -> None:
+    """The streams sent at once each decode after a LONG_PROMPT-token context of their own,
+    sent alone (one token) into the prefix cache before them and the same in every batch round:
+    over one shared context their attention read the same cached blocks, and 8 streams stepped
+    18-27% faster than over contexts of their own (enginestep.BATCH_STREAMS)."""
+    server = Recording()
+    try:
+        got = enginestep.time_served(enginestep.Served(server.url, "recording"), 1000, rounds=1,
+                                     depth=0, batch=4)
+    finally:
+        server.close()
+    long_ = enginestep.LONG_PROMPT
+    cached = [b["prompt"] for b in server.bodies
+              if b["max_tokens"] == 1 and len(b["prompt"]) == long_]
+    batches = [b["prompt"] for b in server.bodies
+               if len(b["prompt"]) == long_ + enginestep.SHORT_PROMPT]
+    assert len(batches) == 4 * (1 + enginestep.BATCH_ROUNDS), len(batches)
+    contexts = {tuple(p[:long_]) for p in batches}
+    assert len(contexts) == 4, "the streams share a context"
+    assert contexts <= {tuple(p) for p in cached}, "a stream's context was not cached before"
+    assert len(got.batch_steps_s) == enginestep.BATCH_ROUNDS, got
