@@ -143,6 +143,14 @@ class Proxy:
 
     # -- checks ------------------------------------------------------------------------------
 
+    def refused_by_http_layer(self, status: int, target: str) -> None:
+        """A request the HTTP layer refused before any route ran (server.front's Guards):
+        counted and logged as the routes' answers are; it has no request id nor, for a head
+        refused before its method was read, a method ("-")."""
+        route = route_label(target.partition("?")[0])
+        self.metrics.requests.labels("unknown", route, str(status)).inc()
+        log.info("- - %s %d", route, status)
+
     def authorize(self, headers: Mapping[str, str]) -> None:
         """Constant-time check of ``Authorization: Bearer K`` or ``x-api-key: K``."""
         if self._keys and not key_matches(headers, self._keys):

@@ -81,6 +81,9 @@ class Guards:
     max_header_bytes: int = 64 * 1024
     stall_timeout_s: float = 30.0
     on_stall: Callable[[], None] | None = None  # counts a client cut off for not reading
+    # Counts and logs a request refused here (its status, and its route as request_target
+    # reads it), as the app counts and logs what its routes answer.
+    on_refused: Callable[[int, str], None] | None = None
 
 
 class HeadLimit:
@@ -815,6 +818,8 @@ class FrontProtocol(asyncio.Protocol):
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._disarm()
         target = request_target(self.url, bytes(self.buf[:8192]))
+        if self.guards.on_refused is not None:
+            self.guards.on_refused(status, target)
         self.buf.clear()
         self.read_paused = False
         self.refused = refuse(self.transport, self.loop, self.host.default_headers,

@@ -61,7 +61,8 @@ def uvicorn_config(cfg: ProxyConfig, seat: Seat | None = None,
                     max_header_line_bytes=cfg.max_header_line_bytes,
                     max_header_bytes=cfg.max_header_bytes,
                     stall_timeout_s=cfg.client_stall_timeout_s,
-                    on_stall=app.proxy.metrics.client_stalls.inc)
+                    on_stall=app.proxy.metrics.client_stalls.inc,
+                    on_refused=app.proxy.refused_by_http_layer)
     settings: dict[str, Any] = dict(
         host=cfg.host, port=cfg.port, loop="uvloop", http=front_protocol(
             app, app.lean_handler(), guarded_protocol(guards), guards, UvicornHost),

@@ -320,6 +320,8 @@ def guarded_protocol(guards: Guards) -> type[asyncio.Protocol]:
         def _refuse(self, status: int, message: str, code: str, head: bytes = b"") -> None:
             self._disarm()
             target = request_target(self.url, head)
+            if guards.on_refused is not None:  # once, whether written now or deferred
+                guards.on_refused(status, target)
             cycle = self.cycle
             if self._in_body:  # its head was read: it is the newest cycle, queued or running
                 queued = bool(self.pipeline) and self.pipeline[0][0] is cycle
