@@ -73,6 +73,48 @@ def _cpu_times() -> tuple[int, int]:
     return sum(f) - idle, sum(f)
 
 
+def _tree_jiffies(roots: set[int]) -> int:
+    """CPU jiffies (user + system) of the live processes in ``roots`` and below them."""
+    parent: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            f = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parent[int(entry.name)], used[int(entry.name)] = int(f[1]), int(f[11]) + int(f[12])
+
+    def ours(pid: int) -> bool:
+        while pid > 1 and pid not in roots:
+            pid = parent.get(pid, 0)
+        return pid in roots
+
+    return sum(j for pid, j in used.items() if ours(pid))
+
+
+class Beside:
+    """What the rest of the machine used while a half ran: the cores busy over it less the
+    stack's processes and this one, so that a failure says whether other work ran beside the
+    engine (the engine's spinning threads take ~2 cores while it serves, and work beside it got
+    0.02-0.4 of a core here, holding the server's token events back)."""
+
+    def __init__(self, stack: Any) -> None:
+        self.roots = {os.getpid()} | ({stack.launcher_pid} if stack.launcher_pid else set())
+        self.known = bool(stack.launcher_pid)
+        self.start = (*_cpu_times(), _tree_jiffies(self.roots))
+
+    def cores(self) -> str:
+        busy, total, ours = (*_cpu_times(), _tree_jiffies(self.roots))
+        cpus = os.cpu_count() or 1
+        wall = (total - self.start[1]) / cpus  # jiffies of one core
+        if not self.known:
+            return f"{(busy - self.start[0]) / max(1, wall):.2f} cores busy in all"
+        beside = max(0, (busy - self.start[0]) - (ours - self.start[2]))
+        return f"{beside / max(1, wall):.2f} of a core beside"
+
+
 def wait_for_quiet() -> float:
     """Wait (at most QUIET_WAIT_S) until the machine's cores were under QUIET_BUSY busy for a
     second; the last second's busy share, which the failure message shows."""
@@ -129,8 +171,15 @@ def loadgen_figures(stack: Any, concurrency: int = 1,
     gaps = [f"{max(r.itl_s, default=0.0) * 1e3:.0f}" for r in level.requests]
     made = after[1] - before[1]
     own = f"{(after[0] - before[0]) / made * 1e3:.2f} ms" if made > 0 else "none"
+    # where a run's time went when its throughput fell and its steps did not: requests that
+    # waited for their first token (the server), or loadgen's own loop held up (the client)
+    ms = [(d.p50 or 0.0) * 1e3 for d in (summary.ttft_s, summary.e2e_s)]
+    lag = summary.loop.lag_s.max if summary.loop is not None else None
     detail = (f"loadgen x{concurrency}: steps {', '.join(steps[:8])} ms (longest gaps "
-              f"{', '.join(gaps[:8])} ms), the engine's own mean step {own}")
+              f"{', '.join(gaps[:8])} ms), the engine's own mean step {own}; its run "
+              f"{summary.duration_s:.1f} s, first token p50 {ms[0]:.0f} ms, max "
+              f"{(summary.ttft_s.max or 0.0) * 1e3:.0f} ms, a request p50 {ms[1]:.0f} ms, its "
+              f"loop late by at most {(lag or 0.0) * 1e3:.0f} ms")
     readable = sum(r.decode_tok_s is not None for r in level.requests)
     return ((summary.prefill_tok_s.p50, summary.decode_tok_s.p50, summary.output_tok_s),
             readable, len(level.requests), detail)
@@ -163,8 +212,10 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
     while (len(ratios) < ROUNDS or (outside() and len(ratios) < MAX_ROUNDS)) \
             and len(seen) < MAX_ROUNDS + 2:
         quiet = wait_for_quiet()
+        probed = Beside(stack)
         # attention: not compared here; the step at many streams: timed (the default)
         line = enginesteps.measure(env, served, depth=0)
+        probed_beside = probed.cores()
         assert "kept in" in line, line
         topo = enginesteps.attach(Topology(gpus=(), source="nvml"), env)
         assert topo.engine_step is not None, "plan does not find what probe --measure kept"
@@ -178,18 +229,20 @@ def test_cpu_plan_from_the_engine_timed_here_is_within_25_percent_of_what_loadge
         # requests a round before (the warm-ups took ~10 s a round on two cores: the two runs
         # 9.1 and 37.1 s warmed, 6.3-7.6 and 29.8-34.4 s not, on 2026-12-04)
         warm = not seen
+        measured = Beside(stack)
         one, readable, sent, one_detail = loadgen_figures(stack, warm=warm)
         many_got, _, _, many_detail = loadgen_figures(stack, MANY, warm=warm)
+        beside = f"{probed_beside} over the probe's timing, {measured.cores()} over loadgen's"
         prefill, decode, output = one
         if decode is None or 2 * readable <= sent:
             seen.append(f"not compared: {readable} of loadgen's {sent} requests had a decode to "
-                        f"read (held back); planned {[round(x) for x in pred]}; probe: {line}; "
-                        f"{one_detail}")
+                        f"read (held back); {beside}; planned {[round(x) for x in pred]}; "
+                        f"probe: {line}; {one_detail}")
             continue
         got = (prefill, decode, output, many_got[2])
         ratios.append((pred[0] / got[0], pred[1] / got[1], pred[2] / got[2], pred[3] / got[3]))
-        seen.append(f"busy {quiet:.0%}/{quiet_too:.0%} before the halves; planned (prefill, "
-                    f"decode, output tok/s; output tok/s at {MANY} streams) "
+        seen.append(f"busy {quiet:.0%}/{quiet_too:.0%} before the halves, {beside}; planned "
+                    f"(prefill, decode, output tok/s; output tok/s at {MANY} streams) "
                     f"{[round(x) for x in pred]}, loadgen {[round(x) for x in got]}; "
                     f"probe: {line}; {one_detail}; {many_detail}")
     print("\n".join(seen))  # shown by `pytest -s`: how far apart the halves read when it passes
