@@ -167,6 +167,13 @@ FAMILIES: tuple[Family, ...] = (
            eager_layer_host_extra_s=NOAUX_TC_EAGER_LAYER_HOST_S,
            piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
     Family("gpt_oss", ("gpt_oss",), "openai"),  # gpt-oss's harmony format (gptoss_tool_parser)
+    # Kimi-K2 (model_type kimi_k2, architectures DeepseekV3ForCausalLM) and Kimi-K2.5 (kimi_k25
+    # around a deepseek_v3 text config): DeepSeek-V3's layer, as vLLM runs it for both, and
+    # Kimi's own tool-call format (<|tool_calls_section_begin|>: vLLM's kimi_k2 parser), which
+    # DeepSeek's parser does not read.
+    Family("kimi_k2", ("kimi_k2", "kimi_k25"), "kimi_k2",
+           eager_layer_host_extra_s=NOAUX_TC_EAGER_LAYER_HOST_S,
+           piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
 )
 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -177,9 +184,14 @@ def of_model_type(model_type: str) -> Family | None:
     return _BY_TYPE.get(model_type)
 
 
-def family_name(model_type: str) -> str:
-    """The family a config's ``model_type`` belongs to; an unknown type is its own family."""
-    found = of_model_type(model_type)
+def family_name(model_type: str, outer_type: str | None = None) -> str:
+    """The family a config's ``model_type`` belongs to; an unknown type is its own family.
+
+    ``outer_type``: the top-level model_type of a config that nests its language model under
+    ``text_config`` (``model_type`` is then the text config's). The outer one names the
+    checkpoint (qwen3_vl around qwen3_vl_text, kimi_k25 around deepseek_v3), so its row wins
+    where the registry has one; else the text config's."""
+    found = (of_model_type(outer_type) if outer_type else None) or of_model_type(model_type)
     return found.name if found else model_type
 
 

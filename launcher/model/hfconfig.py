@@ -54,6 +54,13 @@ class HfShape:
     # of other_params: the vision/audio towers and their projectors, which run for a request's
     # images or audio only, never for a text token
     tower_params: int = 0
+    # The recurrent layers of a hybrid model (Mamba2: Nemotron-H, Granite 4.0-H, Falcon-H1;
+    # gated delta-net linear attention: Qwen3-Next, Qwen3.5), which keep no KV cache but a
+    # fixed state per sequence, summed over those layers (elements): the causal convolution's
+    # last kernel-1 inputs and the recurrence's own state (see _recurrent_state)
+    recurrent_layers: int = 0
+    recurrent_conv_elems: int = 0
+    recurrent_state_elems: int = 0
 
 
 def _quiet() -> contextlib.AbstractContextManager[Any]:
@@ -96,11 +103,15 @@ def _build(conf: Any) -> Any:
     import transformers
 
     auto: Any = transformers  # its Auto classes carry no type hints
+    # Never the model's own code: a config whose auto_map names it (Kimi-K2.5's) would otherwise
+    # have transformers ask "Do you wish to run the custom code? [y/N]" on stdout and wait for
+    # an answer, inside `launcher plan` (its --json output then no JSON). Refused, the build
+    # raises ValueError: transformers' own class where it has one, else sized from the fields.
     try:
         try:
-            return auto.AutoModelForCausalLM.from_config(conf)
+            return auto.AutoModelForCausalLM.from_config(conf, trust_remote_code=False)
         except ValueError:  # a multimodal config without a causal-LM mapping
-            return auto.AutoModelForImageTextToText.from_config(conf)
+            return auto.AutoModelForImageTextToText.from_config(conf, trust_remote_code=False)
     except ImportError:
         # A tower needs a library this environment lacks (Gemma 3n's vision tower is timm's):
         # count the language model alone. The towers' weights are then missing from the count,
@@ -108,7 +119,7 @@ def _build(conf: Any) -> Any:
         text = conf.get_text_config()
         if text is conf:
             raise
-        return auto.AutoModelForCausalLM.from_config(text)
+        return auto.AutoModelForCausalLM.from_config(text, trust_remote_code=False)
 
 
 def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> HfShape:
@@ -146,9 +157,10 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
         k = getattr(attn, "k_proj", None)
         if getattr(attn, "use_alternative_attention", False) and k is not None:
             linear += k.weight.numel()
+    layers, conv, state = _recurrent_state(model)
     return HfShape(
         model_type=model_type,
-        text=_plain(text.to_dict()),
+        text=_text_fields(text),
         embedding_params=emb,
         lm_head_params=head,
         linear_params=linear,
@@ -158,7 +170,46 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
         transformers_version=version,
         rope_cache_elems=_rope_cache_elems(text, attn),
         tower_params=towers,
+        recurrent_layers=layers,
+        recurrent_conv_elems=conv,
+        recurrent_state_elems=state,
     )
+
+
+def _count_attr(module: Any, *names: str) -> int:
+    """The product of the module's integer attributes ``names``; 0 where one is missing."""
+    product = 1
+    for name in names:
+        value = getattr(module, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            return 0
+        product *= value
+    return product
+
+
+def _recurrent_state(model: Any) -> tuple[int, int, int]:
+    """(recurrent layers, conv-state elements, recurrence-state elements) one sequence holds,
+    summed over the decoder layers whose mixer runs a causal convolution, as vLLM sizes their
+    cache (vllm/model_executor/layers/mamba/mamba_utils.py, MambaStateShapeCalculator): the
+    convolution keeps its channels x (kernel - 1) last inputs; a gated delta-net keeps
+    num_v_heads x head_v_dim x head_k_dim, a Mamba2 mixer num_heads x head_dim x
+    ssm_state_size, a Mamba1 mixer intermediate_size x ssm_state_size; a short convolution
+    alone (LFM2's) keeps no more."""
+    import torch
+
+    layers = conv = state = 0
+    for layer in _decoder_layers(model):
+        for name, module in layer.named_modules():
+            if not isinstance(module, torch.nn.Conv1d):
+                continue
+            mixer = layer.get_submodule(name.rsplit(".", 1)[0]) if "." in name else layer
+            layers += 1
+            conv += module.in_channels * max(0, module.kernel_size[0] - 1)
+            state += (_count_attr(mixer, "num_v_heads", "head_v_dim", "head_k_dim")
+                      or _count_attr(mixer, "num_heads", "head_dim", "ssm_state_size")
+                      or _count_attr(mixer, "intermediate_size", "ssm_state_size"))
+            break
+    return layers, conv, state
 
 
 def _rope_cache_elems(text: Any, attn: tuple[LayerAttention, ...]) -> int:
@@ -192,6 +243,23 @@ def _rope_cache_elems(text: Any, attn: tuple[LayerAttention, ...]) -> int:
     return rows(flat) * head
 
 
+# The sizes the planner reads from every text config (modelspec._dims and its callers)
+_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+          "head_dim", "vocab_size", "intermediate_size", "max_position_embeddings")
+
+
+def _text_fields(text: Any) -> dict[str, Any]:
+    """The text config's fields, with each size a config class keeps behind a property that
+    to_dict() leaves out (NemotronHConfig derives num_hidden_layers from layers_block_type, and
+    Nemotron 3 Ultra's config.json gives only the latter) read from the class itself."""
+    fields = _plain(text.to_dict())
+    for key in _SIZES:
+        value = getattr(text, key, None) if key not in fields else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            fields[key] = value
+    return fields
+
+
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
     """The fields as JSON gives them back (``id2label``'s int keys become strings), so that a
     shape read from the disk cache equals the one counted; unchanged if JSON cannot hold them."""
@@ -211,11 +279,23 @@ def _decoder_layers(model: Any) -> list[Any]:
     return []
 
 
+def _self_attention(layer: Any) -> Any:
+    """A decoder layer's attention module, or None where the layer has none (a Mamba or
+    linear-attention layer of a hybrid model, which keeps no KV cache). Most families name it
+    ``self_attn``; Nemotron-H's blocks hold one ``mixer`` each, attention in some of them, a
+    Mamba2 mixer or an MLP in the others: attention is the mixer with a key projection."""
+    attn = getattr(layer, "self_attn", None)
+    if attn is not None:
+        return attn
+    mixer = getattr(layer, "mixer", None)
+    return mixer if getattr(mixer, "k_proj", None) is not None else None
+
+
 def _attention(model: Any, text: Any) -> tuple[LayerAttention, ...]:
     types = getattr(text, "layer_types", None) or []
     out = []
     for i, layer in enumerate(_decoder_layers(model)):
-        attn = getattr(layer, "self_attn", None)
+        attn = _self_attention(layer)
         if attn is None:
             continue
         rank = getattr(text, "kv_lora_rank", None)
@@ -237,10 +317,14 @@ def _attention(model: Any, text: Any) -> tuple[LayerAttention, ...]:
             # head counts, the larger cache when in doubt.
             kv = int(getattr(text, "num_key_value_heads", 0) or
                      getattr(text, "num_attention_heads", 0) or 0)
-        sliding = (i < len(types) and types[i] == "sliding_attention") or bool(
-            getattr(attn, "is_sliding", False)
-        )
+        kind = types[i] if i < len(types) else None
+        sliding = kind == "sliding_attention" or bool(getattr(attn, "is_sliding", False))
         window = getattr(text, "sliding_window", None) if sliding else None
+        if kind == "chunked_attention":
+            # Llama 4's RoPE layers attend within chunks of attention_chunk_size tokens; vLLM
+            # caches them as ChunkedLocalAttentionSpec, which holds at most one chunk (plus the
+            # tokens in flight) a request, as a sliding window of that many tokens does
+            window = getattr(text, "attention_chunk_size", None)
         out.append(LayerAttention(kv, head_dim, int(window) if window else None, shared))
     return tuple(out)
 

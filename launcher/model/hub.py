@@ -25,7 +25,10 @@ from topocommon.hub import HubEnv
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
-OPTIONAL = (INDEX, "generation_config.json", "tokenizer_config.json", "chat_template.jinja")
+# ModelOpt's quantization, where config.json leaves it out (modelspec.with_side_quant_config)
+QUANT_CONFIG = "hf_quant_config.json"
+OPTIONAL = (INDEX, "generation_config.json", "tokenizer_config.json", "chat_template.jinja",
+            QUANT_CONFIG)
 
 GGUF_ADVICE = ("toposerve plans Hugging Face checkpoints, and vLLM reads GGUF only "
                "experimentally; pass the original model (ORG/NAME or its folder) or its AWQ/GPTQ "

@@ -90,6 +90,11 @@ class ModelSpec:
     # vision/audio towers and their projectors (part of ``params``): vLLM runs them on a
     # request's images or audio, never on a text token, so no step's matmuls pass through them
     tower_params: int = 0
+    # A hybrid model's recurrent layers (Mamba, gated delta-net) and the bytes of state they
+    # keep for one sequence, whatever its length (:func:`_recurrent_state_bytes`): part of what
+    # a sequence holds in vLLM's KV-cache pool beside its attention layers' blocks
+    recurrent_layers: int = 0
+    recurrent_state_bytes: int = 0
 
     @property
     def lm_head_params(self) -> int:
@@ -129,8 +134,9 @@ class ModelSpec:
         return 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes  # K and V
 
     def kv_bytes(self, tokens: int, kv_dtype_bytes: int = 2) -> int:
-        """KV cache of one sequence of ``tokens`` tokens; sliding layers keep only their window."""
-        return sum(
+        """KV cache of one sequence of ``tokens`` tokens; sliding layers keep only their window;
+        a hybrid model's recurrent layers their state, the same at any length."""
+        return self.recurrent_state_bytes + sum(
             g.layers * g.bytes_per_token(kv_dtype_bytes) * min(tokens, g.window or tokens)
             for g in self.kv_groups
         )
@@ -441,11 +447,11 @@ def _split(cfg: Mapping[str, Any], t: Mapping[str, Any], hf: hfconfig.HfShape | 
     )
 
 
-def _weight_bytes(sp: _Split, hf: hfconfig.HfShape | None, d: _Dims, method: str | None,
+def _weight_bytes(sp: _Split, hf: hfconfig.HfShape | None, d: _Dims,
                   bits: float, overhead: float, dense_bytes: int, n_experts: int,
-                  per_token: int) -> int:
+                  per_token: int, experts_only: bool) -> int:
     packed = sp.linear
-    if method == "mxfp4":  # the experts only; attention, router, embeddings stay 16-bit
+    if experts_only:  # the experts only; attention, router, embeddings stay 16-bit
         experts = hf.expert_params if hf else max(0, int(d.layers * (d.mlp - d.active_mlp) /
                                                        max(1e-9, 1 - per_token / n_experts))
                                                    if n_experts else 0)
@@ -475,6 +481,10 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     )
     method, bits, overhead = quantization.read(cfg, t)
     n_experts, per_token, moe_inter = _experts(t)
+    if hf and not hf.expert_params and not _experts(_text_config(cfg))[0]:
+        # an expert count only the config class's default gives (NemotronHConfig's 8 for the
+        # dense Nemotron-H-56B), of a model whose modules hold no experts: not a mixture
+        n_experts, per_token, moe_inter = 0, 0, 0
     moe_mlps = _moe_mlps(t, d.layers, n_experts)
     sp = _split(cfg, t, hf, d, model_type, n_experts, per_token)
     # MLA: one latent "head", the same on every TP rank: vLLM replicates it
@@ -484,7 +494,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     return ModelSpec(
         name=name,
         architecture=str(arch),
-        family=families.family_name(model_type),
+        family=families.family_name(model_type, str(cfg.get("model_type") or "") or None),
         model_type=model_type,
         num_layers=d.layers,
         hidden_size=d.hidden,
@@ -500,8 +510,9 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         ),
         params=params,
         active_params=int(params - sp.inactive),
-        weight_bytes=_weight_bytes(sp, hf, d, method, bits, overhead,
-                                   _DTYPE_BYTES.get(dtype, 2), n_experts, per_token),
+        weight_bytes=_weight_bytes(sp, hf, d, bits, overhead,
+                                   _DTYPE_BYTES.get(dtype, 2), n_experts, per_token,
+                                   quantization.experts_only(cfg, t)),
         dtype="float16"
         if method in ("awq", "gptq")
         else ("bfloat16" if dtype in ("float32", "float") else dtype),
@@ -523,7 +534,27 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         and bool(cfg.get("auto_map")),
         embedding_params=hf.embedding_params if hf else int(t["vocab_size"]) * d.hidden,
         tower_params=hf.tower_params if hf else _vision_params(cfg),
+        recurrent_layers=hf.recurrent_layers if hf else 0,
+        recurrent_state_bytes=_recurrent_state_bytes(hf, t),
     )
+
+
+# vLLM keeps a recurrent layer's state in pages of its KV-cache pool, and with prefix caching on
+# (every plan turns it on) in mamba_cache_mode "align": a running request holds two pages a
+# layer, the state it runs on and the one it last settled (vllm/v1/kv_cache_interface.py,
+# MambaSpec.max_memory_usage_bytes: 2 + speculative + checkpoint blocks, both 0 by default).
+ALIGN_STATE_PAGES = 2
+_STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _recurrent_state_bytes(hf: hfconfig.HfShape | None, t: Mapping[str, Any]) -> int:
+    """The bytes one sequence's recurrent state takes (see ALIGN_STATE_PAGES): the convolution's
+    state in the model's 16 bits, the recurrence's in the config's mamba_ssm_cache_dtype where
+    it names one (vLLM takes Nemotron-H's float32 from there), else 16 bits too."""
+    if hf is None or not hf.recurrent_layers:
+        return 0
+    state = _STATE_DTYPE_BYTES.get(str(t.get("mamba_ssm_cache_dtype") or ""), 2)
+    return ALIGN_STATE_PAGES * (2 * hf.recurrent_conv_elems + state * hf.recurrent_state_elems)
 
 
 def _family(model_type: str) -> families.Family:
@@ -574,6 +605,7 @@ def load_model_spec(
         raise ModelError(_not_a_config(cfg_path, exc)) from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{cfg_path} is not a JSON object")
+    cfg = with_side_quant_config(cfg, cfg_path.parent / hub.QUANT_CONFIG)
     local = Path(ref).expanduser()
     name = (local.parent if local.is_file() else local).resolve().name if local.exists() else ref
     spec = spec_from_config(cfg, name=name, path=str(cfg_path.parent))
@@ -581,6 +613,22 @@ def load_model_spec(
     if total is None:  # a one-file checkpoint has no index; its header says as much
         total = hub.single_file_bytes(cfg_path.parent / "model.safetensors")
     return sized_by_checkpoint(spec, cfg, total)
+
+
+def with_side_quant_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``cfg`` with the quantization of ``path`` (hf_quant_config.json) where config.json names
+    none: ModelOpt before 0.31 saved it there alone, and vLLM reads it from there (its
+    transformers_utils/config.py does the same), so an FP8 or NVFP4 checkpoint is not sized
+    at 16 bits. A file that is absent or not a JSON object changes nothing."""
+    text = cfg.get("text_config")
+    if cfg.get("quantization_config") or (isinstance(text, Mapping)
+                                          and text.get("quantization_config")):
+        return cfg
+    try:
+        side = jsontext.loads(path.read_text())
+    except (OSError, ValueError):
+        return cfg
+    return {**cfg, "quantization_config": side} if isinstance(side, dict) and side else cfg
 
 
 def _not_a_config(path: Path, exc: Exception) -> str:

@@ -20,6 +20,11 @@ def read(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | None, floa
     if not isinstance(q, Mapping):
         return None, 16.0, 0.0
     method = str(q.get("quant_method", "unknown")).lower()
+    if "quant_method" not in q and _modelopt_produced(q):
+        # NVIDIA ModelOpt's own export (hf_quant_config.json, or one copied into config.json)
+        # names its producer, not a method; vLLM reads it as ModelOpt's
+        # (model_arch_config_convertor._normalize_quantization_config)
+        method = "modelopt"
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
         bits = _number(q.get("bits", q.get("w_bit")), 4.0, 1, 16)
         group = int(_number(q.get("group_size", q.get("q_group_size")), 128.0, -1, 1 << 20))
@@ -33,23 +38,71 @@ def read(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | None, floa
         # experts this way; spec_from_config keeps the other layers at 16 bits)
         return "mxfp4", 4.0, 1 / 32
     if method == "modelopt":  # NVIDIA ModelOpt: quant_algo FP8, or NVFP4 (an FP8 scale per 16)
-        algo = str(q.get("quant_algo") or "").upper()
-        if "NVFP4" in algo or "FP4" in algo:
-            return "modelopt", 4.0, 1 / 16
-        if "FP8" in algo:
-            return "modelopt", 8.0, 0.0
-        return "modelopt", 16.0, 0.0
+        return ("modelopt", *_modelopt_bits(_modelopt_algo(q), q))
     if method == "bitsandbytes":
         return "bitsandbytes", 4.0 if q.get("load_in_4bit") is True else 8.0, 0.0
     if method == "compressed-tensors":
-        bits = 16.0
+        bits, overhead = 16.0, 0.0
         groups = q.get("config_groups")
         for group in groups.values() if isinstance(groups, Mapping) else ():
             w = group.get("weights") if isinstance(group, Mapping) else None
             if isinstance(w, Mapping):
                 bits = min(bits, _number(w.get("num_bits"), 16.0, 1, 16))
-        return "compressed-tensors", bits, 0.0
+                if w.get("strategy") == "group" and bits < 16:
+                    # a 16-bit scale per group (and a zero point where not symmetric), as
+                    # pack-quantized checkpoints store them beside the packed weights
+                    size = _number(w.get("group_size"), 128.0, 1, 1 << 20)
+                    overhead = (2 + (0 if w.get("symmetric", True) else bits / 8)) / size
+        return "compressed-tensors", bits, overhead
     return method, 16.0, 0.0
+
+
+def experts_only(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> bool:
+    """Whether the quantization packs the routed experts only, the other linear layers kept
+    at 16 bits: gpt-oss's MXFP4, and a compressed-tensors checkpoint whose ``ignore`` list
+    leaves out the attention (Kimi-K2.5's INT4: ``re:.*self_attn.*``, the shared experts and
+    the dense MLPs ignored), as vLLM then loads those layers unquantized."""
+    q = cfg.get("quantization_config") or t.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return False
+    method = str(q.get("quant_method", "")).lower()
+    if method == "mxfp4":
+        return True
+    ignore = q.get("ignore")
+    return (method == "compressed-tensors" and isinstance(ignore, list)
+            and any(isinstance(i, str) and "self_attn" in i for i in ignore))
+
+
+def _modelopt_produced(q: Mapping[str, Any]) -> bool:
+    producer = q.get("producer")
+    return isinstance(producer, Mapping) and producer.get("name") == "modelopt"
+
+
+def _modelopt_algo(q: Mapping[str, Any]) -> str:
+    """ModelOpt's quant_algo: in its ``quantization`` block (hf_quant_config.json) or at the top
+    (ModelOpt 0.31 and later, inside config.json)."""
+    inner = q.get("quantization")
+    algo = inner.get("quant_algo") if isinstance(inner, Mapping) else q.get("quant_algo")
+    return str(algo or "").upper()
+
+
+def _modelopt_bits(algo: str, q: Mapping[str, Any]) -> tuple[float, float]:
+    """(bits, overhead bytes per weight) of a ModelOpt quant_algo. MIXED_PRECISION names an
+    algo per layer (``quantized_layers``): the widest of them is taken for every layer, the
+    larger size where the split between them is not counted."""
+    if algo == "MIXED_PRECISION":
+        inner = q.get("quantization")
+        layers = (inner if isinstance(inner, Mapping) else q).get("quantized_layers")
+        algos = {str(v.get("quant_algo") or "").upper() for v in layers.values()
+                 if isinstance(v, Mapping)} if isinstance(layers, Mapping) else set()
+        widest = max((_modelopt_bits(a, q) for a in algos if a != "MIXED_PRECISION"),
+                     default=(16.0, 0.0))
+        return widest
+    if "NVFP4" in algo or "FP4" in algo:
+        return 4.0, 1 / 16
+    if "FP8" in algo:
+        return 8.0, 0.0
+    return 16.0, 0.0
 
 
 def _number(value: Any, default: float, low: float, high: float) -> float:

@@ -17,7 +17,11 @@ from launcher.planner.plan import Policy, plan
 from launcher.probe.topology import load_topology
 from tests.launcher.paths import MODELS, topo
 
-CONFIGS = {p.parent.name: json.loads(p.read_text()) for p in sorted(MODELS.glob("*/config.json"))}
+# the golden fixtures' configs and the recent families' (tests/fixtures/recent-models: hybrid
+# Mamba and linear attention, chunked attention, nested text configs, ModelOpt quantization)
+CONFIGS = {p.parent.name: json.loads(p.read_text())
+           for folder in (MODELS, MODELS.parent / "recent-models")
+           for p in sorted(folder.glob("*/config.json"))}
 TOPOLOGY = load_topology(topo("2x3090-nvlink-x8x8"), {})
 
 _VALUES = st.one_of(
