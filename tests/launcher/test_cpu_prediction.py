@@ -172,7 +172,10 @@ def loadgen_figures(stack: Any, concurrency: int = 1,
     made = after[1] - before[1]
     own = f"{(after[0] - before[0]) / made * 1e3:.2f} ms" if made > 0 else "none"
     # where a run's time went when its throughput fell and its steps did not: requests that
-    # waited for their first token (the server), or loadgen's own loop held up (the client)
+    # waited for their first token (the server), or loadgen's loop late. A late loop here has
+    # been the whole machine's stall, not this process's: a sleeping witness process was late
+    # by the same 0.8-0.95 s in the same seconds, and loadgen in a process of its own no steadier
+    # (benchmarks/loadgen_own_process.py, 2026-12-05)
     ms = [(d.p50 or 0.0) * 1e3 for d in (summary.ttft_s, summary.e2e_s)]
     lag = summary.loop.lag_s.max if summary.loop is not None else None
     detail = (f"loadgen x{concurrency}: steps {', '.join(steps[:8])} ms (longest gaps "
