@@ -471,6 +471,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         raise ModelError(f"{name}: config.json gives {beyond}; is the config damaged?")
     hf = hfconfig.shape(cfg)
     t, model_type = _text_fields(cfg, hf)
+    if hf is None:
+        _check_own_code_sizes(cfg, t, model_type, name)
     d = _dims(t, model_type, hf is not None, name)
     dtype = str(
         cfg.get("torch_dtype")
@@ -555,6 +557,24 @@ def _recurrent_state_bytes(hf: hfconfig.HfShape | None, t: Mapping[str, Any]) ->
         return 0
     state = _STATE_DTYPE_BYTES.get(str(t.get("mamba_ssm_cache_dtype") or ""), 2)
     return ALIGN_STATE_PAGES * (2 * hf.recurrent_conv_elems + state * hf.recurrent_state_elems)
+
+
+def _check_own_code_sizes(cfg: Mapping[str, Any], t: Mapping[str, Any], model_type: str,
+                          name: str) -> None:
+    """One ModelError line where a model_type the installed transformers does not define, whose
+    own code (auto_map) builds it, leaves a size the planner needs null in config.json for that
+    code to work out (Nemotron-NAS, DeciLM's Llama-3.3-Nemotron-Super: KV heads and MLP widths
+    per layer, in block_configs): no count from the fields would be the model's."""
+    if not (isinstance(cfg.get("auto_map"), Mapping) and cfg.get("auto_map")):
+        return
+    left = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                        "num_key_value_heads", "intermediate_size") if k in t and t[k] is None]
+    if left:
+        raise ModelError(
+            f"{name}: model_type {model_type!r} is defined by the model's own code (auto_map), "
+            f"which the planner does not run, and config.json leaves {', '.join(left)} to that "
+            "code (null), so it cannot be sized from config.json alone; serve it with vLLM "
+            "directly (vllm serve MODEL --trust-remote-code), whose start-up check sizes it")
 
 
 def _family(model_type: str) -> families.Family:
