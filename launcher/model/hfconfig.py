@@ -193,8 +193,8 @@ def _recurrent_state(model: Any) -> tuple[int, int, int]:
     cache (vllm/model_executor/layers/mamba/mamba_utils.py, MambaStateShapeCalculator): the
     convolution keeps its channels x (kernel - 1) last inputs; a gated delta-net keeps
     num_v_heads x head_v_dim x head_k_dim, a Mamba2 mixer num_heads x head_dim x
-    ssm_state_size, a Mamba1 mixer intermediate_size x ssm_state_size; a short convolution
-    alone (LFM2's) keeps no more."""
+    ssm_state_size, a Mamba1 mixer intermediate_size x ssm_state_size, a Kimi delta attention
+    num_heads x head_dim x head_dim; a short convolution alone (LFM2's) keeps no more."""
     import torch
 
     layers = conv = state = 0
@@ -207,7 +207,8 @@ def _recurrent_state(model: Any) -> tuple[int, int, int]:
             conv += module.in_channels * max(0, module.kernel_size[0] - 1)
             state += (_count_attr(mixer, "num_v_heads", "head_v_dim", "head_k_dim")
                       or _count_attr(mixer, "num_heads", "head_dim", "ssm_state_size")
-                      or _count_attr(mixer, "intermediate_size", "ssm_state_size"))
+                      or _count_attr(mixer, "intermediate_size", "ssm_state_size")
+                      or _count_attr(mixer, "num_heads", "head_dim", "head_dim"))
             break
     return layers, conv, state
 
@@ -284,9 +285,14 @@ def _self_attention(layer: Any) -> Any:
     linear-attention layer of a hybrid model, which keeps no KV cache). Most families name it
     ``self_attn``; Nemotron-H's blocks hold one ``mixer`` each, attention in some of them, a
     Mamba2 mixer or an MLP in the others: attention is the mixer with a key projection."""
+    import torch
+
     attn = getattr(layer, "self_attn", None)
     if attn is not None:
-        return attn
+        # Kimi-Linear names its delta-attention mixer self_attn too: a causal convolution
+        # inside marks it a recurrent layer (_recurrent_state), with no KV cache
+        recurrent = any(isinstance(m, torch.nn.Conv1d) for m in attn.modules())
+        return None if recurrent else attn
     mixer = getattr(layer, "mixer", None)
     return mixer if getattr(mixer, "k_proj", None) is not None else None
 

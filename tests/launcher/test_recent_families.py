@@ -140,6 +140,19 @@ def test_a_multimodal_hybrid_counts_its_text_layers_state(fresh_shapes: None) ->
     assert sum(g.layers for g in m.kv_groups) == types.count("full_attention")
 
 
+def test_a_delta_attention_mixer_named_self_attn_is_recurrent_not_kv(fresh_shapes: None) -> None:
+    # Kimi-Linear (transformers' KimiLinearConfig defaults; no real config.json its class
+    # builds was found): its KDA layers are modules named self_attn with a causal convolution
+    from transformers import CONFIG_MAPPING
+
+    cfg = json.loads(json.dumps(CONFIG_MAPPING["kimi_linear"]().to_dict(), default=str))
+    m = spec_from_config(cfg, "kimi-linear")
+    types = cfg["layer_types"]
+    assert sum(g.layers for g in m.kv_groups) == types.count("full_attention")
+    assert m.recurrent_layers == types.count("linear_attention")
+    assert m.recurrent_state_bytes > 0
+
+
 def test_a_model_without_recurrent_layers_holds_no_state(fresh_shapes: None) -> None:
     assert spec("gpt-oss-120b").recurrent_state_bytes == 0
 
