@@ -15,7 +15,9 @@ The profiling pass runs ``max_num_batched_tokens`` tokens (vLLM's default depend
 2,048 below; vllm/engine/arg_utils.py) and a sampler over ``max_num_seqs`` rows of logits. It
 then refuses to start when one request of ``max_model_len`` tokens does not fit
 (vllm/v1/core/kv_cache_utils.py ``_check_enough_kv_cache_memory``), where a sliding-window
-layer holds ``window − 1 + max_num_batched_tokens`` tokens, not just its window.
+layer holds ``window − 1 + max_num_batched_tokens`` tokens, not just its window. A hybrid
+model's recurrent (Mamba, linear-attention) layers hold their state pages per request whatever
+its length, and its attention blocks are enlarged to hold one (:func:`state_block_tokens`).
 
 Everything here is an estimate of those figures, so the context the planner sets keeps
 ``CONTEXT_MARGIN`` below the longest one the estimate admits.
@@ -32,7 +34,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from launcher.model.modelspec import GIB, KvGroup, ModelSpec
+from launcher.model.modelspec import ALIGN_STATE_PAGES, GIB, KvGroup, ModelSpec
 from launcher.probe.topology import Gpu
 
 # Kept below the longest context the estimate admits. The terms below are each a little above
@@ -180,38 +182,87 @@ CPU_BATCHES_IN_FLIGHT = 1
 
 
 def vllm_groups(m: ModelSpec) -> list[tuple[KvGroup, int]]:
-    """The KV groups vLLM forms, each with how many layers it counts (padding included).
+    """The attention KV groups vLLM forms, each with how many layers it counts (padding included).
 
     With one page size for every layer type, vLLM makes groups of as many layers as the
     smallest type has (the largest, when they differ by less than 1.5×) and pads each type's
     last group (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``): Gemma 3's 52
-    sliding layers are counted as 60 beside its 10 full ones. Types of different page sizes are
-    counted layer by layer here (no padding)."""
+    sliding layers are counted as 60 beside its 10 full ones. A hybrid model's recurrent layers
+    are one more type of that page size (:func:`state_block_tokens`), counted in the group size
+    but kept apart (:func:`recurrent_group_layers`). Types of different page sizes are counted
+    layer by layer here (no padding)."""
     return _vllm_grouping(m)[1]
 
 
 def vllm_group_count(m: ModelSpec) -> int:
     """How many KV-cache groups vLLM forms for ``m`` (:func:`vllm_groups`' padded layers over
-    the layers a group holds): 1 for a model of one attention type, 7 for Gemma-3-1B (1 full
-    group of 4 layers, 6 sliding-window groups of 4: 22 padded to 24), 2 for Gemma 2. Each is
-    one block table the engine keeps and updates for every running request every step
-    (hardware.HostProfile.kv_group_seq_step_s). Types of different page sizes are counted a
-    group each (no padding), as :func:`vllm_groups` counts them."""
+    the layers a group holds, and a hybrid's recurrent groups): 1 for a model of one attention
+    type, 7 for Gemma-3-1B (1 full group of 4 layers, 6 sliding-window groups of 4: 22 padded
+    to 24), 2 for Gemma 2, 4 for Qwen3-Next (12 attention layers, 36 linear-attention ones in 3
+    groups of 12). Each is one block table the engine keeps and updates for every running
+    request every step (hardware.HostProfile.kv_group_seq_step_s). Types of different page
+    sizes are counted a group each (no padding), as :func:`vllm_groups` counts them."""
     size, groups = _vllm_grouping(m)
-    return max(1, sum(layers // size if size else 1 for _, layers in groups))
+    state = recurrent_group_layers(m)
+    counted = sum(layers // size if size else 1 for _, layers in groups)
+    return max(1, counted + (state // size if size else 0))
+
+
+def _type_layers(m: ModelSpec) -> tuple[list[KvGroup], list[int]]:
+    """The attention types with layers, and every type's layer count, a hybrid's recurrent
+    layers last."""
+    groups = [g for g in m.kv_groups if g.layers]
+    return groups, [g.layers for g in groups] + ([m.recurrent_layers] if _hybrid(m) else [])
+
+
+def _hybrid(m: ModelSpec) -> bool:
+    return bool(m.recurrent_layers and m.recurrent_state_bytes)
 
 
 def _vllm_grouping(m: ModelSpec) -> tuple[int, list[tuple[KvGroup, int]]]:
     """How many layers each of vLLM's KV groups holds, and :func:`vllm_groups`' types with their
     padded layer counts. The size is 0 where each type is one group of its own (one type, or
-    types of different page sizes)."""
-    groups = [g for g in m.kv_groups if g.layers]
-    sizes = [g.layers for g in groups]
+    types of different page sizes). A hybrid's recurrent pages are padded to its attention page
+    (:func:`state_block_tokens`), so they share one page size whenever its attention does."""
+    groups, sizes = _type_layers(m)
     size = 0
-    if len(groups) > 1 and len({g.bytes_per_token() for g in groups}) == 1:
+    if len(sizes) > 1 and len({g.bytes_per_token() for g in groups}) == 1:
         size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
     padded = [-(-n // size) * size if size else n for n in sizes]
-    return size, list(zip(groups, padded, strict=True))
+    return size, list(zip(groups, padded[: len(groups)], strict=True))
+
+
+def recurrent_group_layers(m: ModelSpec) -> int:
+    """A hybrid model's recurrent layers as vLLM groups them, padding included (0 for none)."""
+    if not _hybrid(m):
+        return 0
+    size, _ = _vllm_grouping(m)
+    return -(-m.recurrent_layers // size) * size if size else m.recurrent_layers
+
+
+def state_page_bytes(m: ModelSpec) -> int:
+    """One recurrent layer's state for one sequence, unpadded: vLLM's MambaSpec.page_size_bytes
+    before padding (vllm/v1/kv_cache_interface.py); ModelSpec.recurrent_state_bytes holds
+    ALIGN_STATE_PAGES of them a layer."""
+    if not _hybrid(m):
+        return 0
+    return m.recurrent_state_bytes // (ALIGN_STATE_PAGES * m.recurrent_layers)
+
+
+def state_block_tokens(m: ModelSpec, kv_dtype_bytes: int = 2, block: int = BLOCK_TOKENS) -> int:
+    """The attention block size vLLM runs a hybrid model with: the smallest multiple of
+    ``block`` whose attention page (one layer) holds a recurrent layer's state page
+    (vllm/platforms/interface.py ``Platform._align_hybrid_block_size``, called from
+    ``update_block_size_for_backend``: the attention block is raised to a multiple of the
+    kernel's block size, 16 for FlashAttention, so that the page is at least the Mamba page,
+    and the Mamba page is then padded to exactly that page). 544 tokens for Qwen3-Next's
+    1.05 MiB state pages and 2 KiB attention tokens. ``block`` for a model with no state."""
+    state = state_page_bytes(m)
+    groups = [g for g in m.kv_groups if g.layers]
+    if not state or not groups:
+        return block
+    token = max(g.bytes_per_token(kv_dtype_bytes) for g in groups)
+    return block * max(1, -(-state // (block * token)))
 
 
 def request_kv_bytes(
@@ -225,12 +276,22 @@ def request_kv_bytes(
     """What vLLM's start-up check reserves for one request of ``tokens``: whole blocks per layer
     of each (padded) group; a sliding-window layer holds ``window − 1 + in-flight tokens`` plus
     one block (chunked prefill frees blocks only once a step settles), never more than the
-    request. Matches the H200's refusal of Gemma 3 27B at 131,072 tokens: 17.98 GiB needed."""
+    request. Matches the H200's refusal of Gemma 3 27B at 131,072 tokens: 17.98 GiB needed.
+
+    A hybrid model's attention layers count blocks of :func:`state_block_tokens`, and each of
+    its (padded) recurrent layers ALIGN_STATE_PAGES pages of that block's attention page,
+    whatever the length: the check sums each layer spec's ``max_memory_usage_bytes``
+    (vllm/v1/core/kv_cache_utils.py ``check_enough_kv_cache_memory``), a MambaSpec's being
+    ``page_size_bytes`` (padded) × (2 + speculative + checkpoint blocks) in align mode
+    (vllm/v1/kv_cache_interface.py ``MambaSpec.max_memory_usage_bytes``)."""
+    block = state_block_tokens(m, kv_dtype_bytes, block)
     total = 0
+    token = 0
     for g, layers in vllm_groups(m):
+        token = max(token, g.bytes_per_token(kv_dtype_bytes))
         page = block * g.bytes_per_token(kv_dtype_bytes)
         total += layers * layer_blocks(g, tokens, batched_tokens, block, in_flight) * page
-    return total
+    return total + recurrent_group_layers(m) * ALIGN_STATE_PAGES * block * token
 
 
 def layer_blocks(g: KvGroup, tokens: int, batched_tokens: int, block: int, in_flight: int) -> int:
@@ -328,14 +389,18 @@ def _pool_block(
     """One block of vLLM's pool: its bytes, :func:`vllm_groups`, and how many layers of each
     group a block spans (:func:`_vllm_grouping`'s size, a lone type's layers; None where the
     layer types' page sizes differ: then a block is one block of every layer, and a request's
-    blocks are counted from its bytes)."""
+    blocks are counted from its bytes). A hybrid's blocks are :func:`state_block_tokens` long,
+    and its recurrent groups are groups of the same page size."""
     size, groups = _vllm_grouping(m)
     if not groups:
         return 0, groups, None
-    if len(groups) > 1 and not size:
-        return sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups), groups, None
+    block = state_block_tokens(m, kv_dtype_bytes, block)
+    token = max(g.bytes_per_token(kv_dtype_bytes) for g, _ in groups)
+    if not size and (len(groups) > 1 or _hybrid(m)):
+        every = sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups)
+        return every + recurrent_group_layers(m) * block * token, groups, None
     span = size or groups[0][1]
-    return block * groups[0][0].bytes_per_token(kv_dtype_bytes) * span, groups, span
+    return block * token * span, groups, span
 
 
 def request_blocks(
@@ -347,15 +412,20 @@ def request_blocks(
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
     """The blocks of :func:`pool_blocks`'s pool one request of ``tokens`` takes: whole blocks per
-    group, a sliding-window group only its window's (:func:`layer_blocks`)."""
+    group, a sliding-window group only its window's (:func:`layer_blocks`), a hybrid's
+    recurrent group ALIGN_STATE_PAGES whatever the length (:func:`request_kv_bytes`)."""
     per, groups, size = _pool_block(m, kv_dtype_bytes, block)
     if not groups:
         return 0
     if size is None:
         need = request_kv_bytes(m, tokens, batched_tokens, kv_dtype_bytes, block, in_flight)
         return -(-need // per)
-    return sum((layers // size if len(groups) > 1 else 1)
-               * layer_blocks(g, tokens, batched_tokens, block, in_flight) for g, layers in groups)
+    block = state_block_tokens(m, kv_dtype_bytes, block)
+    several = len(groups) > 1 or _hybrid(m)
+    state = recurrent_group_layers(m) // size * ALIGN_STATE_PAGES if size else 0
+    return state + sum((layers // size if several else 1)
+                       * layer_blocks(g, tokens, batched_tokens, block, in_flight)
+                       for g, layers in groups)
 
 
 def scheduler_blocks(
