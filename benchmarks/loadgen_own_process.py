@@ -37,12 +37,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.api import run as loadgen_run
 from loadgen.config import Config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.vllmmetrics import engine_step_totals  # noqa: E402
 
 # the witness's own bound: never left running past this, whatever happens to this script
 WITNESS_DEADLINE_S = 1800.0
@@ -67,18 +71,6 @@ class Run:
     end: float
 
 
-def engine_steps(url: str) -> tuple[float, float]:
-    """(sum, count) of the engine's vllm:inter_token_latency_seconds histogram so far."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    sums = {"_sum": 0.0, "_count": 0.0}
-    for line in text.splitlines():
-        for suffix in sums:
-            if line.startswith(f"vllm:inter_token_latency_seconds{suffix}"):
-                sums[suffix] += float(line.rsplit(" ", 1)[1])
-    return sums["_sum"], sums["_count"]
-
-
 def in_process(url: str, key: str | None, streams: int, warm: bool) -> tuple[float, float]:
     cfg = Config(url=url, api_key=key, concurrency=streams, warmup=None if warm else 0,
                  progress=False)
@@ -100,12 +92,12 @@ def own_process(url: str, key: str | None, streams: int, warm: bool,
 
 
 def one_run(way: str, url: str, key: str | None, streams: int, warm: bool, tmp: Path) -> Run:
-    before, start = engine_steps(url), time.time()
+    before, start = engine_step_totals(url), time.time()
     if way == "in-process":
         output, lag = in_process(url, key, streams, warm)
     else:
         output, lag = own_process(url, key, streams, warm, tmp / "run.json")
-    end, after = time.time(), engine_steps(url)
+    end, after = time.time(), engine_step_totals(url)
     step = (after[0] - before[0]) / max(1.0, after[1] - before[1])
     return Run(way, output, step, lag, start, end)
 

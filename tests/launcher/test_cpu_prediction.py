@@ -9,7 +9,6 @@ import os
 import statistics
 import sys
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from launcher.probe.topology import Topology
 from loadgen.api import run as loadgen_run
 from loadgen.config import Config
 from tests.conftest import live_processes
+from tests.support.vllmmetrics import engine_step_totals
 
 # Rounds of (time the engine as `probe --measure` does, plan from it, run loadgen), one after
 # the other on the same engine: each pair sees the machine as it is in those seconds, and the
@@ -131,18 +131,9 @@ def wait_for_quiet() -> float:
 
 
 def engine_steps(stack: Any) -> tuple[float, float]:
-    """(sum, count) of the engine's own inter-token latency histogram so far
-    (vllm:inter_token_latency_seconds, stamped in its engine core as each step's outputs are
-    made, so neither the API server nor a client moves it): over a run, the engine's own mean
-    step while it ran, a third reading beside the probe's and loadgen's."""
-    with urllib.request.urlopen(f"{stack.vllm_url}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    sums = {"_sum": 0.0, "_count": 0.0}
-    for line in text.splitlines():
-        for suffix in sums:
-            if line.startswith(f"vllm:inter_token_latency_seconds{suffix}"):
-                sums[suffix] += float(line.rsplit(" ", 1)[1])
-    return sums["_sum"], sums["_count"]
+    """(sum, count) of the stack's engine's own inter-token latency histogram so far: over a run,
+    the engine's own mean step while it ran, a third reading beside the probe's and loadgen's."""
+    return engine_step_totals(stack.vllm_url)
 
 
 def loadgen_figures(stack: Any, concurrency: int = 1,
