@@ -366,6 +366,17 @@ class Recording(PostServer):
         handler.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
 
 
+def timed_by_recording(rounds: int, batch: int) -> tuple[Recording, enginestep.Timed]:
+    """``probe --measure``'s engine timing against a Recording server (closed after it): the
+    server, for the requests it was sent, and what the timing read."""
+    server = Recording()
+    try:
+        return server, enginestep.time_served(enginestep.Served(server.url, "recording"), 1000,
+                                              rounds=rounds, depth=0, batch=batch)
+    finally:
+        server.close()
+
+
 def test_the_decode_is_timed_as_loadgen_sends_it_back_to_back_greedy_at_its_default_length(
 ) -> None:
     """The one-stream decode is timed in the request pattern loadgen's default run sends:
@@ -373,12 +384,7 @@ def test_the_decode_is_timed_as_loadgen_sends_it_back_to_back_greedy_at_its_defa
     requests (timed between them, sampled, 129 tokens out, the step read 0.75-1.09 of loadgen's
     on one engine, this pattern 0.97-1.15: docs/planner.md 7c); every round still has its first
     tokens. Only the requests are asserted (a decode this host held up may be sent again)."""
-    server = Recording()
-    try:
-        got = enginestep.time_served(enginestep.Served(server.url, "recording"), 1000, rounds=3,
-                                     depth=0, batch=0)
-    finally:
-        server.close()
+    server, got = timed_by_recording(rounds=3, batch=0)
     gen = Config().gen  # loadgen's default: 256 tokens out
     sizes = [b["max_tokens"] for b in server.bodies]
     decodes = [i for i, n in enumerate(sizes) if n > 8]
@@ -396,12 +402,7 @@ def test_the_step_at_many_streams_is_timed_over_a_context_of_each_streams_own() 
     sent alone (one token) into the prefix cache before them and the same in every batch round:
     over one shared context their attention read the same cached blocks, and 8 streams stepped
     18-27% faster than over contexts of their own (enginestep.BATCH_STREAMS)."""
-    server = Recording()
-    try:
-        got = enginestep.time_served(enginestep.Served(server.url, "recording"), 1000, rounds=1,
-                                     depth=0, batch=4)
-    finally:
-        server.close()
+    server, got = timed_by_recording(rounds=1, batch=4)
     long_ = enginestep.LONG_PROMPT
     cached = [b["prompt"] for b in server.bodies
               if b["max_tokens"] == 1 and len(b["prompt"]) == long_]
