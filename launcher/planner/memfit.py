@@ -258,11 +258,16 @@ def state_block_tokens(m: ModelSpec, kv_dtype_bytes: int = 2, block: int = BLOCK
     and the Mamba page is then padded to exactly that page). 544 tokens for Qwen3-Next's
     1.05 MiB state pages and 2 KiB attention tokens. ``block`` for a model with no state."""
     state = state_page_bytes(m)
-    groups = [g for g in m.kv_groups if g.layers]
-    if not state or not groups:
+    token = attention_token_bytes(m, kv_dtype_bytes)
+    if not state or not token:
         return block
-    token = max(g.bytes_per_token(kv_dtype_bytes) for g in groups)
     return block * max(1, -(-state // (block * token)))
+
+
+def attention_token_bytes(m: ModelSpec, kv_dtype_bytes: int = 2) -> int:
+    """One token's KV bytes in one layer of the widest attention type (0 for none): the page a
+    hybrid's attention block and its padded recurrent pages are sized by."""
+    return max((g.bytes_per_token(kv_dtype_bytes) for g in m.kv_groups if g.layers), default=0)
 
 
 def request_kv_bytes(
@@ -286,12 +291,11 @@ def request_kv_bytes(
     (vllm/v1/kv_cache_interface.py ``MambaSpec.max_memory_usage_bytes``)."""
     block = state_block_tokens(m, kv_dtype_bytes, block)
     total = 0
-    token = 0
     for g, layers in vllm_groups(m):
-        token = max(token, g.bytes_per_token(kv_dtype_bytes))
         page = block * g.bytes_per_token(kv_dtype_bytes)
         total += layers * layer_blocks(g, tokens, batched_tokens, block, in_flight) * page
-    return total + recurrent_group_layers(m) * ALIGN_STATE_PAGES * block * token
+    state = recurrent_group_layers(m) * ALIGN_STATE_PAGES
+    return total + state * block * attention_token_bytes(m, kv_dtype_bytes)
 
 
 def layer_blocks(g: KvGroup, tokens: int, batched_tokens: int, block: int, in_flight: int) -> int:
@@ -395,7 +399,7 @@ def _pool_block(
     if not groups:
         return 0, groups, None
     block = state_block_tokens(m, kv_dtype_bytes, block)
-    token = max(g.bytes_per_token(kv_dtype_bytes) for g, _ in groups)
+    token = attention_token_bytes(m, kv_dtype_bytes)
     if not size and (len(groups) > 1 or _hybrid(m)):
         every = sum(n * block * g.bytes_per_token(kv_dtype_bytes) for g, n in groups)
         return every + recurrent_group_layers(m) * block * token, groups, None
