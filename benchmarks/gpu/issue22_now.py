@@ -241,6 +241,35 @@ def table_map(name: str) -> dict[str, str]:
                                                      body.group(1))}
 
 
+def util_ref_mib() -> int:
+    """The GPU memory (MiB) issue22-table.sh's UTIL fractions are of (its UTIL_REF_MIB, the
+    H200's 143,771), read where the runs read it."""
+    text = (ROOT / "benchmarks" / "gpu" / "issue22-table.sh").read_text()
+    ref = re.search(r"^UTIL_REF_MIB=\$\{UTIL_REF_MIB:-(\d+)\}$", text, re.M)
+    if ref is None:
+        raise SystemExit("issue22-table.sh sets no UTIL_REF_MIB")
+    return int(ref.group(1))
+
+
+def scaled_util(util: float, ref_mib: int, gpu_mib: int) -> float:
+    """A case's UTIL fraction (of ``ref_mib``) as issue22-table.sh served it on a GPU of
+    ``gpu_mib`` MiB: the same bytes, capped at 0.92, to two decimals (its awk's "%.2f"), so
+    that a table run on a lent H100 (81,559 MiB) is planned at the fraction its plans had."""
+    if gpu_mib == ref_mib:
+        return util
+    return float(f"{min(util * ref_mib / gpu_mib, 0.92):.2f}")
+
+
+def topology_gpu_mib(topo: Path) -> int | None:
+    """The first GPU's memory in MiB as nvidia-smi's memory.total gives it (NVML's bytes over
+    2**20, whole), which issue22-table.sh scales UTIL by; None when the reading has none."""
+    data = json.loads(topo.read_text())
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    g = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
+    total = g.get("memory_bytes", g.get("memory_total"))
+    return int(total) // 2**20 if isinstance(total, (int, float)) and total > 0 else None
+
+
 # what a plan reads of the machine it runs on besides its --topology and --host-timing: the
 # GPUs a process sees, NCCL's transport, the host's free memory for KV offloading, and its
 # cache (kernel tables, this host's front-end timing, the CPU engine's step): the machine's
@@ -317,7 +346,11 @@ def main() -> int:
     source = args.predictions or args.results / "predictions.jsonl"
     old = [json.loads(x) for x in source.read_text().splitlines()]
     # each case's --gpu-memory-utilization and CUDA-graph range as issue22-table.sh served it
-    util = {k: float(v) for k, v in table_map("UTIL").items()}
+    # (scaled to the --topology GPU's memory as the script scaled it on that card)
+    gpu_mib = topology_gpu_mib(args.topology)
+    ref_mib = util_ref_mib()
+    util = {k: scaled_util(float(v), ref_mib, gpu_mib or ref_mib)
+            for k, v in table_map("UTIL").items()}
     ranges = table_map("RANGE")
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)

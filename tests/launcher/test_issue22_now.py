@@ -22,6 +22,7 @@ from tests.support.scripts import load_script
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-01-h200-lead" / "h200-probe.json"
 T13 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-04-h200-table13"
+H100_T15 = REPO / "benchmarks" / "gpu" / "h100-table15-nvml.json"
 
 
 NOW = load_script("benchmarks/gpu/issue22_now.py", "issue22_now_benchmark")
@@ -37,6 +38,22 @@ def test_the_replay_topology_has_no_measured_gpu_figures(tmp_path: Path) -> None
     assert [(g.name, g.memory_bytes, g.cc, g.pcie_gen_cur, g.pcie_width_cur) for g in topo.gpus] \
         == [(g.name, g.memory_bytes, g.cc, g.pcie_gen_cur, g.pcie_width_cur) for g in saved.gpus]
     assert (topo.driver, topo.cuda) == (saved.driver, saved.cuda)
+
+
+def test_the_h100_tables_plans_read_its_own_card_at_the_scaled_utilisation() -> None:
+    """Table 15 ran on a lent H100: issue22-table.sh asked each case for the H200's bytes
+    (qwen15 0.3 of 143,771 MiB -> 0.53 of 81,559), so a replay on the H200's fraction of the
+    H100 would plan a pool 44% smaller than the machine's plans had."""
+    gpu = topology_from_json(json.loads(H100_T15.read_text())).gpus[0]
+    assert (gpu.name, gpu.perf) == ("NVIDIA H100 80GB HBM3", None)
+    mib = NOW.topology_gpu_mib(H100_T15)
+    assert mib == 81559
+    ref = NOW.util_ref_mib()
+    assert ref == NOW.topology_gpu_mib(H200) == 143771
+    assert NOW.scaled_util(0.3, ref, mib) == 0.53
+    assert NOW.scaled_util(0.5, ref, mib) == 0.88  # moe30, as the script's comment says
+    assert NOW.scaled_util(0.9, ref, mib) == 0.92  # capped, the weights' room kept
+    assert NOW.scaled_util(0.3, ref, ref) == 0.3  # the H200's own tables as they ran
 
 
 def test_a_kept_gpu_record_gives_the_replay_the_figures_the_machines_plans_read(
