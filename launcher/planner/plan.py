@@ -91,7 +91,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
     tp, pp = policy.force_tp or 1, policy.force_pp or 1
     why = structural_reject(m, Shape(tp, pp, 1))
     if why:
-        raise PlanError(f"{why}; ask for a split the model allows")
+        raise PlanError(f"{why.reason}; ask for a split the model allows")
     context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
     over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores)
     pred = costmodel.predict_cpu(
