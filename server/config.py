@@ -101,19 +101,12 @@ def is_loopback(host: str) -> bool:
 
 def load_keys(flags: Sequence[str], key_file: str | None, env: Mapping[str, str],
               flag: str = "--api-key", env_name: str = KEYS_ENV) -> tuple[str, ...]:
-    keys = [k.strip() for k in flags]
-    if any(not k for k in keys):  # e.g. --api-key "$KEY" with KEY unset: never a silent no-auth
-        raise ConfigError(f"{flag} was given an empty key: pass the key itself, or leave "
-                          f"{flag} out to run without keys")
-    if key_file:
-        keys += read_key_file(Path(key_file))
-    from_env = env.get(env_name, "")
-    env_keys = [k.strip() for k in from_env.split(",") if k.strip()]
-    if from_env.strip() and not env_keys:
-        raise ConfigError(f"${env_name} holds no key (only commas or spaces): set it to "
-                          "comma-separated keys, or unset it")
-    keys += env_keys
-    return tuple(dict.fromkeys(k for k in keys if k))
+    """The keys given, read as the launcher reads them (topocommon.keyfile.given_keys)."""
+    try:
+        return keyfile.given_keys(flags, Path(key_file) if key_file else None,
+                                  env.get(env_name, ""), flag=flag, env_name=env_name)
+    except keyfile.KeyFileError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def read_key_file(path: Path) -> list[str]:

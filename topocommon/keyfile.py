@@ -12,11 +12,36 @@ keys that holds none would otherwise run the proxy open to everyone).
 from __future__ import annotations
 
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 
 class KeyFileError(ValueError):
-    """The key file cannot be used; the message says why and what to do."""
+    """The keys given (flags, key file, environment) cannot be used; the message says why and
+    what to do."""
+
+
+def given_keys(flags: Sequence[str], key_file: Path | None, env_value: str, *,
+               flag: str, env_name: str) -> tuple[str, ...]:
+    """Every key given, read one way by the proxy and by the launcher (which hands its keys on
+    to the proxy it starts): the flags, the key file, then the comma-separated variable
+    ``env_name`` (whose text is ``env_value``); spaces around a key dropped, repeats once.
+
+    A flag given an empty key (``--api-key "$KEY"`` with KEY unset) and a variable holding only
+    commas and spaces are refused: read as 'no key', either would run the proxy open to
+    everyone while its user believes it keyed."""
+    keys = [k.strip() for k in flags]
+    if any(not k for k in keys):
+        raise KeyFileError(f"{flag} was given an empty key: pass the key itself, or leave "
+                           f"{flag} out to run without keys")
+    if key_file is not None:
+        keys += read_key_file(key_file)
+    env_keys = [k.strip() for k in env_value.split(",") if k.strip()]
+    if env_value.strip() and not env_keys:
+        raise KeyFileError(f"${env_name} holds no key (only commas or spaces): set it to "
+                           "comma-separated keys, or unset it")
+    keys += env_keys
+    return tuple(dict.fromkeys(keys))
 
 
 def parse_keys(text: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""The proxy's API keys as serve and tune collect them: --api-key, TOPOSERVE_API_KEYS and the
-key file (read exactly as the proxy reads it)."""
+"""The proxy's API keys as serve and tune collect them: --api-key, the key file and
+TOPOSERVE_API_KEYS, read exactly as the proxy reads them (topocommon.keyfile.given_keys)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from topocommon import keyfile
+
+KEYS_ENV = "TOPOSERVE_API_KEYS"
 
 
 def collect_api_keys(flags: Sequence[str], path: Path | None,
                      env: Mapping[str, str]) -> tuple[str, ...]:
-    keys = [k for k in flags if k]
-    keys += [k.strip() for k in env.get("TOPOSERVE_API_KEYS", "").split(",") if k.strip()]
-    if path is not None:
-        keys += read_key_file(path)
-    return tuple(dict.fromkeys(keys))
+    try:
+        keys = keyfile.given_keys(flags, path, env.get(KEYS_ENV, ""), flag="--api-key",
+                                  env_name=KEYS_ENV)
+    except keyfile.KeyFileError as exc:
+        raise LauncherError(str(exc)) from None
+    for key in keys:
+        # the launcher hands its keys to the proxy in $TOPOSERVE_API_KEYS, comma-separated: a
+        # comma would split the key into two others, each of which the proxy would take
+        if "," in key:
+            raise LauncherError("an API key holding a comma cannot be handed to the proxy "
+                                f"(${KEYS_ENV} separates keys with commas): pick a key "
+                                "without one")
+        if "\x00" in key:  # no process environment can hold it
+            raise LauncherError("an API key cannot hold a NUL character: pick another key")
+    return keys
 
 
 def read_key_file(path: Path) -> list[str]:
     """The file's keys, read exactly as the proxy reads them (topocommon.keyfile)."""
-    from topocommon import keyfile
-
     try:
         return keyfile.read_key_file(path)
     except keyfile.KeyFileError as exc:

@@ -4,13 +4,22 @@ silent change of what was asked."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from launcher.cli.apikeys import collect_api_keys
 from launcher.cli.main import main
-from launcher.errors import PlanError
+from launcher.engine.launchspec import LaunchSpec
+from launcher.engine.serve import Runner, Supervision
+from launcher.errors import LauncherError, PlanError
 from launcher.model.modelspec import load_model_spec
 from launcher.planner.plan import Policy, plan
 from launcher.probe.topology import Topology
+from server.config import config_from_args, load_keys
 
 
 @pytest.mark.parametrize(
@@ -35,3 +44,61 @@ def test_the_cpu_planner_refuses_a_split_with_the_rejections_reason(tiny_model_p
     with pytest.raises(PlanError, match=r"^TP=3: 4 attention heads are not divisible by 3; "):
         plan(Topology(gpus=()), load_model_spec(tiny_model_path), Policy(force_tp=3))
 
+
+
+# ------------------------------------------------------------------------------------ API keys
+
+def _proxy_keys(keys: tuple[str, ...], tmp_path: Path) -> tuple[str, ...]:
+    """The keys the proxy `launcher serve` starts ends up checking: its argv and environment as
+    the launcher builds them, read by the proxy's own configuration."""
+    spec = LaunchSpec(model_ref="m", served_name="m", host="127.0.0.1", port=8000,
+                      api_keys=keys, replicas=(), plan_info={}, summary=())
+    child = Runner(spec, Supervision(log_dir=tmp_path), Console())._proxy_child()
+    argv = list(child.argv)
+    config = config_from_args([*argv[argv.index("server") + 1:], "--upstream",
+                               "http://127.0.0.1:9"], child.env)
+    return config.api_keys
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flags=st.lists(st.text(st.characters(blacklist_categories=["Cs"],
+                                            blacklist_characters="\x00"), max_size=6),
+                      min_size=1, max_size=3))
+def test_keys_given_to_serve_are_the_keys_its_proxy_checks_or_refused(
+    flags: list[str], tmp_path: Path
+) -> None:
+    try:
+        keys = collect_api_keys(flags, None, {})
+    except LauncherError:
+        return
+    assert keys  # a key was asked for: the proxy never runs open to everyone
+    assert _proxy_keys(keys, tmp_path) == keys
+    # and the proxy started by hand with the same flags checks the same keys
+    assert load_keys(flags, None, {}) == keys
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "says"),
+    [
+        ([""], {}, "--api-key was given an empty key"),  # --api-key "$KEY" with KEY unset
+        (["  "], {}, "--api-key was given an empty key"),
+        (["k"], {"TOPOSERVE_API_KEYS": " , "}, "holds no key"),
+        (["team,ci"], {}, "comma"),
+    ],
+)
+def test_serve_refuses_keys_its_proxy_would_read_otherwise(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    flags: list[str], env: dict[str, str], says: str,
+) -> None:
+    monkeypatch.delenv("TOPOSERVE_API_KEYS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["serve", "--dry-run", "--port", "0"]
+    for key in flags:
+        argv += ["--api-key", key]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert says in err
+    assert err.count("\n") == 1

@@ -119,7 +119,7 @@ def test_api_keys_come_from_flags_env_and_a_private_file(tmp_path: Path) -> None
     key_file.write_text("# team keys\nk3\n\nk1\n")
     key_file.chmod(0o600)
     keys = collect_api_keys(["k1", "k2"], key_file, {"TOPOSERVE_API_KEYS": "k4, k2"})
-    assert keys == ("k1", "k2", "k4", "k3")
+    assert keys == ("k1", "k2", "k3", "k4")  # flags, file, environment: the proxy's order
 
 
 def test_a_key_file_readable_by_others_is_refused_with_the_fix(tmp_path: Path) -> None:
