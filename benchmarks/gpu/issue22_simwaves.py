@@ -122,6 +122,28 @@ def replay_topology(out: Path, case: str) -> Path:
     return Path(issue22_now.TOPOLOGY)
 
 
+def plan_args(case: str, scen: str, out: Path, host: Path | None) -> list[str]:
+    """`launcher plan`'s arguments for ``case``'s ``scen`` as issue22_now.py planned it into
+    ``out``: its replay topology (:func:`replay_topology`) and the case's UTIL scaled to that
+    reading's GPU memory as issue22-table.sh served it (issue22_now.scaled_util: a table run on a
+    lent H100 asks 0.71 of it for gemma12d's 0.4 of an H200), so that the simulated runs are the
+    replay's plans. Without the scaling a H100 table's runs were planned at the H200's fraction
+    of an 80 GB card: another KV budget, another plan than the one beside them."""
+    import issue22_now
+    import issue22_table
+
+    topo = replay_topology(out, case)
+    ref_mib = issue22_now.util_ref_mib()
+    util = issue22_now.scaled_util(float(issue22_now.table_map("UTIL")[case]), ref_mib,
+                                   issue22_now.topology_gpu_mib(topo) or ref_mib)
+    comp = issue22_now.table_map("RANGE").get(case, issue22_now.RUNS_COMPILATION)
+    return ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
+            "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
+            "--gpu-memory-utilization", str(util), *issue22_now.SCENARIOS[scen],
+            *(["--host-timing", str(host)] if host else []),
+            "--", "--load-format", "dummy", "--compilation-config", comp]
+
+
 def simulated(case: str, scen: str, out: Path, hosts: dict[str, Path],
               factor: float | None = None) -> list[dict[str, Any]]:
     env = {FACTOR_ENV: str(factor)} if factor is not None else {}
@@ -134,16 +156,7 @@ def replanned(script: str, case: str, scen: str, out: Path, host: Path | None,
     replay's topology and kernel tables in ``out``, ``host`` as --host-timing) by ``script
     --inner REC ARGS`` (``extra_env`` added to its environment), whose recorders write REC:
     the runs they recorded."""
-    import issue22_now
-    import issue22_table
-
-    util = float(issue22_now.table_map("UTIL")[case])
-    comp = issue22_now.table_map("RANGE").get(case, issue22_now.RUNS_COMPILATION)
-    args = ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
-            "--topology", str(replay_topology(out, case)), "--tp", "1", "--pp", "1", "--dp", "1",
-            "--gpu-memory-utilization", str(util), *issue22_now.SCENARIOS[scen],
-            *(["--host-timing", str(host)] if host else []),
-            "--", "--load-format", "dummy", "--compilation-config", comp]
+    args = plan_args(case, scen, out, host)
     cache = out / "cache"
     env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {}),
            **(extra_env or {})}
