@@ -115,8 +115,16 @@ def main(args: argparse.Namespace) -> int:
     names = [c.name for c in specs]
     if len(set(names)) != len(names):
         raise LauncherError(f"candidates need distinct names (got {names}); add name=... to each")
+    # Checked before the first candidate starts: the plan is written only after every candidate
+    # has been measured (minutes to hours), and the rounds' files as they come.
+    check_writable(args.out, "--out")
     results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="toposerve-tune-"))
-    results_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LauncherError(f"--results-dir {results_dir}: cannot make that folder "
+                            f"({exc.strerror or exc}); pass a folder you can write") from None
+    check_takes_files(results_dir, "--results-dir", results_dir)
     tuner = Tuner(args, keys, objective, slo, results_dir, console)
     measured: dict[str, Measured] = {}
     for cand in specs:
@@ -144,6 +152,25 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"Winner for {objective}: [bold]{best.name}[/]; plan written to "
                   f"{args.out} — serve it with `launcher serve --plan {args.out}`")
     return 0
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """``path`` can be written as a file: it is no folder, and its folder takes files."""
+    if path.is_dir():
+        raise LauncherError(f"{flag} {path} is a folder: pass the path of a file to write")
+    check_takes_files(path.parent, flag, path)
+
+
+def check_takes_files(folder: Path, flag: str, shown: Path) -> None:
+    """A new file can be made in ``folder``: one is created and removed again, which decides
+    it whoever runs this (root passes every permission check but not a read-only mount)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".toposerve-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise LauncherError(f"{flag} {shown}: cannot write there ({exc.strerror or exc}); pass a "
+                            "path in a folder you can write") from None
 
 
 def default_candidates(args: argparse.Namespace) -> list[CandidateSpec]:

@@ -4,6 +4,7 @@ silent change of what was asked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from launcher.cli import cmd_tune
 from launcher.cli.apikeys import collect_api_keys
 from launcher.cli.main import main
 from launcher.engine.launchspec import LaunchSpec
@@ -102,3 +104,38 @@ def test_serve_refuses_keys_its_proxy_would_read_otherwise(
     assert code == 1
     assert says in err
     assert err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------- tune's output paths
+
+class _NoStart:
+    """A Tuner that fails the test if tune gets as far as starting a candidate."""
+
+    def __init__(self, *args: object) -> None:
+        raise AssertionError("tune started measuring with an output it cannot write")
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        (lambda tmp: ["--out", str(tmp / "missing" / "plan.json")], "--out"),
+        (lambda tmp: ["--out", str(tmp)], "--out"),  # a folder
+        (lambda tmp: ["--results-dir", str(_file(tmp / "taken"))], "--results-dir"),
+        (lambda tmp: ["--results-dir", str(_file(tmp / "taken") / "sub")], "--results-dir"),
+    ],
+)
+def test_tune_refuses_an_output_it_cannot_write_before_measuring(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    where: Callable[[Path], list[str]], says: str,
+) -> None:
+    monkeypatch.setattr(cmd_tune, "Tuner", _NoStart)
+    code = main(["tune", "--candidate", "name=a", *where(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert says in err
+    assert err.count("\n") == 1
+
+
+def _file(path: Path) -> Path:
+    path.write_text("")
+    return path
