@@ -51,10 +51,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--plan", type=Path, help="use a plan saved by `launcher plan --json` or "
                    "`launcher tune` instead of planning")
     p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0,
-                   help="seconds to wait for vLLM")
-    p.add_argument("--restart-attempts", type=argtypes.whole, default=5)
+                   help="seconds to wait for vLLM (default 900)")
+    p.add_argument("--restart-attempts", type=argtypes.whole, default=5,
+                   help="times a failed engine is started again before serve gives up "
+                   "(default 5; given back after 5 minutes up)")
     p.add_argument("--grace", type=argtypes.seconds, default=30.0,
-                   help="seconds to drain on shutdown")
+                   help="seconds to drain on shutdown (default 30)")
     p.add_argument("--join-timeout", type=argtypes.positive, default=120.0,
                    help="a node other than the head (--node-rank 1..): seconds to look for the "
                    "head before giving up (default 120)")
@@ -62,7 +64,8 @@ def add_parser(sub: Any) -> None:
                    help="a group of nodes: the file with the node link's shared secret (else "
                    "TOPOSERVE_NODE_SECRET, else ~/.cache/toposerve/node-secret; the head writes "
                    "a new one there when there is none)")
-    p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go")
+    p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go (default: logs/ "
+                   "in toposerve's cache)")
     add_protection_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",

@@ -55,6 +55,7 @@ from launcher.tune.loop import (
 from launcher.tune.stats import CONFIDENCE, next_step
 
 TABLE_WIDTH = 120
+LOAD_STREAMS = 16  # --concurrency: what the throughput and slo objectives are measured with
 CPU_DEFAULT_CANDIDATES = (
     "name=default",
     "name=small-prefill-chunks --max-num-batched-tokens 256",
@@ -67,9 +68,11 @@ def add_parser(sub: Any) -> None:
         description="Start each candidate plan in turn, measure it through the proxy with "
         "loadgen, print the comparison and write the winner for `launcher serve --plan`.")
     planopts.add_planning_arguments(
-        p, model_help="model directory or HF id (default: the embedded model)")
+        p, model_help="model directory or HF id (default: the embedded model)",
+        concurrency_help=f"streams of load the throughput and slo objectives are measured "
+        f"with (default {LOAD_STREAMS}; the interactive objective measures one)")
     # tune measures with loadgen at this concurrency too, so it needs a number, not "planner's"
-    p.set_defaults(concurrency=16)
+    p.set_defaults(concurrency=LOAD_STREAMS)
     p.add_argument("--candidate", action="append", default=[], metavar="SPEC",
                    help="a candidate: 'tp=2', 'pp=2', 'tp=2 dp=2', or 'name=x --vllm-flag v' "
                    "(use --candidate='...' when SPEC starts with --). Default: the planner's "
@@ -91,13 +94,22 @@ def add_parser(sub: Any) -> None:
                    "start's first round (default 2)")
     p.add_argument("--reruns", type=argtypes.whole, default=1, help="times the two finalists are "
                    "started and measured again while their intervals overlap (default 1)")
-    p.add_argument("--out", type=Path, default=Path("tuned-plan.json"))
-    p.add_argument("--results-dir", type=Path, help="keep each candidate's loadgen JSON here")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=argtypes.port, default=8000)
-    p.add_argument("--api-key", action="append", default=[])
-    p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0)
-    p.add_argument("--log-dir", type=Path)
+    p.add_argument("--out", type=Path, default=Path("tuned-plan.json"),
+                   help="where the winner's plan is written, for `launcher serve --plan` "
+                   "(default tuned-plan.json)")
+    p.add_argument("--results-dir", type=Path, help="keep each candidate's loadgen JSON here "
+                   "(default: a new temporary folder)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address each candidate's proxy binds (default 127.0.0.1)")
+    p.add_argument("--port", type=argtypes.port, default=8000,
+                   help="each candidate's proxy port, which loadgen measures (default 8000)")
+    p.add_argument("--api-key", action="append", default=[],
+                   help="the candidates' proxy requires this key, and loadgen sends it (repeat "
+                   "for several); also TOPOSERVE_API_KEYS=k1,k2")
+    p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0,
+                   help="seconds to wait for each candidate's vLLM (default 900)")
+    p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go (default: "
+                   "logs/ in toposerve's cache)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every candidate")
     p.set_defaults(func=main)
 

@@ -20,7 +20,8 @@ DEFAULT_MASTER_PORT = 29500  # torch.distributed's usual one
 
 
 def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
-                           model_required: bool = False) -> None:
+                           model_required: bool = False,
+                           concurrency_help: str | None = None) -> None:
     p.add_argument("--model", type=argtypes.model_ref, required=model_required, help=model_help)
     p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--topology", metavar="FILE",
@@ -33,8 +34,8 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                    help="interactive: one agent, latency first (default); throughput: many "
                    "streams; agent: --sessions S keeping --context D tokens each warm")
     agentopts.add_agent_arguments(p)
-    p.add_argument("--concurrency", type=argtypes.count,
-                   help="streams to expect (default 1 interactive, 32 throughput)")
+    p.add_argument("--concurrency", type=argtypes.count, help=concurrency_help
+                   or "streams to expect (default 1 interactive, 32 throughput)")
     p.add_argument("--max-model-len", type=argtypes.count,
                    help="context length to guarantee (default: the longest that fits)")
     p.add_argument("--prompt", type=argtypes.count, default=512,

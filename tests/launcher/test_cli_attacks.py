@@ -4,6 +4,8 @@ silent change of what was asked."""
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from rich.console import Console
 
 from launcher.cli import cmd_tune
 from launcher.cli.apikeys import collect_api_keys
-from launcher.cli.main import main
+from launcher.cli.main import build_parser, main
 from launcher.engine.launchspec import LaunchSpec
 from launcher.engine.serve import Runner, Supervision
 from launcher.errors import LauncherError, PlanError
@@ -139,3 +141,40 @@ def test_tune_refuses_an_output_it_cannot_write_before_measuring(
 def _file(path: Path) -> Path:
     path.write_text("")
     return path
+
+
+# ----------------------------------------------------------------------------------- --help
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    from loadgen.cli import build_parser as loadgen_parser
+    from server.config import build_parser as proxy_parser
+
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return [*((f"launcher {n}", p) for n, p in sub.choices.items()),
+            ("loadgen", loadgen_parser()), ("python -m server", proxy_parser())]
+
+
+def _options(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if a.option_strings and a.dest != "help"]
+
+
+@pytest.mark.parametrize(("command", "parser"), _parsers(), ids=lambda x: str(x))
+def test_a_default_the_help_states_is_the_one_the_command_takes(
+    command: str, parser: argparse.ArgumentParser
+) -> None:
+    for action in _options(parser):
+        stated = re.search(r"\bdefault:? ([0-9][0-9.,_]*[0-9]|[0-9])", action.help or "")
+        value = action.default
+        if stated is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        said = float(stated.group(1).replace(",", "").replace("_", ""))
+        assert said == value, f"{command} {action.option_strings[-1]}: help says {said}, " \
+            f"takes {value}"
+
+
+@pytest.mark.parametrize("command", ["plan", "serve", "tune", "probe", "doctor"])
+def test_every_launcher_option_says_what_it_does(command: str) -> None:
+    parser = dict(_parsers())[f"launcher {command}"]
+    bare = [a.option_strings[-1] for a in _options(parser) if not (a.help or "").strip()]
+    assert bare == []
