@@ -178,3 +178,18 @@ def test_every_launcher_option_says_what_it_does(command: str) -> None:
     parser = dict(_parsers())[f"launcher {command}"]
     bare = [a.option_strings[-1] for a in _options(parser) if not (a.help or "").strip()]
     assert bare == []
+
+
+# -------------------------------------------------------------------- the embedded model
+
+def test_a_cache_the_embedded_model_cannot_be_made_in_says_which_and_what_to_set(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    cache = _file(tmp_path / "cache")  # a file where the folder should be
+    monkeypatch.setenv("TOPOSERVE_CACHE", str(cache))
+    code = main(["serve", "--dry-run", "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert str(cache) in err
+    assert "TOPOSERVE_CACHE" in err
+    assert err.count("\n") == 1
