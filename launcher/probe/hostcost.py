@@ -187,6 +187,27 @@ class HostTiming:
         pace = st.sustained_s / st.reference_s
         return pace if 1 / MAX_PACE <= pace <= MAX_PACE else 1.0
 
+    def pace_ends(self) -> tuple[float, float]:
+        """The fastest and the slowest pace this host's work was seen at before the run, on
+        the scale of :meth:`pace` (1.0: the rounds' reference): fast, the least of the sampled
+        fastest tenth's harmonic mean (sustained_s / sustained), the rounds' and the planned
+        pace; slow, the greater of the rounds' and the planned. So the planned pace lies between
+        them whichever way the rounds ran: issue 22's fifteenth table (benchmarks/gpu/
+        host-pace-t15.md) timed its rounds in a slow spell (0.974 ms) over a sampled pace of
+        0.7065 ms, and its engine ran at the fast level (~0.47-0.565 ms, the fastest tenth 0.495
+        ms), below both ends of a range from the rounds to the planned pace. (pace, pace) where
+        the pace is 1.0 (no sampling, or past MAX_PACE); the fastest tenth is left out where it
+        was not sampled or lies past MAX_PACE of the rounds (no host's)."""
+        pace = self.pace()
+        st = self.steadiness
+        if pace == 1.0 or st is None:
+            return pace, pace
+        fast = min(1.0, pace)
+        if st.sustained > 0 and (tenth := st.sustained_s / st.sustained / st.reference_s) \
+                >= 1 / MAX_PACE:
+            fast = min(fast, tenth)
+        return fast, max(1.0, pace)
+
     def steadiness_note(self) -> str:
         """The reason line's words on how steady the timing was."""
         st = self.steadiness
