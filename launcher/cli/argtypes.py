@@ -81,6 +81,12 @@ def nonempty(text: str) -> str:
     return text
 
 
+def path(text: str) -> Path:
+    """A file or folder named on the command line: never empty (``--log-dir "$DIR"`` with DIR
+    unset would otherwise be '.', the folder the user happens to be in)."""
+    return Path(nonempty(text))
+
+
 def fraction(text: str) -> float:
     """A share above 0 and at most 1 (of a GPU's memory)."""
     value = _parsed(text, float, "a number")

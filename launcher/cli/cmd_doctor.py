@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
+from launcher.cli import argtypes
 from launcher.doctor.checks import FAIL, format_checks, read_host_facts, run_checks
 from launcher.probe.topology import load_topology
 
@@ -16,7 +17,8 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "doctor", help="check GPUs, links, drivers and limits; say how to fix"
     )
-    p.add_argument("--topology", metavar="FILE", help="check a saved topology instead of NVML")
+    p.add_argument("--topology", metavar="FILE", type=argtypes.nonempty,
+                   help="check a saved topology instead of NVML")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=run)
 

@@ -19,10 +19,12 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("probe", help="show the GPUs, NVLink/PCIe/P2P links between them")
     p.add_argument("--json", action="store_true", help="print the topology as JSON")
     p.add_argument(
-        "--save", metavar="FILE", help="write the topology JSON to FILE (for --topology)"
+        "--save", metavar="FILE", type=argtypes.nonempty,
+        help="write the topology JSON to FILE (for --topology)"
     )
     p.add_argument(
-        "--topology", metavar="FILE", help="show a saved topology instead of reading NVML"
+        "--topology", metavar="FILE", type=argtypes.nonempty,
+        help="show a saved topology instead of reading NVML"
     )
     p.add_argument(
         "--measure",

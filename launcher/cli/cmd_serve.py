@@ -6,7 +6,6 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -47,9 +46,10 @@ def add_parser(sub: Any) -> None:
                    "the proxy's keys)")
     p.add_argument("--api-key", action="append", default=[], help="require this key (repeat "
                    "for several); also TOPOSERVE_API_KEYS=k1,k2")
-    p.add_argument("--api-key-file", type=Path, help="file with one key per line (mode 600)")
-    p.add_argument("--plan", type=Path, help="use a plan saved by `launcher plan --json` or "
-                   "`launcher tune` instead of planning")
+    p.add_argument("--api-key-file", type=argtypes.path,
+                   help="file with one key per line (mode 600)")
+    p.add_argument("--plan", type=argtypes.path, help="use a plan saved by `launcher plan "
+                   "--json` or `launcher tune` instead of planning")
     p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0,
                    help="seconds to wait for vLLM (default 900)")
     p.add_argument("--restart-attempts", type=argtypes.whole, default=5,
@@ -60,12 +60,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--join-timeout", type=argtypes.positive, default=120.0,
                    help="a node other than the head (--node-rank 1..): seconds to look for the "
                    "head before giving up (default 120)")
-    p.add_argument("--node-secret-file", type=Path, metavar="PATH",
+    p.add_argument("--node-secret-file", type=argtypes.path, metavar="PATH",
                    help="a group of nodes: the file with the node link's shared secret (else "
                    "TOPOSERVE_NODE_SECRET, else ~/.cache/toposerve/node-secret; the head writes "
                    "a new one there when there is none)")
-    p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go (default: logs/ "
-                   "in toposerve's cache)")
+    p.add_argument("--log-dir", type=argtypes.path, help="where vLLM and proxy logs go "
+                   "(default: logs/ in toposerve's cache)")
     add_protection_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan and commands only")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",

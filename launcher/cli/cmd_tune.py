@@ -94,11 +94,11 @@ def add_parser(sub: Any) -> None:
                    "start's first round (default 2)")
     p.add_argument("--reruns", type=argtypes.whole, default=1, help="times the two finalists are "
                    "started and measured again while their intervals overlap (default 1)")
-    p.add_argument("--out", type=Path, default=Path("tuned-plan.json"),
+    p.add_argument("--out", type=argtypes.path, default=Path("tuned-plan.json"),
                    help="where the winner's plan is written, for `launcher serve --plan` "
                    "(default tuned-plan.json)")
-    p.add_argument("--results-dir", type=Path, help="keep each candidate's loadgen JSON here "
-                   "(default: a new temporary folder)")
+    p.add_argument("--results-dir", type=argtypes.path, help="keep each candidate's loadgen "
+                   "JSON here (default: a new temporary folder)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address each candidate's proxy binds (default 127.0.0.1)")
     p.add_argument("--port", type=argtypes.port, default=8000,
@@ -108,7 +108,7 @@ def add_parser(sub: Any) -> None:
                    "for several); also TOPOSERVE_API_KEYS=k1,k2")
     p.add_argument("--ready-timeout", type=argtypes.positive, default=900.0,
                    help="seconds to wait for each candidate's vLLM (default 900)")
-    p.add_argument("--log-dir", type=Path, help="where vLLM and proxy logs go (default: "
+    p.add_argument("--log-dir", type=argtypes.path, help="where vLLM and proxy logs go (default: "
                    "logs/ in toposerve's cache)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags for every candidate")
     p.set_defaults(func=main)

@@ -24,9 +24,9 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                            concurrency_help: str | None = None) -> None:
     p.add_argument("--model", type=argtypes.model_ref, required=model_required, help=model_help)
     p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
-    p.add_argument("--topology", metavar="FILE",
+    p.add_argument("--topology", metavar="FILE", type=argtypes.nonempty,
                    help="saved topology (probe --save, or an NVML dump) instead of NVML")
-    p.add_argument("--host-timing", metavar="FILE",
+    p.add_argument("--host-timing", metavar="FILE", type=argtypes.nonempty,
                    help="the serving host's front-end timing `probe --measure` kept on that "
                    "host (its cache's host-cost/*.json), for planning it from a saved "
                    "--topology here (default: this machine's, or the shipped profile)")

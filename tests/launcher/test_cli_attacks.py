@@ -193,3 +193,27 @@ def test_a_cache_the_embedded_model_cannot_be_made_in_says_which_and_what_to_set
     assert str(cache) in err
     assert "TOPOSERVE_CACHE" in err
     assert err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------ path options
+
+PATH_OPTIONS = [
+    ("plan", "--topology"), ("plan", "--host-timing"), ("serve", "--topology"),
+    ("serve", "--host-timing"), ("serve", "--api-key-file"), ("serve", "--plan"),
+    ("serve", "--node-secret-file"), ("serve", "--log-dir"), ("tune", "--topology"),
+    ("tune", "--out"), ("tune", "--results-dir"), ("tune", "--log-dir"),
+    ("probe", "--save"), ("probe", "--topology"), ("doctor", "--topology"),
+]
+
+
+@pytest.mark.parametrize(("command", "flag"), PATH_OPTIONS)
+def test_an_empty_path_is_refused_naming_the_option(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str, flag: str
+) -> None:
+    # `--log-dir "$DIR"` with DIR unset would otherwise be '.', the folder the user is in
+    monkeypatch.setattr(cmd_tune, "Tuner", _NoStart)
+    more = {"plan": ["--model", "m"], "serve": ["--dry-run"]}.get(command, [])
+    with pytest.raises(SystemExit) as exc:
+        main([command, flag, "", *more])
+    assert exc.value.code == 2
+    assert f"argument {flag}: must not be empty" in capsys.readouterr().err
