@@ -13,8 +13,9 @@ checked against those logs (tests/launcher/test_kv_context.py, docs/planner.md).
 The profiling pass runs ``max_num_batched_tokens`` tokens (vLLM's default depends on the GPU:
 8,192 for the OpenAI server on a card of ≥ 70 GiB that is not an A100, 16,384 from 160 GiB,
 2,048 below; vllm/engine/arg_utils.py) and a sampler over ``max_num_seqs`` rows of logits. It
-then refuses to start when one request of ``max_model_len`` tokens does not fit
-(vllm/v1/core/kv_cache_utils.py ``_check_enough_kv_cache_memory``), where a sliding-window
+then refuses to start when one request of ``max_model_len`` tokens does not fit in that
+memory less the one block its pool holds back (vllm/v1/core/kv_cache_utils.py
+``get_kv_cache_configs``, :func:`null_block_bytes`), where a sliding-window
 layer holds ``window − 1 + max_num_batched_tokens`` tokens, not just its window. A hybrid
 model's recurrent (Mamba, linear-attention) layers hold their state pages per request whatever
 its length, and its attention blocks are enlarged to hold one (:func:`state_block_tokens`).
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.model.modelspec import ALIGN_STATE_PAGES, GIB, KvGroup, ModelSpec
 from launcher.probe.topology import Gpu
@@ -240,6 +241,22 @@ def recurrent_group_layers(m: ModelSpec) -> int:
     return -(-m.recurrent_layers // size) * size if size else m.recurrent_layers
 
 
+def tp_share(m: ModelSpec, tp: int) -> ModelSpec:
+    """``m`` with the recurrent state one KV replica holds at TP ``tp``, in the units the rest of
+    this module counts a replica in (one GPU's KV × :func:`kv_shards`): vLLM divides a hybrid's
+    state over every TP rank (MambaStateShapeCalculator: the heads and the convolution's
+    channels) but its attention KV heads only over as many ranks as there are heads, the rest
+    holding copies. Past the KV heads the state takes a smaller share of an attention page, and
+    the block vLLM raises to hold it (:func:`state_block_tokens`, from the pages of one GPU:
+    ``get_num_kv_heads`` and the state shape at that TP) shrinks: Qwen3-Next's 2 KV heads keep
+    544-token blocks up to TP 2, 272 at TP 4. ``m`` itself where nothing changes."""
+    shards = min(tp, m.num_kv_heads)
+    if not _hybrid(m) or shards >= tp:
+        return m
+    page = state_page_bytes(m) // tp * shards
+    return replace(m, recurrent_state_bytes=page * ALIGN_STATE_PAGES * m.recurrent_layers)
+
+
 def state_page_bytes(m: ModelSpec) -> int:
     """One recurrent layer's state for one sequence, unpadded: vLLM's MambaSpec.page_size_bytes
     before padding (vllm/v1/kv_cache_interface.py); ModelSpec.recurrent_state_bytes holds
@@ -290,12 +307,17 @@ def request_kv_bytes(
     ``page_size_bytes`` (padded) × (2 + speculative + checkpoint blocks) in align mode
     (vllm/v1/kv_cache_interface.py ``MambaSpec.max_memory_usage_bytes``)."""
     block = state_block_tokens(m, kv_dtype_bytes, block)
+    widest = attention_token_bytes(m, kv_dtype_bytes)
     total = 0
     for g, layers in vllm_groups(m):
-        page = block * g.bytes_per_token(kv_dtype_bytes)
-        total += layers * layer_blocks(g, tokens, batched_tokens, block, in_flight) * page
+        # every page is the widest type's (unify_kv_cache_spec_page_size): a type of narrower
+        # tokens gets a block as many times longer where that divides (Gemma 4's full layers,
+        # 8 KiB a token beside 16: 32-token blocks), its page padded where not
+        token = g.bytes_per_token(kv_dtype_bytes)
+        own = block * (widest // token) if widest % token == 0 else block
+        total += layers * layer_blocks(g, tokens, batched_tokens, own, in_flight) * block * widest
     state = recurrent_group_layers(m) * ALIGN_STATE_PAGES
-    return total + state * block * attention_token_bytes(m, kv_dtype_bytes)
+    return total + state * block * widest
 
 
 def layer_blocks(g: KvGroup, tokens: int, batched_tokens: int, block: int, in_flight: int) -> int:
@@ -316,14 +338,39 @@ def longest_context(
     block: int = BLOCK_TOKENS,
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
-    """The longest ``max_model_len`` whose one request passes vLLM's start-up check."""
+    """The longest ``max_model_len`` whose one request passes vLLM's start-up check, which
+    keeps one pool block back for the null block (:func:`null_block_bytes`)."""
+    room = kv_budget - null_block_bytes(m, kv_dtype_bytes, block)
 
     def fits(n: int) -> bool:
-        return request_kv_bytes(m, n, batched_tokens, kv_dtype_bytes, block, in_flight) <= kv_budget
+        return request_kv_bytes(m, n, batched_tokens, kv_dtype_bytes, block, in_flight) <= room
 
     hi = max(1, m.max_position_embeddings)
     # the need grows with the length: bisect, as vLLM's own estimate does
     return hi if fits(hi) else longest_passing(fits, hi)
+
+
+def null_block_bytes(m: ModelSpec, kv_dtype_bytes: int = 2, block: int = BLOCK_TOKENS) -> int:
+    """One block of vLLM's KV pool, which its block pool holds back for ever as the null
+    block: the engine core subtracts it from the KV memory before it checks that one
+    ``max_model_len`` request fits, and before it fits one to the memory
+    (vllm/v1/core/kv_cache_utils.py ``get_kv_cache_configs``: ``check_memory``).
+
+    A block spans one page of each layer of a group, and every page is the widest layer
+    type's: vLLM pads a hybrid's state pages to its attention page, and raises the block of
+    an attention type with smaller pages until its page is as wide
+    (``unify_kv_cache_spec_page_size``), so layer types of different page sizes group like
+    the rest (:func:`_vllm_grouping`'s group size from the layer counts). 10 pages of 4,128
+    tokens for Nemotron-H-56B (0.16 GiB); 10 of Gemma-4-31B's 16 KiB-a-token pages, not one
+    block of each of its 60 layers; one 16-token block of every layer for a dense model."""
+    _, sizes = _type_layers(m)
+    if not sizes:
+        return 0
+    span = sizes[0]
+    if len(sizes) > 1:
+        span = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    block = state_block_tokens(m, kv_dtype_bytes, block)
+    return span * block * attention_token_bytes(m, kv_dtype_bytes)
 
 
 def longest_passing(fits: Callable[[int], bool], hi: int) -> int:
@@ -545,6 +592,7 @@ class Fit:
     kv_dtype_bytes: int = 2  # 1 under --kv-cache-dtype fp8
     kv_blocks: int = 0  # blocks of vLLM's KV pool in ``kv_budget`` (pool_blocks)
     offload: float = 0.0  # bytes of each GPU's weights kept in CPU memory (--cpu-offload-gb)
+    tp: int = 1  # the tensor-parallel size: a hybrid's pages depend on it (tp_share)
 
     @property
     def need_fixed(self) -> float:
@@ -564,9 +612,11 @@ def fit(
     # the budget is of the total CUDA reports: the driver's reserve leaves util × it out
     over = overhead_per_gpu(m, tp, pp, lim) + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
-    context = planned_context(m, kv_budget, lim.batched_tokens, kv_dtype_bytes)
-    blocks = pool_blocks(m, kv_budget, kv_dtype_bytes)
-    return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes, blocks, offload)
+    kv = tp_share(m, tp)
+    context = planned_context(kv, kv_budget, lim.batched_tokens, kv_dtype_bytes)
+    blocks = pool_blocks(kv, kv_budget, kv_dtype_bytes)
+    return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes, blocks, offload,
+               tp)
 
 
 def replica_kv_budget(
@@ -583,9 +633,11 @@ def replica_kv_budget(
 
 
 def need_per_gpu(f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:
-    """Bytes per GPU to hold the weights, the overhead and one request of ``tokens``, with the
-    margin kept on the KV part."""
-    kv = request_kv_bytes(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
+    """Bytes per GPU to hold the weights, the overhead, vLLM's null block and one request of
+    ``tokens``, with the margin kept on the KV part."""
+    share = tp_share(m, tp)
+    kv = (request_kv_bytes(share, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
+          + null_block_bytes(share, f.kv_dtype_bytes))
     return f.need_fixed + kv / (1 - CONTEXT_MARGIN) / kv_shards(m, tp, pp)
 
 
@@ -593,5 +645,5 @@ def sequences_held(m: ModelSpec, f: Fit, tokens: int) -> int:
     """How many requests of ``tokens`` the fit's KV cache holds at once: the pool's blocks over
     the blocks one of them takes (block rounding, sliding windows and the batches in flight as
     vLLM's scheduler counts them), at least one (a fit holds its context)."""
-    per = request_blocks(m, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
+    per = request_blocks(tp_share(m, f.tp), tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
     return max(1, f.kv_blocks // per) if per else 1

@@ -2,33 +2,19 @@
 
 vLLM raises a hybrid model's attention block until one attention page (one layer) holds a
 recurrent layer's state page, pads the state page to it, and its start-up check counts each
-recurrent layer's pages per request whatever the length. The references here are vLLM's own
-pieces, run on the CPU: its state-shape and dtype calculators and its MambaSpec /
-FullAttentionSpec over the fixtures' real configs (read by transformers), its attention
-backend's kernel block size, and its ``estimate_max_model_len`` bisection over those specs.
-Only the block-size rule itself (vllm/platforms/interface.py ``_align_hybrid_block_size``,
-which needs a whole engine config) is re-stated here, in one line."""
+recurrent group's pages per request whatever the length, after keeping one pool block back for
+its null block. The reference is vLLM's engine core's own ``get_kv_cache_configs`` run on the
+CPU over the specs vLLM builds from the fixtures' real configs
+(tests/launcher/vllm_kv_truth.py)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any, cast
-
 import pytest
-import torch
-from transformers import AutoConfig
-from vllm.model_executor.layers.mamba.mamba_utils import (
-    MambaStateDtypeCalculator,
-    MambaStateShapeCalculator,
-)
-from vllm.model_executor.models.config import NemotronHForCausalLMConfig
-from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-from vllm.v1.core.kv_cache_utils import estimate_max_model_len
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MambaSpec
 
 from launcher.model.modelspec import ALIGN_STATE_PAGES, GIB, ModelSpec, load_model_spec
 from launcher.planner import memfit
 from tests.launcher.paths import REPO
+from tests.launcher.vllm_kv_truth import Engine, read_config, vllm_accepts, vllm_specs
 
 RECENT = REPO / "tests" / "fixtures" / "recent-models"
 QWEN3_NEXT = "qwen3-next-80b-a3b-thinking"
@@ -36,95 +22,68 @@ NEMOTRON_H = "nemotron-h-56b-base-8k"
 BATCHED = 8192
 
 
-def _engine(max_model_len: int, ssm_dtype: str = "auto") -> Any:
-    """The few fields of a VllmConfig that vLLM's spec and estimate functions read: one GPU,
-    prefix caching on (mamba_cache_mode 'align', as every plan runs)."""
-    return cast(Any, SimpleNamespace(
-        model_config=SimpleNamespace(max_model_len=max_model_len, dtype=torch.bfloat16),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1, decode_context_parallel_size=1),
-        cache_config=SimpleNamespace(mamba_cache_mode="align", mamba_cache_dtype="auto",
-                                     mamba_ssm_cache_dtype=ssm_dtype),
-        speculative_config=None,
-    ))
-
-
-def _vllm_specs(name: str) -> tuple[dict[str, KVCacheSpec], Any]:
-    """vLLM's per-layer KV specs for the fixture ``name`` on one GPU, hybrid block size applied."""
-    hf = AutoConfig.from_pretrained(RECENT / name)
-    engine = _engine(hf.max_position_embeddings)
-    if name == NEMOTRON_H:
-        NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(
-            cache_config=engine.cache_config, hf_config=hf)
-        shapes: tuple[tuple[int, ...], ...] = MambaStateShapeCalculator.mamba2_state_shape(
-            1, hf.mamba_num_heads * hf.mamba_head_dim, hf.n_groups, hf.mamba_num_heads,
-            hf.mamba_head_dim, hf.ssm_state_size, hf.conv_kernel)
-        kinds = list(hf.hybrid_override_pattern)
-        attention, recurrent = kinds.count("*"), kinds.count("M")
-        head_dim = hf.head_dim
-    else:
-        shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
-            1, hf.linear_num_key_heads, hf.linear_num_value_heads, hf.linear_key_head_dim,
-            hf.linear_value_head_dim, hf.linear_conv_kernel_dim)
-        attention = hf.layer_types.count("full_attention")
-        recurrent = hf.layer_types.count("linear_attention")
-        head_dim = hf.head_dim
-    dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(
-        torch.bfloat16, "auto", engine.cache_config.mamba_ssm_cache_dtype)
-    state_page = MambaSpec(block_size=-1, shapes=shapes, dtypes=dtypes).page_size_bytes
-    token_page = FullAttentionSpec(block_size=1, num_kv_heads=hf.num_key_value_heads,
-                                   head_size=head_dim, dtype=torch.bfloat16).page_size_bytes
-    kernel = FlashAttentionBackend.get_supported_kernel_block_sizes()[0]
-    kernel_block = max(getattr(kernel, "base", kernel), memfit.BLOCK_TOKENS)
-    block = kernel_block * -(-state_page // (kernel_block * token_page))  # the re-stated rule
-    specs: dict[str, KVCacheSpec] = {
-        f"attn.{i}": FullAttentionSpec(block_size=block, num_kv_heads=hf.num_key_value_heads,
-                                       head_size=head_dim, dtype=torch.bfloat16)
-        for i in range(attention)
-    }
-    specs |= {
-        f"mamba.{i}": MambaSpec(block_size=block, shapes=shapes, dtypes=dtypes,
-                                page_size_padded=block * token_page, mamba_cache_mode="align")
-        for i in range(recurrent)
-    }
-    return specs, engine
-
-
 def _spec(name: str) -> ModelSpec:
     return load_model_spec(str(RECENT / name))
 
 
-def _vllm_longest(name: str, budget: float) -> int:
-    specs, engine = _vllm_specs(name)
-    return estimate_max_model_len(engine, specs, int(budget))
+def _accepted(name: str, budget: float, tp: int = 1) -> int:
+    """The context vLLM's engine core settles on for ``budget`` bytes of KV on each GPU."""
+    engine = Engine(tp=tp, batched_tokens=BATCHED)
+    return vllm_accepts(read_config(RECENT / name), int(budget), engine)
 
 
 @pytest.mark.parametrize("budget_gib", [1.5, 4.0])
-def test_qwen3_next_gets_exactly_the_context_vllms_own_check_accepts(budget_gib: float) -> None:
-    # 12 attention layers and 36 linear-attention ones: groups of 12 need no padding, so
-    # memfit's need is vLLM's to the byte
+def test_qwen3_next_gets_exactly_the_context_vllms_engine_accepts(budget_gib: float) -> None:
+    # 12 attention layers and 36 linear-attention ones: groups of 12 need no padding, and
+    # vLLM keeps one pool block (12 pages) back for its null block before it checks
     m = _spec(QWEN3_NEXT)
     budget = budget_gib * GIB
-    accepted = _vllm_longest(QWEN3_NEXT, budget)
+    accepted = _accepted(QWEN3_NEXT, budget)
     assert 0 < accepted < m.max_position_embeddings
     assert memfit.longest_context(m, budget, BATCHED) == accepted
     assert memfit.planned_context(m, budget, BATCHED) <= accepted
 
 
 @pytest.mark.parametrize("budget_gib", [2.1, 2.3])
-def test_nemotron_h_never_plans_more_context_than_vllm_accepts(budget_gib: float) -> None:
-    # 54 Mamba layers beside 10 attention ones, 1.7 GiB of state a sequence in 4,128-token
-    # blocks: memfit counts the Mamba layers as vLLM's pool pads them (60), above the check's
-    # own count of 54 (at 2.1 GiB memfit admits 4,128 tokens where vLLM's check takes 8,192)
+def test_nemotron_h_gets_exactly_the_context_vllms_engine_accepts(budget_gib: float) -> None:
+    # 10 attention layers and 54 Mamba ones: vLLM's engine groups them in 7 groups of 10 (the
+    # Mamba layers padded to 60) and counts every group, padding included, in its check
+    # (_max_memory_usage_bytes_from_groups), after keeping back one pool block of 10 pages of
+    # 4,128 tokens (0.16 GiB) for its null block: no context at 2.1 GiB, 4,128 at 2.3
     m = _spec(NEMOTRON_H)
     budget = budget_gib * GIB
-    accepted = _vllm_longest(NEMOTRON_H, budget)
-    assert accepted > 0
-    assert 0 < memfit.planned_context(m, budget, BATCHED) <= accepted
+    assert memfit.longest_context(m, budget, BATCHED) == _accepted(NEMOTRON_H, budget)
+
+
+def test_a_dense_model_keeps_vllms_null_block_out_of_its_context() -> None:
+    # one 16-token block of all 80 layers (5 MiB) is held back: 4,896 tokens, not 4,912
+    folder = RECENT / "llama-3.1-70b-instruct-fp8"
+    m = load_model_spec(str(folder))
+    accepted = vllm_accepts(read_config(folder), int(1.5 * GIB))
+    assert memfit.longest_context(m, 1.5 * GIB, BATCHED) == accepted
+
+
+@pytest.mark.parametrize("tp", [4, 8])
+def test_qwen3_next_past_its_two_kv_heads_gets_the_smaller_blocks_of_its_divided_state(
+    tp: int,
+) -> None:
+    # 2 KV heads: from TP 4 each GPU keeps a whole head while its gated delta-net state keeps
+    # dividing, so a state page fills fewer attention tokens and the block shrinks
+    m = _spec(QWEN3_NEXT)
+    share = memfit.tp_share(m, tp)
+    assert memfit.state_block_tokens(share) < memfit.state_block_tokens(m)
+    replica = GIB * memfit.kv_shards(m, tp, 1)
+    assert memfit.longest_context(share, replica, BATCHED) == _accepted(QWEN3_NEXT, GIB, tp)
+
+
+def test_a_hybrid_within_its_kv_heads_keeps_its_one_gpu_page_ratio() -> None:
+    m = _spec(NEMOTRON_H)  # 8 KV heads: attention and state both divide up to TP 8
+    assert memfit.tp_share(m, 8) == m
 
 
 @pytest.mark.parametrize("name", [QWEN3_NEXT, NEMOTRON_H])
 def test_a_hybrids_attention_block_holds_one_recurrent_state_page(name: str) -> None:
-    specs, _ = _vllm_specs(name)
+    specs, _, _ = vllm_specs(read_config(RECENT / name), Engine())
     assert memfit.state_block_tokens(_spec(name)) == specs["attn.0"].block_size
 
 

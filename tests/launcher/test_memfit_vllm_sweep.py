@@ -1,0 +1,128 @@
+"""The planned context against the one vLLM 0.32's engine core accepts, run on the CPU.
+
+For every real config in tests/fixtures/recent-models that vLLM's specs can be built for
+(tests/launcher/vllm_kv_truth.py) and several golden families (sliding window, latent
+attention, dense), at KV budgets from a few blocks to the model's whole context and at every
+TP its KV heads allow, the plan must start (never above vLLM's figure) and stay within 5% of
+it. One reference call per case (a bisection over vLLM's own grouping and check)."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.model.modelspec import GIB, load_model_spec
+from launcher.planner import memfit
+from tests.launcher.paths import MODELS, REPO
+from tests.launcher.vllm_kv_truth import Engine, read_config, vllm_accepts
+
+RECENT = REPO / "tests" / "fixtures" / "recent-models"
+BATCHED = 8192
+# (folder, the TPs to sweep): up to 8 GPUs; TP past the KV heads replicates attention heads
+# while a hybrid's recurrent state keeps dividing, the case that changes its page ratio.
+CASES = [
+    (RECENT / "llama-3.1-70b-instruct-fp8", (1, 8)),
+    (RECENT / "minimax-m2.5", (1, 8)),
+    (RECENT / "qwen3-vl-30b-a3b-instruct", (1, 8)),
+    (RECENT / "gpt-oss-120b", (1, 8)),
+    (RECENT / "llama-4-scout-17b-16e-instruct", (1, 8)),
+    (RECENT / "deepseek-v3", (1, 8)),
+    (RECENT / "kimi-k2-instruct", (1,)),
+    (RECENT / "kimi-k2.5", (1,)),
+    (RECENT / "qwen3-next-80b-a3b-thinking", (1, 2, 4, 8)),
+    (RECENT / "nemotron-h-56b-base-8k", (1, 2, 4, 8)),
+    (RECENT / "nemotron-3-nano-30b-a3b", (1, 2, 4, 8)),
+    (RECENT / "nemotron-3-ultra-550b-a55b", (1, 4, 8)),
+    (RECENT / "qwen3.5-27b", (1, 8)),
+    (MODELS / "gemma-2-27b", (1, 2)),
+    (MODELS / "gemma-3-27b", (1, 2)),
+    (MODELS / "gemma-4-31b", (1, 2)),
+    (MODELS / "gemma-4-26b-a4b", (1, 2)),
+    (MODELS / "gpt-oss-20b", (1,)),
+    (MODELS / "mistral-7b", (1,)),
+    (MODELS / "llama-3.1-8b", (1, 8)),
+    (MODELS / "deepseek-v2-lite", (1,)),
+]
+BUDGETS_GIB = (0.25, 1.0, 4.0, 16.0, 64.0)
+WITHIN = 0.05
+# ModelSpec counts Qwen3.5's gated delta-net state in 16 bits where vLLM takes float32 from
+# config.json's mamba_ssm_dtype (Qwen3_5ForConditionalGenerationConfig): its plans exceed what
+# vLLM accepts until launcher/model reads that key
+QWEN35_STATE = pytest.mark.xfail(strict=True, reason="Qwen3.5's float32 state counted in bf16")
+# The 2% margin kept off the KV budget is bytes; where sliding-window layers hold most of the
+# budget, only the few full-attention layers grow with the context, and those bytes are 12% of
+# Gemma 4's context at 16 GiB (gemma-4-31b: 31,232 planned, 35,424 accepted)
+MARGIN_ON_SLIDING = pytest.mark.xfail(strict=True, reason="the byte margin over few full layers")
+
+
+def _cases(*extra: tuple[str, pytest.MarkDecorator]) -> list[Any]:
+    marks = dict(extra)
+    return [pytest.param(folder, tps, id=folder.name,
+                         marks=[m for name, m in marks.items() if name == folder.name])
+            for folder, tps in CASES]
+
+
+@cache
+def _figures(folder: Path, tp: int, gib: float) -> tuple[int, int, int]:
+    """vLLM's accepted context, memfit's longest and its planned one for ``gib`` GiB of KV
+    cache on each of ``tp`` GPUs."""
+    m = load_model_spec(str(folder))
+    accepted = vllm_accepts(read_config(folder), int(gib * GIB), Engine(tp=tp,
+                                                                        batched_tokens=BATCHED))
+    share, replica = memfit.tp_share(m, tp), gib * GIB * memfit.kv_shards(m, tp, 1)
+    return (accepted, memfit.longest_context(share, replica, BATCHED),
+            memfit.planned_context(share, replica, BATCHED))
+
+
+def _step(folder: Path, tp: int) -> int:
+    """The tokens one more block of the model's KV takes (a hybrid's enlarged block)."""
+    return memfit.state_block_tokens(memfit.tp_share(load_model_spec(str(folder)), tp))
+
+
+def _chunked_blocks(folder: Path) -> int:
+    """The blocks of context memfit leaves under vLLM's for a model with chunked-local layers
+    (Llama 4): it counts each as a window of the chunk, one block more than vLLM's
+    ChunkedLocalAttentionSpec, and the full-attention layers alone pay for those blocks
+    (36 chunked layers over 12 full ones: 3 blocks)."""
+    kinds = read_config(folder).get("layer_types") or []
+    chunked, full = kinds.count("chunked_attention"), kinds.count("full_attention")
+    return -(-chunked // full) if chunked and full else 0
+
+
+@pytest.mark.parametrize(("folder", "tps"), _cases(("qwen3.5-27b", QWEN35_STATE)))
+def test_the_longest_context_is_vllms_to_within_one_block_below(
+    folder: Path, tps: tuple[int, ...]
+) -> None:
+    # below by a block at a bisection's rounding, by the chunked-local layers' extra blocks
+    below = max(1, _chunked_blocks(folder))
+    misses = [f"TP{tp} {gib} GiB: memfit {longest}, vLLM {accepted}"
+              for tp in tps for gib in BUDGETS_GIB
+              for accepted, longest, _ in [_figures(folder, tp, gib)]
+              if not accepted - below * _step(folder, tp) <= longest <= accepted]
+    assert not misses, "; ".join(misses)
+
+
+@pytest.mark.parametrize(("folder", "tps"), _cases(("qwen3.5-27b", QWEN35_STATE)))
+def test_the_planned_context_starts(folder: Path, tps: tuple[int, ...]) -> None:
+    misses = [f"TP{tp} {gib} GiB: planned {planned}, vLLM {accepted}"
+              for tp in tps for gib in BUDGETS_GIB
+              for accepted, _, planned in [_figures(folder, tp, gib)]
+              if planned > accepted]
+    assert not misses, "; ".join(misses)
+
+
+@pytest.mark.parametrize(("folder", "tps"), _cases(("gemma-4-31b", MARGIN_ON_SLIDING),
+                                                   ("gemma-4-26b-a4b", MARGIN_ON_SLIDING)))
+def test_the_planned_context_is_within_5_percent_of_what_vllm_accepts(
+    folder: Path, tps: tuple[int, ...]
+) -> None:
+    # a hybrid's context moves in its enlarged blocks (544 tokens for Qwen3-Next, 8,304 for
+    # Nemotron-3-Ultra): where one is more than 5% of the context, the margin may cost it
+    misses = [f"TP{tp} {gib} GiB: planned {planned}, vLLM {accepted}"
+              for tp in tps for gib in BUDGETS_GIB
+              for accepted, _, planned in [_figures(folder, tp, gib)]
+              if planned < min(accepted * (1 - WITHIN), accepted - _step(folder, tp))]
+    assert not misses, "; ".join(misses)
