@@ -44,6 +44,12 @@ def format_model(m: ModelSpec) -> str:
             f"; {m.sliding_layers} sliding-window layers keep only {m.sliding_window} tokens"
             if m.sliding_layers
             else ""
+        )
+        + (
+            f"; {m.chunked_layers} chunked-attention layers keep at most one "
+            f"{m.attention_chunk}-token chunk"
+            if m.chunked_layers
+            else ""
         ),
     ]
     for ctx in (c for c in CONTEXTS if c <= m.max_position_embeddings):

@@ -37,6 +37,9 @@ class LayerAttention:
     # Multi-head latent attention (DeepSeek V2/V3, Kimi K2): the cache holds one compressed
     # vector of ``head_dim`` = kv_lora_rank + qk_rope_head_dim per token, no separate V.
     latent: bool = False
+    # Chunked attention (Llama 4's RoPE layers): ``window`` is the chunk a token attends within
+    # (attention_chunk_size), not a sliding window; the cache keeps one chunk either way
+    chunked: bool = False
 
 
 @dataclass(frozen=True)
@@ -326,12 +329,14 @@ def _attention(model: Any, text: Any) -> tuple[LayerAttention, ...]:
         kind = types[i] if i < len(types) else None
         sliding = kind == "sliding_attention" or bool(getattr(attn, "is_sliding", False))
         window = getattr(text, "sliding_window", None) if sliding else None
-        if kind == "chunked_attention":
+        chunked = kind == "chunked_attention"
+        if chunked:
             # Llama 4's RoPE layers attend within chunks of attention_chunk_size tokens; vLLM
             # caches them as ChunkedLocalAttentionSpec, which holds at most one chunk (plus the
             # tokens in flight) a request, as a sliding window of that many tokens does
             window = getattr(text, "attention_chunk_size", None)
-        out.append(LayerAttention(kv, head_dim, int(window) if window else None, shared))
+        out.append(LayerAttention(kv, head_dim, int(window) if window else None, shared,
+                                  chunked=chunked and bool(window)))
     return tuple(out)
 
 

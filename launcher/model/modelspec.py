@@ -27,13 +27,19 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2
 
 @dataclass(frozen=True)
 class KvGroup:
-    """Layers that hold KV cache of one shape: full attention, or a sliding window of ``window``."""
+    """Layers that hold KV cache of one shape: full attention, a sliding window of ``window``
+    tokens, or (``chunked``) attention within chunks of ``window`` tokens."""
 
     layers: int
     kv_heads: int
     head_dim: int
-    window: int | None = None  # tokens a sliding-window layer keeps; None for full attention
+    # Tokens a local layer keeps and attends over at most; None for full attention. A sliding
+    # layer attends over the last ``window`` tokens; a chunked one (Llama 4's RoPE layers,
+    # vLLM's ChunkedLocalAttentionSpec) over its own chunk of ``window`` tokens only, so it
+    # keeps one chunk's KV: the same cap on the cache and on the keys a query reads.
+    window: int | None = None
     latent: bool = False  # MLA: one latent vector per token (no separate K and V)
+    chunked: bool = False  # ``window`` is the chunk of chunked attention, not a sliding window
 
     def bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
         return (1 if self.latent else 2) * self.kv_heads * self.head_dim * kv_dtype_bytes
@@ -60,7 +66,9 @@ class ModelSpec:
     quantization: str | None  # 'awq' | 'gptq' | 'fp8' | 'bitsandbytes' | ... | None
     weight_bits: float  # bits per parameter of the quantized linear layers (16 if none)
     sliding_window: int | None = None
-    sliding_layers: int = 0  # layers that attend only over ``sliding_window`` tokens
+    # layers that attend only over the last ``sliding_window`` tokens (chunked-attention layers
+    # are not among them: see chunked_layers)
+    sliding_layers: int = 0
     num_experts: int = 0
     tied_embeddings: bool = True  # the LM head reuses the input embedding table
     path: str | None = None
@@ -126,6 +134,16 @@ class ModelSpec:
     @property
     def full_layers(self) -> int:
         return self.num_layers - self.sliding_layers
+
+    @property
+    def chunked_layers(self) -> int:
+        """Layers of chunked attention (Llama 4's), each attending within its own chunk."""
+        return sum(g.layers for g in self.kv_groups if g.chunked)
+
+    @property
+    def attention_chunk(self) -> int | None:
+        """The chunk (tokens) of the chunked-attention layers; None where there are none."""
+        return next((g.window for g in self.kv_groups if g.chunked), None)
 
     def kv_bytes_per_layer_token(self, kv_dtype_bytes: int = 2) -> int:
         latent = next((g for g in self.layer_kv if g.latent), None)
@@ -299,12 +317,13 @@ def _latent_groups(t: Mapping[str, Any], layers: int) -> tuple[KvGroup, ...]:
 
 def _kv_groups(attn: tuple[hfconfig.LayerAttention, ...]) -> tuple[KvGroup, ...]:
     """Layers with their own KV cache, grouped by shape (shared-KV layers hold none)."""
-    counts: dict[tuple[int, int, int | None, bool], int] = {}
+    counts: dict[tuple[int, int, int | None, bool, bool], int] = {}
     for a in attn:
         if not a.shared:
-            key = (a.kv_heads, a.head_dim, a.window, a.latent)
+            key = (a.kv_heads, a.head_dim, a.window, a.latent, a.chunked)
             counts[key] = counts.get(key, 0) + 1
-    return tuple(KvGroup(n, kv, d, w, lat) for (kv, d, w, lat), n in counts.items())
+    return tuple(KvGroup(n, kv, d, w, lat, chunked)
+                 for (kv, d, w, lat, chunked), n in counts.items())
 
 
 def spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
@@ -433,8 +452,8 @@ def _split(cfg: Mapping[str, Any], t: Mapping[str, Any], hf: hfconfig.HfShape | 
             other=hf.embedding_params + hf.lm_head_params + hf.other_params,
             inactive=hf.expert_params * (1 - per_token / n_experts) if n_experts else 0.0,
             groups=groups,
-            window=next((g.window for g in groups if g.window), None),
-            sliding=sum(g.layers for g in groups if g.window),
+            window=next((g.window for g in groups if g.window and not g.chunked), None),
+            sliding=sum(g.layers for g in groups if g.window and not g.chunked),
         )
     window, sliding = _sliding_layers(t, model_type, d.layers)
     return _Split(

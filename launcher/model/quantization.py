@@ -27,7 +27,7 @@ def read(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | None, floa
         method = "modelopt"
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
         bits = _number(q.get("bits", q.get("w_bit")), 4.0, 1, 16)
-        group = int(_number(q.get("group_size", q.get("q_group_size")), 128.0, -1, 1 << 20))
+        group = _count(q.get("group_size", q.get("q_group_size")), 128, -1, 1 << 20)
         group = group if group > 0 else 4096  # -1 means one group per output channel
         # one fp16 scale and one packed zero point per group
         return method.split("_")[0], bits, (2 + bits / 8) / group
@@ -42,19 +42,38 @@ def read(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | None, floa
     if method == "bitsandbytes":
         return "bitsandbytes", 4.0 if q.get("load_in_4bit") is True else 8.0, 0.0
     if method == "compressed-tensors":
-        bits, overhead = 16.0, 0.0
-        groups = q.get("config_groups")
-        for group in groups.values() if isinstance(groups, Mapping) else ():
-            w = group.get("weights") if isinstance(group, Mapping) else None
-            if isinstance(w, Mapping):
-                bits = min(bits, _number(w.get("num_bits"), 16.0, 1, 16))
-                if w.get("strategy") == "group" and bits < 16:
-                    # a 16-bit scale per group (and a zero point where not symmetric), as
-                    # pack-quantized checkpoints store them beside the packed weights
-                    size = _number(w.get("group_size"), 128.0, 1, 1 << 20)
-                    overhead = (2 + (0 if w.get("symmetric", True) else bits / 8)) / size
-        return "compressed-tensors", bits, overhead
+        return ("compressed-tensors", *_compressed_tensors_bits(q))
     return method, 16.0, 0.0
+
+
+# The bytes of a scale by the dtype compressed-tensors names it ("torch.float8_e4m3fn")
+_SCALE_BYTES = {"float8_e4m3fn": 1, "float8_e8m0fnu": 1, "uint8": 1, "int8": 1,
+                "bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _compressed_tensors_bits(q: Mapping[str, Any]) -> tuple[float, float]:
+    """(bits, overhead bytes per weight) of a compressed-tensors checkpoint: its config groups'
+    weights, each a scheme for the layers it targets. Which layers each targets is not
+    counted, so every layer is taken at the widest group's bytes (as ModelOpt's
+    MIXED_PRECISION); no group with weights: 16 bits."""
+    widest: tuple[float, float] | None = None
+    groups = q.get("config_groups")
+    for group in groups.values() if isinstance(groups, Mapping) else ():
+        w = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(w, Mapping):
+            continue
+        bits = _number(w.get("num_bits"), 16.0, 1, 16)
+        overhead = 0.0
+        if w.get("strategy") in ("group", "tensor_group") and bits < 16:
+            # a scale per group (tensor_group: NVFP4's FP8 scale per 16 weights, beside one per
+            # tensor) in its scale_dtype, else 16 bits as W4A16's are stored, and a packed zero
+            # point where not symmetric, beside the packed weights
+            size = _count(w.get("group_size"), 128, 1, 1 << 20)
+            scale = _SCALE_BYTES.get(str(w.get("scale_dtype")).removeprefix("torch."), 2)
+            overhead = (scale + (0 if w.get("symmetric", True) else bits / 8)) / size
+        if widest is None or bits / 8 + overhead > widest[0] / 8 + widest[1]:
+            widest = (bits, overhead)
+    return widest or (16.0, 0.0)
 
 
 def experts_only(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> bool:
@@ -103,6 +122,13 @@ def _modelopt_bits(algo: str, q: Mapping[str, Any]) -> tuple[float, float]:
     if "FP8" in algo:
         return 8.0, 0.0
     return 16.0, 0.0
+
+
+def _count(value: Any, default: int, low: int, high: int) -> int:
+    """``value`` as a whole number within [low, high], else ``default``: a group of 1.5 weights
+    is no group (read as one, it sized each weight with a scale of its own)."""
+    number = _number(value, default, low, high)
+    return int(number) if number == int(number) else default
 
 
 def _number(value: Any, default: float, low: float, high: float) -> float:

@@ -122,6 +122,10 @@ def describe_model(m: ModelSpec) -> str:
         f", {m.sliding_layers} sliding-window layers ({m.sliding_window} tokens)"
         if m.sliding_layers
         else ""
+    ) + (
+        f", {m.chunked_layers} chunked-attention layers ({m.attention_chunk}-token chunks)"
+        if m.chunked_layers
+        else ""
     )
     moe = (
         f", {m.num_experts} experts (top {m.experts_per_token}), "

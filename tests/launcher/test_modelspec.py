@@ -57,6 +57,15 @@ def test_gemma3_reads_the_nested_text_config_and_its_defaults() -> None:
     assert m.sliding_window == 1024
 
 
+def test_a_sliding_window_model_is_described_as_sliding_not_chunked() -> None:
+    from launcher.planner.explain import describe_model
+
+    m = load_model_spec(model("gemma-3-27b"))
+    assert describe_model(m).endswith(", 52 sliding-window layers (1024 tokens)")
+    assert (m.chunked_layers, m.attention_chunk) == (0, None)
+    assert not any(g.chunked for g in m.kv_groups)
+
+
 def test_sliding_layers_keep_only_their_window() -> None:
     m = load_model_spec(model("gemma-3-27b"))
     per = m.kv_bytes_per_layer_token()
@@ -206,19 +215,107 @@ _JSON = st.recursive(
     max_leaves=10)
 
 
-@settings(max_examples=150, deadline=None)
+# A group size, a bit width, a ModelOpt algorithm: real ones (drawn twice as often, so that
+# most configs reach the arithmetic), and the wrong types and hostile values a damaged or
+# hand-written config holds (0, negatives, fractions, NaN, infinities, strings, booleans)
+def _real_or_hostile(real: list[object], hostile: list[object]) -> st.SearchStrategy[object]:
+    return st.one_of(st.sampled_from(real), st.sampled_from(real),
+                     st.sampled_from(hostile) | _JSON)
+
+
+_SIZE = _real_or_hostile([-1, 1, 2, 16, 32, 64, 128, 4096],
+                         [0, -7, 1 << 30, 0.5, 1.5, 16.0, True, float("nan"), float("inf"),
+                          "128", None])
+_BITS = _real_or_hostile([2, 3, 4, 8, 16], [0, 1, -4, 3.5, 32, float("nan"), "4", True, None])
+_ALGO = _real_or_hostile(["FP8", "NVFP4", "MIXED_PRECISION", "W4A16_NVFP4", "MXFP8",
+                          "FP8_PB_WO", "INT4_AWQ", "W4A8_AWQ"], ["fp8", "", None, 4])
+_MODULES = st.lists(st.sampled_from(["lm_head", "re:.*self_attn.*", "*self_attn*", "model.*",
+                                     "re:.*mlp.gate$", ""]), max_size=3) | _JSON
+
+
+def _maybe(**fields: st.SearchStrategy[object]) -> st.SearchStrategy[dict[str, object]]:
+    """A dict holding any subset of ``fields``, each drawn from its strategy."""
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+def _or_junk(shape: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    """``shape`` mostly, any JSON value in its place now and then."""
+    return st.one_of(shape, shape, shape, _JSON)
+
+
+# ModelOpt's own fields (hf_quant_config.json's ``producer`` and ``quantization`` block, or
+# ModelOpt 0.31's copy inside config.json), and compressed-tensors' ``ignore`` and config groups
+_LAYERS = _or_junk(st.dictionaries(st.text(max_size=12),
+                                   _or_junk(_maybe(quant_algo=_ALGO, group_size=_SIZE)),
+                                   min_size=1, max_size=3))
+_MODELOPT = _or_junk(st.fixed_dictionaries(
+    {"quant_algo": _ALGO}, optional={"kv_cache_quant_algo": _ALGO, "group_size": _SIZE,
+                                     "exclude_modules": _MODULES, "quantized_layers": _LAYERS}))
+_PRODUCER = _or_junk(st.fixed_dictionaries(
+    {"name": st.sampled_from(["modelopt", "modelopt", "llmcompressor"]) | _JSON},
+    optional={"version": _JSON}))
+_WEIGHTS = _or_junk(st.fixed_dictionaries(
+    {"num_bits": _BITS,
+     "strategy": _real_or_hostile(["group", "group", "channel", "tensor", "tensor_group",
+                                   "block"],
+                                  ["token", "GROUP", None])},
+    optional={"group_size": _SIZE, "symmetric": st.booleans() | _JSON,
+              "type": st.sampled_from(["int", "float"]) | _JSON,
+              "scale_dtype": _real_or_hostile(["torch.float8_e4m3fn", "torch.uint8",
+                                               "torch.bfloat16", "torch.float32"],
+                                              ["float32", "torch.", None])}))
+_GROUPS = _or_junk(st.dictionaries(st.text(max_size=8),
+                                   _or_junk(st.fixed_dictionaries(
+                                       {"weights": _WEIGHTS}, optional={"targets": _MODULES})),
+                                   min_size=1, max_size=3))
+
+
+def _group_sizes(value: object) -> list[float]:
+    """Every number a config names as a group size, anywhere in it."""
+    found: list[float] = []
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if (key in ("group_size", "q_group_size") and isinstance(inner, (int, float))
+                    and not isinstance(inner, bool)):
+                found.append(inner)
+            found += _group_sizes(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            found += _group_sizes(inner)
+    return found
+
+
+def _largest_bytes_per_bf16_byte(q: dict[str, object]) -> float:
+    """What a quantized weight can take at most, over its 16-bit size, from the drawn scheme's
+    own mechanism: at most 16 bits of value, and per group of G weights at most a scale (16
+    bits, or 32 where the config names a float32 one) and a 16-bit zero point:
+    (2 + (scale + 2) / G) / 2 bytes, G the smallest group size the config names (a whole
+    number of weights), else the readers' default of 128 weights a group. A config of
+    one-weight groups is rightly larger than bf16: its checkpoint holds a scale per weight."""
+    groups = [g for g in _group_sizes(q) if 1 <= g < float("inf") and g == int(g)]
+    scale = 4 if "float32" in json.dumps(q) else 2
+    return 1 + (scale + 2) / 2 / min([*groups, 128])
+
+
+@settings(max_examples=500, deadline=None)
 @given(method=st.sampled_from(["awq", "gptq", "gptq_marlin", "fp8", "fbgemm_fp8", "mxfp4",
-                               "modelopt", "bitsandbytes", "compressed-tensors", "hqq", ""]),
-       fields=st.dictionaries(st.sampled_from(["bits", "w_bit", "group_size", "q_group_size",
-                                               "quant_algo", "load_in_4bit", "config_groups",
-                                               "weights", "num_bits"]), _JSON, max_size=5))
-def test_any_quantization_config_sizes_the_model(method: str, fields: dict[str, object]) -> None:
+                               "modelopt", "bitsandbytes", "compressed-tensors", "hqq", "",
+                               None]),
+       fields=_maybe(bits=_BITS, w_bit=_BITS, group_size=_SIZE, q_group_size=_SIZE,
+                     quant_algo=_ALGO, kv_cache_quant_algo=_ALGO, load_in_4bit=_JSON,
+                     config_groups=_GROUPS, ignore=_MODULES, weights=_WEIGHTS, num_bits=_BITS,
+                     producer=_PRODUCER, quantization=_MODELOPT,
+                     quantized_layers=_MODELOPT, exclude_modules=_MODULES))
+def test_any_quantization_config_sizes_the_model(method: str | None,
+                                                 fields: dict[str, object]) -> None:
+    # method None: no quant_method, as ModelOpt's hf_quant_config.json (its producer names it)
     cfg = json.loads(Path(model("llama-3.1-8b"), "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": method, **fields}
-    m = spec_from_config(cfg, "generated-quantization")
+    q = {**fields} if method is None else {"quant_method": method, **fields}
+    cfg["quantization_config"] = q
+    m = spec_from_config(cfg, "generated-quantization")  # the reader is total: no exception
+    bf16 = spec_from_config({**cfg, "quantization_config": None}, "bf16").weight_bytes
     assert 1 <= m.weight_bits <= 16
-    assert 0 < m.weight_bytes <= spec_from_config({**cfg, "quantization_config": None},
-                                                  "bf16").weight_bytes * 1.01
+    assert bf16 / 16 <= m.weight_bytes <= bf16 * _largest_bytes_per_bf16_byte(q)
 
 
 def test_nvfp4_and_fp8_modelopt_checkpoints_are_4_and_8_bit() -> None:
@@ -229,6 +326,41 @@ def test_nvfp4_and_fp8_modelopt_checkpoints_are_4_and_8_bit() -> None:
                                                            "quant_algo": "FP8"}}, "fp8")
     assert (fp4.weight_bits, fp8.weight_bits) == (4.0, 8.0)
     assert fp4.weight_bytes < fp8.weight_bytes
+
+
+# compressed-tensors 0.17's presets as a checkpoint's config_groups write them
+# (preset_name_to_scheme(name, ["Linear"]).weights.model_dump(mode="json"), less the observer)
+_NVFP4A16 = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16,
+             "strategy": "tensor_group", "scale_dtype": "torch.float8_e4m3fn", "zp_dtype": None}
+_W4A16 = {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 128,
+          "strategy": "group", "scale_dtype": None, "zp_dtype": None}
+_W8_CHANNEL = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+
+
+def _compressed(*weights: dict[str, object]) -> tuple[str | None, float, float]:
+    from launcher.model import quantization
+
+    groups = {f"group_{i}": {"targets": ["Linear"], "weights": w} for i, w in enumerate(weights)}
+    q = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": groups}
+    return quantization.read({"quantization_config": q}, {})
+
+
+def test_a_compressed_tensors_nvfp4_checkpoint_counts_an_fp8_scale_per_16_weights() -> None:
+    # NVFP4's strategy is tensor_group (a scale per 16 weights, and one per tensor), its scales
+    # FP8: half a byte and a sixteenth a weight, as ModelOpt's NVFP4 export
+    assert _compressed(_NVFP4A16) == ("compressed-tensors", 4.0, 1 / 16)
+    assert _compressed(_W4A16) == ("compressed-tensors", 4.0, 2 / 128)  # 16-bit scales
+
+
+def test_a_compressed_tensors_checkpoint_of_several_schemes_is_sized_at_its_widest() -> None:
+    # which layers each group targets is not counted, so every layer is taken at the widest
+    # group's bytes (ModelOpt's MIXED_PRECISION is read the same way), whatever their order
+    assert _compressed(_W8_CHANNEL, _W4A16) == ("compressed-tensors", 8.0, 0.0)
+    assert _compressed(_W4A16, _W8_CHANNEL) == ("compressed-tensors", 8.0, 0.0)
+    small = {**_W4A16, "group_size": 32}
+    assert _compressed(small, _W4A16) == _compressed(_W4A16, small) == (
+        "compressed-tensors", 4.0, 2 / 32)
 
 
 def test_a_one_file_checkpoint_is_sized_by_its_own_bytes(tmp_path: Path) -> None:

@@ -176,10 +176,20 @@ def test_a_model_sized_by_its_own_code_is_refused_saying_so(fresh_shapes: None) 
 def test_llama4_chunked_attention_layers_keep_one_chunk(fresh_shapes: None) -> None:
     m = spec("llama-4-scout-17b-16e-instruct")
     chunk = config("llama-4-scout-17b-16e-instruct")["text_config"]["attention_chunk_size"]
-    assert {(g.layers, g.window) for g in m.kv_groups} == {(36, chunk), (12, None)}
+    assert {(g.layers, g.window, g.chunked) for g in m.kv_groups} == {
+        (36, chunk, True), (12, None, False)}
+    assert (m.sliding_layers, m.chunked_layers, m.attention_chunk) == (0, 36, chunk)
     per_layer = m.kv_bytes_per_layer_token()
     assert m.kv_bytes(131072) == per_layer * (12 * 131072 + 36 * chunk)
     assert 200e9 < m.weight_bytes < 230e9  # 107.8B parameters in bf16 (the copy has no tower)
+
+
+def test_launcher_model_says_llama4s_chunked_layers_keep_one_chunk(fresh_shapes: None) -> None:
+    from launcher.cli.cmd_model import format_model
+
+    text = format_model(spec("llama-4-scout-17b-16e-instruct"))
+    assert "36 chunked-attention layers keep at most one 8192-token chunk" in text
+    assert "sliding" not in text
 
 
 # ---------------------------------------------------------------------- family registry
@@ -268,6 +278,17 @@ def test_a_recent_model_plans_or_is_refused_in_one_line(name: str) -> None:
             # what it chose holds the weights
             assert chosen.max_model_len > 0
             assert m.weight_bytes < have, machine
+
+
+def test_llama4s_plan_names_its_chunked_attention_not_a_sliding_window(
+        fresh_shapes: None) -> None:
+    # A chunked layer attends within its own 8,192-token chunk (vLLM's
+    # ChunkedLocalAttentionSpec); a sliding window would attend over the last 8,192 tokens
+    m = spec("llama-4-scout-17b-16e-instruct")
+    chosen = plan(TOPOLOGIES["8xh100-nvswitch"], m, Policy())
+    line = next(r for r in chosen.reasons if r.startswith(f"{m.name}:"))
+    assert line.endswith(", 36 chunked-attention layers (8192-token chunks)")
+    assert "sliding" not in line
 
 
 def test_a_model_far_larger_than_the_machine_is_refused() -> None:
