@@ -19,6 +19,7 @@ step after another cannot represent; their plans keep the closed formula and say
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -40,7 +41,7 @@ from launcher.planner.schedsim import (
     percentiles,
     simulate,
 )
-from launcher.probe.hostcost import PACE_SPREAD, UNSTEADY
+from launcher.probe.hostcost import PACE_SPREAD, UNSTEADY, HostTiming
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topology import Topology
 from topocommon.quantiles import percentile
@@ -74,9 +75,13 @@ RACE_SHIFT = 0.10
 # it (hostcost.PACE_SPREAD). Issue 22's fourteenth table: Qwen2.5-1.5B, planned at pace 1.51,
 # measured between that plan and the same plan at pace 1 on prefill, decode, 32-stream tok/s
 # and TTFT p50 (16k output tok/s one at once 1.5% past the pace-1 end). So the chosen layout is
-# predicted once more at the rounds' speed (pace 1, :func:`host_pace_span`) and the plan gives
-# each figure that moves as the span between the two (its planned figures unchanged): every
-# float figure of the prediction, one and many streams.
+# predicted again at the ends of the paces the host was seen at before the run
+# (HostTiming.pace_ends, :func:`host_pace_span`) and the plan gives each figure that moves as the
+# span over the planned and those predictions (its planned figures unchanged): every float
+# figure of the prediction, one and many streams. The fast end is the least of the sampled
+# fastest tenth and the rounds, not the rounds alone: the fifteenth table's rounds ran in a
+# slow spell (x1.38 the sampled pace) and its Qwen2.5-1.5B engine at the fast level, so a span
+# from the rounds to the planned pace held 1 of its 8 figures (benchmarks/gpu/host-pace-t15.md).
 PACE_FIGURES = ("prefill_tok_s", "decode_tok_s", "throughput_tok_s", "ttft_s", "e2e_s",
                 "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "sim_throughput_tok_s")
 
@@ -337,47 +342,66 @@ def host_pace_span(m: ModelSpec, policy: Policy, topo: Topology, c: Candidate
                    ) -> tuple[dict[str, tuple[float, float]], tuple[str, ...]]:
     """Where the plan's host timing has an unsteady pace (:data:`PACE_FIGURES`' comment): the
     span of each figure of ``c`` (the chosen candidate, with its load) that moves between its
-    planned prediction and the same layout predicted again with the host's terms at the
-    timing's rounds' speed (pace 1), ``{figure: (low, high)}`` to 0.1 ms / 0.0001 tok/s as the
-    plan's JSON keeps figures, and the plan's line on the headline figures. ({}, ()) where the
-    pace is steady (within UNSTEADY of 1, or no timing), the candidate was not sized, or the
-    plan spans nodes. One more prediction of the one chosen layout, its load simulated once
-    (without the race's two runs)."""
+    planned prediction and the same layout predicted again with the host's terms at each end of
+    the paces the host was seen at before the run (HostTiming.pace_ends: the fastest of the
+    sampled fastest tenth and the rounds, the slowest of the rounds and the sampled pace; an end
+    at the planned pace is the planned prediction), ``{figure: (low, high)}`` to 0.1 ms /
+    0.0001 tok/s as the plan's JSON keeps figures, and the plan's line on the headline figures.
+    ({}, ()) where the pace is steady (within UNSTEADY of 1, or no timing), the candidate was
+    not sized, or the plan spans nodes. One or two more predictions of the one chosen layout,
+    each load simulated once (without the race's two runs)."""
     timing = topo.host_timing
     if timing is None or c.predicted is None or c.fit is None or policy.nodes > 1:
         return {}, ()
     pace = timing.pace()
     if max(pace, 1 / pace) <= UNSTEADY:
         return {}, ()
-    links = Links(topo, policy.cuda_graphs, host=hardware.host_profile(timing, pace=1.0))
+    ends = []
+    for end in timing.pace_ends():
+        if end == pace:
+            ends.append((end, c.predicted))
+            continue
+        other = _at_pace(m, policy, topo, c, timing, end)
+        if other is None:
+            return {}, ()
+        ends.append((end, other))
+    span = pace_span(c.predicted, *(p for _, p in ends))
+    return span, ((pace_line(pace, c.predicted, ends),) if span else ())
+
+
+def _at_pace(m: ModelSpec, policy: Policy, topo: Topology, c: Candidate, timing: HostTiming,
+             pace: float) -> Prediction | None:
+    """``c``'s layout predicted again, its load simulated once, with the host's timed terms at
+    ``pace`` (None where the layout no longer sizes)."""
+    links = Links(topo, policy.cuda_graphs, host=hardware.host_profile(timing, pace=pace))
     by_index = {g.index: g for g in topo.gpus}
     size = c.tp * c.pp
     groups = [tuple(by_index[i] for i in c.gpus[k:k + size])
               for k in range(0, len(c.gpus), size)]
     again, lay = evaluate(m, policy, links, groups, Shape(c.tp, c.pp, c.dp), None)
     if lay is None or again.predicted is None or again.fit is None:
-        return {}, ()
+        return None
     other, _ = under_load(m, lay, again.fit, again.predicted, prompt=policy.prompt_tokens,
                           gen=policy.gen_tokens, concurrency=policy.streams,
                           max_num_seqs=policy.max_num_seqs, table=again.kernel_table,
                           look_for_race=False)
-    span = pace_span(c.predicted, other)
-    return span, ((pace_line(pace, c.predicted, other),) if span else ())
+    return other
 
 
-def pace_span(planned: Prediction, other: Prediction) -> dict[str, tuple[float, float]]:
-    """Each of :data:`PACE_FIGURES` both predictions have that differs between them (to the
-    4 decimals a plan's JSON keeps): (low, high)."""
+def pace_span(planned: Prediction, *others: Prediction) -> dict[str, tuple[float, float]]:
+    """Each of :data:`PACE_FIGURES` all the predictions have that differs between them (to the
+    4 decimals a plan's JSON keeps): (low, high) over them all, the planned figure included."""
     out = {}
     for name in PACE_FIGURES:
-        a, b = getattr(planned, name, None), getattr(other, name, None)
-        if isinstance(a, float) and isinstance(b, float) and round(a, 4) != round(b, 4):
-            out[name] = (round(min(a, b), 4), round(max(a, b), 4))
+        got = [x for p in (planned, *others) if isinstance(x := getattr(p, name, None), float)]
+        if len(got) == 1 + len(others) and len({round(x, 4) for x in got}) > 1:
+            out[name] = (round(min(got), 4), round(max(got), 4))
     return out
 
 
-def pace_line(pace: float, planned: Prediction, other: Prediction) -> str:
-    """The plan's line on the headline figures at the host timing's rounds' speed."""
+def pace_line(pace: float, planned: Prediction, ends: list[tuple[float, Prediction]]) -> str:
+    """The plan's line on the headline figures at the fastest and slowest paces the host was
+    seen at (``ends``: (pace, prediction) fast then slow)."""
     def tok(p: Prediction, name: str) -> str:
         value = float(getattr(p, name))
         return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
@@ -386,17 +410,26 @@ def pace_line(pace: float, planned: Prediction, other: Prediction) -> str:
         value = float(getattr(p, name)) * 1e3
         return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
-    parts = [f"{what} {tok(planned, name)} → {tok(other, name)} tok/s"
+    preds = [planned, *(p for _, p in ends)]
+
+    def each(show: Callable[[Prediction, str], str], name: str) -> str:
+        first, *rest = (show(p, name) for p in preds)
+        return f"{first} → {' / '.join(rest)}"
+
+    parts = [f"{what} {each(tok, name)} tok/s"
              for what, name in (("prefill", "prefill_tok_s"), ("decode", "decode_tok_s"),
                                 ("throughput", "throughput_tok_s"))]
-    if isinstance(planned, SimulatedPrediction) and isinstance(other, SimulatedPrediction):
-        parts += [f"{what} {ms(planned, name)} → {ms(other, name)} ms"
+    if all(isinstance(p, SimulatedPrediction) for p in preds):
+        parts += [f"{what} {each(ms, name)} ms"
                   for what, name in (("TTFT p50", "ttft_p50_s"), ("TPOT p50", "tpot_p50_s"))]
+    (fast, _), (slow, _) = ends
     return (f"host pace: the host's work planned at x{pace:.2f} its timed rounds' (the pace a "
-            f"running thread kept here); at the rounds' own pace, which an engine may keep "
-            f"instead, this layout gives (as planned → at x1.00): {', '.join(parts)}; the "
-            f"planned figures stand, and the plan's predicted.host_pace_range gives each "
-            f"figure's span")
+            f"running thread kept here); an engine may keep another, between the fastest this "
+            f"host was seen at before the run (x{fast:.2f}, the least of the sampled fastest "
+            f"tenth and the rounds) and the slowest (x{slow:.2f}, the greater of the rounds and "
+            f"the sampled pace), where this layout gives (as planned → at x{fast:.2f} / at "
+            f"x{slow:.2f}): {', '.join(parts)}; the planned figures stand, and the plan's "
+            f"predicted.host_pace_range gives each figure's span")
 
 
 def _ms(s: float) -> str:

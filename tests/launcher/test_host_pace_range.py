@@ -1,11 +1,14 @@
 """Where a plan's host timing ran its rounds at another pace than a running thread kept after
-them (HostTiming.pace apart from 1 by more than hostcost.UNSTEADY), an engine may keep either,
-and which is not known before the run: the plan predicts the chosen layout once more with the
-host's terms at the rounds' speed (pace 1) and gives each figure that moves as its span between
-the two (``predicted.host_pace_range``), its planned figures unchanged. Issue 22's fourteenth
+them (HostTiming.pace apart from 1 by more than hostcost.UNSTEADY), an engine may keep another,
+and which is not known before the run: the plan predicts the chosen layout again with the
+host's terms at the fastest and the slowest pace the host was seen at before the run
+(HostTiming.pace_ends: the least of the sampled fastest tenth and the rounds, the greater of the
+rounds and the sampled pace) and gives each figure that moves as its span over the planned and
+those (``predicted.host_pace_range``), its planned figures unchanged. Issue 22's fourteenth
 table: Qwen2.5-1.5B planned at pace 1.51 came out between that plan and the same plan at pace
 1 (a copy of its record with the sampled pace equal to the rounds') on prefill, decode,
-32-stream tok/s and TTFT p50."""
+32-stream tok/s and TTFT p50; the fifteenth's, its rounds in a slow spell, ran at the host's fast
+level, below both the rounds and the planned pace (benchmarks/gpu/host-pace-t15.md)."""
 
 from __future__ import annotations
 
@@ -70,14 +73,18 @@ def c32(m: ModelSpec, table: kernels.KernelTable, topo: Topology) -> Plan:
                                 kernels=(table,)))
 
 
-def test_an_unsteady_pace_gives_spans_from_the_planned_figures_to_the_rounds_pace_ones(
+def test_an_unsteady_pace_gives_spans_from_the_planned_figures_to_the_fast_end_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m, table, topo = qwen15(tmp_path)
     assert topo.host_timing is not None
     assert topo.host_timing.pace() == pytest.approx(1.508, abs=1e-3)
     p = c32(m, table, topo)
-    # the same plan at pace 1: the record's sampled pace set to its rounds' (as replayed)
-    rounds = c32(m, table, replace(topo, host_timing=at_pace(topo.host_timing, 1.0)))
+    # the same plan at the fast end (its fastest tenth, x0.974 the rounds'), a pace steady
+    # enough to give no span; the slow end is the planned pace
+    fast, slow = topo.host_timing.pace_ends()
+    assert fast == pytest.approx(0.974, abs=1e-3)
+    assert slow == topo.host_timing.pace()
+    rounds = c32(m, table, replace(topo, host_timing=at_pace(topo.host_timing, fast)))
     assert not rounds.host_pace_range
     # and the plan without the span: its figures and its other lines are the plan's
     monkeypatch.setattr(loadsim, "host_pace_span", lambda *a: ({}, ()))
@@ -99,8 +106,10 @@ def test_an_unsteady_pace_gives_spans_from_the_planned_figures_to_the_rounds_pac
     assert span["ttft_p50_s"][0] <= 0.131 <= span["ttft_p50_s"][1]
     line = next(r for r in p.reasons if r.startswith(LINE))
     assert line.startswith(f"{LINE}1.51 its timed rounds'")
+    assert "(x0.97, the least of the sampled fastest tenth and the rounds)" in line
     assert f"throughput {p.predicted.throughput_tok_s:,.0f} → " \
-           f"{rounds.predicted.throughput_tok_s:,.0f} tok/s" in line
+           f"{rounds.predicted.throughput_tok_s:,.0f} / " \
+           f"{p.predicted.throughput_tok_s:,.0f} tok/s" in line
     d = json.loads(json.dumps(plan_to_json(p, render(p, "m", served_name=None, host="h",
                                                      port=1))))
     assert d["predicted"]["host_pace_range"] == {k: [lo, hi] for k, (lo, hi) in span.items()}
@@ -120,12 +129,32 @@ def test_a_steady_pace_gives_no_span(tmp_path: Path, pace: float) -> None:
     assert "host_pace_range" not in d["predicted"]
 
 
-def test_a_slow_spell_in_the_rounds_gives_the_span_the_other_way(tmp_path: Path) -> None:
-    """Rounds in a slow spell (pace below 1): the rounds' speed is the slower end."""
+def test_rounds_in_a_slow_spell_give_a_span_on_both_sides_of_the_planned_figures(
+        tmp_path: Path) -> None:
+    """Rounds in a slow spell (pace below 1, table 15's x0.7255): the rounds' speed is the slow
+    end and the sampled fastest tenth (x0.468 the rounds' here) the fast one, so each figure's
+    span reaches past its planned figure both ways (before, the planned figure was its fast end,
+    and table 15's engine ran faster still)."""
     m, table, topo = qwen15(tmp_path)
-    p = c32(m, table, replace(topo, host_timing=at_pace(topo.host_timing, 0.7)))
-    lo, hi = p.host_pace_range["throughput_tok_s"]
-    assert hi == round(p.predicted.throughput_tok_s, 4) > lo
+    timing = at_pace(topo.host_timing, 0.7255)
+    p = c32(m, table, replace(topo, host_timing=timing))
+    fast, slow = timing.pace_ends()
+    assert fast == pytest.approx(0.7255 / 1.549, abs=1e-3)
+    assert slow == 1.0
+    at_fast, at_slow = (c32(m, table, replace(topo, host_timing=at_pace(timing, end)))
+                        for end in (fast, slow))
+    # 32 streams' rate and first tokens move both ways; one stream's decode and the TPOT reach
+    # the GPU's own step at the fast end (table 15's single-stream TPOT ran at it)
+    for name, faster, both in (("throughput_tok_s", max, True), ("ttft_p50_s", min, True),
+                               ("tpot_p50_s", min, False), ("decode_tok_s", max, False)):
+        planned = round(getattr(p.predicted, name), 4)
+        lo, hi = p.host_pace_range[name]
+        assert lo < planned < hi if both else lo <= planned <= hi and lo < hi, name
+        ends = (getattr(at_fast.predicted, name), getattr(at_slow.predicted, name))
+        assert (lo, hi) == (round(min(ends), 4), round(max(ends), 4)), name
+        assert round(faster(ends), 4) == (hi if faster is max else lo), name
+    line = next(r for r in p.reasons if r.startswith(LINE))
+    assert f"(as planned → at x{fast:.2f} / at x1.00)" in line
 
 
 FIGS = st.floats(min_value=1e-4, max_value=1e6, allow_nan=False)
@@ -145,6 +174,12 @@ def test_a_span_holds_both_figures_and_only_figures_that_move(a: list[float],
             assert name not in span
         else:
             assert span[name] == (min(x, y), max(x, y))
+    # with a third prediction, the span is over all three
+    third = Prediction(*(x * 2 for x in a), batch=1)
+    wide = loadsim.pace_span(planned, other, third)
+    for name, (lo, hi) in wide.items():
+        got = [round(getattr(q, name), 4) for q in (planned, other, third)]
+        assert (lo, hi) == (min(got), max(got))
 
 
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=4)
