@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", action="append", required=True, metavar="URL",
                    help="vLLM base URL, e.g. http://127.0.0.1:8001 (repeat for replicas)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help=f"accepted API key (repeatable; also ${KEYS_ENV}, comma-separated)")
     p.add_argument("--api-key-file", metavar="FILE",
@@ -161,43 +161,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--protect-metrics", action="store_true",
                    help="require the API key on /metrics and /ready too (default: open)")
     p.add_argument("--plan-info", metavar="JSON", help="plan labels for toposerve_plan_info")
-    p.add_argument("--connect-timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("--connect-timeout", type=float, default=5.0, metavar="S",
+                   help="longest wait for a connection to an engine (default 5)")
     p.add_argument("--upstream-keep-alive", type=float, default=5.0, metavar="S",
                    help="how long the engines keep an idle connection open (vLLM's "
                         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5): pooled connections are "
                         "reused for 1 s less than this")
-    p.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S")
+    p.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S",
+                   help="longest wait for an engine's first byte, a long prompt's prefill "
+                        "included (default 600)")
     p.add_argument("--idle-timeout", type=float, default=120.0, metavar="S",
-                   help="longest silence of the engine inside a stream")
+                   help="longest silence of the engine inside a stream (default 120)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
-                   help="longest time a client may take to send its request body")
+                   help="longest time a client may take to send its request body (default 30)")
     p.add_argument("--header-timeout", type=float, default=15.0, metavar="S",
-                   help="longest time a client may take to send its request headers")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+                   help="longest time a client may take to send its request headers (default "
+                        "15)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, metavar="N",
+                   help="largest request body (413 past it; default 8388608, 8 MiB)")
     p.add_argument("--max-header-line-bytes", type=int, default=16 * 1024, metavar="N",
-                   help="longest request line or header line (431 past it)")
+                   help="longest request line or header line (431 past it; default 16384)")
     p.add_argument("--max-header-bytes", type=int, default=64 * 1024, metavar="N",
-                   help="largest request head, all lines together (431 past it)")
+                   help="largest request head, all lines together (431 past it; default "
+                        "65536)")
     p.add_argument("--max-messages", type=int, default=20_000, metavar="N",
-                   help="most messages in one chat request (400 past it)")
+                   help="most messages in one chat request (400 past it; default 20000)")
     p.add_argument("--max-json-fields", type=int, default=250_000, metavar="N",
-                   help="most object fields in one large request body (400 past it)")
+                   help="most object fields in one large request body (400 past it; default "
+                        "250000)")
     p.add_argument("--max-response-bytes", type=int, default=64 * 1024 * 1024, metavar="N",
-                   help="largest non-streamed engine answer (502 past it)")
+                   help="largest non-streamed engine answer (502 past it; default 67108864, "
+                        "64 MiB)")
     p.add_argument("--client-stall-timeout", type=float, default=30.0, metavar="S",
                    help="a client whose socket accepts nothing for this long is disconnected "
-                        "(counted as a client stall, never as an engine timeout)")
+                        "(counted as a client stall, never as an engine timeout; default 30)")
     p.add_argument("--gpu-interval", type=float, default=5.0, metavar="S",
-                   help="how often NVML is sampled for toposerve_gpu_* (in a thread)")
-    p.add_argument("--max-in-flight", type=int, default=1024)
-    p.add_argument("--max-queue", type=int, default=1024)
-    p.add_argument("--queue-timeout", type=float, default=30.0, metavar="S")
-    p.add_argument("--health-interval", type=float, default=2.0, metavar="S")
+                   help="how often NVML is sampled for toposerve_gpu_* (in a thread; default "
+                        "5)")
+    p.add_argument("--max-in-flight", type=int, default=1024, metavar="N",
+                   help="requests sent on to the engines at once (default 1024)")
+    p.add_argument("--max-queue", type=int, default=1024, metavar="N",
+                   help="requests waiting for one of those places; 429 past it (default 1024)")
+    p.add_argument("--queue-timeout", type=float, default=30.0, metavar="S",
+                   help="longest wait in that queue; 429 past it (default 30)")
+    p.add_argument("--health-interval", type=float, default=2.0, metavar="S",
+                   help="how often each engine's /health is checked (default 2)")
     p.add_argument("--affinity-slack", type=int, default=4, metavar="N",
                    help="a conversation keeps its replica unless that one has more than N "
-                        "requests above the least busy (0: pure least-outstanding)")
+                        "requests above the least busy (0: pure least-outstanding; default 4)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
-                   help="on SIGTERM, how long in-flight requests may finish")
+                   help="on SIGTERM, how long in-flight requests may finish (default 30)")
     p.add_argument("--allowed-hosts", action="append", default=[], metavar="NAMES",
                    help="names (comma-separated, repeatable) the Host header may give besides "
                         "localhost, 127.0.0.1, [::1] and --host; '*' turns the Host check off "
@@ -223,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "than one where the host has the cores and bursts are large; the limits "
                    "are totals split among them (docs/proxy.md, Workers)")
     p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="least severe log lines written (default info)")
     return p
 
 

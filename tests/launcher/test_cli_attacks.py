@@ -217,3 +217,19 @@ def test_an_empty_path_is_refused_naming_the_option(
         main([command, flag, "", *more])
     assert exc.value.code == 2
     assert f"argument {flag}: must not be empty" in capsys.readouterr().err
+
+
+def test_a_key_file_key_no_environment_can_carry_is_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("team\x00ci\n")
+    keys.chmod(0o600)
+    with pytest.raises(LauncherError, match="NUL"):
+        collect_api_keys([], keys, {})
+
+
+def test_every_proxy_option_with_a_number_for_default_states_it() -> None:
+    parser = dict(_parsers())["python -m server"]
+    silent = [a.option_strings[-1] for a in _options(parser)
+              if isinstance(a.default, (int, float)) and not isinstance(a.default, bool)
+              and not re.search(r"\bdefault:? [0-9]", a.help or "")]
+    assert silent == []
