@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ModelError
+from topocommon import jsontext
 
 # Bump when anything below changes what is generated, so an old cache is not reused.
 RECIPE_VERSION = 1
@@ -101,7 +102,7 @@ def ensure_tiny_model(
     recipe = recipe or TinyRecipe()
     target = model_dir(default_cache_dir(env), recipe)
     stamp = target / "toposerve-recipe.json"
-    if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == recipe.fingerprint():
+    if _stamp_matches(stamp, recipe):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename, so a half-written model is never picked up.
@@ -118,6 +119,17 @@ def ensure_tiny_model(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _stamp_matches(stamp: Path, recipe: TinyRecipe) -> bool:
+    """Whether ``stamp`` says the model beside it was made from ``recipe``. A stamp that is
+    missing, unreadable or damaged (a disk filled mid-write, a hand edit) says no, so the model
+    is made again rather than the serve ending in a traceback."""
+    try:
+        data = jsontext.loads(stamp.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("fingerprint") == recipe.fingerprint()
 
 
 def _corpus(limit_bytes: int) -> Iterator[str]:
