@@ -97,10 +97,21 @@ def model_dir(cache_dir: Path, recipe: TinyRecipe) -> Path:
 def ensure_tiny_model(
     env: Mapping[str, str] | None = None, recipe: TinyRecipe | None = None
 ) -> Path:
-    """Return the directory of the embedded model, generating it on first use."""
+    """Return the directory of the embedded model, generating it on first use. A cache it
+    cannot be made in (a file where the folder should be, no write access) is a
+    :class:`ModelError` naming the folder, for serve, tune and `probe --measure` alike."""
     env = os.environ if env is None else env
     recipe = recipe or TinyRecipe()
-    target = model_dir(default_cache_dir(env), recipe)
+    cache = default_cache_dir(env)
+    try:
+        return _ensure(model_dir(cache, recipe), recipe)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot make the embedded model in {cache} ({exc.strerror or exc}): set "
+            "TOPOSERVE_CACHE to a folder you can write, or pass --model") from None
+
+
+def _ensure(target: Path, recipe: TinyRecipe) -> Path:
     stamp = target / "toposerve-recipe.json"
     if _stamp_matches(stamp, recipe):
         return target

@@ -9,7 +9,6 @@ prints is the one `serve` runs and the one `tune` measures and writes.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -175,13 +174,7 @@ def read_saved_plan(path: Path, topo: Topology, *, refuse_elsewhere: bool) -> Ch
 def resolve_model(ref: str | None) -> tuple[str, str]:
     """(model reference for vLLM, served name). None means the embedded tiny model."""
     if ref is None:
-        try:
-            return str(tinymodel.ensure_tiny_model()), tinymodel.SERVED_NAME
-        except OSError as exc:  # made on first use, in a cache that may be no writable folder
-            cache = tinymodel.default_cache_dir(os.environ)
-            raise LauncherError(
-                f"cannot make the embedded model in {cache} ({exc.strerror or exc}): set "
-                "TOPOSERVE_CACHE to a folder you can write, or pass --model") from None
+        return str(tinymodel.ensure_tiny_model()), tinymodel.SERVED_NAME
     path = Path(ref).expanduser()
     if path.exists():
         # a file (a GGUF, a weights shard) is left to the model reader, which says what it is;

@@ -41,3 +41,20 @@ def test_a_matching_stamp_keeps_the_model(tmp_path: Path, monkeypatch: pytest.Mo
     first = tinymodel.ensure_tiny_model(env, recipe)
     assert tinymodel.ensure_tiny_model(env, recipe) == first
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("argv", [["probe", "--measure"], ["serve", "--dry-run", "--port", "0"]])
+def test_a_cache_that_is_a_file_is_one_line_for_every_command_that_makes_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    from launcher.cli.main import main
+
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("TOPOSERVE_CACHE", str(cache))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert str(cache) in err
+    assert "TOPOSERVE_CACHE" in err
+    assert err.count("\n") == 1
