@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"bearer token for the server (default: ${API_KEY_ENV}, else $OPENAI_API_KEY;"
         " the environment keeps it out of `ps`)",
     )
-    p.add_argument("--prompt", type=int, default=512, help="prompt tokens per request, exact")
+    p.add_argument("--prompt", type=int, default=512,
+                   help="prompt tokens per request, exact (default 512)")
     p.add_argument(
         "--gen", type=int, help="generated tokens per request, exact (default 256; agent 64)"
     )
@@ -87,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="first N prompt tokens shared by all requests (prefix cache on purpose)",
+        help="first N prompt tokens shared by all requests (prefix cache on purpose; "
+        "default 0)",
     )
     p.add_argument(
         "--seed",
@@ -145,13 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--processes",
         type=int,
         default=1,
-        help="drive the load from N processes, one event loop each (for very high token rates)",
+        help="drive the load from N processes, one event loop each (for very high token "
+        "rates; default 1)",
     )
     p.add_argument(
         "--pptg", action="store_true", help="llama-bench style ppN/tgN single-stream tests"
     )
-    p.add_argument("--repetitions", "-r", type=int, default=5, help="repetitions for --pptg")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    p.add_argument("--repetitions", "-r", type=int, default=5,
+                   help="repetitions for --pptg (default 5)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="per-request timeout, seconds (default 600)")
     p.add_argument("--json", type=Path, help="write results as JSON")
     p.add_argument("--csv", type=Path, help="write one row per request as CSV")
     p.add_argument("--plot", type=Path, help="draw a sweep to this PNG")

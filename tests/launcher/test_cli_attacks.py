@@ -227,8 +227,9 @@ def test_a_key_file_key_no_environment_can_carry_is_refused(tmp_path: Path) -> N
         collect_api_keys([], keys, {})
 
 
-def test_every_proxy_option_with_a_number_for_default_states_it() -> None:
-    parser = dict(_parsers())["python -m server"]
+@pytest.mark.parametrize("command", ["python -m server", "loadgen"])
+def test_every_option_with_a_number_for_default_states_it(command: str) -> None:
+    parser = dict(_parsers())[command]
     silent = [a.option_strings[-1] for a in _options(parser)
               if isinstance(a.default, (int, float)) and not isinstance(a.default, bool)
               and not re.search(r"\bdefault:? [0-9]", a.help or "")]
