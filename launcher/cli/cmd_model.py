@@ -20,8 +20,10 @@ def add_parser(subparsers: Any) -> None:
         help="local model folder, or Hugging Face id (org/name: config fetched, or read from "
         "the cache offline)",
     )
-    p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--revision", type=argtypes.nonempty,
+                   help="branch, tag or commit of a hub model (default: main)")
+    p.add_argument("--json", action="store_true",
+                   help="print the model's whole reading as one JSON object instead of the summary")
     p.set_defaults(func=run)
 
 

@@ -23,7 +23,8 @@ def add_planning_arguments(p: argparse.ArgumentParser, *, model_help: str,
                            model_required: bool = False,
                            concurrency_help: str | None = None) -> None:
     p.add_argument("--model", type=argtypes.model_ref, required=model_required, help=model_help)
-    p.add_argument("--revision", help="branch, tag or commit of a hub model (default: main)")
+    p.add_argument("--revision", type=argtypes.nonempty,
+                   help="branch, tag or commit of a hub model (default: main)")
     p.add_argument("--topology", metavar="FILE", type=argtypes.nonempty,
                    help="saved topology (probe --save, or an NVML dump) instead of NVML")
     p.add_argument("--host-timing", metavar="FILE", type=argtypes.nonempty,

@@ -173,7 +173,7 @@ def test_a_default_the_help_states_is_the_one_the_command_takes(
             f"takes {value}"
 
 
-@pytest.mark.parametrize("command", ["plan", "serve", "tune", "probe", "doctor"])
+@pytest.mark.parametrize("command", ["plan", "serve", "tune", "probe", "doctor", "model"])
 def test_every_launcher_option_says_what_it_does(command: str) -> None:
     parser = dict(_parsers())[f"launcher {command}"]
     bare = [a.option_strings[-1] for a in _options(parser) if not (a.help or "").strip()]
@@ -203,6 +203,7 @@ PATH_OPTIONS = [
     ("serve", "--node-secret-file"), ("serve", "--log-dir"), ("tune", "--topology"),
     ("tune", "--out"), ("tune", "--results-dir"), ("tune", "--log-dir"),
     ("probe", "--save"), ("probe", "--topology"), ("doctor", "--topology"),
+    ("plan", "--revision"), ("serve", "--revision"), ("model", "--revision"),
 ]
 
 
