@@ -77,6 +77,12 @@ class Family:
     # costmodel.eager_host_layer_s charges the kernels beyond the reference layer's. Default:
     # the Llama layer's (REFERENCE_LAYER_KERNELS), for families nobody counted yet.
     eager_layer_kernels: int = REFERENCE_LAYER_KERNELS
+    # How vLLM picks a recurrent layer's state dtype where mamba_ssm_cache_dtype is left 'auto'
+    # (every plan leaves it): the config key it copies in (vllm/model_executor/models/config.py,
+    # the family's VerifyAndUpdateConfig) and the dtype it takes when the config omits that key.
+    # None: 'auto' stays, and the state is kept in the model's dtype (MambaStateDtypeCalculator).
+    ssm_state_dtype_key: str | None = None
+    ssm_state_dtype_default: str | None = None
 
 
 # DeepSeek-V2/V3's layer in vLLM 0.26 (vllm/model_executor/models/deepseek_v2.py and the MLA
@@ -174,6 +180,15 @@ FAMILIES: tuple[Family, ...] = (
     Family("kimi_k2", ("kimi_k2", "kimi_k25"), "kimi_k2",
            eager_layer_host_extra_s=NOAUX_TC_EAGER_LAYER_HOST_S,
            piecewise_layer_host_extra_s=MLA_PREFILL_HOST_S, eager_layer_kernels=12),
+    # Nemotron-H's recurrence state (NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype):
+    # the config's mamba_ssm_cache_dtype, else float32 ("only float32 is known to have no
+    # accuracy issues")
+    Family("nemotron_h", ("nemotron_h",), ssm_state_dtype_key="mamba_ssm_cache_dtype",
+           ssm_state_dtype_default="float32"),
+    # Qwen3.5's gated delta-net state (Qwen3_5ForConditionalGenerationConfig): the text
+    # config's mamba_ssm_dtype (float32 in Qwen3.5-27B's), else the model's dtype
+    Family("qwen3_5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+           ssm_state_dtype_key="mamba_ssm_dtype"),
 )
 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -240,6 +255,16 @@ def decode_layer_kernels(family: str, moe: bool) -> int:
     layer is a mixture of experts (``moe``)."""
     dense = eager_layer_kernels(family)
     return dense - DENSE_MLP_KERNELS + FUSED_MOE_KERNELS if moe else dense
+
+
+def ssm_state_dtype(model_type: str, t: Mapping[str, Any]) -> str | None:
+    """The dtype vLLM keeps a recurrent layer's state in under mamba_ssm_cache_dtype 'auto',
+    read from the text config ``t`` by ``model_type``'s family rule; None: the model's dtype."""
+    found = of_model_type(model_type)
+    if found is None or found.ssm_state_dtype_key is None:
+        return None
+    named = t.get(found.ssm_state_dtype_key)
+    return str(named) if named else found.ssm_state_dtype_default
 
 
 def has_qkv_bias(model_type: str) -> bool:

@@ -556,7 +556,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         embedding_params=hf.embedding_params if hf else int(t["vocab_size"]) * d.hidden,
         tower_params=hf.tower_params if hf else _vision_params(cfg),
         recurrent_layers=hf.recurrent_layers if hf else 0,
-        recurrent_state_bytes=_recurrent_state_bytes(hf, t),
+        recurrent_state_bytes=_recurrent_state_bytes(hf, t, model_type),
     )
 
 
@@ -568,13 +568,15 @@ ALIGN_STATE_PAGES = 2
 _STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _recurrent_state_bytes(hf: hfconfig.HfShape | None, t: Mapping[str, Any]) -> int:
+def _recurrent_state_bytes(hf: hfconfig.HfShape | None, t: Mapping[str, Any],
+                           model_type: str) -> int:
     """The bytes one sequence's recurrent state takes (see ALIGN_STATE_PAGES): the convolution's
-    state in the model's 16 bits, the recurrence's in the config's mamba_ssm_cache_dtype where
-    it names one (vLLM takes Nemotron-H's float32 from there), else 16 bits too."""
+    state in the model's 16 bits, the recurrence's in the dtype vLLM picks for the family under
+    mamba_ssm_cache_dtype 'auto' (families.ssm_state_dtype: Nemotron-H's config value or
+    float32, Qwen3.5's mamba_ssm_dtype), else 16 bits too."""
     if hf is None or not hf.recurrent_layers:
         return 0
-    state = _STATE_DTYPE_BYTES.get(str(t.get("mamba_ssm_cache_dtype") or ""), 2)
+    state = _STATE_DTYPE_BYTES.get(families.ssm_state_dtype(model_type, t) or "", 2)
     return ALIGN_STATE_PAGES * (2 * hf.recurrent_conv_elems + state * hf.recurrent_state_elems)
 
 

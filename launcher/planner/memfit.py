@@ -298,7 +298,8 @@ def request_kv_bytes(
     """What vLLM's start-up check reserves for one request of ``tokens``: whole blocks per layer
     of each (padded) group; a sliding-window layer holds ``window − 1 + in-flight tokens`` plus
     one block (chunked prefill frees blocks only once a step settles), never more than the
-    request. Matches the H200's refusal of Gemma 3 27B at 131,072 tokens: 17.98 GiB needed.
+    request; a chunked-attention layer ``chunk + in-flight tokens``, block-aligned. Matches
+    the H200's refusal of Gemma 3 27B at 131,072 tokens: 17.98 GiB needed.
 
     A hybrid model's attention layers count blocks of :func:`state_block_tokens`, and each of
     its (padded) recurrent layers ALIGN_STATE_PAGES pages of that block's attention page,
@@ -323,6 +324,11 @@ def request_kv_bytes(
 def layer_blocks(g: KvGroup, tokens: int, batched_tokens: int, block: int, in_flight: int) -> int:
     """The blocks one layer of group ``g`` holds for one request of ``tokens`` (see
     :func:`request_kv_bytes`)."""
+    if g.window and g.chunked:
+        # a chunked layer (vLLM's ChunkedLocalAttentionSpec.max_admission_blocks_per_request)
+        # holds its chunk and the in-flight tokens from the chunk's start, block-aligned: no
+        # window straddling a block boundary, so no extra block
+        return -(-min(g.window + in_flight * batched_tokens, tokens) // block)
     if g.window:
         held = min(g.window - 1 + in_flight * batched_tokens, tokens)
         return -(-held // block) + 1
