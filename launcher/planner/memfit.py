@@ -228,9 +228,16 @@ def _vllm_grouping(m: ModelSpec) -> tuple[int, list[tuple[KvGroup, int]]]:
     groups, sizes = _type_layers(m)
     size = 0
     if len(sizes) > 1 and len({g.bytes_per_token() for g in groups}) == 1:
-        size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+        size = _layers_per_group(sizes)
     padded = [-(-n // size) * size if size else n for n in sizes]
     return size, list(zip(groups, padded[: len(groups)], strict=True))
+
+
+def _layers_per_group(sizes: list[int]) -> int:
+    """The layers each KV group holds when layer types of ``sizes`` layers share one page size:
+    the smallest type's count, or the largest's where they differ by less than 1.5×
+    (kv_cache_utils.py ``_get_kv_cache_groups_uniform_page_size``)."""
+    return max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
 
 
 def recurrent_group_layers(m: ModelSpec) -> int:
@@ -372,9 +379,7 @@ def null_block_bytes(m: ModelSpec, kv_dtype_bytes: int = 2, block: int = BLOCK_T
     _, sizes = _type_layers(m)
     if not sizes:
         return 0
-    span = sizes[0]
-    if len(sizes) > 1:
-        span = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    span = _layers_per_group(sizes)  # a lone type's layers where there is one
     block = state_block_tokens(m, kv_dtype_bytes, block)
     return span * block * attention_token_bytes(m, kv_dtype_bytes)
 
