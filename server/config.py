@@ -1,7 +1,8 @@
 """The proxy's settings: one frozen dataclass, built from the command line and the environment.
 
-API keys come from ``--api-key`` (repeatable), ``--api-key-file`` (server.keyfile: one a line, ``#``
-comment lines; not readable by group or others) and ``TOPOSERVE_API_KEYS`` (comma-separated).
+API keys come from ``--api-key`` (repeatable), ``--api-key-file`` (topocommon.keyfile: one a
+line, ``#`` comment lines; not readable by group or others) and ``TOPOSERVE_API_KEYS``
+(comma-separated).
 The environment is an argument, so tests pass a dict.
 """
 
@@ -21,7 +22,7 @@ from server import guard
 from server.errors import ConfigError
 from topocommon import keyfile
 
-KEYS_ENV = "TOPOSERVE_API_KEYS"
+KEYS_ENV = keyfile.KEYS_ENV
 ADMIN_KEYS_ENV = "TOPOSERVE_ADMIN_API_KEYS"
 UPSTREAM_KEY_ENV = "TOPOSERVE_UPSTREAM_API_KEY"
 PLAN_LABELS = ("mode", "tp", "pp", "dp", "engine", "transport", "model", "gpus")

@@ -15,6 +15,10 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+# The variable the proxy reads its comma-separated keys from, and the launcher hands its keys
+# to the proxy in (never argv, which any local user can read)
+KEYS_ENV = "TOPOSERVE_API_KEYS"
+
 
 class KeyFileError(ValueError):
     """The keys given (flags, key file, environment) cannot be used; the message says why and

@@ -9,7 +9,7 @@ from pathlib import Path
 from launcher.errors import LauncherError
 from topocommon import keyfile
 
-KEYS_ENV = "TOPOSERVE_API_KEYS"
+KEYS_ENV = keyfile.KEYS_ENV
 
 
 def collect_api_keys(flags: Sequence[str], path: Path | None,

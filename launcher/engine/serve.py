@@ -28,6 +28,7 @@ from launcher.engine.detect import ENGINE_CMD_VAR, detect_engine, engine_argv, e
 from launcher.engine.failures import Diagnosis
 from launcher.engine.launchspec import LaunchSpec, ReplicaSpec
 from launcher.errors import EngineError
+from topocommon import keyfile
 
 ENGINE_KEY_ENV = "VLLM_API_KEY"  # vLLM checks it on /v1 routes (not /health, /metrics)
 UPSTREAM_KEY_ENV = "TOPOSERVE_UPSTREAM_API_KEY"  # what the proxy sends its engines (server/config)
@@ -161,7 +162,7 @@ class Runner:
             env[UPSTREAM_KEY_ENV] = s.engine_api_key
         if s.api_keys:
             # Keys go through the environment, never argv, which any local user can read.
-            env["TOPOSERVE_API_KEYS"] = ",".join(s.api_keys)
+            env[keyfile.KEYS_ENV] = ",".join(s.api_keys)
         return supervise.Child("proxy", argv, env, self.sup.log_dir / f"proxy-{s.port}.log")
 
     def _all_children(self) -> list[supervise.Child]:
