@@ -270,6 +270,14 @@ def topology_gpu_mib(topo: Path) -> int | None:
     return int(total) // 2**20 if isinstance(total, (int, float)) and total > 0 else None
 
 
+def served_utils(topo: Path) -> dict[str, float]:
+    """Each case's --gpu-memory-utilization as issue22-table.sh served it on the GPU of the
+    reading ``topo``: its UTIL scaled to that GPU's memory (:func:`scaled_util`)."""
+    ref_mib = util_ref_mib()
+    gpu_mib = topology_gpu_mib(topo) or ref_mib
+    return {k: scaled_util(float(v), ref_mib, gpu_mib) for k, v in table_map("UTIL").items()}
+
+
 # what a plan reads of the machine it runs on besides its --topology and --host-timing: the
 # GPUs a process sees, NCCL's transport, the host's free memory for KV offloading, and its
 # cache (kernel tables, this host's front-end timing, the CPU engine's step): the machine's
@@ -347,10 +355,7 @@ def main() -> int:
     old = [json.loads(x) for x in source.read_text().splitlines()]
     # each case's --gpu-memory-utilization and CUDA-graph range as issue22-table.sh served it
     # (scaled to the --topology GPU's memory as the script scaled it on that card)
-    gpu_mib = topology_gpu_mib(args.topology)
-    ref_mib = util_ref_mib()
-    util = {k: scaled_util(float(v), ref_mib, gpu_mib or ref_mib)
-            for k, v in table_map("UTIL").items()}
+    util = served_utils(args.topology)
     ranges = table_map("RANGE")
     jobs = [(d["case"], d["scenario"]) for d in old]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -133,9 +133,7 @@ def plan_args(case: str, scen: str, out: Path, host: Path | None) -> list[str]:
     import issue22_table
 
     topo = replay_topology(out, case)
-    ref_mib = issue22_now.util_ref_mib()
-    util = issue22_now.scaled_util(float(issue22_now.table_map("UTIL")[case]), ref_mib,
-                                   issue22_now.topology_gpu_mib(topo) or ref_mib)
+    util = issue22_now.served_utils(topo)[case]
     comp = issue22_now.table_map("RANGE").get(case, issue22_now.RUNS_COMPILATION)
     return ["--json", "--model", str(issue22_now.MODELS / issue22_table.MODEL[case]),
             "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
