@@ -3,6 +3,7 @@
     python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0] [--busy 0 [--busy-every 1]]
         [--duty 10,25,50,75,100 --duty-seconds 2 --burst-ms 3] [--per-cpu 0.2]
         [--sweep-at-start] [--sweep-on FILE --sweep-match TEXT] [--tag TAG]
+        [--threads-match vllm [--pin-ms 20]]
 
 Every ``interval`` seconds: the least of 5 runs of the host timing's reference workload
 (launcher.probe.hostcost.reference_work: a JSON parse, pickling and sha256 of 4,000 ids, the
@@ -43,6 +44,18 @@ summary.txt and "ready=1", so a case's engine is swept once it serves). Its cost
 the default duties 2 s each, 10 s of wall and 5.2 s of one core's time (sum of the duties x 2 s),
 plus the per-CPU pass's S seconds of one core per CPU (16 x 0.2 = 3.2 s on the H200's host), in
 which the pinned thread shares a CPU with whatever runs there: once a case, beside 15 idle cores.
+
+Where the engine's threads ran (``--threads-match``; issue 22, session 32): table 15's Qwen2.5-1.5B
+engine ran at the host's fast level while this sampler, unpinned, read the slow level in most of
+its runs (benchmarks/gpu/host-pace-t15.md), and no row said which vCPUs the engine's threads sat
+on. With ``--threads-match vllm`` each row gets "threads": every thread of a process whose command
+line holds one of the texts (case-insensitive; vLLM titles its engine core "VLLM::EngineCore")
+that used at least 1% of a core since the last sample: pid, tid, its name, the CPU it last ran on
+(/proc/PID/task/TID/stat field 39) and its CPU seconds since the last sample. ``--pin-ms M`` then
+times the reference pinned for M ms on each of the (up to three) CPUs the busiest of those
+threads last ran on ("pinned": cpu, runs, fastest and median ms): the level of the vCPU the
+engine uses, read beside its steps. Its cost: reading a few hundred small /proc files and up to
+3 x M ms of one core a sample, on CPUs the engine is using (20 ms of a 1 s interval: 2% of one).
 Read the rows with benchmarks/gpu/host_speed_read.py.
 """
 
@@ -215,6 +228,104 @@ def per_cpu(seconds: float) -> list[dict[str, float]]:
             for cpu, runs in got]
 
 
+def _thread_stat(path: Path) -> tuple[str, int, float] | None:
+    """(name, last CPU, user+system CPU seconds) from a /proc/PID/task/TID/stat; None when the
+    thread is gone. The name sits in parentheses and may hold spaces and ')', so the fields are
+    counted from the last ')': field 3 (state) is the first after it, 14-15 utime and stime,
+    39 the processor it last ran on."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    close = text.rfind(")")
+    rest = text[close + 2:].split()
+    if close < 0 or len(rest) < 37:
+        return None
+    name = text[text.find("(") + 1:close]
+    return name, int(rest[36]), (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def matching_pids(texts: list[str], root: Path = Path("/proc")) -> list[int]:
+    """Processes (not this one) whose command line holds one of ``texts``, case-insensitive."""
+    out = []
+    needles = [t.lower() for t in texts if t]
+    for d in root.iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in cmd.lower() for n in needles):
+            out.append(int(d.name))
+    return sorted(out)
+
+
+class ThreadWatch:
+    """The busy threads of matching processes between two calls (the module's docstring)."""
+
+    def __init__(self, texts: list[str], root: Path = Path("/proc")) -> None:
+        self.texts = texts
+        self.root = root
+        self.last: dict[tuple[int, int], float] = {}
+        self.t = time.perf_counter()
+
+    def busy(self, least_share: float = 0.01) -> list[dict[str, object]]:
+        """Threads that used at least ``least_share`` of a core since the last call (on the
+        first call: since they started), busiest first."""
+        now = time.perf_counter()
+        span = max(now - self.t, 1e-3)
+        seen: dict[tuple[int, int], float] = {}
+        rows: list[dict[str, object]] = []
+        for pid in matching_pids(self.texts, self.root):
+            try:
+                tids = [int(t.name) for t in (self.root / str(pid) / "task").iterdir()]
+            except OSError:
+                continue
+            for tid in tids:
+                st = _thread_stat(self.root / str(pid) / "task" / str(tid) / "stat")
+                if st is None:
+                    continue
+                name, cpu, used = st
+                seen[(pid, tid)] = used
+                delta = used - self.last.get((pid, tid), 0.0)
+                if delta >= least_share * span:
+                    rows.append({"pid": pid, "tid": tid, "name": name, "cpu": cpu,
+                                 "cpu_s": round(delta, 3)})
+        self.last, self.t = seen, now
+        return sorted(rows, key=lambda r: -float(str(r["cpu_s"])))
+
+
+def pinned(cpus: list[int], ms: float) -> list[dict[str, float]]:
+    """The reference back to back for ``ms`` pinned to each of ``cpus`` in turn (those this
+    thread may use), affinity put back after: cpu, runs, fastest and median ms."""
+    if not hasattr(os, "sched_setaffinity"):
+        return []
+    allowed = os.sched_getaffinity(0)
+    out: list[dict[str, float]] = []
+    try:
+        for cpu in cpus:
+            if cpu not in allowed:
+                continue
+            os.sched_setaffinity(0, {cpu})
+            runs = back_to_back(ms / 1e3)
+            out.append({"cpu": cpu, "runs": len(runs), "min_ms": _ms(min(runs)),
+                        "med_ms": _ms(_quantile(runs, 0.5))})
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return out
+
+
+def busiest_cpus(threads: list[dict[str, object]], most: int = 3) -> list[int]:
+    """The distinct CPUs the busiest threads last ran on, busiest first, at most ``most``."""
+    out: list[int] = []
+    for t in threads:
+        cpu = int(str(t["cpu"]))
+        if cpu not in out:
+            out.append(cpu)
+    return out[:most]
+
+
 def sweep(args: argparse.Namespace, tag: str) -> dict[str, object]:
     """The sweep's fields of a row (the module's docstring)."""
     t0 = time.perf_counter()
@@ -282,7 +393,15 @@ def main() -> int:
                     "containing --sweep-match (lines there at start do not count)")
     ap.add_argument("--sweep-match", default="ready=1", help="the text --sweep-on looks for")
     ap.add_argument("--tag", default="start", help="the sweep field of --sweep-at-start's row")
+    ap.add_argument("--threads-match", default="", metavar="TEXTS",
+                    help="comma-separated texts: record the busy threads (and their CPUs) of "
+                         "processes whose command line holds one (empty: none)")
+    ap.add_argument("--pin-ms", type=float, default=0.0,
+                    help="with --threads-match: ms of the reference pinned to each CPU the "
+                         "busiest threads ran on, every sample (0: none)")
     args = ap.parse_args()
+    texts = [t.strip() for t in args.threads_match.split(",") if t.strip()]
+    threads = ThreadWatch(texts) if texts else None
     sweeping = bool(args.duty) or args.per_cpu > 0
     watch = LineWatch(args.sweep_on, args.sweep_match)
     last = proc_stat()
@@ -296,6 +415,10 @@ def main() -> int:
             total = now[0] - last[0]
             row["busy"] = round((now[1] - last[1]) / total, 4)
             row["steal"] = round((now[2] - last[2]) / total, 4)
+        if threads is not None:
+            row["threads"] = busy_rows = threads.busy()
+            if args.pin_ms > 0 and busy_rows:
+                row["pinned"] = pinned(busiest_cpus(busy_rows), args.pin_ms)
         windowed = args.busy > 0 and n % max(1, args.busy_every) == 0
         if windowed:
             row.update(busy(args.busy))

@@ -16,7 +16,11 @@ thread that starts fast after idling then drops would put this near 1), and how 
 sampler's level is the window's. Then each sweep row (host_speed.py --duty / --per-cpu): per duty
 the median, p90, a burst's first run and its later runs, and the median over the median at the
 highest duty (below 1: bursts separated by idle run faster than a thread that never sleeps); per
-CPU the spread of the pinned medians (max over min, and the slowest CPUs). """
+CPU the spread of the pinned medians (max over min, and the slowest CPUs). Where the rows have
+--threads-match's "threads" (and --pin-ms's "pinned"): per row the busiest matching thread (an
+engine core's loop, while it serves), which CPUs it sat on and how often, and the reference pinned
+on its CPU against the sleeping sampler's in the same row: the level of the vCPU the engine used
+beside the level the sampler read. """
 
 from __future__ import annotations
 
@@ -127,6 +131,44 @@ def cpu_spread(row: Row) -> dict[str, Any] | None:
                                     if isinstance(c.get("fast_share"), (int, float)))}
 
 
+def engine_cpus(rows: list[Row]) -> dict[str, Any] | None:
+    """The busiest recorded thread per row (host_speed.py --threads-match): its name, the rows
+    it was seen in, its CPUs and how many rows each (as text, most first), and where the row also
+    timed the reference pinned on that CPU: that pinned fastest run's median and harmonic mean
+    over the rows, the share of rows it is at the fast level (under SLOW x the file's fast level of
+    the pinned runs) and the share where the sleeping sampler's run was at the fast level too
+    (under SLOW x its own fast level). None without any thread recorded."""
+    top: list[tuple[Row, Row]] = []
+    for r in rows:
+        ts = [t for t in r.get("threads") or [] if isinstance(t, dict)
+              and isinstance(t.get("cpu"), int) and _num(t.get("cpu_s"))]
+        if ts:
+            top.append((r, max(ts, key=lambda t: t["cpu_s"])))
+    if not top:
+        return None
+    counts: dict[int, int] = {}
+    for _, t in top:
+        counts[t["cpu"]] = counts.get(t["cpu"], 0) + 1
+    out: dict[str, Any] = {
+        "n": len(top), "name": top[0][1].get("name", "?"),
+        "cpus": " ".join(f"{c}:{k}" for c, k in sorted(counts.items(), key=lambda x: -x[1]))}
+    pinned: list[tuple[float, float]] = []  # (pinned fastest on the thread's CPU, sampler's)
+    for r, t in top:
+        for p in r.get("pinned") or []:
+            if isinstance(p, dict) and p.get("cpu") == t["cpu"] and _num(p.get("min_ms")):
+                pinned.append((p["min_ms"], r["ref_cpu_ms"]))
+                break
+    if pinned:
+        pins = [p for p, _ in pinned]
+        fast_pin = quantile(pins, FAST_Q)
+        fast_ref = quantile([r["ref_cpu_ms"] for r in rows], FAST_Q)
+        out.update({"pinned_n": len(pins), "pinned_med_ms": quantile(pins, 0.5),
+                    "pinned_hmean_ms": len(pins) / sum(1 / p for p in pins),
+                    "pinned_fast": sum(p < SLOW * fast_pin for p in pins) / len(pins),
+                    "sampler_fast": sum(s < SLOW * fast_ref for _, s in pinned) / len(pinned)})
+    return out
+
+
 def _fmt(x: object) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "?"
 
@@ -152,6 +194,14 @@ def report(name: str, rows: list[Row], bad: int) -> list[str]:
                       if "mixed_first_fast" in w else "")
                    + f"; sampler's level = window's {w['sampler_agrees']:.0%}; windows' harmonic "
                    f"mean {w['hmean_ms']:.3f} ms")
+    e = engine_cpus(rows)
+    if e:
+        out.append(f"  busiest matching thread ('{e['name']}' first) in {e['n']} rows: CPUs (rows) "
+                   f"{e['cpus']}"
+                   + (f"; reference pinned on its CPU ({e['pinned_n']} rows): median "
+                      f"{e['pinned_med_ms']:.3f} ms, harmonic mean {e['pinned_hmean_ms']:.3f}, "
+                      f"at its fast level {e['pinned_fast']:.0%} (the sampler in the same rows "
+                      f"{e['sampler_fast']:.0%})" if "pinned_n" in e else ""))
     for r in rows:
         if "sweep" not in r:
             continue

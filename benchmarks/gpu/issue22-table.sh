@@ -307,9 +307,13 @@ if [[ ${MONITOR_SWEEP:-0} == 1 ]]; then
     --burst-ms "${SWEEP_BURST_MS:-3}" --sweep-on "$OUT/summary.txt" --sweep-match "ready=1")
 fi
 # every MONITOR_INTERVAL s (1: each request of a single-stream scenario gets a sample), the busy
-# window after every MONITOR_BUSY_EVERY-th (5: its share of the host as beside a 5 s sampler)
+# window after every MONITOR_BUSY_EVERY-th (5: its share of the host as beside a 5 s sampler);
+# and the busy threads of vLLM's processes with the CPU each last ran on, and the reference pinned
+# MONITOR_PIN_MS on the busiest ones' CPUs (the vCPU level the engine ran at, which table 15's
+# unpinned sampler could not tell: host-pace-t15.md; MONITOR_THREADS= turns it off)
 ( python3 benchmarks/gpu/host_speed.py --interval "${MONITOR_INTERVAL:-1}" --busy "${MONITOR_BUSY:-0}" \
-    --busy-every "${MONITOR_BUSY_EVERY:-5}" ${sweep[@]+"${sweep[@]}"} >>"$OUT/host-speed.jsonl" 2>/dev/null &
+    --busy-every "${MONITOR_BUSY_EVERY:-5}" --threads-match "${MONITOR_THREADS-vllm}" \
+    --pin-ms "${MONITOR_PIN_MS:-20}" ${sweep[@]+"${sweep[@]}"} >>"$OUT/host-speed.jsonl" 2>/dev/null &
   echo $! >"$OUT/.monitor.pid" )
 trap 'kill "$(cat "$OUT/.monitor.pid")" 2>/dev/null' EXIT
 for step in "$@"; do

@@ -32,12 +32,19 @@ duty_st = st.fixed_dictionaries(
               "fast_share": share})
 cpu_st = st.fixed_dictionaries({"cpu": st.integers(0, 255), "med_ms": pos},
                                optional={"fast_share": share})
+thread_st = st.fixed_dictionaries(
+    {"pid": st.integers(1, 10**6), "tid": st.integers(1, 10**6), "cpu": st.integers(0, 7),
+     "cpu_s": pos}, optional={"name": st.text(max_size=15)})
+pinned_st = st.fixed_dictionaries({"cpu": st.integers(0, 7), "min_ms": pos},
+                                  optional={"runs": st.integers(1, 100), "med_ms": pos})
 row_st = st.fixed_dictionaries(
     {"t": st.floats(min_value=0, max_value=2e9), "ref_cpu_ms": pos, "ref_wall_ms": pos},
     optional={"busy_first_ms": pos, "busy_mean_ms": pos, "busy_min_ms": pos,
               "busy_slow_share": share, "busy_runs": st.integers(1, 5000),
               "sweep": st.text(max_size=8), "duty": st.lists(duty_st, max_size=6),
-              "per_cpu": st.lists(cpu_st, max_size=6)})
+              "per_cpu": st.lists(cpu_st, max_size=6),
+              "threads": st.lists(thread_st, max_size=4),
+              "pinned": st.lists(pinned_st, max_size=3)})
 # what str.splitlines breaks a line at
 BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 junk_st = st.one_of(
@@ -69,6 +76,11 @@ def test_parser_keeps_every_row_and_counts_the_rest(items: list[tuple[str, objec
             assert table[-1]["rel"] == 1.0
         c = RD.cpu_spread(r)
         assert c is None or c["spread"] >= 1.0
+    e = RD.engine_cpus(rows)
+    assert (e is None) == (not any(r.get("threads") for r in rows))
+    if e is not None and "pinned_n" in e:
+        assert 0 <= e["pinned_fast"] <= 1
+        assert 0 <= e["sampler_fast"] <= 1
 
 
 @given(st.floats(min_value=0.01, max_value=1.0), st.floats(min_value=1e-4, max_value=0.05))
@@ -185,3 +197,60 @@ def test_the_busy_window_runs_after_every_nth_sample_only() -> None:
     rows = run_sampler("--samples", "5", "--interval", "0", "--busy", "0.01", "--busy-every", "2")
     assert [("busy_mean_ms" in r) for r in rows] == [True, False, True, False, True]
     assert all(r.keys() >= OLD_FIELDS for r in rows)
+
+
+def test_a_thread_stat_is_read_past_a_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    # /proc/PID/task/TID/stat: the name may hold ") (" and spaces; fields counted from the last ')'
+    fields = ["S"] + [str(i) for i in range(4, 53)]   # field n holds str(n) from field 4 on
+    fields[14 - 3], fields[15 - 3], fields[39 - 3] = "300", "100", "5"
+    stat = tmp_path / "stat"
+    stat.write_text("1234 (VLLM::Eng) (x y) " + " ".join(fields) + "\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    assert HS._thread_stat(stat) == ("VLLM::Eng) (x y", 5, 400 / tick)
+    stat.write_text("1234 (cut")
+    assert HS._thread_stat(stat) is None
+    assert HS._thread_stat(tmp_path / "gone") is None
+
+
+def test_the_sampler_records_a_matching_processs_busy_thread_and_its_cpu() -> None:
+    """--threads-match: a spinning thread of a process whose command line holds the text shows
+    in the rows with the CPU it ran on, and --pin-ms times the reference on that CPU; a process
+    that does not match, and this sampler itself, do not show."""
+    spin = ("import threading, time\n"
+            "def spin():\n    while True: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\n"
+            "time.sleep(30)  # toposerve-spin-mark")
+    p = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        rows = run_sampler("--samples", "3", "--interval", "0.3",
+                           "--threads-match", "toposerve-spin-mark", "--pin-ms", "5")
+    finally:
+        p.kill()
+        p.wait()
+    busy = [t for r in rows[1:] for t in r["threads"]]  # type: ignore[attr-defined]
+    assert busy
+    assert {t["pid"] for t in busy} == {p.pid}
+    allowed = os.sched_getaffinity(0)
+    assert all(t["cpu"] in range(os.cpu_count() or 1) for t in busy)
+    pinned = [x for r in rows[1:] for x in r.get("pinned", [])]  # type: ignore[attr-defined]
+    assert pinned
+    assert all(x["cpu"] in allowed and x["runs"] >= 1 for x in pinned)
+    assert os.sched_getaffinity(0) == allowed
+
+
+def test_engine_cpus_follows_the_busiest_thread_and_its_pinned_level() -> None:
+    rows = [{"ref_cpu_ms": 0.9, "threads": [{"cpu": 3, "cpu_s": 0.9, "name": "VLLM::EngineCore"},
+                                             {"cpu": 1, "cpu_s": 0.1}],
+             "pinned": [{"cpu": 3, "min_ms": 0.5}, {"cpu": 1, "min_ms": 0.9}]},
+            {"ref_cpu_ms": 0.5, "threads": [{"cpu": 3, "cpu_s": 0.8}], "pinned": [{"cpu": 3,
+                                                                                  "min_ms": 0.5}]},
+            {"ref_cpu_ms": 0.9, "threads": [{"cpu": 2, "cpu_s": 0.7}], "pinned": []}]
+    e = RD.engine_cpus(rows)
+    assert e is not None
+    assert e["n"] == 3
+    assert e["cpus"] == "3:2 2:1"
+    assert e["name"] == "VLLM::EngineCore"
+    assert e["pinned_n"] == 2
+    assert e["pinned_fast"] == 1.0
+    assert e["sampler_fast"] == 0.5                          # the sampler read slow in one
+    assert RD.engine_cpus([{"ref_cpu_ms": 0.5}]) is None
