@@ -11,6 +11,7 @@ score each; the decisions (interval, early stop, finalists' re-run, the winner) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -137,6 +138,8 @@ def main(args: argparse.Namespace) -> int:
         raise LauncherError(f"--results-dir {results_dir}: cannot make that folder "
                             f"({exc.strerror or exc}); pass a folder you can write") from None
     check_takes_files(results_dir, "--results-dir", results_dir)
+    # said now, not at the end: the rounds are kept there as they come, whatever ends the tune
+    console.print(f"Each round's loadgen JSON is kept in {results_dir}")
     tuner = Tuner(args, keys, objective, slo, results_dir, console)
     measured: dict[str, Measured] = {}
     for cand in specs:
@@ -159,8 +162,21 @@ def main(args: argparse.Namespace) -> int:
     wide.print(comparison(verdicts, in_order, best, objective, slo))
     for line in table_notes(verdicts, in_order):
         console.print(line)
-    write_plan(args.out, tuner.plans[best.name], best, verdicts, measured, args, objective, slo,
-               step.reason)
+    document = tuned_document(tuner.plans[best.name], best, verdicts, measured, args, objective,
+                              slo, step.reason)
+    text = json.dumps(document, indent=2) + "\n"
+    try:
+        write_whole(args.out, text)
+    except OSError as exc:
+        # The measurements took minutes to hours: they go to stdout, where the plan file
+        # would have held them, rather than with the file (vllm bench and guidellm print their
+        # results before writing them, and lose nothing printed when the write fails).
+        print(f"The plan and the measurements tune could not write to {args.out}:")
+        print(text, end="", flush=True)
+        raise LauncherError(
+            f"--out {args.out}: cannot write the plan ({exc.strerror or exc}); it is printed "
+            f"above, and each round's loadgen JSON is in {results_dir}: save the JSON above to "
+            "a file and serve it with `launcher serve --plan FILE`") from None
     console.print(f"Winner for {objective}: [bold]{best.name}[/]; plan written to "
                   f"{args.out} — serve it with `launcher serve --plan {args.out}`")
     return 0
@@ -423,9 +439,10 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def write_plan(path: Path, plan_data: dict[str, Any], best: Verdict, verdicts: Sequence[Verdict],
-               measured: Mapping[str, Measured], args: argparse.Namespace, objective: str,
-               slo: Slo, decision: str) -> None:
+def tuned_document(plan_data: dict[str, Any], best: Verdict, verdicts: Sequence[Verdict],
+                   measured: Mapping[str, Measured], args: argparse.Namespace, objective: str,
+                   slo: Slo, decision: str) -> dict[str, Any]:
+    """The winner's plan, for `launcher serve --plan`, and every candidate's measurements."""
     data = dict(plan_data)
     results = []
     for v in verdicts:
@@ -447,4 +464,34 @@ def write_plan(path: Path, plan_data: dict[str, Any], best: Verdict, verdicts: S
         "interval": f"{CONFIDENCE:.0%} Student t over rounds", "decision": decision,
         "winner": best.name, "results": results,
     }
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or is left as it was: a disk that fills up half-way leaves
+    neither half a plan nor an earlier plan cut short, but the OSError.
+
+    Written beside ``path`` and renamed over it (a rename within a folder is atomic). What is
+    there already and no regular file (``/dev/stdout``, a FIFO) is written through instead:
+    renamed over, it would be replaced."""
+    if path.exists() and not path.is_file():
+        with path.open("w") as fh:
+            fh.write(text)
+        return
+    target = Path(os.path.realpath(path))  # a link to a plan: the plan it points to is replaced
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    data = text.encode()
+    # mode 0o666 less the umask, as a file made by open() gets (mkstemp's 0o600 would not be)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
