@@ -9,6 +9,7 @@ prints is the one `serve` runs and the one `tune` measures and writes.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -183,7 +184,18 @@ def resolve_model(ref: str | None) -> tuple[str, str]:
             find_config(str(path), {})
             raise ModelError(f"{path} has no config.json: pass the directory that holds the "
                              "model's config.json and weights")
-        return str(path.resolve()), path.resolve().name
+        resolved = str(path.resolve())
+        try:
+            resolved.encode("utf-8")
+        except UnicodeEncodeError:
+            # Python hands vLLM such a name with surrogate escapes, and the Rust tokenizer that
+            # transformers loads takes paths as UTF-8 text: vLLM fails at start, however the
+            # command is quoted (and the folder's name, served, could not be sent in JSON)
+            shown = os.fsencode(resolved).decode("utf-8", "backslashreplace")
+            raise ModelError(f"the model folder {shown} is named with bytes that are not UTF-8 "
+                             "text: vLLM cannot load a model from it (its tokenizer reads the "
+                             "path as UTF-8); rename the folder to a UTF-8 name") from None
+        return resolved, path.resolve().name
     if ref.startswith((".", "/", "~")) or ref.count("/") != 1:
         raise ModelError(f"model path {ref} does not exist: check the path, or pass a Hugging "
                          "Face id such as meta-llama/Llama-3.3-70B-Instruct")
