@@ -110,14 +110,6 @@ def load_keys(flags: Sequence[str], key_file: str | None, env: Mapping[str, str]
         raise ConfigError(str(exc)) from None
 
 
-def read_key_file(path: Path) -> list[str]:
-    """The file's keys, read as the launcher reads them (server.keyfile)."""
-    try:
-        return keyfile.read_key_file(path)
-    except keyfile.KeyFileError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def parse_plan_info(text: str | None) -> dict[str, str]:
     if not text:
         return {}

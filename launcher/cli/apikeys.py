@@ -29,11 +29,3 @@ def collect_api_keys(flags: Sequence[str], path: Path | None,
         if "\x00" in key:  # no process environment can hold it
             raise LauncherError("an API key cannot hold a NUL character: pick another key")
     return keys
-
-
-def read_key_file(path: Path) -> list[str]:
-    """The file's keys, read exactly as the proxy reads them (topocommon.keyfile)."""
-    try:
-        return keyfile.read_key_file(path)
-    except keyfile.KeyFileError as exc:
-        raise LauncherError(str(exc)) from None

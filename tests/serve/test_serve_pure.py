@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli.apikeys import collect_api_keys, read_key_file
+from launcher.cli.apikeys import collect_api_keys
 from launcher.engine import failures, progress
 from launcher.engine.detect import engine_argv, engine_prefix, parse_version
 from launcher.engine.enginecmd import EngineCommand, replicas
@@ -127,7 +127,7 @@ def test_a_key_file_readable_by_others_is_refused_with_the_fix(tmp_path: Path) -
     key_file.write_text("k\n")
     os.chmod(key_file, 0o644)
     with pytest.raises(LauncherError, match="chmod 600"):
-        read_key_file(key_file)
+        collect_api_keys([], key_file, {})
 
 
 def test_a_missing_model_path_says_what_to_pass(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.config import ConfigError, ProxyConfig, config_from_args, load_keys, read_key_file
+from server.config import ConfigError, ProxyConfig, config_from_args, load_keys
 from server.serve import security_warnings
 from tests.server.conftest import (
     REPO,
@@ -105,9 +105,9 @@ def test_key_file_must_be_private(tmp_path: Path) -> None:
     path.write_text(f"# team keys\n{KEY}\n\n  # laptop\nsecond\n")
     path.chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
-        read_key_file(path)
+        load_keys([], str(path), {})
     path.chmod(0o600)
-    assert read_key_file(path) == [KEY, "second"]
+    assert load_keys([], str(path), {}) == (KEY, "second")
     assert load_keys(["a"], str(path), {"TOPOSERVE_API_KEYS": "b, a"}) == ("a", KEY, "second", "b")
 
 
