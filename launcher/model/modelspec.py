@@ -36,13 +36,56 @@ class KvGroup:
     # Tokens a local layer keeps and attends over at most; None for full attention. A sliding
     # layer attends over the last ``window`` tokens; a chunked one (Llama 4's RoPE layers,
     # vLLM's ChunkedLocalAttentionSpec) over its own chunk of ``window`` tokens only, so it
-    # keeps one chunk's KV: the same cap on the cache and on the keys a query reads.
+    # keeps one chunk's KV (the cap on the cache), but a query reads only its chunk's prefix
+    # so far (:meth:`keys`), between 1 and ``window`` keys.
     window: int | None = None
     latent: bool = False  # MLA: one latent vector per token (no separate K and V)
     chunked: bool = False  # ``window`` is the chunk of chunked attention, not a sliding window
 
     def bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
         return (1 if self.latent else 2) * self.kv_heads * self.head_dim * kv_dtype_bytes
+
+    def _pairs_before(self, n: int) -> int:
+        """Keys the queries at positions 0 … n-1 read in all (:meth:`pairs` from 0)."""
+        n = max(0, n)
+        w = self.window
+        if not w:  # full attention (MLA's too): position p reads p + 1 keys
+            return n * (n + 1) // 2
+        if self.chunked:  # p reads its chunk's keys up to itself: p mod w + 1
+            whole, rest = divmod(n, w)
+            return whole * (w * (w + 1) // 2) + rest * (rest + 1) // 2
+        if n <= w:  # sliding: min(p + 1, w)
+            return n * (n + 1) // 2
+        return w * (w + 1) // 2 + (n - w) * w
+
+    def pairs(self, start: int, end: int) -> int:
+        """The (query, key) pairs of the queries at positions ``start`` … ``end`` - 1 (0-based;
+        a prompt chunk after ``start`` cached tokens, or a decoder's one new token), each
+        attending to itself and the earlier keys its kind lets it see: every one (full), the
+        last ``window`` (sliding), or those of its own ``window``-token chunk (chunked, as
+        vLLM's ChunkedLocalAttention masks them). THE rule of which keys a layer reads, which
+        every step's attention is costed by (launcher.planner.costmodel)."""
+        if end <= start:
+            return 0
+        return self._pairs_before(end) - self._pairs_before(start)
+
+    def keys(self, position: int) -> int:
+        """Keys the query at ``position`` (0-based) reads: a decode step's, per sequence."""
+        return self.pairs(position, position + 1)
+
+    def keys_read(self, start: int, end: int) -> int:
+        """The distinct cached keys the queries at ``start`` … ``end`` - 1 read together (a
+        step's KV read, once): all ``end`` of them (full); a sliding layer's last ``window``
+        (min(end, window): a prompt chunk is charged one window, as before the chunked kind was
+        told apart); a chunked layer's from the start of ``start``'s chunk."""
+        if end <= start:
+            return 0
+        w = self.window
+        if not w:
+            return end
+        if self.chunked:
+            return end - start // w * w
+        return min(end, w)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.model import families, quantization
-from launcher.model.modelspec import ModelSpec
+from launcher.model.modelspec import KvGroup, ModelSpec
 from launcher.planner import hardware, moetuned
 from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.cudagraphs import VLLM_DEFAULT, CudaGraphs, StepMode
@@ -359,11 +359,6 @@ def forward_flops(m: ModelSpec, tokens: float, sampled: float) -> float:
     return gemm_flops(m.token_params, m.lm_head_params, tokens, sampled)
 
 
-def _attention_flops(m: ModelSpec, new_tokens: int, context: int) -> float:
-    # QK^T and PV: 2 matmuls × 2 FLOPs × heads·head_dim per (query, key) pair
-    return 4.0 * m.num_layers * m.num_heads * m.head_dim * new_tokens * context
-
-
 # ----------------------------------------------------------------- attention over the context
 
 # FlashAttention's softmax takes one exponential per (query, key, query head) on the GPU's
@@ -391,20 +386,28 @@ class AttentionWork:
 
 def causal_pairs(tokens: int, depth: int, window: int | None = None) -> float:
     """(query, key) pairs of ``tokens`` new tokens at positions depth+1 … depth+tokens, each
-    attending to itself and every earlier token, or to the last ``window`` of them."""
-    if tokens <= 0:
-        return 0.0
-    full = tokens * depth + tokens * (tokens + 1) / 2
-    if window is None or depth + tokens <= window:
-        return full
-    if depth >= window:
-        return float(tokens * window)
-    # queries up to position ``window`` see all before them, the later ones ``window`` each
-    return (window * (window + 1) - depth * (depth + 1)) / 2 + (depth + tokens - window) * window
+    attending to itself and every earlier token, or to the last ``window`` of them (the
+    layer kinds' one rule: :meth:`KvGroup.pairs`)."""
+    return float(KvGroup(0, 0, 0, window).pairs(depth, depth + tokens))
+
+
+Span = tuple[int, int]  # a request's new tokens in a step: positions start … end - 1 (0-based)
+
+
+def chunked_pairs(m: ModelSpec, spans: Sequence[Span]) -> float | None:
+    """The (query, key) pairs a chunked-attention layer of ``m`` attends over for queries at
+    ``spans`` (:meth:`KvGroup.pairs`: each query its own chunk's prefix); None where ``m`` has
+    no chunked layers. What :func:`attention_work` and :func:`decode_step_s` take from a step
+    whose queries are summed (the scheduler simulation's): a chunked layer's keys saw with
+    the position, so no total of contexts gives them."""
+    chunked = next((g for g in m.kv_groups if g.chunked and g.window), None)
+    if chunked is None:
+        return None
+    return float(sum(chunked.pairs(a, b) for a, b in spans))
 
 
 def attention_work(m: ModelSpec, tokens: int, depth: int = 0, *, pairs: float | None = None,
-                   kv_dtype_bytes: int = 2) -> AttentionWork:
+                   chunk_pairs: float | None = None, kv_dtype_bytes: int = 2) -> AttentionWork:
     """The attention of ``tokens`` new tokens after ``depth`` cached ones, from the model's own
     attention shape: per KV group (full or sliding-window layers, each with its head_dim), the
     query heads' QK^T and PV over the keys each query attends to, capped by the window; MLA
@@ -413,8 +416,12 @@ def attention_work(m: ModelSpec, tokens: int, depth: int = 0, *, pairs: float | 
     cached latents instead), and reads the latent cache, not per-head K and V. GQA shares one
     KV head among several query heads: the FLOPs count query heads, the bytes KV heads. With
     ``pairs`` (a scheduler step's chunks and decoders summed) the pairs are given and the keys
-    read per query are their mean. Layers that share another layer's KV cache (Gemma 4) attend
-    like the first group's.
+    read per query are their mean: a sliding layer's capped at its window; a chunked layer's
+    are ``chunk_pairs`` (:func:`chunked_pairs` of the step's queries), or where not given at
+    most a chunk a query. Without ``pairs`` each kind's pairs and keys are its own rule's
+    (:meth:`KvGroup.pairs`, :meth:`KvGroup.keys_read`): a chunked layer's query reads its own
+    chunk's prefix only. Layers that share another layer's KV cache (Gemma 4) attend like the
+    first group's.
 
     MLA with its sizes known (``m.mla``): a step of more than one new token runs vLLM's prefill
     form (launcher.model.mla): the latents decompressed by kv_b_proj, then multi-head attention
@@ -431,11 +438,16 @@ def attention_work(m: ModelSpec, tokens: int, depth: int = 0, *, pairs: float | 
     for i, g in enumerate(groups):
         layers = g.layers + (max(0, spare) if i == 0 else 0)
         if pairs is None:
-            n = causal_pairs(tokens, depth, g.window)
-            keys = float(min(depth + tokens, g.window or depth + tokens))
+            n = float(g.pairs(depth, depth + tokens))
+            keys = float(g.keys_read(depth, depth + tokens))
         else:
-            n = min(pairs, tokens * g.window) if g.window else pairs
-            keys = min(pairs / max(1, tokens), float(g.window or pairs))
+            if not g.window:
+                n = pairs
+            elif g.chunked and chunk_pairs is not None:
+                n = chunk_pairs
+            else:
+                n = min(pairs, tokens * g.window)
+            keys = n / max(1, tokens)
         # QK^T over the key dim, PV over the value dim (MLA: both the latent in the absorbed
         # form; the decompressed heads' in the prefill form, see above)
         qk = pv = float(g.head_dim)
@@ -460,12 +472,13 @@ def attention_s(m: ModelSpec, lay: Layout, work: AttentionWork) -> float:
 
 
 def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
-                   pairs: float | None = None, sequences: int = 1,
-                   sampled: float | None = None) -> float:
+                   pairs: float | None = None, chunk_pairs: float | None = None,
+                   sequences: int = 1, sampled: float | None = None) -> float:
     """One engine step prefilling ``tokens`` new tokens after ``depth`` tokens already cached,
     alone on one replica; or, with ``pairs``, a step of ``tokens`` new tokens whose attention
     spans that many (query, key) pairs (prompt chunks after a cached prefix, decoders: the
-    scheduler simulation's). The GEMMs are bound by arithmetic or by the weights' read; the
+    scheduler simulation's), a chunked-attention layer ``chunk_pairs`` of them
+    (:func:`chunked_pairs`). The GEMMs are bound by arithmetic or by the weights' read; the
     attention kernels run after them in each layer, over the context (:func:`attention_work`:
     the model's heads, head_dim, windows and MLA latent; :func:`attention_s`). The plain
     plan's prefill and the scheduler simulation's steps are this one model too. A step never
@@ -476,19 +489,22 @@ def prefill_step_s(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
     graphs padded to the next captured size: the GEMMs run the padded rows, the attention (run
     eagerly between the pieces) the real ones; past it every kernel is launched eagerly."""
     mode, rows, work_s = _prefill_work(m, lay, tokens, depth=depth, pairs=pairs,
-                                       sequences=sequences, sampled=sampled)
+                                       chunk_pairs=chunk_pairs, sequences=sequences,
+                                       sampled=sampled)
     return max(_prefill_layers_s(m, lay, rows, work_s, mode),
                host_step_floor_s(m, lay.host, sequences))
 
 
 def _prefill_work(m: ModelSpec, lay: Layout, tokens: int, *, depth: int = 0,
-                  pairs: float | None = None, sequences: int = 1,
-                  sampled: float | None = None) -> tuple[StepMode, int, float]:
+                  pairs: float | None = None, chunk_pairs: float | None = None,
+                  sequences: int = 1, sampled: float | None = None
+                  ) -> tuple[StepMode, int, float]:
     """:func:`prefill_step_s`'s step before its per-layer and fixed costs: how the served
     engine's graphs run it, the rows its GEMMs run (padded within the graphs) and the GPU's
     arithmetic or weights' read with the attention, over the TP group."""
     gpus = lay.gpus
-    attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs))
+    attn = attention_s(m, lay, attention_work(m, tokens, depth, pairs=pairs,
+                                              chunk_pairs=chunk_pairs))
     heads = sequences if sampled is None else sampled
     mode = lay.graphs.mode(tokens, tokens)
     rows = lay.graphs.padded(tokens)
@@ -636,7 +652,21 @@ def prefill_at_depth_s(m: ModelSpec, lay: Layout, new: int, depth: int = 0,
     return total
 
 
-def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
+def decode_keys(m: ModelSpec, context: int, chunk_keys: float | None = None
+                ) -> list[tuple[KvGroup, float]]:
+    """Each KV group with the keys one decoder at ``context`` tokens (its new token's among
+    them) reads a layer (:meth:`KvGroup.keys` of its new token's position, ``context`` - 1):
+    its context (full), at most its window (sliding), its own chunk's prefix (chunked:
+    10,001 tokens of context with 8,192-token chunks read 1,809 keys, not 8,192). Where the
+    step's decoders are summed (the scheduler simulation's mean ``context``) a chunked
+    layer's is ``chunk_keys``, their :func:`chunked_pairs` over the decoders (its sawtooth
+    has no value at a mean)."""
+    return [(g, float(chunk_keys) if g.chunked and chunk_keys is not None
+             else float(g.keys(context - 1))) for g in m.kv_groups]
+
+
+def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int, *,
+                  chunk_keys: float | None = None) -> float:
     """One decode step that advances ``batch`` sequences of ``context`` tokens by one token:
     the GPUs' work with the engine core's overhead, or the host's front end's work for the
     ``batch`` sequences (:class:`HostProfile`), whichever is longer. A small model's step is
@@ -659,7 +689,11 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     groups: :meth:`LayerHost.engine_step_s`) runs beside the GPU's step, as the kernel
     tables' steps take it (kernelcost.step_cost's ``overlap_overhead``); with pipeline stages it
     is in series. Checked on the 27 saved one-GPU H200 single-stream decode records
-    (docs/planner.md, "A decode step's kernels in its CUDA graph")."""
+    (docs/planner.md, "A decode step's kernels in its CUDA graph").
+
+    Each sequence's attention reads and multiplies the keys its layers' kinds read
+    (:func:`decode_keys`; ``chunk_keys``: a chunked layer's mean over the step's sequences
+    where they are summed), not the KV they hold (a chunked layer holds a whole chunk)."""
     gpus = lay.gpus
     micro = max(1.0, batch / lay.pp)  # sequences per pipeline micro-batch
     whole = math.ceil(micro)  # one token a sequence: the step's tokens on a stage
@@ -668,12 +702,21 @@ def decode_step_s(m: ModelSpec, lay: Layout, batch: int, context: int) -> float:
     share = stage_share(m, lay.pp)
     w_stage = streamed_weight_bytes(m, micro) * share / lay.tp
     w_stage /= weight_stream_efficiency(m, rows, gpus)
-    # memfit's division of the cache (KV heads over TP, layers over PP), as sized
-    kv_stage = micro * m.kv_bytes(context) / kv_shards(m, lay.tp, lay.pp)
+    # the keys a sequence's layers read (a recurrent layer its whole state), over memfit's
+    # division of the cache (KV heads over TP, layers over PP), as sized
+    groups = decode_keys(m, context, chunk_keys)
+    read = m.recurrent_state_bytes + sum(g.layers * g.bytes_per_token() * keys
+                                         for g, keys in groups)
+    kv_stage = micro * read / kv_shards(m, lay.tp, lay.pp)
     memory = (w_stage + kv_stage) / _mem_bytes_s(gpus)
-    # every sequence samples: one token through the layers and the LM head each
-    flops = (forward_flops(m, rows, micro) + micro * _attention_flops(m, 1, context)) \
-        * share / lay.tp
+    # every sequence samples: one token through the layers and the LM head each; its QK^T and
+    # PV (2 matmuls x 2 FLOPs x heads x head_dim a key) over the keys each layer reads (layers
+    # sharing another's KV attend like the first group's, as in attention_work)
+    spare = max(0, m.num_layers - sum(g.layers for g, _ in groups))
+    layer_keys = (sum(g.layers * keys for g, keys in groups)
+                  + (spare * groups[0][1] if groups else 0.0))
+    flops = (forward_flops(m, rows, micro)
+             + micro * 4.0 * m.num_heads * m.head_dim * layer_keys) * share / lay.tp
     compute = flops / _flops_s(gpus, MFU_DECODE)
     act = micro * m.hidden_size * ACT_BYTES
     comm = 2 * m.num_layers * share * _allreduce_s(lay.tp_link, lay.tp, act)
@@ -736,7 +779,12 @@ def predict(
             + first_token_launch_wait_s(m, lay, last, prompt - last)
             + request_host_s(lay.host, prompt))
     ctx_mid = prompt + gen // 2
-    tpot = decode_step_s(m, lay, 1, ctx_mid)
+    # a chunked layer's keys over the decode steps' queries (positions prompt … prompt + gen
+    # - 2), their exact mean: its sawtooth's value at ctx_mid is not its mean over them
+    steps = max(1, gen - 1)
+    chunk = chunked_pairs(m, [(prompt, prompt + steps)])
+    chunk_keys = None if chunk is None else chunk / steps
+    tpot = decode_step_s(m, lay, 1, ctx_mid, chunk_keys=chunk_keys)
     per_replica = max(1, -(-concurrency // lay.dp))
     batch = min(per_replica, max(1, kv_sequences), max_num_seqs)
     # While ``batch`` requests run to completion the replica does their prefills and gen steps.
@@ -747,10 +795,12 @@ def predict(
     # itself only) and of the sequences that sample at its end.
     total = batch * prompt
     chunks = -(-total // max(1, batched_tokens))
-    prefills = chunks * prefill_step_s(m, lay, -(-total // chunks),
-                                       pairs=batch * causal_pairs(prompt, 0) / chunks,
-                                       sequences=-(-batch // chunks))
-    cycle = prefills + gen * decode_step_s(m, lay, batch, ctx_mid)
+    prompt_chunk = chunked_pairs(m, [(0, prompt)])
+    prefills = chunks * prefill_step_s(
+        m, lay, -(-total // chunks), pairs=batch * causal_pairs(prompt, 0) / chunks,
+        chunk_pairs=None if prompt_chunk is None else batch * prompt_chunk / chunks,
+        sequences=-(-batch // chunks))
+    cycle = prefills + gen * decode_step_s(m, lay, batch, ctx_mid, chunk_keys=chunk_keys)
     busy = min(lay.dp, -(-concurrency // batch))  # fewer streams than replicas leave some idle
     throughput = busy * batch * gen / cycle
     return Prediction(

@@ -123,26 +123,34 @@ class RooflineStep:
     the same shape recur (the prompt chunks of a closed loop; the decode steps of each request
     of a stream, which reach the same contexts): each is timed once. A decode step is keyed by
     what it is timed from, its sequences and their mean context, not by their total context
-    (the same mean from a few totals), nor by the prefill terms it has none of."""
+    (the same mean from a few totals), nor by the prefill terms it has none of. A model with
+    chunked-attention layers reads the requests' positions (``reads_spans``): those layers'
+    keys are their queries' own chunk prefixes (costmodel.chunked_pairs), in the key too."""
 
     m: ModelSpec
     lay: Layout
-    _seen: dict[tuple[int, float, int, int, int], float] = field(default_factory=dict,
-                                                                 repr=False)
+    _seen: dict[tuple[int, float, int, int, int, float], float] = field(default_factory=dict,
+                                                                        repr=False)
+
+    @cached_property
+    def reads_spans(self) -> bool:
+        return self.m.chunked_layers > 0
 
     def step_s(self, batch: StepBatch) -> float:
         pre, pairs, seqs = batch.prefill_tokens, batch.prefill_pairs, batch.decode_seqs
         context, sampled = batch.decode_context, batch.sampled
+        chunk = costmodel.chunked_pairs(self.m, batch.spans) if self.reads_spans else None
         if pre == 0:
-            key = (0, 0.0, max(1, seqs), context // max(1, seqs), 0)
+            key = (0, 0.0, max(1, seqs), context // max(1, seqs), 0, chunk or 0.0)
         else:
-            key = (pre, pairs, seqs, context, sampled)
+            key = (pre, pairs, seqs, context, sampled, chunk or 0.0)
         found = self._seen.get(key)
         if found is None:
             found = self._seen[key] = (
-                costmodel.decode_step_s(self.m, self.lay, key[2], key[3])
+                costmodel.decode_step_s(self.m, self.lay, key[2], key[3],
+                                        chunk_keys=None if chunk is None else chunk / key[2])
                 if pre == 0 else costmodel.prefill_step_s(
-                    self.m, self.lay, pre + seqs, pairs=pairs + context,
+                    self.m, self.lay, pre + seqs, pairs=pairs + context, chunk_pairs=chunk,
                     sequences=max(1, sampled), sampled=sampled))
         return found
 

@@ -86,6 +86,9 @@ class StepBatch:
     decode_seqs: int = 0  # requests advancing by one token
     decode_context: int = 0  # Σ of their contexts: the KV a decode step reads
     sampled: int = 0  # requests that sample a token at the end of the step
+    # each request's new tokens as positions (start, end): the chunks' and decoders' queries,
+    # which the totals above sum. Filled only for a timer that reads them (:class:`SpanTimer`).
+    spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -104,6 +107,22 @@ class LaunchTimer(StepTimer, Protocol):
     thread is busy that long before it can take the previous step's output)."""
 
     def launch_s(self, batch: StepBatch) -> float: ...
+
+
+@runtime_checkable
+class SpanTimer(StepTimer, Protocol):
+    """A step timer that reads where each request's new tokens are (``StepBatch.spans``) when
+    ``reads_spans``: a chunked-attention layer's keys saw with the position (a query reads its
+    own chunk's prefix), so no total of contexts gives them. Others get no spans (building
+    them costs every step)."""
+
+    @property
+    def reads_spans(self) -> bool: ...
+
+
+def reads_spans(timer: StepTimer) -> bool:
+    """Whether ``timer`` reads the requests' positions (:class:`SpanTimer`)."""
+    return isinstance(timer, SpanTimer) and timer.reads_spans
 
 
 @runtime_checkable
@@ -578,19 +597,22 @@ class _Engine:
         self.preemptions += 1
 
 
-def _batch(eng: _Engine, chosen: dict[int, int]) -> StepBatch:
+def _batch(eng: _Engine, chosen: dict[int, int], spans: bool = False) -> StepBatch:
     pre = pairs = dec = ctx = sampled = 0.0
+    where: list[tuple[int, int]] = []
     for r in eng.running:
         new = chosen.get(id(r), 0)
         if not new:
             continue
         if r.computed + new >= r.num_tokens:
             sampled += 1
+        if spans:
+            where.append((r.computed, r.computed + new))
         if new == 1 and r.computed >= r.prompt:
             dec, ctx = dec + 1, ctx + r.computed + 1
         else:
             pre, pairs = pre + new, pairs + new * (r.computed + (new + 1) / 2)
-    return StepBatch(int(pre), pairs, int(dec), int(ctx), int(sampled))
+    return StepBatch(int(pre), pairs, int(dec), int(ctx), int(sampled), tuple(where))
 
 
 def _advance(eng: _Engine, chosen: dict[int, int], now: float, shared: int) -> list[_Req]:
@@ -649,7 +671,7 @@ def _step(eng: _Engine, timer: StepTimer, now: float, shared: int) -> _Step | No
     if not chosen:
         return None
     ran = tuple(eng.running)
-    batch = _batch(eng, chosen)
+    batch = _batch(eng, chosen, reads_spans(timer))
     end = now + timer.step_s(batch)
     return _Step(end, batch, chosen, ran, _advance(eng, chosen, end, shared))
 
@@ -1036,10 +1058,12 @@ def _fast_decode(eng: _Engine, timer: StepTimer, now: float, until: float,
     arrives = min(min((r.ready for r in eng.loading), default=math.inf), until)
     n = len(eng.running)
     context = sum(r.computed for r in eng.running)
+    starts = [r.computed for r in eng.running] if reads_spans(timer) else []
     steps = 0
     while steps < left and now < arrives:
         last_start = now
-        now += timer.step_s(StepBatch(0, 0.0, n, context + n * (steps + 1), n))
+        spans = tuple((p + steps, p + steps + 1) for p in starts)
+        now += timer.step_s(StepBatch(0, 0.0, n, context + n * (steps + 1), n, spans))
         steps += 1
     for r in eng.running:
         r.computed += steps
