@@ -148,6 +148,9 @@ class Room:
     # CPU engine's: memfit.CPU_BATCHED_TOKENS)
     limits: memfit.EngineLimits | None = field(default=None, compare=False, repr=False)
     block: int = field(default=memfit.BLOCK_TOKENS, compare=False, repr=False)  # CPU: 128
+    # the most memfit's margin keeps back of ``kv_budget_bytes`` (memfit.Fit.cushion); the CPU
+    # engine's cache is given outright, so its margin is the fraction alone (memfit.kept_back)
+    cushion: float = field(default=math.inf, compare=False, repr=False)
     # the warm and cold turns timed on this model's kernel table through the simulated
     # scheduler (:func:`timed_turn_ttft_s`); False: the roofline's (:func:`turn_ttft_s`)
     timed: bool = field(default=False, compare=False, repr=False)
@@ -167,7 +170,7 @@ class Room:
     def sessions(self, m: ModelSpec, tokens: int) -> int:
         """Whole requests of ``tokens`` one replica's KV cache holds (:func:`sessions_held`)."""
         return sessions_held(m, self.kv_budget_bytes, tokens, self.kv_bytes,
-                             self.batched_tokens, block=self.block)
+                             self.batched_tokens, cushion=self.cushion, block=self.block)
 
     def request_bytes(self, m: ModelSpec, tokens: int) -> int:
         """The KV bytes one session of ``tokens`` keeps between turns in this cache (memfit's
@@ -536,13 +539,15 @@ def loadgen_common_tokens(first_prompt: int, system_tokens: int | None = None) -
 
 
 def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: int,
-                  batched_tokens: int, *, block: int = memfit.BLOCK_TOKENS) -> int:
+                  batched_tokens: int, *, cushion: float,
+                  block: int = memfit.BLOCK_TOKENS) -> int:
     """Whole sessions of ``tokens`` a replica's KV memory holds between turns, less memfit's
-    margin: the pool's blocks over the blocks one session keeps, as memfit counts them for any
-    element size (:func:`memfit.pool_blocks`, :func:`memfit.request_blocks`: block rounding,
-    vLLM's padded layer groups, sliding windows; :data:`AT_REST`)."""
+    margin (:func:`memfit.usable_kv`, at most ``cushion``): the pool's blocks over the blocks one
+    session keeps, as memfit counts them for any element size (:func:`memfit.pool_blocks`,
+    :func:`memfit.request_blocks`: block rounding, vLLM's padded layer groups, sliding windows;
+    :data:`AT_REST`)."""
     per = memfit.request_blocks(m, tokens, batched_tokens, kv_dtype_bytes, block, AT_REST)
-    pool = memfit.pool_blocks(m, kv_budget * (1 - memfit.CONTEXT_MARGIN), kv_dtype_bytes, block)
+    pool = memfit.pool_blocks(m, memfit.usable_kv(kv_budget, cushion), kv_dtype_bytes, block)
     return pool // per if per else 0
 
 
@@ -570,11 +575,11 @@ def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidat
                                  c.fit.limits.batched_tokens)
         made = [Room(layout=label(c), tp=c.tp, pp=c.pp, dp=c.dp, kv_dtype=name,
                      held=sessions_held(m, c.fit.kv_budget, ask.request_tokens, nbytes,
-                                        c.fit.limits.batched_tokens),
+                                        c.fit.limits.batched_tokens, cushion=c.fit.cushion),
                      need=-(-ask.sessions // c.dp), kv_budget_bytes=c.fit.kv_budget,
                      ttft_warm_s=warm, ttft_cold_s=cold,
                      copy_s=host_copy_s(m, lay, ask.context, nbytes), lay=lay,
-                     limits=c.fit.limits)
+                     limits=c.fit.limits, cushion=c.fit.cushion)
                 for name, nbytes in dtypes]
         # where this model's kernel table is kept for the layout, a turn alone is timed as the
         # options' simulated figures are (the table's steps), not on the roofline; one figure
@@ -930,8 +935,8 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     room = replace(room, held=held)
     sim = _cpu_simulated(m, room, ask, CpuStep(m, policy.cpu_cores, over, over.pair_s or 0.0)
                          ) if over.measured and over.prefill is not None else None
-    need_gib = math.ceil(ask.sessions * room.request_bytes(m, ask.request_tokens)
-                         / (1 - memfit.CONTEXT_MARGIN) / GIB * 10) / 10
+    need_gib = math.ceil(memfit.budget_holding(ask.sessions * room.request_bytes(
+        m, ask.request_tokens), room.cushion) / GIB * 10) / 10
     # as on the GPUs: a cache holding one whole turn at least serves the sessions (the evicted
     # prefixes recomputed, the turns waiting for room); one holding none cannot run them
     options = [

@@ -234,10 +234,21 @@ def describe_plan(topo: Topology, links: Links, m: ModelSpec, policy: Policy, ch
             if policy.max_model_len
             else "the model's own limit, which the KV cache holds"
             if chosen.max_model_len >= m.max_position_embeddings
-            else "the longest context the estimated KV cache holds, less a "
-            f"{memfit.CONTEXT_MARGIN:.0%} margin (vLLM's own sizing may differ by a few percent)"
+            else "the longest context the estimated KV cache holds, less "
+            + context_margin(chosen)
         ),
     )
+
+
+def context_margin(chosen: Candidate) -> str:
+    """The margin the planned context keeps below the estimate, in words (memfit.kept_back)."""
+    assert chosen.fit is not None
+    kept = memfit.kept_back(chosen.fit.kv_budget, chosen.fit.cushion)
+    share = kept / chosen.fit.kv_budget if chosen.fit.kv_budget else 0.0
+    bound = ("" if kept < chosen.fit.cushion
+             else ", the bytes of the estimate's activation, CUDA-graph and non-torch terms")
+    return (f"a margin of {kept / GIB:.2f} GiB ({share:.1%} of it{bound}; vLLM's own sizing may "
+            "differ by a few percent)")
 
 
 # ----------------------------------------------------------------------------------- no fit

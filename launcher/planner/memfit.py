@@ -20,8 +20,9 @@ layer holds ``window − 1 + max_num_batched_tokens`` tokens, not just its windo
 model's recurrent (Mamba, linear-attention) layers hold their state pages per request whatever
 its length, and its attention blocks are enlarged to hold one (:func:`state_block_tokens`).
 
-Everything here is an estimate of those figures, so the context the planner sets keeps
-``CONTEXT_MARGIN`` below the longest one the estimate admits.
+Everything here is an estimate of those figures, so the context the planner sets keeps a margin
+below the longest one the estimate admits (:func:`kept_back`): ``CONTEXT_MARGIN`` of the KV
+budget, never more than the bytes of the estimate's own absolute terms (:func:`context_cushion`).
 
 How many requests run at once is this module's too: the KV pool's blocks (``pool_blocks``, kept
 on the ``Fit``) over the blocks one request takes (``request_blocks``), as vLLM counts its
@@ -38,11 +39,18 @@ from dataclasses import dataclass, replace
 from launcher.model.modelspec import ALIGN_STATE_PAGES, GIB, KvGroup, ModelSpec
 from launcher.probe.topology import Gpu
 
-# Kept below the longest context the estimate admits. The terms below are each a little above
-# what vLLM 0.26 logged, so the margin only has to cover what varies between two starts of the
-# same engine: the Qwen2.5-32B shape at 0.9 logged a peak activation of 1.53 and 1.59 GiB on two
-# starts (0.06 GiB, 0.1% of its KV cache), and the MoE's fused-MoE buffers 0.03 GiB (0.7% of its
-# 4.56 GiB) above the model. 2% keeps the plan within 5% of vLLM's longest context at 0.15.
+# Kept below the longest context the estimate admits (:func:`kept_back`). The terms below are
+# each at or a little above what vLLM 0.26 logged for the models they were checked on, so the
+# margin covers what varies between two starts of the same engine and what the terms miss, both
+# bytes of the absolute terms, not of the KV budget: the Qwen2.5-32B shape at 0.9 logged a peak
+# activation of 1.53 and 1.59 GiB on two starts (0.06 GiB), the MoE's fused-MoE buffers 0.03
+# GiB above the model; over every start logged in benchmarks/gpu/results the estimate was at
+# most 0.61 GiB above vLLM's "Available KV cache memory" (the Llama-3.3-70B AWQ shape at 0.5,
+# its weights 0.81 GiB above memfit's), 28% of its activation, graph and non-torch terms. Where
+# vLLM 0.26 subtracts its CUDA-graph estimate for an MoE model under the default capture sizes
+# (0.64-1.84 GiB where memfit counts 0.05-0.09) the excess was up to 2.68 GiB (GLM-4.7-Flash at
+# 0.6, 10.5% of its KV cache), which neither bound covers. 2% keeps the plan within 5% of
+# vLLM's longest context at 0.15; the terms' bytes bound it at large budgets.
 CONTEXT_MARGIN = 0.02
 BLOCK_TOKENS = 16  # vLLM's GPU block size (the CPU backend uses 128)
 # Memory outside torch's allocator that grows during vLLM's profile (cuBLAS and cuBLASLt
@@ -397,20 +405,49 @@ def longest_passing(fits: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
+def context_cushion(m: ModelSpec, tp: int, pp: int, lim: EngineLimits) -> float:
+    """The most a replica's margin keeps back (:func:`kept_back`): the bytes of the estimate's
+    absolute terms besides the weights (peak activation, memory outside torch, the CUDA-graph
+    estimate, the TP buffers: :func:`overhead_per_gpu`) on each GPU, over the KV shards, as
+    the KV budget is counted. They do not grow with the KV budget, and neither does what varies
+    between two starts or what they miss (see CONTEXT_MARGIN)."""
+    return overhead_per_gpu(m, tp, pp, lim) * kv_shards(m, tp, pp)
+
+
+def kept_back(kv_budget: float, cushion: float) -> float:
+    """The bytes of ``kv_budget`` the planned context leaves unused: ``CONTEXT_MARGIN`` of it,
+    never more than ``cushion`` (:func:`context_cushion`; ``math.inf`` where no term is
+    estimated, as on the CPU engine, whose cache is given outright: the fraction alone then
+    covers memfit's block accounting against the CPU build's)."""
+    return min(CONTEXT_MARGIN * kv_budget, cushion)
+
+
+def usable_kv(kv_budget: float, cushion: float) -> float:
+    """The part of ``kv_budget`` a plan fills: all of it but what :func:`kept_back` keeps."""
+    return kv_budget - kept_back(kv_budget, cushion)
+
+
+def budget_holding(kv: float, cushion: float) -> float:
+    """The smallest KV budget whose :func:`usable_kv` is ``kv`` bytes (its inverse): the
+    fraction's ``kv / (1 - CONTEXT_MARGIN)``, or ``kv + cushion`` where the cushion binds."""
+    return min(kv / (1 - CONTEXT_MARGIN), kv + cushion)
+
+
 def planned_context(
     m: ModelSpec,
     kv_budget: float,
     batched_tokens: int,
     kv_dtype_bytes: int = 2,
     *,
+    cushion: float,
     block: int = BLOCK_TOKENS,
     in_flight: int = GPU_BATCHES_IN_FLIGHT,
 ) -> int:
-    """The context to ask vLLM for: the model's own limit, or the longest one that fits in
-    ``CONTEXT_MARGIN`` less than the estimated KV budget."""
+    """The context to ask vLLM for: the model's own limit, or the longest one that fits in the
+    estimated KV budget less its margin (:func:`kept_back`, at most ``cushion``)."""
     return longest_context(
         m,
-        kv_budget * (1 - CONTEXT_MARGIN),
+        usable_kv(kv_budget, cushion),
         batched_tokens,
         kv_dtype_bytes,
         block=block,
@@ -429,9 +466,8 @@ def cpu_context(
 ) -> int:
     """The context to plan on the CPU engine, whose KV cache is given outright
     (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes)."""
-    return planned_context(
-        m, kv_cache_bytes, batched_tokens, block=CPU_BLOCK_TOKENS, in_flight=CPU_BATCHES_IN_FLIGHT
-    )
+    return planned_context(m, kv_cache_bytes, batched_tokens, cushion=math.inf,
+                           block=CPU_BLOCK_TOKENS, in_flight=CPU_BATCHES_IN_FLIGHT)
 
 
 def pool_blocks(
@@ -600,6 +636,7 @@ class Fit:
     kv_budget: float  # KV bytes of one replica, all its GPUs together
     context: int  # the context to plan: below the longest the estimate admits by the margin
     limits: EngineLimits
+    cushion: float  # the most the margin keeps back of ``kv_budget`` (context_cushion)
     kv_dtype_bytes: int = 2  # 1 under --kv-cache-dtype fp8
     kv_blocks: int = 0  # blocks of vLLM's KV pool in ``kv_budget`` (pool_blocks)
     offload: float = 0.0  # bytes of each GPU's weights kept in CPU memory (--cpu-offload-gb)
@@ -624,10 +661,11 @@ def fit(
     over = overhead_per_gpu(m, tp, pp, lim) + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     kv = tp_share(m, tp)
-    context = planned_context(kv, kv_budget, lim.batched_tokens, kv_dtype_bytes)
+    cushion = context_cushion(m, tp, pp, lim)
+    context = planned_context(kv, kv_budget, lim.batched_tokens, kv_dtype_bytes, cushion=cushion)
     blocks = pool_blocks(kv, kv_budget, kv_dtype_bytes)
-    return Fit(budget, weights, over, kv_budget, context, lim, kv_dtype_bytes, blocks, offload,
-               tp)
+    return Fit(budget, weights, over, kv_budget, context, lim, cushion, kv_dtype_bytes, blocks,
+               offload, tp)
 
 
 def replica_kv_budget(
@@ -645,11 +683,11 @@ def replica_kv_budget(
 
 def need_per_gpu(f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:
     """Bytes per GPU to hold the weights, the overhead, vLLM's null block and one request of
-    ``tokens``, with the margin kept on the KV part."""
+    ``tokens``, with the margin kept on the KV part (:func:`budget_holding`)."""
     share = tp_share(m, tp)
     kv = (request_kv_bytes(share, tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
           + null_block_bytes(share, f.kv_dtype_bytes))
-    return f.need_fixed + kv / (1 - CONTEXT_MARGIN) / kv_shards(m, tp, pp)
+    return f.need_fixed + budget_holding(kv, f.cushion) / kv_shards(m, tp, pp)
 
 
 def sequences_held(m: ModelSpec, f: Fit, tokens: int) -> int:

@@ -155,7 +155,7 @@ def test_a_sliding_window_room_holds_the_sessions_memfits_block_pool_holds() -> 
     fewer = 0
     for r in ap.rooms:
         assert r.limits is not None
-        kv = r.kv_budget_bytes * (1 - memfit.CONTEXT_MARGIN)
+        kv = memfit.usable_kv(r.kv_budget_bytes, r.cushion)
         pool = memfit.pool_blocks(m, kv, r.kv_bytes)
         per = memfit.request_blocks(m, tokens, r.limits.batched_tokens, r.kv_bytes, in_flight=0)
         assert r.held == pool // per

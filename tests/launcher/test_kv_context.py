@@ -85,7 +85,7 @@ def row(c: Case) -> Row:
     return Row(
         planned=f.context,
         accepted=memfit.longest_context(m, c.available * shards, batched),
-        planned_uncapped=memfit.planned_context(big, f.kv_budget, batched),
+        planned_uncapped=memfit.planned_context(big, f.kv_budget, batched, cushion=f.cushion),
         accepted_uncapped=memfit.longest_context(big, c.available * shards, batched),
         kv_estimate=f.kv_budget / shards,
         fit=f,

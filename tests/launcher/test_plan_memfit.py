@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -63,20 +64,49 @@ def test_a_dense_model_needs_whole_blocks_of_every_layer() -> None:
     assert memfit.request_kv_bytes(m, 1000, 8192) == 63 * per_block  # ceil(1000 / 16)
 
 
-@given(budget_gib=st.floats(0.01, 200), batched=st.sampled_from([512, 2048, 8192, 16384]))
+@given(budget_gib=st.floats(0.01, 200), batched=st.sampled_from([512, 2048, 8192, 16384]),
+       cushion_gib=st.one_of(st.floats(0, 4), st.just(math.inf)))
 def test_the_planned_context_always_passes_vllms_check_with_the_margin(
-    budget_gib: float, batched: int
+    budget_gib: float, batched: int, cushion_gib: float
 ) -> None:
+    cushion = cushion_gib * GIB
     for name in ("gemma-3-27b", "llama-3.3-70b", "gemma-4-31b", "qwen3-30b-a3b"):
         m = load_model_spec(model(name))
-        ctx = memfit.planned_context(m, budget_gib * GIB, batched)
+        ctx = memfit.planned_context(m, budget_gib * GIB, batched, cushion=cushion)
         assert 0 <= ctx <= m.max_position_embeddings
         null = memfit.null_block_bytes(m)  # the pool block vLLM holds back before its check
         if ctx:
             need = memfit.request_kv_bytes(m, ctx, batched) + null
-            assert need <= budget_gib * GIB * (1 - memfit.CONTEXT_MARGIN)
+            assert need <= memfit.usable_kv(budget_gib * GIB, cushion)
+            assert need <= budget_gib * GIB - min(budget_gib * GIB * 0.02, cushion)
         if ctx < m.max_position_embeddings:  # the longest: one token more would not pass
             assert memfit.request_kv_bytes(m, ctx + 1, batched) + null > budget_gib * GIB * 0.95
+
+
+@given(kv_gib=st.floats(0, 500), cushion_gib=st.one_of(st.floats(0, 8), st.just(math.inf)))
+def test_the_margin_is_the_fraction_never_more_than_the_cushion_and_its_budget_inverts_it(
+    kv_gib: float, cushion_gib: float
+) -> None:
+    kv, cushion = kv_gib * GIB, cushion_gib * GIB
+    kept = memfit.kept_back(kv, cushion)
+    assert kept <= memfit.CONTEXT_MARGIN * kv
+    assert kept <= cushion
+    assert kept in (pytest.approx(memfit.CONTEXT_MARGIN * kv), cushion)
+    # need_per_gpu's budget is the smallest whose usable part holds the bytes asked
+    budget = memfit.budget_holding(kv, cushion)
+    assert memfit.usable_kv(budget, cushion) == pytest.approx(kv, abs=1.0)
+
+
+def test_the_margin_is_the_estimates_absolute_terms_at_a_large_budget() -> None:
+    # the Llama-3.1-8B shape at 0.9 on the H200: 2% of its 111 GiB of KV is 2.2 GiB, above the
+    # 1.3 GiB of activation, CUDA-graph and non-torch bytes the estimate holds besides weights
+    m = load_model_spec(str(REPO / "benchmarks/gpu/models/llama-3.1-8b-longctx-shape"))
+    lim = memfit.vllm_defaults(int(140.4 * GIB), "NVIDIA H200")
+    cushion = memfit.context_cushion(m, 1, 1, lim)
+    assert cushion == pytest.approx(memfit.overhead_per_gpu(m, 1, 1, lim))
+    kv = 111 * GIB
+    assert memfit.kept_back(kv, cushion) == cushion < memfit.CONTEXT_MARGIN * kv
+    assert memfit.kept_back(13 * GIB, cushion) == pytest.approx(memfit.CONTEXT_MARGIN * 13 * GIB)
 
 
 def test_the_overhead_grows_with_vllms_profiling_batch() -> None:
