@@ -548,7 +548,7 @@ def sessions_held(m: ModelSpec, kv_budget: float, tokens: int, kv_dtype_bytes: i
     :data:`AT_REST`)."""
     per = memfit.request_blocks(m, tokens, batched_tokens, kv_dtype_bytes, block, AT_REST)
     pool = memfit.pool_blocks(m, memfit.usable_kv(kv_budget, cushion), kv_dtype_bytes, block)
-    return pool // per if per else 0
+    return memfit.requests_held(pool, per)
 
 
 def rooms(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candidate],

@@ -691,8 +691,22 @@ def need_per_gpu(f: Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:
 
 
 def sequences_held(m: ModelSpec, f: Fit, tokens: int) -> int:
-    """How many requests of ``tokens`` the fit's KV cache holds at once: the pool's blocks over
-    the blocks one of them takes (block rounding, sliding windows and the batches in flight as
-    vLLM's scheduler counts them), at least one (a fit holds its context)."""
+    """How many requests of ``tokens`` the fit's KV cache holds at once (:func:`requests_held`:
+    block rounding, sliding windows and the batches in flight as vLLM's scheduler counts them),
+    at least one (a fit holds its context)."""
     per = request_blocks(tp_share(m, f.tp), tokens, f.limits.batched_tokens, f.kv_dtype_bytes)
-    return max(1, f.kv_blocks // per) if per else 1
+    return max(1, requests_held(f.kv_blocks, per))
+
+
+# The blocks vLLM's block pool takes for itself when it is made: the null block, which padded
+# block tables point at and no request ever gets (vllm/v1/core/block_pool.py BlockPool).
+NULL_BLOCKS = 1
+
+
+def requests_held(kv_blocks: int, per_request: int) -> int:
+    """Whole requests of ``per_request`` blocks (:func:`request_blocks`) a pool of ``kv_blocks``
+    (:func:`pool_blocks`) holds at once: its free blocks, all but the null block, over one
+    request's. vLLM's logged "Maximum concurrency" divides the whole pool and so says one more
+    where the blocks divide evenly (4.00x for four 8,192-token Llama-3.1-8B requests in 4 GiB,
+    of which three fit)."""
+    return max(0, kv_blocks - NULL_BLOCKS) // per_request if per_request else 0

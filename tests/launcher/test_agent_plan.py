@@ -158,7 +158,7 @@ def test_a_sliding_window_room_holds_the_sessions_memfits_block_pool_holds() -> 
         kv = memfit.usable_kv(r.kv_budget_bytes, r.cushion)
         pool = memfit.pool_blocks(m, kv, r.kv_bytes)
         per = memfit.request_blocks(m, tokens, r.limits.batched_tokens, r.kv_bytes, in_flight=0)
-        assert r.held == pool // per
+        assert r.held == (pool - 1) // per  # vLLM's pool keeps one block as its null block
         fewer += r.held < int(kv // m.kv_bytes(tokens, r.kv_bytes))
     assert fewer == len(ap.rooms)
 

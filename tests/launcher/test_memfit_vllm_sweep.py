@@ -9,6 +9,7 @@ it. One reference call per case (a bisection over vLLM's own grouping and check)
 from __future__ import annotations
 
 import json
+import math
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from launcher.model.modelspec import GIB, load_model_spec
 from launcher.planner import memfit
 from tests.launcher.paths import MODELS, REPO
-from tests.launcher.vllm_kv_truth import Engine, read_config, vllm_accepts
+from tests.launcher.vllm_kv_truth import Engine, read_config, vllm_accepts, vllm_pool
 
 RECENT = REPO / "tests" / "fixtures" / "recent-models"
 BATCHED = 8192
@@ -117,6 +118,40 @@ def test_the_planned_context_is_within_5_percent_of_what_vllm_accepts(
               for accepted, _, planned in [_figures(folder, tp, gib)]
               if planned < min(accepted * (1 - WITHIN), accepted - _step(folder, tp))]
     assert not misses, "; ".join(misses)
+
+
+# (folder, GiB of KV, tokens a request): a dense model whose pool divides evenly into its
+# requests (vLLM logs 4.00x, three fit), sliding windows, a hybrid's state blocks, latent attention
+POOLS = [
+    (MODELS / "llama-3.1-8b", 4.0, 8192),
+    (MODELS / "llama-3.1-8b", 3.0, 5000),
+    (MODELS / "gemma-3-27b", 4.0, 4096),
+    (MODELS / "gemma-4-31b", 32.0, 16384),
+    (RECENT / "qwen3-next-80b-a3b-thinking", 4.0, 16384),
+    (RECENT / "nemotron-h-56b-base-8k", 4.0, 8192),
+    (MODELS / "deepseek-v2-lite", 2.0, 8192),
+]
+
+
+@pytest.mark.parametrize(("folder", "gib", "tokens"), POOLS,
+                         ids=[f"{f.name}-{g}GiB-{t}" for f, g, t in POOLS])
+def test_the_requests_held_at_once_are_the_free_blocks_of_vllms_pool_over_one_requests(
+    folder: Path, gib: float, tokens: int
+) -> None:
+    m = load_model_spec(str(folder))
+    pool = vllm_pool(read_config(folder), int(gib * GIB), tokens, Engine(batched_tokens=BATCHED))
+    blocks = memfit.pool_blocks(m, gib * GIB)
+    per = round(pool.num_blocks / pool.concurrency)  # vLLM's blocks of one request
+    held = pool.free_blocks // per  # the null block is never a request's
+    fit = memfit.Fit(0.0, 0.0, 0.0, gib * GIB, tokens, memfit.EngineLimits(BATCHED, MAX_SEQS),
+                     math.inf, kv_blocks=blocks)
+    assert memfit.sequences_held(m, fit, tokens) == max(1, held)
+    if len({g.bytes_per_token() for g, _ in memfit.vllm_groups(m)}) == 1:
+        # one page size: memfit's pool and request are vLLM's blocks (with several, Gemma 4's,
+        # memfit counts a block of every layer and sizes a request in those)
+        assert (blocks, memfit.request_blocks(m, tokens, BATCHED)) == (pool.num_blocks, per)
+    if pool.num_blocks % per == 0:  # vLLM's logged figure counts the null block as room
+        assert held == pool.concurrency - 1
 
 
 @pytest.mark.parametrize("folder", [RECENT / "nemotron-h-56b-base-8k", RECENT / "qwen3.5-27b"],

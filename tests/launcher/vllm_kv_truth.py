@@ -33,7 +33,11 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateShapeCalculator,
 )
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import (
+    get_kv_cache_configs,
+    get_max_concurrency_for_kv_cache_config,
+)
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -199,3 +203,25 @@ def vllm_accepts(t: dict[str, Any], kv_bytes_per_gpu: int, engine: Engine = Engi
     except ValueError:
         return 0
     return int(config.model_config.max_model_len)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """vLLM's KV pool for requests of ``max_model_len`` tokens, as its engine core makes it."""
+
+    num_blocks: int  # KVCacheConfig.num_blocks: the blocks the memory holds
+    concurrency: float  # its logged "Maximum concurrency": num_blocks over one request's blocks
+    free_blocks: int  # what a fresh BlockPool of them has to hand out (the null block taken)
+
+
+def vllm_pool(t: dict[str, Any], kv_bytes_per_gpu: int, max_model_len: int,
+              engine: Engine = Engine()) -> Pool:
+    """The pool vLLM's engine core makes of ``kv_bytes_per_gpu`` with ``max_model_len`` asked
+    (no auto-fit: ValueError where one such request does not pass its check)."""
+    specs, ssm_dtype, _ = vllm_specs(t, engine)
+    config = _config(engine, max_model_len, ssm_dtype)
+    config.model_config.original_max_model_len = max_model_len
+    kv = get_kv_cache_configs(config, [specs], [int(kv_bytes_per_gpu)])[0]
+    blocks = BlockPool(kv.num_blocks, enable_caching=True, hash_block_size=BLOCK)
+    return Pool(kv.num_blocks, get_max_concurrency_for_kv_cache_config(config, kv),
+                blocks.get_num_free_blocks())
