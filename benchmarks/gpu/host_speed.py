@@ -3,7 +3,7 @@
     python benchmarks/gpu/host_speed.py [--interval 5] [--samples 0] [--busy 0 [--busy-every 1]]
         [--duty 10,25,50,75,100 --duty-seconds 2 --burst-ms 3] [--per-cpu 0.2]
         [--sweep-at-start] [--sweep-on FILE --sweep-match TEXT] [--tag TAG]
-        [--threads-match vllm [--pin-ms 20]]
+        [--threads-match vllm [--pin-ms 20]] [--parts-share 0.5]
 
 Every ``interval`` seconds: the least of 5 runs of the host timing's reference workload
 (launcher.probe.hostcost.reference_work: a JSON parse, pickling and sha256 of 4,000 ids, the
@@ -56,26 +56,98 @@ times the reference pinned for M ms on each of the (up to three) CPUs the busies
 threads last ran on ("pinned": cpu, runs, fastest and median ms): the level of the vCPU the
 engine uses, read beside its steps. Its cost: reading a few hundred small /proc files and up to
 3 x M ms of one core a sample, on CPUs the engine is using (20 ms of a 1 s interval: 2% of one).
+
+The reference's parts (``--parts-share F``, default 0.5; issue 22, session 32): on table 16's lent
+H100 host the reference pinned on the engine core's own vCPU read the slow level in 83% of the
+Qwen2.5-1.5B case's rows (median 0.91 ms, fast ~0.5), yet that engine's host-bound figures ran
+where the planner's pace puts X ~0.60 ms (benchmarks/gpu/host-threads-t16.md): either the slow
+level slows the reference's mix of work more than the engine's, or the engine dodged it. So on
+each CPU of the per-CPU pass and of --pin-ms, after the reference, the sampler times its three
+parts alone and a plain interpreter loop, one after another round after round, for F x the
+reference's time there (--per-cpu S: F x S a CPU; --pin-ms M: F x M ms a CPU): json (json.loads
+of its 4,000 ids, the C scanner), pickle (250 16-int tuples sliced, built and pickled), sha256
+(of those 250 ~100-byte pickles) and loop (LOOP_N rounds of dict get/store, list append and int
+arithmetic: bytecode dispatch, no library call). Each entry of "per_cpu" and "pinned" then has
+"parts": {"runs": rounds, "json": {"min_ms", "med_ms"}, "pickle": ..., "sha256": ..., "loop":
+...}; the older fields are unchanged. A round takes ~0.5 ms where the reference takes 0.4 (json
+0.18, pickle 0.12, sha256 0.09, loop 0.13 ms on a fast core): whether a slow vCPU slows every kind
+of work alike (a throttled or shared core) or only some (an SMT sibling contends for some units,
+not others) is what the parts' spread against the reference's tells. Its cost: at the defaults
+10 ms more of one core on each pinned CPU a sample (up to 3 x 30 ms in all of a 1-s interval, 9%
+of one core, 3% of any one engine CPU) and 0.1 s more a CPU in the per-CPU pass (16 x 0.3 s in
+all where it was 16 x 0.2); 0 turns it off.
 Read the rows with benchmarks/gpu/host_speed_read.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import pickle
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launcher.probe.hostcost import reference_work
+# the reference's own JSON body (private to hostcost: the parts below must parse what it parses)
+from launcher.probe.hostcost import _REFERENCE_BODY, reference_work
 
 RUNS = 5
 # a run this much slower than the busy window's fastest counts as the slow level (the lent H200's
 # two levels were ~1.9x apart, nothing between them: results/2026-12-03-h200-table7)
 SLOW = 1.4
+# the parts runs' share of the reference's time on each CPU (--parts-share's default)
+PARTS_SHARE = 0.5
+
+
+# The reference's three parts, each timed alone (--parts-share; the module's docstring), and a
+# plain interpreter loop. The pickle and sha256 parts work on what the part before made, made once
+# here, so that each times its own kind of work only; json + pickle + sha256 is the reference's
+# work (reference_work interleaves the last two chunk by chunk).
+_IDS: list[int] = json.loads(_REFERENCE_BODY)
+_CHUNKS = range(0, len(_IDS), 16)
+
+
+def part_json() -> object:
+    """The reference's JSON parse: 4,000 ints from their bytes (C: the json module's scanner)."""
+    return json.loads(_REFERENCE_BODY)
+
+
+def part_pickle() -> list[bytes]:
+    """The reference's pickling: 250 tuples of 16 ints, each sliced, built and pickled."""
+    return [pickle.dumps(tuple(_IDS[i:i + 16])) for i in _CHUNKS]
+
+
+_BLOBS = part_pickle()
+
+
+def part_sha256() -> list[bytes]:
+    """The reference's hashing: sha256 of each of the 250 pickles (~100 bytes each)."""
+    return [hashlib.sha256(b).digest() for b in _BLOBS]
+
+
+LOOP_N = 1500
+
+
+def part_loop() -> int:
+    """Plain interpreter work, no C library call of any size: LOOP_N rounds of int arithmetic,
+    a dict's get and store and a list's append (bytecode dispatch and small objects, the kind of
+    work an engine's Python scheduler and output loop do between library calls)."""
+    d: dict[int, int] = {}
+    out: list[int] = []
+    for i in range(LOOP_N):
+        k = i & 127
+        d[k] = d.get(k, 0) + i
+        out.append(d[k] ^ i)
+    return len(out) + len(d)
+
+
+PARTS: tuple[tuple[str, Callable[[], object]], ...] = (
+    ("json", part_json), ("pickle", part_pickle), ("sha256", part_sha256), ("loop", part_loop))
 
 
 def proc_stat() -> tuple[float, float, float] | None:
@@ -112,6 +184,19 @@ def back_to_back(seconds: float) -> list[float]:
     return runs
 
 
+def parts_back_to_back(seconds: float) -> dict[str, list[float]]:
+    """Each of PARTS once in turn, round after round, for ``seconds`` of wall (at least one
+    round): each part's CPU seconds, run by run."""
+    runs: dict[str, list[float]] = {name: [] for name, _ in PARTS}
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or not runs["json"]:
+        for name, f in PARTS:
+            c0 = time.thread_time()
+            f()
+            runs[name].append(time.thread_time() - c0)
+    return runs
+
+
 def busy(seconds: float) -> dict[str, float]:
     """The reference back to back for ``seconds`` (a thread that never sleeps, as an engine
     core's does not while it serves): its first run, mean, fastest, and the share of runs at the
@@ -143,6 +228,15 @@ def run_stats(runs: list[float]) -> dict[str, float]:
     return {"runs": len(runs), "med_ms": _ms(_quantile(runs, 0.5)),
             "p90_ms": _ms(_quantile(runs, 0.9)), "mean_ms": _ms(sum(runs) / len(runs)),
             "min_ms": _ms(min(runs))}
+
+
+def parts_stats(runs: dict[str, list[float]]) -> dict[str, object]:
+    """An entry's "parts": the rounds run, and per part its fastest and median ms."""
+    out: dict[str, object] = {"runs": min((len(r) for r in runs.values()), default=0)}
+    for name, r in runs.items():
+        if r:
+            out[name] = {"min_ms": _ms(min(r)), "med_ms": _ms(_quantile(r, 0.5))}
+    return out
 
 
 def gap_s(duty: float, burst_s: float) -> float:
@@ -207,25 +301,33 @@ def duty_sweep(duties: list[float], seconds: float, burst_s: float) -> list[dict
     return [duty_stats(d, *got[d], burst_s, low) for d in duties]
 
 
-def per_cpu(seconds: float) -> list[dict[str, float]]:
+def per_cpu(seconds: float, parts_s: float = 0.0) -> list[dict[str, object]]:
     """The reference back to back ``seconds`` pinned to each CPU this thread may run on, in
     turn (the thread's affinity put back after): per CPU its first run, run_stats, and the share
-    of its runs at the fast level (under SLOW x the fastest run on any CPU). Empty where the OS
-    cannot pin."""
+    of its runs at the fast level (under SLOW x the fastest run on any CPU); with ``parts_s``,
+    then PARTS for that long on the same CPU ("parts": parts_stats). Empty where the OS cannot
+    pin."""
     if not hasattr(os, "sched_setaffinity"):
         return []
     allowed = sorted(os.sched_getaffinity(0))
-    got: list[tuple[int, list[float]]] = []
+    got: list[tuple[int, list[float], dict[str, list[float]] | None]] = []
     try:
         for cpu in allowed:
             os.sched_setaffinity(0, {cpu})
-            got.append((cpu, back_to_back(seconds)))
+            runs = back_to_back(seconds)
+            got.append((cpu, runs, parts_back_to_back(parts_s) if parts_s > 0 else None))
     finally:
         os.sched_setaffinity(0, set(allowed))
-    low = min(r for _, runs in got for r in runs)
-    return [{"cpu": cpu, "first_ms": _ms(runs[0]), **run_stats(runs),
-             "fast_share": round(sum(r < SLOW * low for r in runs) / len(runs), 4)}
-            for cpu, runs in got]
+    low = min(r for _, runs, _ in got for r in runs)
+    out: list[dict[str, object]] = []
+    for cpu, runs, parts in got:
+        row: dict[str, object] = {
+            "cpu": cpu, "first_ms": _ms(runs[0]), **run_stats(runs),
+            "fast_share": round(sum(r < SLOW * low for r in runs) / len(runs), 4)}
+        if parts is not None:
+            row["parts"] = parts_stats(parts)
+        out.append(row)
+    return out
 
 
 def _thread_stat(path: Path) -> tuple[str, int, float] | None:
@@ -296,21 +398,25 @@ class ThreadWatch:
         return sorted(rows, key=lambda r: -float(str(r["cpu_s"])))
 
 
-def pinned(cpus: list[int], ms: float) -> list[dict[str, float]]:
+def pinned(cpus: list[int], ms: float, parts_ms: float = 0.0) -> list[dict[str, object]]:
     """The reference back to back for ``ms`` pinned to each of ``cpus`` in turn (those this
-    thread may use), affinity put back after: cpu, runs, fastest and median ms."""
+    thread may use), affinity put back after: cpu, runs, fastest and median ms; with
+    ``parts_ms``, then PARTS for that long on the same CPU ("parts": parts_stats)."""
     if not hasattr(os, "sched_setaffinity"):
         return []
     allowed = os.sched_getaffinity(0)
-    out: list[dict[str, float]] = []
+    out: list[dict[str, object]] = []
     try:
         for cpu in cpus:
             if cpu not in allowed:
                 continue
             os.sched_setaffinity(0, {cpu})
             runs = back_to_back(ms / 1e3)
-            out.append({"cpu": cpu, "runs": len(runs), "min_ms": _ms(min(runs)),
-                        "med_ms": _ms(_quantile(runs, 0.5))})
+            row: dict[str, object] = {"cpu": cpu, "runs": len(runs), "min_ms": _ms(min(runs)),
+                                      "med_ms": _ms(_quantile(runs, 0.5))}
+            if parts_ms > 0:
+                row["parts"] = parts_stats(parts_back_to_back(parts_ms / 1e3))
+            out.append(row)
     finally:
         os.sched_setaffinity(0, allowed)
     return out
@@ -333,7 +439,7 @@ def sweep(args: argparse.Namespace, tag: str) -> dict[str, object]:
     if args.duty:
         row["duty"] = duty_sweep(args.duty, args.duty_seconds, args.burst_ms / 1e3)
     if args.per_cpu > 0:
-        row["per_cpu"] = per_cpu(args.per_cpu)
+        row["per_cpu"] = per_cpu(args.per_cpu, args.per_cpu * args.parts_share)
     row["sweep_s"] = round(time.perf_counter() - t0, 3)
     return row
 
@@ -399,7 +505,13 @@ def main() -> int:
     ap.add_argument("--pin-ms", type=float, default=0.0,
                     help="with --threads-match: ms of the reference pinned to each CPU the "
                          "busiest threads ran on, every sample (0: none)")
+    ap.add_argument("--parts-share", type=float, default=PARTS_SHARE, metavar="F",
+                    help="after the reference on each CPU of --per-cpu and --pin-ms, time its "
+                         "parts (json, pickle, sha256) and a plain loop for F x that time "
+                         "(0: none)")
     args = ap.parse_args()
+    if args.parts_share < 0:
+        ap.error("--parts-share is a share of the reference's time, 0 or more")
     texts = [t.strip() for t in args.threads_match.split(",") if t.strip()]
     threads = ThreadWatch(texts) if texts else None
     sweeping = bool(args.duty) or args.per_cpu > 0
@@ -418,7 +530,8 @@ def main() -> int:
         if threads is not None:
             row["threads"] = busy_rows = threads.busy()
             if args.pin_ms > 0 and busy_rows:
-                row["pinned"] = pinned(busiest_cpus(busy_rows), args.pin_ms)
+                row["pinned"] = pinned(busiest_cpus(busy_rows), args.pin_ms,
+                                       args.pin_ms * args.parts_share)
         windowed = args.busy > 0 and n % max(1, args.busy_every) == 0
         if windowed:
             row.update(busy(args.busy))

@@ -20,12 +20,20 @@ CPU the spread of the pinned medians (max over min, and the slowest CPUs). Where
 --threads-match's "threads" (and --pin-ms's "pinned"): per row the busiest matching thread (an
 engine core's loop, while it serves), which CPUs it sat on and how often, and the reference pinned
 on its CPU against the sleeping sampler's in the same row: the level of the vCPU the engine used
-beside the level the sampler read. """
+beside the level the sampler read. Where the entries of a per-CPU pass or of "pinned" have "parts"
+(host_speed.py --parts-share: the reference's json, pickle and sha256 parts and a plain
+interpreter loop, each timed alone on that CPU right after the reference): per part, and for the
+reference itself, the spread across the entries (most over least), its median on the entries where
+the reference ran at the slow level over its median on the others (a part the slow level slows as
+much as the reference shows the reference's ratio; one it leaves alone, ~1), and its correlation
+with the reference's figure: whether a slow vCPU slows every kind of work alike. """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,8 @@ SLOW = 1.4
 FAST_Q = 0.05
 
 Row = dict[str, Any]
+# host_speed.PARTS' names, in its order
+PARTS = ("json", "pickle", "sha256", "loop")
 
 
 def _num(x: object) -> bool:
@@ -169,6 +179,60 @@ def engine_cpus(rows: list[Row]) -> dict[str, Any] | None:
     return out
 
 
+def part_spread(entries: object, key: str) -> dict[str, Any] | None:
+    """The reference's parts across entries (one a CPU of a per-CPU pass, or a file's pinned
+    entries), each entry read at ``key`` (med_ms for a per-CPU pass, min_ms for the pinned ones:
+    a few runs, whose fastest is the level): per part (and "ref", the reference itself) n, least,
+    most, spread (most over least), slow_over_fast (its median on the entries whose reference is
+    over SLOW x the entries' fast level, over its median on the others, where both exist) and corr
+    (its correlation with the reference's figure over the entries with both, where 3 or more and
+    neither side is constant);
+    "slow_n" the entries at the slow level. None without an entry holding both the reference's
+    figure and a part's."""
+    rows = [e for e in entries if isinstance(e, dict) and _num(e.get(key))
+            and isinstance(e.get("parts"), dict)] if isinstance(entries, list) else []
+    figs: dict[str, list[tuple[float, float]]] = {}  # part -> (reference's figure, part's)
+    for e in rows:
+        figs.setdefault("ref", []).append((e[key], e[key]))
+        for name in PARTS:
+            part = e["parts"].get(name)
+            if isinstance(part, dict) and _num(part.get(key)):
+                figs.setdefault(name, []).append((e[key], part[key]))
+    if len(figs) < 2:
+        return None
+    fast = quantile([r for r, _ in figs["ref"]], FAST_Q)
+    out: dict[str, Any] = {"slow_n": sum(r > SLOW * fast for r, _ in figs["ref"])}
+    for name in ("ref", *PARTS):
+        pairs = figs.get(name)
+        if not pairs:
+            continue
+        vals = [v for _, v in pairs]
+        got: dict[str, float] = {"n": len(vals), "min_ms": min(vals), "max_ms": max(vals),
+                                 "spread": max(vals) / min(vals)}
+        slow = [v for r, v in pairs if r > SLOW * fast]
+        quick = [v for r, v in pairs if r <= SLOW * fast]
+        if slow and quick:
+            got["slow_over_fast"] = quantile(slow, 0.5) / quantile(quick, 0.5)
+        if len(pairs) >= 3:  # through two points any line passes: r = +-1 says nothing
+            with contextlib.suppress(statistics.StatisticsError):  # one side constant
+                got["corr"] = statistics.correlation([r for r, _ in pairs], vals)
+        out[name] = got
+    return out
+
+
+def _parts_line(p: dict[str, Any]) -> str:
+    """One part_spread as text: each part's spread, slow-over-fast ratio and correlation."""
+    cells = []
+    for name in ("ref", *PARTS):
+        g = p.get(name)
+        if not g:
+            continue
+        cells.append(f"{name} x{g['spread']:.2f}"
+                     + (f" slow/fast x{g['slow_over_fast']:.2f}" if "slow_over_fast" in g else "")
+                     + (f" r {g['corr']:.2f}" if "corr" in g and name != "ref" else ""))
+    return "; ".join(cells)
+
+
 def _fmt(x: object) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "?"
 
@@ -202,6 +266,11 @@ def report(name: str, rows: list[Row], bad: int) -> list[str]:
                       f"{e['pinned_med_ms']:.3f} ms, harmonic mean {e['pinned_hmean_ms']:.3f}, "
                       f"at its fast level {e['pinned_fast']:.0%} (the sampler in the same rows "
                       f"{e['sampler_fast']:.0%})" if "pinned_n" in e else ""))
+    pins = [p for r in rows for p in (r.get("pinned") or [])]
+    pp = part_spread(pins, "min_ms")
+    if pp:
+        out.append(f"  pinned parts ({pp['ref']['n']} entries, {pp['slow_n']} with the reference "
+                   f"slow; fastest run, most/least): {_parts_line(pp)}")
     for r in rows:
         if "sweep" not in r:
             continue
@@ -221,6 +290,10 @@ def report(name: str, rows: list[Row], bad: int) -> list[str]:
                        f"{c['max_ms']:.3f} ms (least / median / most), most/least "
                        f"x{c['spread']:.2f}; slow CPUs {c['slow_cpus'] or 'none'}; at the "
                        f"fast level per CPU {c['fast_shares']}")
+        cp = part_spread(r.get("per_cpu"), "med_ms")
+        if cp:
+            out.append(f"    per CPU parts ({cp['slow_n']} CPUs with the reference slow; median "
+                       f"run, most/least): {_parts_line(cp)}")
     return out
 
 

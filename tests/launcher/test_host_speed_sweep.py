@@ -2,13 +2,17 @@
 benchmarks/gpu/host_speed_read.py (issue 22: the host's pace by duty cycle): the reader's parser
 keeps every row and drops only what is not one, whatever the file holds; the sweep's arithmetic
 (a duty's gap, a burst's first run against its later ones); a run of the sampler writes the older
-fields beside the sweep's and sweeps only when asked (at start, or on a new matching line)."""
+fields beside the sweep's and sweeps only when asked (at start, or on a new matching line); the
+reference's parts timed alone on each CPU (--parts-share) do the reference's work between them,
+show in every per-CPU and pinned entry unless turned off, and the reader tells a part the slow
+level slows from one it leaves alone."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launcher.probe.hostcost import reference_work
 from tests.support.scripts import REPO, load_script
 
 HS = load_script("benchmarks/gpu/host_speed.py", "host_speed_benchmark")
@@ -30,13 +35,19 @@ duty_st = st.fixed_dictionaries(
     {"duty": st.floats(min_value=1, max_value=100), "med_ms": pos},
     optional={"p90_ms": pos, "mean_ms": pos, "first_med_ms": pos, "rest_med_ms": pos,
               "fast_share": share})
+part_st = st.one_of(st.fixed_dictionaries({}, optional={"min_ms": pos, "med_ms": pos}),
+                    st.just("x"), st.just({"min_ms": -1.0, "med_ms": 0.0}))
+parts_st = st.fixed_dictionaries(
+    {}, optional={"runs": st.integers(0, 100), "json": part_st, "pickle": part_st,
+                  "sha256": part_st, "loop": part_st})
 cpu_st = st.fixed_dictionaries({"cpu": st.integers(0, 255), "med_ms": pos},
-                               optional={"fast_share": share})
+                               optional={"fast_share": share, "parts": parts_st})
 thread_st = st.fixed_dictionaries(
     {"pid": st.integers(1, 10**6), "tid": st.integers(1, 10**6), "cpu": st.integers(0, 7),
      "cpu_s": pos}, optional={"name": st.text(max_size=15)})
 pinned_st = st.fixed_dictionaries({"cpu": st.integers(0, 7), "min_ms": pos},
-                                  optional={"runs": st.integers(1, 100), "med_ms": pos})
+                                  optional={"runs": st.integers(1, 100), "med_ms": pos,
+                                            "parts": parts_st})
 row_st = st.fixed_dictionaries(
     {"t": st.floats(min_value=0, max_value=2e9), "ref_cpu_ms": pos, "ref_wall_ms": pos},
     optional={"busy_first_ms": pos, "busy_mean_ms": pos, "busy_min_ms": pos,
@@ -76,11 +87,33 @@ def test_parser_keeps_every_row_and_counts_the_rest(items: list[tuple[str, objec
             assert table[-1]["rel"] == 1.0
         c = RD.cpu_spread(r)
         assert c is None or c["spread"] >= 1.0
+        assert_part_spread(RD.part_spread(r.get("per_cpu"), "med_ms"))
+    assert_part_spread(RD.part_spread([p for r in rows for p in r.get("pinned", [])], "min_ms"))
     e = RD.engine_cpus(rows)
     assert (e is None) == (not any(r.get("threads") for r in rows))
     if e is not None and "pinned_n" in e:
         assert 0 <= e["pinned_fast"] <= 1
         assert 0 <= e["sampler_fast"] <= 1
+
+
+def assert_part_spread(p: dict[str, object] | None) -> None:
+    """A part_spread's figures, whatever entries it read: spreads from 1 up, ratios positive,
+    correlations in [-1, 1], the reference's own ratio as its entries split."""
+    if p is None:
+        return
+    assert "ref" in p
+    for name in ("ref", *RD.PARTS):
+        g = p.get(name)
+        if g is None:
+            continue
+        assert isinstance(g, dict)
+        assert g["spread"] >= 1.0
+        assert g["min_ms"] <= g["max_ms"]
+        assert g.get("slow_over_fast", 1.0) > 0
+        assert -1 - 1e-9 <= g.get("corr", 0.0) <= 1 + 1e-9
+    ref = p["ref"]
+    assert isinstance(ref, dict)
+    assert 0 <= int(str(p["slow_n"])) <= ref["n"]
 
 
 @given(st.floats(min_value=0.01, max_value=1.0), st.floats(min_value=1e-4, max_value=0.05))
@@ -254,3 +287,88 @@ def test_engine_cpus_follows_the_busiest_thread_and_its_pinned_level() -> None:
     assert e["pinned_fast"] == 1.0
     assert e["sampler_fast"] == 0.5                          # the sampler read slow in one
     assert RD.engine_cpus([{"ref_cpu_ms": 0.5}]) is None
+
+
+def cpu_entry(cpu: int, ref: float, json_ms: float, loop_ms: float) -> dict[str, object]:
+    return {"cpu": cpu, "med_ms": ref, "parts": {
+        "runs": 10, "json": {"min_ms": json_ms, "med_ms": json_ms},
+        "pickle": {"min_ms": 0.12, "med_ms": ref * 0.3}, "sha256": {"min_ms": 0.09, "med_ms": 0.09},
+        "loop": {"min_ms": loop_ms, "med_ms": loop_ms}}}
+
+
+def test_part_spread_tells_a_part_the_slow_level_slows_from_one_it_leaves_alone() -> None:
+    # two vCPUs at the slow level (reference 0.95 ms) and two fast (0.5): the JSON parse runs
+    # 1.9x slower on the slow ones, the plain loop alike on all, sha256 constant
+    entries = [cpu_entry(0, 0.50, 0.18, 0.13), cpu_entry(1, 0.95, 0.34, 0.13),
+               cpu_entry(2, 0.52, 0.19, 0.13), cpu_entry(3, 0.96, 0.35, 0.14)]
+    p = RD.part_spread(entries, "med_ms")
+    assert p is not None
+    assert p["slow_n"] == 2
+    assert p["ref"]["slow_over_fast"] == pytest.approx(0.96 / 0.52)
+    assert p["json"]["slow_over_fast"] == pytest.approx(0.35 / 0.19)
+    assert p["json"]["corr"] > 0.99
+    assert p["loop"]["slow_over_fast"] == pytest.approx(0.14 / 0.13)
+    assert p["sha256"]["spread"] == 1.0
+    assert "corr" not in p["sha256"]          # a constant part has no correlation
+    assert p["pickle"]["slow_over_fast"] == pytest.approx(p["ref"]["slow_over_fast"])
+    lines = RD.report("f", [{"ref_cpu_ms": 0.5, "sweep": "before", "per_cpu": entries}], 0)
+    assert any("per CPU parts (2 CPUs with the reference slow" in ln and "json x1.94" in ln
+               for ln in lines)
+    # entries of older rows (no "parts") give nothing, and neither do parts without a figure
+    assert RD.part_spread([{"cpu": 0, "med_ms": 0.5}], "med_ms") is None
+    assert RD.part_spread([{"cpu": 0, "med_ms": 0.5, "parts": {"json": "x"}}], "med_ms") is None
+    assert RD.part_spread("not a list", "med_ms") is None
+
+
+def test_the_parts_together_do_the_references_work() -> None:
+    """sha256 of part_pickle's pickles of part_json's ids is the reference's result: the parts
+    time the reference's own work, not a look-alike that could drift from it."""
+    ids = HS.part_json()
+    assert ids == list(range(1000, 5000))
+    assert HS.part_pickle() == [pickle.dumps(tuple(ids[i:i + 16])) for i in range(0, 4000, 16)]
+    assert HS.part_sha256() == reference_work()
+    assert HS.part_loop() == HS.LOOP_N + 128
+
+
+def parts_ok(entry: dict[str, object]) -> bool:
+    parts = entry["parts"]
+    assert isinstance(parts, dict)
+    return int(parts["runs"]) >= 1 and all(
+        0 < parts[n]["min_ms"] <= parts[n]["med_ms"] for n in RD.PARTS)
+
+
+def test_every_per_cpu_and_pinned_entry_times_the_parts_unless_turned_off() -> None:
+    """A real sampler run: the per-CPU pass's entries and the pinned ones each carry the four
+    parts beside their older fields; --parts-share 0 leaves every entry as before."""
+    spin = ("import threading, time\n"
+            "def spin():\n    while True: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\n"
+            "time.sleep(30)  # toposerve-parts-mark")
+    p = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        args = ("--samples", "2", "--interval", "0.3", "--per-cpu", "0.01", "--sweep-at-start",
+                "--threads-match", "toposerve-parts-mark", "--pin-ms", "4")
+        rows = run_sampler(*args)
+        off = run_sampler(*args, "--parts-share", "0")
+    finally:
+        p.kill()
+        p.wait()
+    cpus = rows[0]["per_cpu"]
+    assert isinstance(cpus, list)
+    assert sorted(c["cpu"] for c in cpus) == sorted(os.sched_getaffinity(0))
+    assert all(c.keys() >= {"cpu", "first_ms", "runs", "med_ms", "min_ms", "fast_share"}
+               and parts_ok(c) for c in cpus)
+    pins = [x for r in rows[1:] for x in r.get("pinned", [])]  # type: ignore[attr-defined]
+    assert pins
+    assert all(x.keys() >= {"cpu", "runs", "min_ms", "med_ms"} and parts_ok(x) for x in pins)
+    assert all("parts" not in c for c in off[0]["per_cpu"])  # type: ignore[attr-defined]
+    assert all("parts" not in x for r in off for x in r.get("pinned", []))  # type: ignore[attr-defined]
+
+
+def test_a_negative_parts_share_is_refused() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/host_speed.py"),
+                          "--samples", "1", "--parts-share", "-1"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert got.returncode == 2
+    assert "--parts-share" in got.stderr
