@@ -52,7 +52,7 @@ cp "$OUT/probe.txt" "$OUT/probe-$case_.txt"
 PREDICT_CASES=$case_ PRED_TAG=measured-$case_ bash $S predict
 echo "primary $case_: predictions-measured-$case_.jsonl (planner $(cat REV 2>/dev/null || echo ?)," \
   "made $(date -u +%FT%TZ) on $(hostname), before its engine started)" | tee -a "$OUT/PRIMARY.txt"
-# STAMPS=1: vLLM's front end and engine core stamped during the case's c32 scenario only
+# STAMPS=1: vLLM's front end and engine core stamped from the case's first scenario to c32's end
 # (benchmarks/vllm_frontend_order/with_stamps.sh: stamps.py as sitecustomize in each Python of
 # the serving, rows kept from c32's start to its loadgen JSON; the hooks, a clock read and a deque
 # append each, stay in for the whole start; no step is slept on a GPU) -> ev-PID.jsonl in
@@ -62,7 +62,8 @@ echo "primary $case_: predictions-measured-$case_.jsonl (planner $(cat REV 2>/de
 # benchmarks/gpu/*.sh and *.py): without it the case is served as without STAMPS, and said so.
 W=benchmarks/vllm_frontend_order/with_stamps.sh
 if [[ ${STAMPS:-0} == 1 && -f $W && -f ${W%/*}/stamps.py ]]; then
-  SUMMARY=$OUT/summary.txt bash $W "$OUT/$case_${NAME_SUFFIX:-}" bash $S "$case_"
+  # from the first scenario on (the single-stream requests' steps too: host-threads-t16.md)
+  STAMPS_FROM=${STAMPS_FROM:-scenarios-begun} SUMMARY=$OUT/summary.txt bash $W "$OUT/$case_${NAME_SUFFIX:-}" bash $S "$case_"
 else
   [[ ${STAMPS:-0} == 1 ]] && echo "$case_: STAMPS=1 but the snapshot has no $W: served without stamps" |
     tee -a "$OUT/summary.txt"

@@ -301,10 +301,15 @@ if [[ ${MONITOR_SWEEP:-0} == 1 ]]; then
     --duty-seconds "${SWEEP_SECONDS:-2}" --burst-ms "${SWEEP_BURST_MS:-3}" --per-cpu "${SWEEP_CPU_S:-0.2}"); done
   ((${#sweep[@]})) && timeout 60 python3 benchmarks/gpu/host_speed.py --samples 1 --busy "${MONITOR_BUSY:-0}" \
     "${sweep[@]}" --sweep-at-start --tag before >>"$OUT/host-speed.jsonl" 2>/dev/null
-  # while serving, by duty only: a thread pinned to each CPU in turn would share the engine's
-  # own CPUs with it for 0.2 s each, inside the case's first (host-bound, single-stream) scenario
-  ((${#sweep[@]})) && sweep=(--duty "${SWEEP_DUTY:-10,25,50,75,100}" --duty-seconds "${SWEEP_SECONDS:-2}"
-    --burst-ms "${SWEEP_BURST_MS:-3}" --sweep-on "$OUT/summary.txt" --sweep-match "ready=1")
+  # while serving only with MONITOR_SERVING_SWEEP=1 (by duty): table 16's ran through the whole
+  # single-stream scenario and kept its rows from recording the engine's threads (host-threads-t16.md);
+  # the pinned timing on the engine's own CPUs (below) reads the host beside its steps instead
+  if [[ ${MONITOR_SERVING_SWEEP:-0} == 1 ]]; then
+    ((${#sweep[@]})) && sweep=(--duty "${SWEEP_DUTY:-10,25,50,75,100}" --duty-seconds "${SWEEP_SECONDS:-2}"
+      --burst-ms "${SWEEP_BURST_MS:-3}" --sweep-on "$OUT/summary.txt" --sweep-match "ready=1")
+  else
+    sweep=()
+  fi
 fi
 # every MONITOR_INTERVAL s (1: each request of a single-stream scenario gets a sample), the busy
 # window after every MONITOR_BUSY_EVERY-th (5: its share of the host as beside a 5 s sampler);

@@ -52,6 +52,8 @@ lg() {
 # Request counts: a p50 of 3 single-stream requests moved 50% with one request (Qwen2.5-14B
 # eager TTFTs 34.8/41.1/52.6 ms, session 13); 8 cost ~15 s more per model on the H200.
 if [[ $ready == 1 ]]; then
+  # made as the first scenario begins: with_stamps.sh's gate may open here (STAMPS_FROM)
+  : >"$out/scenarios-begun"
   for s in $scenarios; do
     case $s in
       single) lg --prompt 512 --gen 256 --concurrency 1 --requests 8 --warmup 1 --json "$out/single.json" ;;

@@ -2,7 +2,9 @@
 # CMD run with stamps.py as sitecustomize in each of its Python processes (vLLM's API server and
 # engine core, the proxy, loadgen: `launcher serve` passes its environment to its children whole,
 # launcher/engine/serve.py Runner.engine_child), rows kept while CASE_DIR's c32 scenario runs:
-# from run_config.sh's gpu-metrics.txt (made as c32 begins) to c32.json (loadgen's, at its end).
+# from run_config.sh's gpu-metrics.txt (made as c32 begins) to c32.json (loadgen's, at its end);
+# STAMPS_FROM=scenarios-begun opens the gate as the first scenario begins instead (the
+# single-stream scenario's steps stamped too: a host-bound case's per-request step times).
 #
 #   bash benchmarks/vllm_frontend_order/with_stamps.sh CASE_DIR CMD...
 #
@@ -17,9 +19,11 @@ set -u
 sd=${1:?usage: with_stamps.sh CASE_DIR CMD...}; shift
 here=$(cd "$(dirname "$0")" && pwd)
 sc=$(dirname "$sd")/.stamps
-mkdir -p "$sc" "$sd" && rm -f "$sd"/ev-*.jsonl "$sd/gpu-metrics.txt" "$sd/c32.json"
+from=${STAMPS_FROM:-gpu-metrics.txt}
+[[ $from == */* || -z $from ]] && { echo "with_stamps.sh: STAMPS_FROM is a file name in CASE_DIR: $from" >&2; exit 2; }
+mkdir -p "$sc" "$sd" && rm -f "$sd"/ev-*.jsonl "$sd/gpu-metrics.txt" "$sd/c32.json" "$sd/$from"
 cp "$here/stamps.py" "$sc/sitecustomize.py"
-PYTHONPATH=$sc${PYTHONPATH:+:$PYTHONPATH} H75_EV=$sd H75_GATE=$sd/gpu-metrics.txt:$sd/c32.json \
+PYTHONPATH=$sc${PYTHONPATH:+:$PYTHONPATH} H75_EV=$sd H75_GATE=$sd/$from:$sd/c32.json \
   H75_STEP_MS=0 H75_US_PER_TOKEN=0 "$@"
 rc=$?
 n=$(ls "$sd"/ev-*.jsonl 2>/dev/null | wc -l)
