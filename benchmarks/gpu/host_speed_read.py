@@ -17,8 +17,8 @@ sampler's level is the window's. Then each sweep row (host_speed.py --duty / --p
 the median, p90, a burst's first run and its later runs, and the median over the median at the
 highest duty (below 1: bursts separated by idle run faster than a thread that never sleeps); per
 CPU the spread of the pinned medians (max over min, and the slowest CPUs). Where the rows have
---threads-match's "threads" (and --pin-ms's "pinned"): per row the busiest matching thread (an
-engine core's loop, while it serves), which CPUs it sat on and how often, and the reference pinned
+--threads-match's "threads" (and --pin-ms's "pinned"): per row the engine core's thread (else the
+busiest matching one), which CPUs it sat on and how often, and the reference pinned
 on its CPU against the sleeping sampler's in the same row: the level of the vCPU the engine used
 beside the level the sampler read. Where the entries of a per-CPU pass or of "pinned" have "parts"
 (host_speed.py --parts-share: the reference's json, pickle and sha256 parts and a plain
@@ -141,8 +141,14 @@ def cpu_spread(row: Row) -> dict[str, Any] | None:
                                     if isinstance(c.get("fast_share"), (int, float)))}
 
 
+# vLLM's engine core titles its process so (the kernel keeps 15 characters of a thread's name)
+ENGINE_CORE = "VLLM::EngineCor"
+
+
 def engine_cpus(rows: list[Row]) -> dict[str, Any] | None:
-    """The busiest recorded thread per row (host_speed.py --threads-match): its name, the rows
+    """The engine core's thread per row (host_speed.py --threads-match), or where a row has none
+    of that name its busiest recorded thread (the API server's, while the engine core waits: it
+    was the busiest in a third of table 16's rows, host-threads-t16.md): its name, the rows
     it was seen in, its CPUs and how many rows each (as text, most first), and where the row also
     timed the reference pinned on that CPU: that pinned fastest run's median and harmonic mean
     over the rows, the share of rows it is at the fast level (under SLOW x the file's fast level of
@@ -152,8 +158,9 @@ def engine_cpus(rows: list[Row]) -> dict[str, Any] | None:
     for r in rows:
         ts = [t for t in r.get("threads") or [] if isinstance(t, dict)
               and isinstance(t.get("cpu"), int) and _num(t.get("cpu_s"))]
-        if ts:
-            top.append((r, max(ts, key=lambda t: t["cpu_s"])))
+        core = [t for t in ts if str(t.get("name", "")).startswith(ENGINE_CORE)]
+        if core or ts:
+            top.append((r, max(core or ts, key=lambda t: t["cpu_s"])))
     if not top:
         return None
     counts: dict[int, int] = {}
@@ -161,6 +168,7 @@ def engine_cpus(rows: list[Row]) -> dict[str, Any] | None:
         counts[t["cpu"]] = counts.get(t["cpu"], 0) + 1
     out: dict[str, Any] = {
         "n": len(top), "name": top[0][1].get("name", "?"),
+        "engine_rows": sum(str(t.get("name", "")).startswith(ENGINE_CORE) for _, t in top),
         "cpus": " ".join(f"{c}:{k}" for c, k in sorted(counts.items(), key=lambda x: -x[1]))}
     pinned: list[tuple[float, float]] = []  # (pinned fastest on the thread's CPU, sampler's)
     for r, t in top:
@@ -260,7 +268,8 @@ def report(name: str, rows: list[Row], bad: int) -> list[str]:
                    f"mean {w['hmean_ms']:.3f} ms")
     e = engine_cpus(rows)
     if e:
-        out.append(f"  busiest matching thread ('{e['name']}' first) in {e['n']} rows: CPUs (rows) "
+        out.append(f"  the engine core's thread ({e['engine_rows']} rows; else the busiest "
+                   f"matching) in {e['n']} rows: CPUs (rows) "
                    f"{e['cpus']}"
                    + (f"; reference pinned on its CPU ({e['pinned_n']} rows): median "
                       f"{e['pinned_med_ms']:.3f} ms, harmonic mean {e['pinned_hmean_ms']:.3f}, "

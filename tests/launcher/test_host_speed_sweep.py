@@ -289,6 +289,18 @@ def test_engine_cpus_follows_the_busiest_thread_and_its_pinned_level() -> None:
     assert RD.engine_cpus([{"ref_cpu_ms": 0.5}]) is None
 
 
+def test_engine_cpus_follows_the_engine_core_over_a_busier_thread() -> None:
+    """The API server's thread may be the busiest in a row (tokenising a burst); the engine core's
+    CPU is the one whose level its steps run at."""
+    rows = [{"ref_cpu_ms": 0.9, "threads": [{"cpu": 3, "cpu_s": 0.9, "name": "python3"},
+                                             {"cpu": 5, "cpu_s": 0.4, "name": "VLLM::EngineCor"}],
+             "pinned": [{"cpu": 3, "min_ms": 0.9}, {"cpu": 5, "min_ms": 0.5}]}]
+    e = RD.engine_cpus(rows)
+    assert e is not None
+    assert e["cpus"] == "5:1"
+    assert e["pinned_med_ms"] == 0.5
+
+
 def cpu_entry(cpu: int, ref: float, json_ms: float, loop_ms: float) -> dict[str, object]:
     return {"cpu": cpu, "med_ms": ref, "parts": {
         "runs": 10, "json": {"min_ms": json_ms, "med_ms": json_ms},
