@@ -10,11 +10,13 @@ level slows from one it leaves alone."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -245,21 +247,29 @@ def test_a_thread_stat_is_read_past_a_name_with_spaces_and_parentheses(tmp_path:
     assert HS._thread_stat(tmp_path / "gone") is None
 
 
+@contextlib.contextmanager
+def spinner(mark: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A process whose one thread spins (an engine core's busy loop) and whose command line holds
+    ``mark``, killed after the block."""
+    spin = ("import threading, time\n"
+            "def spin():\n    while True: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\n"
+            f"time.sleep(30)  # {mark}")
+    p = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_the_sampler_records_a_matching_processs_busy_thread_and_its_cpu() -> None:
     """--threads-match: a spinning thread of a process whose command line holds the text shows
     in the rows with the CPU it ran on, and --pin-ms times the reference on that CPU; a process
     that does not match, and this sampler itself, do not show."""
-    spin = ("import threading, time\n"
-            "def spin():\n    while True: pass\n"
-            "threading.Thread(target=spin, daemon=True).start()\n"
-            "time.sleep(30)  # toposerve-spin-mark")
-    p = subprocess.Popen([sys.executable, "-c", spin])
-    try:
+    with spinner("toposerve-spin-mark") as p:
         rows = run_sampler("--samples", "3", "--interval", "0.3",
                            "--threads-match", "toposerve-spin-mark", "--pin-ms", "5")
-    finally:
-        p.kill()
-        p.wait()
     busy = [t for r in rows[1:] for t in r["threads"]]  # type: ignore[attr-defined]
     assert busy
     assert {t["pid"] for t in busy} == {p.pid}
@@ -352,19 +362,11 @@ def parts_ok(entry: dict[str, object]) -> bool:
 def test_every_per_cpu_and_pinned_entry_times_the_parts_unless_turned_off() -> None:
     """A real sampler run: the per-CPU pass's entries and the pinned ones each carry the four
     parts beside their older fields; --parts-share 0 leaves every entry as before."""
-    spin = ("import threading, time\n"
-            "def spin():\n    while True: pass\n"
-            "threading.Thread(target=spin, daemon=True).start()\n"
-            "time.sleep(30)  # toposerve-parts-mark")
-    p = subprocess.Popen([sys.executable, "-c", spin])
-    try:
+    with spinner("toposerve-parts-mark"):
         args = ("--samples", "2", "--interval", "0.3", "--per-cpu", "0.01", "--sweep-at-start",
                 "--threads-match", "toposerve-parts-mark", "--pin-ms", "4")
         rows = run_sampler(*args)
         off = run_sampler(*args, "--parts-share", "0")
-    finally:
-        p.kill()
-        p.wait()
     cpus = rows[0]["per_cpu"]
     assert isinstance(cpus, list)
     assert sorted(c["cpu"] for c in cpus) == sorted(os.sched_getaffinity(0))
