@@ -331,33 +331,50 @@ class RooflineStep:
     """The cost model's time of one scheduler step (a :class:`StepTimer`): a step holding prompt
     chunks is a prefill of all its tokens whose attention spans the chunks' (query, key) pairs
     plus one pair per cached token a decoder reads; a step of decoders alone is the cost model's
-    decode step at their mean context."""
+    decode step at their mean context. A model with chunked-attention layers (Llama 4) reads
+    the requests' positions: those layers' keys are each query's own chunk prefix."""
 
     m: ModelSpec
     lay: Layout
     # decode steps by (sequences, mean context to the block): a turn's hundreds of decode steps
     # differ by a token of context each, and the cost model's card lookups are not free
-    _decode: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
-                                                  repr=False)
-    _prefill: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False,
-                                                        repr=False)
+    _decode: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False,
+                                                       repr=False)
+    _prefill: dict[tuple[int, int, int, int], float] = field(default_factory=dict,
+                                                             compare=False, repr=False)
+
+    @cached_property
+    def reads_spans(self) -> bool:
+        """A chunked-attention layer's keys saw with each query's position (schedsim.SpanTimer):
+        the simulation hands this timer the requests' positions for such a model only."""
+        return self.m.chunked_layers > 0
+
+    def _chunk_blocks(self, batch: StepBatch, queries: int) -> int:
+        """A chunked layer's mean keys per query in the step (costmodel.chunked_pairs of its
+        positions), to the block as the other keys are; 0 for a model without such layers."""
+        pairs = costmodel.chunked_pairs(self.m, batch.spans) if self.reads_spans else None
+        return 0 if pairs is None else round(pairs / max(1, queries) / memfit.BLOCK_TOKENS)
 
     def step_s(self, batch: StepBatch) -> float:
+        b = memfit.BLOCK_TOKENS
         if batch.prefill_tokens:  # likewise by tokens and mean keys per token to the block
             t = batch.tokens
-            span = round((batch.prefill_pairs + batch.decode_context) / t / memfit.BLOCK_TOKENS)
-            chunk = (t, span, batch.sampled)  # the LM head runs for the sampled positions only
-            if chunk not in self._prefill:
-                self._prefill[chunk] = costmodel.prefill_step_s(
-                    self.m, self.lay, t, pairs=t * span * memfit.BLOCK_TOKENS,
-                    sampled=batch.sampled)
-            return self._prefill[chunk]
+            span = round((batch.prefill_pairs + batch.decode_context) / t / b)
+            chunk = self._chunk_blocks(batch, t)
+            key = (t, span, batch.sampled, chunk)  # the LM head runs for the sampled ones only
+            if key not in self._prefill:
+                self._prefill[key] = costmodel.prefill_step_s(
+                    self.m, self.lay, t, pairs=t * span * b, sampled=batch.sampled,
+                    chunk_pairs=t * chunk * b if self.reads_spans else None)
+            return self._prefill[key]
         n = max(1, batch.decode_seqs)
-        key = (n, batch.decode_context // n // memfit.BLOCK_TOKENS)
-        if key not in self._decode:
-            self._decode[key] = costmodel.decode_step_s(self.m, self.lay, n,
-                                                        key[1] * memfit.BLOCK_TOKENS)
-        return self._decode[key]
+        chunk = self._chunk_blocks(batch, n)
+        dkey = (n, batch.decode_context // n // b, chunk)
+        if dkey not in self._decode:
+            self._decode[dkey] = costmodel.decode_step_s(
+                self.m, self.lay, n, dkey[1] * b,
+                chunk_keys=chunk * b if self.reads_spans else None)
+        return self._decode[dkey]
 
     @cached_property
     def layer_host(self) -> hardware.LayerHost:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from launcher.model.modelspec import KvGroup, ModelSpec, load_model_spec
 from launcher.planner import costmodel
+from launcher.planner.agent import RooflineStep as AgentStep
 from launcher.planner.costmodel import Layout, attention_work, chunked_pairs, decode_keys
 from launcher.planner.loadsim import RooflineStep
 from launcher.planner.plan import Policy, plan
@@ -159,3 +160,25 @@ def test_a_simulated_llama4_decode_step_reads_each_decoders_own_chunk_prefix() -
                       spans=((8191, 8192), (8192, 8193)))
     assert step.step_s(batch) == costmodel.decode_step_s(m, lay, 2, 8192, chunk_keys=8193 / 2)
     assert step.step_s(batch) < costmodel.decode_step_s(m, lay, 2, 8192)
+
+
+def test_the_agent_simulations_llama4_steps_read_each_querys_own_chunk_prefix() -> None:
+    """The agent plan's step timer (agent.RooflineStep) reads the requests' positions for a
+    model with chunked layers, as loadsim's does: a decoder at 10,001 tokens reads its chunk's
+    1,809 keys (to the block), so its step is the cost model's at those keys, below a sliding
+    layer's; a model without chunked layers gets no positions and is timed as before."""
+    m = scout()
+    g = load_topology(str(H200), {}).gpus[0]
+    lay = Layout(1, 1, 1, ((g,),), costmodel.NO_LINK, costmodel.NO_LINK, 1e11)
+    step = AgentStep(m, lay)
+    assert step.reads_spans
+    assert not AgentStep(as_sliding(m), lay).reads_spans
+    batch = StepBatch(decode_seqs=1, decode_context=10_001, sampled=1, spans=((10_000, 10_001),))
+    keys = round(1809 / 16) * 16
+    assert step.step_s(batch) == costmodel.decode_step_s(m, lay, 1, 10_000, chunk_keys=keys)
+    assert step.step_s(batch) < AgentStep(as_sliding(m), lay).step_s(replace(batch, spans=()))
+    # a prompt chunk of 4,096 tokens after two whole chunks: the chunk's own triangle
+    pre = StepBatch(prefill_tokens=4096, prefill_pairs=4096 * (16_384 + 2048), sampled=1,
+                    spans=((16_384, 20_480),))
+    sliding = AgentStep(as_sliding(m), lay).step_s(replace(pre, spans=()))
+    assert step.step_s(pre) < sliding
