@@ -257,6 +257,35 @@ def decode_layer_kernels(family: str, moe: bool) -> int:
     return dense - DENSE_MLP_KERNELS + FUSED_MOE_KERNELS if moe else dense
 
 
+# Which model runner vLLM 0.26 gives an architecture, as its VllmConfig.use_v2_model_runner
+# decides with no flag set (vllm/config/vllm.py ``_is_default_v2_model_runner_model``): the
+# newer (V2) runner for every generating model but a mixture of experts, a hybrid (recurrent
+# layers beside attention) or an attention-free one, unless its architecture is in this list,
+# which takes the V2 runner whatever it is. The lent H200 and H100's 85 logged starts agree:
+# "Using V2 Model Runner" in every dense one and DeepSeek-V2-Lite's, the V1 runner
+# (gpu_model_runner.py) for Qwen3MoeForCausalLM, DeepseekV3ForCausalLM (Moonlight) and
+# Glm4MoeLiteForCausalLM (benchmarks/gpu/results/*/*/logs/vllm-*.log). It matters to memory:
+# vLLM 0.26's V1 runner profiles its CUDA graphs before sizing the KV cache and takes its
+# estimate from the budget; the V2 runner captures them after, outside it
+# (memfit.cudagraph_bytes). vLLM 0.32's V2 runner profiles them too.
+V2_RUNNER_ARCHITECTURES = frozenset({
+    "DeepseekV2ForCausalLM",
+    "GraniteMoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+})
+
+
+def vllm_v1_runner(architecture: str, *, moe: bool, hybrid: bool, attention_free: bool) -> bool:
+    """Whether vLLM 0.26 serves this model on its V1 model runner (see
+    :data:`V2_RUNNER_ARCHITECTURES`): an attention-free model always, a mixture of experts or
+    a hybrid unless its architecture is listed, any other model never."""
+    if attention_free:
+        return True
+    if architecture in V2_RUNNER_ARCHITECTURES:
+        return False
+    return moe or hybrid
+
+
 def ssm_state_dtype(model_type: str, t: Mapping[str, Any]) -> str | None:
     """The dtype vLLM keeps a recurrent layer's state in under mamba_ssm_cache_dtype 'auto',
     read from the text config ``t`` by ``model_type``'s family rule; None: the model's dtype."""

@@ -297,8 +297,10 @@ def evaluate(
     used = [g for grp in groups for g in grp]
     util = memfit.startable_utilization(used, policy.gpu_memory_utilization)
     memo = links.memo  # the same figures for the same cards under other numbers
+    # vLLM's CUDA-graph estimate comes out of the KV budget on its V1 runner: the graphs the
+    # served engine captures on these GPUs (the user's flags' range, else vLLM's default)
     f = memo.fit(m, used, s.tp, s.pp, util, policy.kv_cache_bytes,
-                 policy.cpu_offload_gib * GIB)
+                 policy.cpu_offload_gib * GIB, links.graphs.on(g.cc for g in used))
     lay = replica_layout(links, groups[0], s, f.kv_budget, internode)
     transport = (
         lay.tp_link.transport if s.tp > 1 else (lay.pp_link.transport if s.pp > 1 else "none")

@@ -36,7 +36,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from launcher.model import families
 from launcher.model.modelspec import ALIGN_STATE_PAGES, GIB, KvGroup, ModelSpec
+from launcher.planner.cudagraphs import VLLM_DEFAULT, CudaGraphs, Requested
 from launcher.probe.topology import Gpu
 
 # Kept below the longest context the estimate admits (:func:`kept_back`). The terms below are
@@ -46,11 +48,10 @@ from launcher.probe.topology import Gpu
 # activation of 1.53 and 1.59 GiB on two starts (0.06 GiB), the MoE's fused-MoE buffers 0.03
 # GiB above the model; over every start logged in benchmarks/gpu/results the estimate was at
 # most 0.61 GiB above vLLM's "Available KV cache memory" (the Llama-3.3-70B AWQ shape at 0.5,
-# its weights 0.81 GiB above memfit's), 28% of its activation, graph and non-torch terms. Where
-# vLLM 0.26 subtracts its CUDA-graph estimate for an MoE model under the default capture sizes
-# (0.64-1.84 GiB where memfit counts 0.05-0.09) the excess was up to 2.68 GiB (GLM-4.7-Flash at
-# 0.6, 10.5% of its KV cache), which neither bound covers. 2% keeps the plan within 5% of
-# vLLM's longest context at 0.15; the terms' bytes bound it at large budgets.
+# its weights 0.81 GiB above memfit's), 28% of its activation, graph and non-torch terms; the
+# latent-attention MoEs' profiling peaks, 0.09-0.15 GiB above memfit's, put their estimates up
+# to 0.22 GiB above vLLM's (Moonlight at 0.3 with graphs to 64 tokens). 2% keeps the plan within
+# 5% of vLLM's longest context at 0.15; the terms' bytes bound it at large budgets.
 CONTEXT_MARGIN = 0.02
 BLOCK_TOKENS = 16  # vLLM's GPU block size (the CPU backend uses 128)
 # Memory outside torch's allocator that grows during vLLM's profile (cuBLAS and cuBLASLt
@@ -63,11 +64,30 @@ PARALLEL_NON_TORCH_BYTES = 0.1 * GIB
 # vLLM's "weights": the Qwen2.5-32B shape at TP2 over NVLink loaded 29.30 GiB for 29.11 of
 # weights and rotary tables (the 70B at TP2 with the custom all-reduce off: 63.85 for 63.84).
 TP_BUFFER_BYTES = 0.2 * GIB
-# vLLM's estimate of the CUDA graphs' memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by
-# default): 0.09 GiB logged for the 48 layers of the Qwen3-30B-A3B shape (14 graphs of up to 64
-# tokens), so 2 MiB per layer on the stage. vLLM 0.26's newer model runner (the dense models'
-# logs) subtracted none; it is counted anyway, as which runner a model gets is not read here.
-CUDAGRAPH_LAYER_BYTES = 2 * 1024**2
+# vLLM's estimate of its CUDA graphs' memory, taken from the KV budget where its V1 model runner
+# serves the model (families.vllm_v1_runner; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by
+# default). gpu_model_runner.py ``profile_cudagraph_memory`` captures the two largest sizes of
+# each mode (PIECEWISE, FULL) in a pool of its own, takes the first capture's memory for the
+# first graph and the second's for each further one: max(first) + (n_piecewise - 1 + n_full - 1)
+# x per graph. The first capture (the largest size's activations, at most 512 tokens) costs
+# about one graph more, so the estimate is per graph x (graphs - 1), a graph's memory set by its
+# layers (the piecewise pieces, a FULL graph's kernel nodes). FITTED per layer and graph to the
+# six logged V1 starts (three models, two capture lists each; vLLM 0.26 on the H200 and H100),
+# a latent-attention (MLA) layer apart from another: Qwen3-30B-A3B's 48 layers 0.09 GiB for 7 +
+# 7 sizes to 64 (0.148 MiB a layer and graph) and 0.64 for 51 + 51 to 512 (0.132);
+# Moonlight-16B-A3B's 27 MLA layers 0.15 and 0.89 GiB (0.438, 0.334); GLM-4.7-Flash's 47 MLA
+# layers 0.21 and 1.84 GiB (0.352, 0.397). Rounded up to the larger figure under vLLM's default
+# sizes, so the estimate is at or above vLLM's there: 0.68, 1.07 and 1.85 GiB.
+CUDAGRAPH_LAYER_BYTES = int(0.15 * 1024**2)
+MLA_CUDAGRAPH_LAYER_BYTES = int(0.4 * 1024**2)
+# A model vLLM 0.26 serves on its V2 runner has no CUDA-graph estimate taken from its budget
+# (the graphs, 0.5-0.9 GiB under the default sizes, are captured after the KV cache, beyond
+# it), yet memfit keeps 2 MiB a layer of the stage for it, as it did for every model: the
+# dense starts' weights load up to 0.15 GiB above memfit's (Gemma 3 27B 48.16 GiB for 48.01;
+# the AWQ 70B 0.81 above) and this covers the first, and without it the AWQ 70B's plan at 0.5
+# is 0.2% above vLLM's longest context (111,104 tokens for 110,864). Not vLLM's figure: a
+# cushion until those weights are explained; vLLM 0.32's V2 runner profiles its graphs too.
+V2_RUNNER_LAYER_BYTES = 2 * 1024**2
 # What the profiling pass holds at its peak beyond the layer's own tensors (persistent input,
 # position and metadata buffers sized for the batched-token budget, the compiled graph's
 # workspaces): 0.09-0.17 GiB above the MLP's tensors in the dense one-GPU and TP starts logged
@@ -166,19 +186,84 @@ def activation_bytes(m: ModelSpec, tp: int, lim: EngineLimits, pp: int = 1) -> f
         mlp = 3 * m.intermediate_size / tp  # gate+up output and the activation
     received = h if pp > 1 else 0  # the previous stage's hidden states
     forward = t * (2 * h + max(mlp, attention) + received) * 2
+    if m.mla is not None:
+        forward = max(forward, mla_attention_peak(m, tp, lim) + t * received * 2)
     sampler = lim.max_num_seqs * m.vocab_size * 4 * 2  # fp32 logits and their softmax
     return max(forward, sampler) + ACTIVATION_FIXED_BYTES
 
 
-def cudagraph_bytes(m: ModelSpec, pp: int) -> float:
-    return CUDAGRAPH_LAYER_BYTES * m.num_layers * stage_share(m, pp)
+# The most context tokens vLLM's latent attention up-projects at once when a prompt continues
+# a cached one (mla_attention.py ``determine_chunked_prefill_workspace_size``: eight requests of
+# max_model_len or four pages a request, at most 64 Ki tokens).
+MLA_CONTEXT_CHUNK_TOKENS = 64 * 1024
 
 
-def overhead_per_gpu(m: ModelSpec, tp: int, pp: int, lim: EngineLimits) -> float:
+def mla_attention_peak(m: ModelSpec, tp: int, lim: EngineLimits) -> float:
+    """What a latent-attention layer holds at its peak in vLLM's profiling pass: with no
+    attention metadata there, vLLM's MLA attention allocates the up-projection of a whole
+    context chunk (chunk tokens × heads × (nope + v head dims), the largest its chunked-context
+    prefill makes) to profile it, beside the pass's own tensors at that point: the residual and
+    the layer's input, the fused latent/query-LoRA projection (views keep it whole), the normed
+    latent, the decompressed query and the output. The chunk is vLLM's from max_model_len, here
+    the model's own limit (the plan's context is at most that: the chunk can only be smaller).
+    GLM-4.7-Flash (20 heads of 192 + 256 dims, chunk 64 Ki tokens): 1.09 GiB of chunk and 0.25 of
+    tensors, 1.54 GiB with the fixed term, where vLLM 0.26 logged a peak of 1.63 GiB (the MoE
+    path's 0.76 before); Moonlight's and DeepSeek-V2-Lite's 0.66 GiB stays under their MoE's."""
+    d = m.mla
+    assert d is not None
+    heads = m.num_heads / tp
+    chunk = min(max(8 * m.max_position_embeddings, 4 * lim.max_num_seqs * BLOCK_TOKENS),
+                MLA_CONTEXT_CHUNK_TOKENS)
+    chunk = -(-chunk // BLOCK_TOKENS) * BLOCK_TOKENS
+    up_projection = chunk * heads * (d.qk_nope_head_dim + d.v_head_dim) * 2
+    per_token = (2 * m.hidden_size + d.q_lora_rank + d.latent_dim + d.kv_lora_rank
+                 + heads * (d.qk_head_dim + d.v_head_dim))
+    return up_projection + lim.batched_tokens * per_token * 2
+
+
+def graphs_profiled(m: ModelSpec) -> bool:
+    """Whether vLLM 0.26 takes its CUDA-graph estimate from this model's KV budget: where its
+    V1 model runner serves it (families.vllm_v1_runner); the V2 runner captures its graphs after
+    sizing the KV cache, outside the budget (its dense starts logged 0.5-0.9 GiB of graphs and
+    an "Available KV cache memory" that leaves none out)."""
+    return families.vllm_v1_runner(m.architecture, moe=m.num_experts > 0,
+                                   hybrid=0 < m.recurrent_layers < m.num_layers,
+                                   attention_free=m.recurrent_layers >= m.num_layers)
+
+
+def graph_count(graphs: CudaGraphs, lim: EngineLimits) -> int:
+    """The CUDA graphs vLLM captures under FULL_AND_PIECEWISE: a piecewise graph of every size,
+    a full one of each size up to ``max_num_seqs`` decoders (vllm/v1/cudagraph_dispatcher.py:
+    a full graph runs one token a request)."""
+    return len(graphs.sizes) + sum(1 for n in graphs.sizes if n <= lim.max_num_seqs)
+
+
+def cudagraph_bytes(m: ModelSpec, pp: int, graphs: CudaGraphs, lim: EngineLimits) -> float:
+    """vLLM's CUDA-graph estimate on the fullest stage where it takes it from the KV budget
+    (:func:`graphs_profiled`): per graph and layer (:data:`CUDAGRAPH_LAYER_BYTES`) × the
+    graphs less one (the first's cost is the first capture's); on the V2 runner the cushion
+    :data:`V2_RUNNER_LAYER_BYTES` instead."""
+    if not graphs_profiled(m):
+        return V2_RUNNER_LAYER_BYTES * m.num_layers * stage_share(m, pp)
+    n = graph_count(graphs, lim)
+    if not n:
+        return 0.0
+    per_layer = MLA_CUDAGRAPH_LAYER_BYTES if m.mla is not None else CUDAGRAPH_LAYER_BYTES
+    return per_layer * (n - 1) * m.num_layers * stage_share(m, pp)
+
+
+def default_graphs(gpus: Sequence[Gpu], lim: EngineLimits) -> CudaGraphs:
+    """The graphs vLLM captures with no flags on these GPUs under its default limits."""
+    return Requested(None, lim.max_num_seqs, lim.batched_tokens).on(g.cc for g in gpus)
+
+
+def overhead_per_gpu(m: ModelSpec, tp: int, pp: int, lim: EngineLimits,
+                     graphs: CudaGraphs = VLLM_DEFAULT) -> float:
     """Everything vLLM takes from the budget besides weights and KV cache."""
     non_torch = PARALLEL_NON_TORCH_BYTES if tp * pp > 1 else NON_TORCH_BYTES
     buffers = TP_BUFFER_BYTES if tp > 1 else 0.0
-    return non_torch + buffers + activation_bytes(m, tp, lim, pp) + cudagraph_bytes(m, pp)
+    return (non_torch + buffers + activation_bytes(m, tp, lim, pp)
+            + cudagraph_bytes(m, pp, graphs, lim))
 
 
 # ------------------------------------------------------------------------------ KV and context
@@ -405,13 +490,14 @@ def longest_passing(fits: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
-def context_cushion(m: ModelSpec, tp: int, pp: int, lim: EngineLimits) -> float:
+def context_cushion(m: ModelSpec, tp: int, pp: int, lim: EngineLimits,
+                    graphs: CudaGraphs = VLLM_DEFAULT) -> float:
     """The most a replica's margin keeps back (:func:`kept_back`): the bytes of the estimate's
     absolute terms besides the weights (peak activation, memory outside torch, the CUDA-graph
     estimate, the TP buffers: :func:`overhead_per_gpu`) on each GPU, over the KV shards, as
     the KV budget is counted. They do not grow with the KV budget, and neither does what varies
     between two starts or what they miss (see CONTEXT_MARGIN)."""
-    return overhead_per_gpu(m, tp, pp, lim) * kv_shards(m, tp, pp)
+    return overhead_per_gpu(m, tp, pp, lim, graphs) * kv_shards(m, tp, pp)
 
 
 def kept_back(kv_budget: float, cushion: float) -> float:
@@ -649,19 +735,22 @@ class Fit:
 
 def fit(
     m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float, kv_dtype_bytes: int = 2,
-    offload: float = 0.0,
+    offload: float = 0.0, graphs: CudaGraphs | None = None,
 ) -> Fit:
     """The memory of ``m`` as TP × PP on ``gpus``; ``offload``: bytes of each GPU's weights
-    kept in CPU memory (vLLM's --cpu-offload-gb)."""
+    kept in CPU memory (vLLM's --cpu-offload-gb); ``graphs``: the CUDA graphs the engine
+    captures (None: vLLM's default on these GPUs)."""
     smallest = min(gpus, key=lambda g: g.memory_bytes)
     budget = smallest.memory_bytes * util  # vLLM sizes every worker like the smallest
     lim = vllm_defaults(smallest.memory_bytes, smallest.name)
+    if graphs is None:
+        graphs = default_graphs(gpus, lim)
     weights = max(0.0, weights_per_gpu(m, tp, pp) - offload)
     # the budget is of the total CUDA reports: the driver's reserve leaves util × it out
-    over = overhead_per_gpu(m, tp, pp, lim) + util * CUDA_RESERVED_BYTES
+    over = overhead_per_gpu(m, tp, pp, lim, graphs) + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     kv = tp_share(m, tp)
-    cushion = context_cushion(m, tp, pp, lim)
+    cushion = context_cushion(m, tp, pp, lim, graphs)
     context = planned_context(kv, kv_budget, lim.batched_tokens, kv_dtype_bytes, cushion=cushion)
     blocks = pool_blocks(kv, kv_budget, kv_dtype_bytes)
     return Fit(budget, weights, over, kv_budget, context, lim, cushion, kv_dtype_bytes, blocks,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from launcher.model.modelspec import ModelSpec
 from launcher.planner import costmodel, kernelcost, memfit
 from launcher.planner.costmodel import Layout, Prediction
+from launcher.planner.cudagraphs import CudaGraphs
 from launcher.probe.kernels import KernelTable
 from launcher.probe.topotypes import Gpu
 
@@ -75,11 +76,11 @@ class SearchMemo:
         )
 
     def fit(self, m: ModelSpec, gpus: Sequence[Gpu], tp: int, pp: int, util: float,
-            kv_dtype_bytes: int, offload: float) -> memfit.Fit:
+            kv_dtype_bytes: int, offload: float, graphs: CudaGraphs | None = None) -> memfit.Fit:
         key = ("fit", self._id(m), tuple(self.kind(g) for g in gpus), tp, pp, util,
-               kv_dtype_bytes, offload)
+               kv_dtype_bytes, offload, graphs)
         return self._get(key, lambda: memfit.fit(m, gpus, tp, pp, util, kv_dtype_bytes,
-                                                 offload))
+                                                 offload, graphs))
 
     def need_per_gpu(self, f: memfit.Fit, m: ModelSpec, tp: int, pp: int, tokens: int) -> float:
         key = ("need", self._id(m), f, tp, pp, tokens)

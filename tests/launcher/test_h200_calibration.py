@@ -15,6 +15,7 @@ import pytest
 
 from launcher.model.modelspec import GIB, ModelSpec, load_model_spec
 from launcher.planner import memfit
+from launcher.planner.cudagraphs import CudaGraphs
 from launcher.planner.plan import Plan, Policy, plan
 from launcher.probe.topology import Topology, load_topology
 from tests.launcher.gpushapes import RECORDS_GRAPHS
@@ -230,7 +231,11 @@ def test_planned_context_started_and_the_kv_estimate_is_vllms(folder: str) -> No
     assert p.max_model_len <= max(tokens, started)
     assert started <= tokens or started == m.max_position_embeddings
     available = logged_gib(folder, "Available KV cache memory:")
-    f = memfit.fit(m, topology("nvlink").gpus[:1], 1, 1, util)
+    # the CUDA graphs the run captured (its compilation_config's sizes: graphs to 64 tokens):
+    # vLLM takes their estimate from an MoE's KV budget (memfit.cudagraph_bytes)
+    sizes = re.search(r"'cudagraph_capture_sizes': \[([0-9, ]+)\]", log)
+    graphs = CudaGraphs(tuple(int(n) for n in sizes.group(1).split(","))) if sizes else None
+    f = memfit.fit(m, topology("nvlink").gpus[:1], 1, 1, util, graphs=graphs)
     assert f.kv_budget / GIB == pytest.approx(available, rel=0.05)
     assert f.weights / GIB == pytest.approx(logged_gib(folder, "Model loading took"), rel=0.03)
 
