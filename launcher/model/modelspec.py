@@ -146,6 +146,13 @@ class ModelSpec:
     # a sequence holds in vLLM's KV-cache pool beside its attention layers' blocks
     recurrent_layers: int = 0
     recurrent_state_bytes: int = 0
+    # Of ``weight_bytes``, what vLLM holds beyond the checkpoint's own bytes once it has
+    # repacked the 4-bit layers for its kernel (quantization.awq_load_growth): kept apart so
+    # that a checkpoint's real size (sized_by_checkpoint) is raised by it too. Of that, the
+    # part Hopper's Machete alone holds (16-bit zero points; Marlin keeps them packed):
+    # ``weight_bytes`` is Hopper's, the larger; weight_bytes_on gives another card's.
+    load_growth_bytes: int = 0
+    machete_zero_bytes: int = 0
 
     @property
     def lm_head_params(self) -> int:
@@ -522,6 +529,40 @@ def _weight_bytes(sp: _Split, hf: hfconfig.HfShape | None, d: _Dims,
                + sp.other * dense_bytes)
 
 
+def _dense_matrices(d: _Dims, intermediate: int, linear: int) -> dict[tuple[int, int], int]:
+    """A dense decoder's linear layers as vLLM fuses them ((input, output features): how many):
+    QKV, the attention's output, gate-up and down, once a layer; empty unless they count the
+    model's ``linear`` parameters exactly (a mixture of experts, latent attention, a recurrent
+    layer or a family with other projections is not this shape, and is not guessed at)."""
+    qkv = (d.heads + 2 * d.kv) * d.head_dim
+    out: dict[tuple[int, int], int] = {}
+    for shape in ((d.hidden, qkv), (d.heads * d.head_dim, d.hidden),
+                  (d.hidden, 2 * intermediate), (intermediate, d.hidden)):
+        out[shape] = out.get(shape, 0) + d.layers
+    counted = sum(k * n * count for (k, n), count in out.items())
+    return out if intermediate > 0 and counted == linear else {}
+
+
+def _load_growth(cfg: Mapping[str, Any], t: Mapping[str, Any], d: _Dims,
+                 linear: int) -> quantization.LoadGrowth:
+    """The bytes vLLM holds beyond the checkpoint's for its AWQ layers (see
+    quantization.awq_load_growth); none for any other checkpoint."""
+    zeros = quantization.zero_point_groups(cfg, t)
+    if zeros is None:
+        return quantization.LoadGrowth(0, 0)
+    return quantization.awq_load_growth(
+        _dense_matrices(d, _width(t.get("intermediate_size") or 0), linear), *zeros)
+
+
+def weight_bytes_on(m: ModelSpec, cc: tuple[int, int] | None) -> int:
+    """The weights vLLM holds of ``m`` on a card of compute capability ``cc``: ``weight_bytes``
+    (Hopper's layout) less Machete's 16-bit zero points where vLLM runs Marlin, which keeps
+    them packed as the checkpoint does (quantization.mixed_input_gemm)."""
+    if quantization.mixed_input_gemm(cc).kernel == "machete":
+        return m.weight_bytes
+    return m.weight_bytes - m.machete_zero_bytes
+
+
 def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None) -> ModelSpec:
     """spec_from_config's reading, which may raise on a value of the wrong type.
 
@@ -554,6 +595,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     # MLA: one latent "head", the same on every TP rank: vLLM replicates it
     kv = 1 if any(g.latent for g in sp.groups) else d.kv
     params = sp.linear + sp.other
+    growth = (quantization.LoadGrowth(0, 0) if n_experts
+              else _load_growth(cfg, t, d, sp.linear))
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,
@@ -576,7 +619,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         active_params=int(params - sp.inactive),
         weight_bytes=_weight_bytes(sp, hf, d, bits, overhead,
                                    _DTYPE_BYTES.get(dtype, 2), n_experts, per_token,
-                                   quantization.experts_only(cfg, t)),
+                                   quantization.experts_only(cfg, t)) + growth.total,
         dtype="float16"
         if method in ("awq", "gptq")
         else ("bfloat16" if dtype in ("float32", "float") else dtype),
@@ -600,6 +643,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         tower_params=hf.tower_params if hf else _vision_params(cfg),
         recurrent_layers=hf.recurrent_layers if hf else 0,
         recurrent_state_bytes=_recurrent_state_bytes(hf, t, model_type),
+        load_growth_bytes=growth.total,
+        machete_zero_bytes=growth.machete_zeros,
     )
 
 
@@ -735,7 +780,8 @@ def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | No
     """The spec with the checkpoint's real size (safetensors index ``total_size``) in place of
     the estimate from config.json, which misses what the formulas do not know of.
 
-    Quantized checkpoints load as stored: their weight bytes are the checkpoint's. Others are
+    Quantized checkpoints load as stored: their weight bytes are the checkpoint's, and what
+    vLLM's repacking adds to them (``load_growth_bytes``). Others are
     served at the spec's bytes per parameter (a float32 checkpoint in 16 bits), so the index
     gives the parameter count: bytes / the checkpoint's bytes per parameter.
     """
@@ -746,7 +792,7 @@ def sized_by_checkpoint(spec: ModelSpec, cfg: Mapping[str, Any], total: int | No
         # a damaged index (or a header-only file), read as no index rather than a 0-byte model.
         return spec
     if spec.quantization is not None:
-        return replace(spec, weight_bytes=total)
+        return replace(spec, weight_bytes=total + spec.load_growth_bytes)
     served = spec.weight_bytes / spec.params
     nested = cfg.get("text_config")
     text: Mapping[str, Any] = nested if isinstance(nested, dict) else {}

@@ -138,6 +138,79 @@ def _number(value: Any, default: float, low: float, high: float) -> float:
     return float(value) if low <= value <= high else default
 
 
+
+# --------------------------------------------------- what vLLM holds of an AWQ checkpoint
+
+# vLLM runs an AWQ checkpoint's linear layers through AutoAWQMarlinLinearMethod, which repacks
+# each after loading for the mixed-input kernel it picks (below). Machete, Hopper's kernel, takes
+# its zero points unpacked in the activations' 16 bits with the scale applied, -scale x zero
+# (vllm/model_executor/kernels/linear/mixed_precision/machete.py, transform_w_zp): 2 bytes a
+# group and output column where the checkpoint packs bits / 8. Marlin keeps them packed, so the
+# Hopper layout is the larger and the one taken (the card is not known when a model is sized).
+MACHETE_ZERO_BYTES = 2
+# Machete's prepacked tiles: it implements a layer whose input features divide by 64 and output
+# features by 128 (machete_utils.check_machete_supports_shape), with groups of 64 or 128 or one
+# group a column; any other layer runs on Marlin, zero points packed.
+MACHETE_BLOCK = (64, 128)
+MACHETE_GROUPS = (-1, 64, 128)
+# The repacking allocates the layer's weights and zero points afresh through PyTorch's caching
+# allocator, mostly in blocks its own temporaries (the weights unpacked to int32, 8x their size)
+# freed. A block of the large pool (over 1 MiB) is split only where more than 1 MiB would be
+# left (CUDACachingAllocator's kSmallSize); otherwise the whole block is the tensor's and counts
+# in torch's allocated bytes, vLLM's "Model loading took". Where that remainder falls depends
+# on every earlier allocation; each repacked large tensor is taken to hold half of it, its mean.
+ALLOCATOR_SPLIT_BYTES = 1 << 20
+
+
+def zero_point_groups(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[int, float] | None:
+    """(group size, bits) of a 4-bit AWQ checkpoint that stores zero points, else None (vLLM's
+    AutoAWQConfig loads 4 bits alone, its TYPE_MAP). A group of -1 (one a column) is -1."""
+    q = cfg.get("quantization_config") or t.get("quantization_config")
+    if not isinstance(q, Mapping) or str(q.get("quant_method", "")).lower() not in (
+            "awq", "awq_marlin"):
+        return None
+    if q.get("zero_point", True) is not True:
+        return None
+    bits = _number(q.get("bits", q.get("w_bit")), 4.0, 1, 16)
+    if bits != 4:
+        return None
+    group = _count(q.get("group_size", q.get("q_group_size")), 128, -1, 1 << 20)
+    return (group if group > 0 else -1), bits
+
+
+@dataclass(frozen=True)
+class LoadGrowth:
+    """Bytes vLLM holds beyond an AWQ checkpoint's own once it has repacked the 4-bit layers."""
+
+    machete_zeros: int  # the zero points' 16 bits over their packed bits: Machete's alone
+    allocator: int  # blocks the caching allocator did not split: any repacking kernel's
+
+    @property
+    def total(self) -> int:
+        return self.machete_zeros + self.allocator
+
+
+def awq_load_growth(matrices: Mapping[tuple[int, int], int], group: int,
+                    bits: float) -> LoadGrowth:
+    """What vLLM holds beyond an AWQ checkpoint's bytes for its 4-bit linear layers
+    ``matrices`` ((input features, output features): how many), once repacked for Machete: the
+    zero points' 16 bits over their packed ``bits`` (MACHETE_ZERO_BYTES), and half of
+    ALLOCATOR_SPLIT_BYTES for each repacked tensor of the allocator's large pool (the weights,
+    the zero points). A layer Machete cannot run (MACHETE_BLOCK, MACHETE_GROUPS) is left at the
+    checkpoint's bytes."""
+    if group not in MACHETE_GROUPS:
+        return LoadGrowth(0, 0)
+    zeros = slack = 0.0
+    for (k, n), count in matrices.items():
+        if k <= 0 or n <= 0 or k % MACHETE_BLOCK[0] or n % MACHETE_BLOCK[1]:
+            continue
+        groups = 1 if group == -1 else -(-k // group)
+        unpacked = groups * n * MACHETE_ZERO_BYTES
+        large = (k * n * bits / 8 > ALLOCATOR_SPLIT_BYTES) + (unpacked > ALLOCATOR_SPLIT_BYTES)
+        zeros += count * groups * n * (MACHETE_ZERO_BYTES - bits / 8)
+        slack += count * large * ALLOCATOR_SPLIT_BYTES / 2
+    return LoadGrowth(int(zeros), int(slack))
+
 # ------------------------------------------------------------- which 4-bit GEMM vLLM runs
 
 # vLLM runs an AWQ/GPTQ checkpoint's linear layers through the first mixed-input kernel that
