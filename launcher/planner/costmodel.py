@@ -234,11 +234,15 @@ def experts_touched(m: ModelSpec, tokens: float) -> float:
 
 def streamed_weight_bytes(m: ModelSpec, tokens: float = 1.0) -> float:
     """Bytes one forward pass of ``tokens`` tokens reads: every weight but the input embedding
-    table (one row per token is read) and the towers (run for images, not text tokens), and of
+    table (one row per token is read), the towers (run for images, not text tokens) and the
+    allocator's slack from repacking 4-bit layers (``ModelSpec.load_growth_bytes``), and of
     a mixture-of-experts only the experts routed to. A batched step touches most experts
     (E·(1 − (1 − k/E)^B)), a single token only k."""
     untied_embed = 0 if m.tied_embeddings else embedding_bytes(m)
-    dense = m.weight_bytes - untied_embed - tower_bytes(m)
+    # of what vLLM's repacking adds (ModelSpec.load_growth_bytes) only the zero points are read:
+    # the rest is allocator slack no kernel touches
+    slack = m.load_growth_bytes - m.machete_zero_bytes
+    dense = m.weight_bytes - slack - untied_embed - tower_bytes(m)
     if not m.num_experts:
         return dense
     if m.experts_per_token >= m.num_experts or m.params <= 0:

@@ -37,7 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from launcher.model import families
-from launcher.model.modelspec import ALIGN_STATE_PAGES, GIB, KvGroup, ModelSpec
+from launcher.model.modelspec import (
+    ALIGN_STATE_PAGES,
+    GIB,
+    KvGroup,
+    ModelSpec,
+    weight_bytes_on,
+)
 from launcher.planner.cudagraphs import VLLM_DEFAULT, CudaGraphs, Requested
 from launcher.probe.topology import Gpu
 
@@ -144,12 +150,22 @@ def rope_cache_bytes(m: ModelSpec) -> int:
     return (m.rope_cache_elems or m.max_position_embeddings * m.head_dim) * 2
 
 
-def weights_per_gpu(m: ModelSpec, tp: int, pp: int) -> float:
+def held_weight_bytes(m: ModelSpec, gpus: Sequence[Gpu] = ()) -> int:
+    """The weights vLLM holds of ``m`` on ``gpus``: the largest any of them holds
+    (:func:`weight_bytes_on`: a 4-bit AWQ model's 16-bit zero points on Hopper alone, so an
+    RTX 3090's plan does not give up context for them); Hopper's layout, the larger, where no
+    card or a card of unknown compute capability is given."""
+    if not gpus or any(g.cc is None for g in gpus):
+        return m.weight_bytes
+    return max(weight_bytes_on(m, g.cc) for g in gpus)
+
+
+def weights_per_gpu(m: ModelSpec, tp: int, pp: int, gpus: Sequence[Gpu] = ()) -> float:
     # PP splits the layers evenly and gives the embedding to the first stage, the LM head to
     # the last (a copy of the embedding when they are tied); TP splits the tables by vocabulary.
     tables = table_bytes(m)
     per_stage = embedding_bytes(m) if pp > 1 else tables
-    layers = (m.weight_bytes - tables) * stage_share(m, pp) / tp
+    layers = (held_weight_bytes(m, gpus) - tables) * stage_share(m, pp) / tp
     return layers + per_stage / tp + rope_cache_bytes(m)
 
 
@@ -745,7 +761,7 @@ def fit(
     lim = vllm_defaults(smallest.memory_bytes, smallest.name)
     if graphs is None:
         graphs = default_graphs(gpus, lim)
-    weights = max(0.0, weights_per_gpu(m, tp, pp) - offload)
+    weights = max(0.0, weights_per_gpu(m, tp, pp, gpus) - offload)
     # the budget is of the total CUDA reports: the driver's reserve leaves util × it out
     over = overhead_per_gpu(m, tp, pp, lim, graphs) + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)

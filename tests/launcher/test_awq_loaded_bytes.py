@@ -25,8 +25,9 @@ from launcher.model.modelspec import (
     spec_from_config,
     weight_bytes_on,
 )
-from launcher.planner import memfit
-from tests.launcher.paths import REPO
+from launcher.planner import costmodel, memfit
+from launcher.probe.topology import load_topology
+from tests.launcher.paths import REPO, topo
 
 FIXTURE = REPO / "tests" / "fixtures" / "vllm-awq-loading.txt"
 MODELS = REPO / "benchmarks" / "gpu" / "models"
@@ -120,6 +121,38 @@ def test_a_marlin_card_holds_the_zero_points_packed_as_the_checkpoint_does() -> 
     assert weight_bytes_on(m, (8, 6)) == m.weight_bytes - m.machete_zero_bytes
     assert weight_bytes_on(m, None) == m.weight_bytes - m.machete_zero_bytes
     assert weight_bytes_on(m, (8, 6)) > m.weight_bytes - m.load_growth_bytes
+
+
+def test_a_plan_on_marlin_cards_keeps_the_context_hoppers_zero_points_would_take() -> None:
+    """memfit sizes the weights the layout's cards hold (memfit.held_weight_bytes): two RTX
+    3090s give the 70B AWQ's zero points no room, so their KV budget is that much larger than
+    Hopper's layout would leave; a layout with a Hopper card in it, or a card whose compute
+    capability is unknown, is sized at Hopper's, the larger."""
+    m = load_model_spec(str(MODELS / "llama-3.3-70b-awq-shape"))
+    ampere = load_topology(topo("2x3090-nvlink-x8x8"), {}).gpus
+    hopper = load_topology(topo("8xh100-nvswitch"), {}).gpus[:2]
+    assert all(g.cc == (8, 6) for g in ampere)
+    assert memfit.held_weight_bytes(m, ampere) == m.weight_bytes - m.machete_zero_bytes
+    assert memfit.held_weight_bytes(m, hopper) == m.weight_bytes
+    assert memfit.held_weight_bytes(m, (ampere[0], hopper[0])) == m.weight_bytes
+    assert memfit.held_weight_bytes(m, (dataclasses.replace(ampere[0], cc=None),)) == m.weight_bytes
+    assert memfit.held_weight_bytes(m) == m.weight_bytes
+    on_3090 = memfit.fit(m, ampere, 2, 1, 0.9)
+    as_hopper = memfit.weights_per_gpu(m, 2, 1, hopper)
+    assert on_3090.weights == pytest.approx(as_hopper - m.machete_zero_bytes / 2)
+    assert on_3090.kv_budget > 0
+
+
+def test_the_repackings_allocator_slack_is_held_but_never_read() -> None:
+    """Of what the repacking adds only the zero points are read by a step: the allocator's
+    slack counts in the memory (weight_bytes) and not in the bytes a forward pass streams."""
+    m = load_model_spec(str(MODELS / "llama-3.3-70b-awq-shape"))
+    slack = m.load_growth_bytes - m.machete_zero_bytes
+    assert slack > 0
+    # the same model held without the slack: its growth the zero points alone
+    bare = dataclasses.replace(m, weight_bytes=m.weight_bytes - slack,
+                               load_growth_bytes=m.machete_zero_bytes)
+    assert costmodel.streamed_weight_bytes(m) == costmodel.streamed_weight_bytes(bare)
 
 
 def test_a_mixture_of_experts_is_not_sized_as_dense_layers() -> None:
