@@ -148,10 +148,13 @@ def test_the_simulation_gives_each_requests_positions_to_a_timer_that_reads_them
     assert [replace(b, spans=()) for b in seen.batches] == blind.batches
 
 
-def test_a_simulated_llama4_decode_step_reads_each_decoders_own_chunk_prefix() -> None:
-    m = scout()
+def one_h200() -> Layout:
     g = load_topology(str(H200), {}).gpus[0]
-    lay = Layout(1, 1, 1, ((g,),), costmodel.NO_LINK, costmodel.NO_LINK, 1e11)
+    return Layout(1, 1, 1, ((g,),), costmodel.NO_LINK, costmodel.NO_LINK, 1e11)
+
+
+def test_a_simulated_llama4_decode_step_reads_each_decoders_own_chunk_prefix() -> None:
+    m, lay = scout(), one_h200()
     step = RooflineStep(m, lay)
     assert step.reads_spans
     assert not RooflineStep(as_sliding(m), lay).reads_spans
@@ -167,9 +170,7 @@ def test_the_agent_simulations_llama4_steps_read_each_querys_own_chunk_prefix() 
     model with chunked layers, as loadsim's does: a decoder at 10,001 tokens reads its chunk's
     1,809 keys (to the block), so its step is the cost model's at those keys, below a sliding
     layer's; a model without chunked layers gets no positions and is timed as before."""
-    m = scout()
-    g = load_topology(str(H200), {}).gpus[0]
-    lay = Layout(1, 1, 1, ((g,),), costmodel.NO_LINK, costmodel.NO_LINK, 1e11)
+    m, lay = scout(), one_h200()
     step = AgentStep(m, lay)
     assert step.reads_spans
     assert not AgentStep(as_sliding(m), lay).reads_spans
