@@ -408,8 +408,14 @@ def test_the_step_at_many_streams_is_timed_over_a_context_of_each_streams_own() 
               if b["max_tokens"] == 1 and len(b["prompt"]) == long_]
     batches = [b["prompt"] for b in server.bodies
                if len(b["prompt"]) == long_ + enginestep.SHORT_PROMPT]
-    assert len(batches) == 4 * (1 + enginestep.BATCH_ROUNDS), len(batches)
+    # the warm round, then BATCH_ROUNDS kept; a round a loaded host held up is not kept and is
+    # sent again (time_served: up to 2 x BATCH_ROUNDS after the warm one), so count what came
+    sent, part = divmod(len(batches), 4)
+    assert part == 0, len(batches)
+    not_kept = [u for u in got.unread_rounds if "at 4 streams" in u]
+    assert sent == 1 + len(got.batch_steps_s) + len(not_kept), (sent, got)
+    rounds = enginestep.BATCH_ROUNDS
+    assert len(got.batch_steps_s) == rounds or sent == 1 + 2 * rounds, got
     contexts = {tuple(p[:long_]) for p in batches}
     assert len(contexts) == 4, "the streams share a context"
     assert contexts <= {tuple(p) for p in cached}, "a stream's context was not cached before"
-    assert len(got.batch_steps_s) == enginestep.BATCH_ROUNDS, got
