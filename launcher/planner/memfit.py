@@ -506,14 +506,14 @@ def longest_passing(fits: Callable[[int], bool], hi: int) -> int:
     return lo
 
 
-def context_cushion(m: ModelSpec, tp: int, pp: int, lim: EngineLimits,
-                    graphs: CudaGraphs = VLLM_DEFAULT) -> float:
-    """The most a replica's margin keeps back (:func:`kept_back`): the bytes of the estimate's
-    absolute terms besides the weights (peak activation, memory outside torch, the CUDA-graph
-    estimate, the TP buffers: :func:`overhead_per_gpu`) on each GPU, over the KV shards, as
-    the KV budget is counted. They do not grow with the KV budget, and neither does what varies
-    between two starts or what they miss (see CONTEXT_MARGIN)."""
-    return overhead_per_gpu(m, tp, pp, lim, graphs) * kv_shards(m, tp, pp)
+def context_cushion(overhead: float, shards: float) -> float:
+    """The most a replica's margin keeps back (:func:`kept_back`): ``overhead``, the bytes of
+    the estimate's absolute terms besides the weights on each GPU (peak activation, memory
+    outside torch, the CUDA-graph estimate, the TP buffers: :func:`overhead_per_gpu`, as the
+    fit computed them), over the replica's ``shards`` (:func:`kv_shards`), as the KV budget is
+    counted. They do not grow with the KV budget, and neither does what varies between two
+    starts or what they miss (see CONTEXT_MARGIN)."""
+    return overhead * shards
 
 
 def kept_back(kv_budget: float, cushion: float) -> float:
@@ -763,10 +763,12 @@ def fit(
         graphs = default_graphs(gpus, lim)
     weights = max(0.0, weights_per_gpu(m, tp, pp, gpus) - offload)
     # the budget is of the total CUDA reports: the driver's reserve leaves util × it out
-    over = overhead_per_gpu(m, tp, pp, lim, graphs) + util * CUDA_RESERVED_BYTES
+    overhead = overhead_per_gpu(m, tp, pp, lim, graphs)
+    over = overhead + util * CUDA_RESERVED_BYTES
     kv_budget = replica_kv_budget(m, tp, pp, budget, weights, over)
     kv = tp_share(m, tp)
-    cushion = context_cushion(m, tp, pp, lim, graphs)
+    # the driver's reserve is not the estimate's: the margin is kept on the estimate's terms
+    cushion = context_cushion(overhead, kv_shards(m, tp, pp))
     context = planned_context(kv, kv_budget, lim.batched_tokens, kv_dtype_bytes, cushion=cushion)
     blocks = pool_blocks(kv, kv_budget, kv_dtype_bytes)
     return Fit(budget, weights, over, kv_budget, context, lim, cushion, kv_dtype_bytes, blocks,

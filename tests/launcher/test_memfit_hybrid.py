@@ -41,7 +41,9 @@ def test_qwen3_next_gets_exactly_the_context_vllms_engine_accepts(budget_gib: fl
     accepted = _accepted(QWEN3_NEXT, budget)
     assert 0 < accepted < m.max_position_embeddings
     assert memfit.longest_context(m, budget, BATCHED) == accepted
-    cushion = memfit.context_cushion(m, 1, 1, memfit.EngineLimits(BATCHED, 1024))
+    cushion = memfit.context_cushion(
+        memfit.overhead_per_gpu(m, 1, 1, memfit.EngineLimits(BATCHED, 1024)),
+        memfit.kv_shards(m, 1, 1))
     assert memfit.planned_context(m, budget, BATCHED, cushion=cushion) <= accepted
 
 

@@ -76,7 +76,9 @@ def _figures(folder: Path, tp: int, gib: float) -> tuple[int, int, int]:
                                                                         batched_tokens=BATCHED))
     share, replica = memfit.tp_share(m, tp), gib * GIB * memfit.kv_shards(m, tp, 1)
     # the margin a plan on a card of these limits keeps (memfit.context_cushion)
-    cushion = memfit.context_cushion(m, tp, 1, memfit.EngineLimits(BATCHED, MAX_SEQS))
+    cushion = memfit.context_cushion(
+        memfit.overhead_per_gpu(m, tp, 1, memfit.EngineLimits(BATCHED, MAX_SEQS)),
+        memfit.kv_shards(m, tp, 1))
     return (accepted, memfit.longest_context(share, replica, BATCHED),
             memfit.planned_context(share, replica, BATCHED, cushion=cushion))
 

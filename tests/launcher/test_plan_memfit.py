@@ -102,8 +102,8 @@ def test_the_margin_is_the_estimates_absolute_terms_at_a_large_budget() -> None:
     # 1.3 GiB of activation, CUDA-graph and non-torch bytes the estimate holds besides weights
     m = load_model_spec(str(REPO / "benchmarks/gpu/models/llama-3.1-8b-longctx-shape"))
     lim = memfit.vllm_defaults(int(140.4 * GIB), "NVIDIA H200")
-    cushion = memfit.context_cushion(m, 1, 1, lim)
-    assert cushion == pytest.approx(memfit.overhead_per_gpu(m, 1, 1, lim))
+    cushion = memfit.context_cushion(memfit.overhead_per_gpu(m, 1, 1, lim),
+                                     memfit.kv_shards(m, 1, 1))
     kv = 111 * GIB
     assert memfit.kept_back(kv, cushion) == cushion < memfit.CONTEXT_MARGIN * kv
     assert memfit.kept_back(13 * GIB, cushion) == pytest.approx(memfit.CONTEXT_MARGIN * 13 * GIB)
