@@ -557,8 +557,11 @@ def _load_growth(cfg: Mapping[str, Any], t: Mapping[str, Any], d: _Dims,
 def weight_bytes_on(m: ModelSpec, cc: tuple[int, int] | None) -> int:
     """The weights vLLM holds of ``m`` on a card of compute capability ``cc``: ``weight_bytes``
     (Hopper's layout) less Machete's 16-bit zero points where vLLM runs Marlin, which keeps
-    them packed as the checkpoint does (quantization.mixed_input_gemm)."""
-    if quantization.mixed_input_gemm(cc).kernel == "machete":
+    them packed as the checkpoint does (quantization.mixed_input_gemm). A card whose compute
+    capability is not known (None) is sized at Hopper's layout, the larger: a memory fit must
+    not count on bytes the card may hold after all (the kernel's timing assumes Marlin, the
+    slower, for the same reason)."""
+    if cc is None or quantization.mixed_input_gemm(cc).kernel == "machete":
         return m.weight_bytes
     return m.weight_bytes - m.machete_zero_bytes
 

@@ -153,11 +153,9 @@ def rope_cache_bytes(m: ModelSpec) -> int:
 def held_weight_bytes(m: ModelSpec, gpus: Sequence[Gpu] = ()) -> int:
     """The weights vLLM holds of ``m`` on ``gpus``: the largest any of them holds
     (:func:`weight_bytes_on`: a 4-bit AWQ model's 16-bit zero points on Hopper alone, so an
-    RTX 3090's plan does not give up context for them); Hopper's layout, the larger, where no
-    card or a card of unknown compute capability is given."""
-    if not gpus or any(g.cc is None for g in gpus):
-        return m.weight_bytes
-    return max(weight_bytes_on(m, g.cc) for g in gpus)
+    RTX 3090's plan does not give up context for them; a card of unknown compute capability
+    at the larger layout). With no card given, an unknown card's."""
+    return max((weight_bytes_on(m, g.cc) for g in gpus), default=weight_bytes_on(m, None))
 
 
 def weights_per_gpu(m: ModelSpec, tp: int, pp: int, gpus: Sequence[Gpu] = ()) -> float:

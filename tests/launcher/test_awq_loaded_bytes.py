@@ -119,8 +119,19 @@ def test_a_marlin_card_holds_the_zero_points_packed_as_the_checkpoint_does() -> 
     assert m.machete_zero_bytes / GIB == pytest.approx(0.747, abs=0.001)
     assert weight_bytes_on(m, (9, 0)) == m.weight_bytes
     assert weight_bytes_on(m, (8, 6)) == m.weight_bytes - m.machete_zero_bytes
-    assert weight_bytes_on(m, None) == m.weight_bytes - m.machete_zero_bytes
     assert weight_bytes_on(m, (8, 6)) > m.weight_bytes - m.load_growth_bytes
+
+
+def test_a_card_of_unknown_compute_capability_is_sized_at_the_larger_layout() -> None:
+    # one rule (weight_bytes_on) for every caller: a card that may be a Hopper holds Machete's
+    # zero points as far as a memory fit is concerned, alone or beside a Marlin card
+    m = load_model_spec(str(MODELS / "llama-3.3-70b-awq-shape"))
+    assert m.machete_zero_bytes > 0
+    assert weight_bytes_on(m, None) == weight_bytes_on(m, (9, 0)) == m.weight_bytes
+    ampere = load_topology(topo("2x3090-nvlink-x8x8"), {}).gpus[0]
+    unknown = dataclasses.replace(ampere, cc=None)
+    assert memfit.held_weight_bytes(m, (ampere, unknown)) == weight_bytes_on(m, None)
+    assert memfit.held_weight_bytes(m) == weight_bytes_on(m, None)
 
 
 def test_a_plan_on_marlin_cards_keeps_the_context_hoppers_zero_points_would_take() -> None:
