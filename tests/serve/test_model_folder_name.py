@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, processes_serving
 
 MODEL = REPO / "tests" / "fixtures" / "models" / "llama-3.2-3b"
 CPU_ONLY = REPO / "tests" / "fixtures" / "golden" / "cpu-only.toposerve.json"
@@ -77,3 +77,27 @@ def test_a_model_folder_named_in_utf8_beyond_ascii_is_planned(tmp_path: Path) ->
     res = launcher("plan", "--model", path, "--topology", str(CPU_ONLY))
     assert res.returncode == 0, res.stderr
     assert f"vllm serve '{tmp_path}/modèle-ü' " in res.stdout
+
+
+def test_serve_with_a_saved_plan_refuses_such_a_folder_and_starts_nothing(
+        tmp_path: Path) -> None:
+    # the plan was made while the folder had a UTF-8 name, then the folder was renamed: `serve
+    # --plan` resolves --model through the same check as planning (run.resolve_model; the plan
+    # file's own copy of the path is never what serve starts), so it stops there, before any
+    # engine or proxy is started
+    planned = model_named(tmp_path, b"m")
+    saved = tmp_path / "plan.json"
+    res = launcher("plan", "--json", "--model", planned, "--topology", str(CPU_ONLY))
+    assert res.returncode == 0, res.stderr
+    saved.write_text(res.stdout)
+    path = os.fsencode(tmp_path) + b"/m\xff"
+    try:
+        os.rename(planned, path)
+    except OSError as exc:  # a file system that keeps names as UTF-8 only
+        pytest.skip(f"this file system refuses a non-UTF-8 name: {exc}")
+    proxy, engine = free_port(), free_port()
+    res = launcher("serve", "--plan", str(saved), "--model", path, "--topology", str(CPU_ONLY),
+                   "--port", str(proxy), "--engine-port", str(engine),
+                   "--log-dir", str(tmp_path / "logs"))
+    assert_refused(res, f"{tmp_path}/m\\xff")
+    assert processes_serving(proxy, engine) == []
