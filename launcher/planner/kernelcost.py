@@ -23,19 +23,21 @@ this only for ``pp == 1``).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.model import families
 from launcher.model.mla import MlaDims
-from launcher.model.modelspec import ModelSpec
+from launcher.model.modelspec import KvGroup, ModelSpec
 from launcher.planner import hardware, memfit
 from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import (
     CpuStepOverhead,
     Layout,
     Prediction,
+    Span,
     causal_pairs,
     graph_kernel_s,
     layer_host,
@@ -53,12 +55,14 @@ from launcher.planner.memfit import (
 )
 from launcher.planner.schedsim import (
     SchedulerLimits,
+    SimError,
     SimResult,
     StepBatch,
     StepTimer,
     TableStepCost,
     Workload,
     measured_curve,
+    reads_spans,
     simulate,
 )
 from launcher.planner.tablegaps import roofline_filled
@@ -114,7 +118,7 @@ def step_shape(m: ModelSpec, tp: int = 1) -> StepShape:
         linears += [Linear("gate_up", h, 2 * inter, bits), Linear("down", inter, h, bits)]
     attention = tuple(
         Attention(g.layers, heads, 1 if g.latent else max(1, g.kv_heads // tp), g.head_dim,
-                  g.window, g.latent)
+                  g.window, g.latent, chunked=g.chunked and bool(g.window))
         if not (g.latent and mla) else
         Attention(g.layers, heads, 1, mla.latent_dim, g.window, True, mla.qk_head_dim,
                   mla.v_head_dim, mla.kv_lora_rank)
@@ -193,18 +197,25 @@ class DecodeGroup:
     fixed_s: float
     key_s: float
     window: int | None = None
+    chunked: bool = False  # ``window`` is a chunk of chunked attention (Llama 4's)
 
-    def seconds(self, seqs: int, context: int, *, alone: bool = True) -> float:
+    def seconds(self, seqs: int, context: int, *, alone: bool = True,
+                chunk_keys: int | None = None) -> float:
         """The group's attention for ``seqs`` decoders of ``context`` cached tokens in all,
         with its kernel's fixed cost where they are ``alone`` in the step: beside prompt
         chunks vLLM runs them in the chunks' one attention call a layer, whose fixed cost is
         in the chunks' timed time. A sliding layer reads min(context, window) keys of each
         sequence; from the sum it is taken as min(context, window x seqs), exact where every
         sequence's context is on the same side of the window (a step's usually are: one
-        workload's lengths)."""
+        workload's lengths). A chunked layer reads each decoder's own chunk up to its new
+        token: ``chunk_keys``, their sum from the decoders' positions (:class:`TableStep`);
+        without them at most a chunk each, as a sliding layer."""
         if seqs <= 0:
             return 0.0
-        keys = context if self.window is None else min(context, self.window * seqs)
+        if self.chunked and chunk_keys is not None:
+            keys = chunk_keys
+        else:
+            keys = context if self.window is None else min(context, self.window * seqs)
         return self.layers * ((self.fixed_s if alone else 0.0) + self.key_s * keys)
 
 
@@ -214,17 +225,68 @@ class TableStep(TableStepCost):
     attention left at 0) with the decoders' attention read off the table's timed decode points
     (:func:`decode_groups`): each layer's kernel a fixed cost in every step of decoders alone
     (beside prompt chunks the chunks' timed call holds it), and the keys it reads, capped at a
-    sliding layer's window."""
+    sliding layer's window.
+
+    A model with chunked-attention layers (Llama 4's; ``chunk`` their chunk) has those layers'
+    prompt-chunk attention apart (``chunk_prefill_pairs`` / ``chunk_prefill_s``: their timed
+    points at the pairs each read, a query its own chunk's prefix) and reads the requests'
+    positions (a :class:`schedsim.SpanTimer`): a chunk's queries at their chunk's pairs, each
+    decoder at its own chunk's keys (:meth:`KvGroup.pairs`, the one rule), which no total of
+    contexts gives; the other layers as before, off the step's totals."""
 
     decode: tuple[DecodeGroup, ...] = ()
+    chunk: int = 0
+    chunk_prefill_pairs: tuple[float, ...] = ()
+    chunk_prefill_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        xs = self.chunk_prefill_pairs
+        if len(xs) != len(self.chunk_prefill_s) or list(xs) != sorted(set(xs)) or (
+                xs and xs[0] <= 0) or not all(math.isfinite(v) and v >= 0
+                                              for v in (*xs, *self.chunk_prefill_s)):
+            raise SimError("a chunked layers' attention curve needs one time per pair count, "
+                           "counts positive and ascending")
+
+    @property
+    def reads_spans(self) -> bool:
+        return self.chunk > 0
+
+    def _chunked(self) -> KvGroup:
+        return KvGroup(1, 1, 1, self.chunk, chunked=True)
+
+    def _split(self, batch: StepBatch) -> tuple[Sequence[Span], Sequence[Span]] | None:
+        """The step's prompt chunks' spans and its decoders' (schedsim lists them in that
+        order); None where the step carries none."""
+        if not batch.spans:
+            return None
+        cut = len(batch.spans) - batch.decode_seqs
+        return batch.spans[:cut], batch.spans[cut:]
+
+    def chunk_attention(self, batch: StepBatch) -> float:
+        """The chunked layers' prompt-chunk attention: their timed curve at the pairs the
+        chunks' queries read (without positions: at most a chunk a query)."""
+        if not self.chunk or not batch.prefill_tokens or not self.chunk_prefill_pairs:
+            return 0.0
+        split = self._split(batch)
+        if split is None:
+            pairs = min(batch.prefill_pairs, float(batch.prefill_tokens * self.chunk))
+        else:
+            g = self._chunked()
+            pairs = float(sum(g.pairs(a, b) for a, b in split[0]))
+        return measured_curve(self.chunk_prefill_pairs, self.chunk_prefill_s, pairs)
 
     def decode_attention(self, batch: StepBatch) -> float:
         alone = batch.prefill_tokens == 0
-        return sum(g.seconds(batch.decode_seqs, batch.decode_context, alone=alone)
+        split = self._split(batch) if self.chunk else None
+        keys = None if split is None else sum(self._chunked().keys(a) for a, _ in split[1])
+        return sum(g.seconds(batch.decode_seqs, batch.decode_context, alone=alone,
+                             chunk_keys=keys)
                    for g in self.decode)
 
     def step_s(self, batch: StepBatch) -> float:
-        return super().step_s(batch) + self.decode_attention(batch)
+        return (super().step_s(batch) + self.chunk_attention(batch)
+                + self.decode_attention(batch))
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -256,8 +318,8 @@ def decode_groups(table: KernelTable) -> tuple[DecodeGroup, ...]:
     points: list[list[tuple[float, float]]] = []
     for g, a in enumerate(s.attention):
         timed = table.lookup("attn:decode", g)
-        points.append([(t.tokens * (min(t.context, a.window) if a.window else t.context),
-                        t.seconds) for t in timed if t.tokens > 0 and t.context > 0])
+        points.append([(t.tokens * a.decode_keys(t.context), t.seconds)
+                       for t in timed if t.tokens > 0 and t.context > 0])
     lines = [_line(p) if p else None for p in points]
 
     def kernel(a: Attention) -> tuple[int, int, int, bool]:
@@ -275,18 +337,26 @@ def decode_groups(table: KernelTable) -> tuple[DecodeGroup, ...]:
                         if ln is not None and kernel(h) == kernel(a)), None)
             per = spent / keys if per is None else min(per, spent / keys)
             line = (max(0.0, spent - per * keys), per)  # rounding: never below 0
-        out.append(DecodeGroup(a.layers, line[0], line[1], a.window))
+        out.append(DecodeGroup(a.layers, line[0], line[1], a.window, a.chunked))
     return tuple(out)
 
 
-def _prefill_points(timed: list[KernelTime]) -> list[tuple[float, float]]:
+def _prefill_points(timed: list[KernelTime], a: Attention | None = None
+                    ) -> list[tuple[float, float]]:
     """A prompt chunk's attention as timed: (its causal (query, key) pairs, seconds) per point,
     ascending. A point of ``tokens`` new tokens over ``context`` keys is a chunk after
-    ``context - tokens`` cached ones (a whole prompt where the two are equal). One time per
+    ``context - tokens`` cached ones (a whole prompt where the two are equal). A chunked
+    layer's (``a``) at the pairs its queries read, each its own chunk's prefix (a chunk
+    after a whole attention chunk reads that chunk's triangle, as at depth 0). One time per
     pair count: the median of any repeated."""
+    chunked = (KvGroup(1, 1, 1, a.window, chunked=True)
+               if a is not None and a.chunked and a.window else None)
     by: dict[float, list[float]] = {}
     for t in timed:
-        by.setdefault(causal_pairs(t.tokens, max(0, t.context - t.tokens)), []).append(t.seconds)
+        depth = max(0, t.context - t.tokens)
+        x = (causal_pairs(t.tokens, depth) if chunked is None
+             else float(chunked.pairs(depth, depth + t.tokens)))
+        by.setdefault(x, []).append(t.seconds)
     return [(x, statistics.median(by[x])) for x in sorted(by) if x > 0]
 
 
@@ -395,9 +465,12 @@ def step_cost(
     eager_forward = [forward_at(n, "eager:") for n in ladder] if eager else []
     pair = 0.0
     curves = []
+    chunked_curves = []  # chunked layers' (Llama 4's): read at their own pairs (TableStep)
     for g, a in enumerate(s.attention):
-        pre = _prefill_points(table.lookup("attn:prefill", g))
-        if pre:
+        pre = _prefill_points(table.lookup("attn:prefill", g), a)
+        if pre and a.chunked:
+            chunked_curves.append((a.layers, pre))
+        elif pre:
             curves.append((a.layers, pre))
             pair += a.layers * pre[-1][1] / pre[-1][0]
     decode = decode_groups(table)
@@ -408,9 +481,9 @@ def step_cost(
     elif head:
         per_row = head[0].seconds
     # the layers' prompt-chunk attention as measured at each timed (query, key) pair count
-    xs = sorted({x for _, pts in curves for x, _ in pts})
-    ys = [sum(layers * measured_curve([p for p, _ in pts], [t for _, t in pts], x)
-              for layers, pts in curves) for x in xs]
+    xs, ys = _summed_curve(curves)
+    chunk_xs, chunk_ys = _summed_curve(chunked_curves)
+    chunk = next((a.window or 0 for a in s.attention if a.chunked), 0)
     sources = [f"kernels measured {table.measured_at} ({table.method}) on {table.key.device}"]
     if table.engine_step_s is not None:
         overhead = table.engine_step_s
@@ -429,6 +502,9 @@ def step_cost(
                   else "torch's SDPA, not the engine's FlashAttention")
         sources.append(f"prompt-chunk attention read off {len(xs)} timed points up to "
                        f"{xs[-1]:,.0f} (query, key) pairs ({kernel}), in proportion past them")
+    if chunk:
+        sources.append(f"chunked-attention layers ({chunk:,}-token chunks) timed and read at "
+                       f"each query's own chunk's keys, as vLLM cuts a step at the chunks")
     if decode:
         fixed = sum(d.layers * d.fixed_s for d in decode)
         sources.append(f"decoders' attention read off the timed points as a line in the keys "
@@ -442,8 +518,20 @@ def step_cost(
     sources += [f"not in the table: {x}" for x in table.missing]
     cost = TableStep(tuple(ladder), tuple(forward), pair, 0.0, per_row,
                      (0.0 if overlap_overhead else overhead) + fixed_head,
-                     tuple(eager_forward), max_graph_tokens, tuple(xs), tuple(ys), decode)
+                     tuple(eager_forward), max_graph_tokens, tuple(xs), tuple(ys), decode,
+                     chunk if chunked_curves or any(d.chunked for d in decode) else 0,
+                     tuple(chunk_xs), tuple(chunk_ys))
     return KernelCost(cost, tuple(sources), overhead)
+
+
+def _summed_curve(curves: list[tuple[int, list[tuple[float, float]]]]
+                  ) -> tuple[list[float], list[float]]:
+    """Layer groups' prompt-chunk attention summed at each of their timed pair counts (each
+    group ``layers`` x its curve there)."""
+    xs = sorted({x for _, pts in curves for x, _ in pts})
+    ys = [sum(layers * measured_curve([p for p, _ in pts], [t for _, t in pts], x)
+              for layers, pts in curves) for x in xs]
+    return xs, ys
 
 
 @dataclass(frozen=True)
@@ -472,6 +560,11 @@ class HostBound:
     @property
     def layer_host(self) -> LayerHost:
         return self.layer if self.layer is not None else self.host.reference_layer
+
+    @property
+    def reads_spans(self) -> bool:
+        """Whether the table's step reads the requests' positions (chunked layers: TableStep)."""
+        return reads_spans(self.cost)
 
     @property
     def served(self) -> CudaGraphs:

@@ -87,7 +87,8 @@ class StepBatch:
     decode_context: int = 0  # Σ of their contexts: the KV a decode step reads
     sampled: int = 0  # requests that sample a token at the end of the step
     # each request's new tokens as positions (start, end): the chunks' and decoders' queries,
-    # which the totals above sum. Filled only for a timer that reads them (:class:`SpanTimer`).
+    # which the totals above sum, the prompt chunks' first, then the ``decode_seqs``
+    # decoders'. Filled only for a timer that reads them (:class:`SpanTimer`).
     spans: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -599,20 +600,24 @@ class _Engine:
 
 def _batch(eng: _Engine, chosen: dict[int, int], spans: bool = False) -> StepBatch:
     pre = pairs = dec = ctx = sampled = 0.0
-    where: list[tuple[int, int]] = []
+    chunks: list[tuple[int, int]] = []
+    decoders: list[tuple[int, int]] = []
     for r in eng.running:
         new = chosen.get(id(r), 0)
         if not new:
             continue
         if r.computed + new >= r.num_tokens:
             sampled += 1
-        if spans:
-            where.append((r.computed, r.computed + new))
         if new == 1 and r.computed >= r.prompt:
             dec, ctx = dec + 1, ctx + r.computed + 1
+            if spans:
+                decoders.append((r.computed, r.computed + 1))
         else:
             pre, pairs = pre + new, pairs + new * (r.computed + (new + 1) / 2)
-    return StepBatch(int(pre), pairs, int(dec), int(ctx), int(sampled), tuple(where))
+            if spans:
+                chunks.append((r.computed, r.computed + new))
+    return StepBatch(int(pre), pairs, int(dec), int(ctx), int(sampled),
+                     tuple(chunks + decoders))
 
 
 def _advance(eng: _Engine, chosen: dict[int, int], now: float, shared: int) -> list[_Req]:

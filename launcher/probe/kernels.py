@@ -12,7 +12,8 @@ shapes on one tensor-parallel rank, at a ladder of token counts:
 - the two RMS norms and the gated activation (vLLM's ``rms_norm`` / ``silu_and_mul`` ops where
   present), the rotary embedding as the elementwise products it is;
 - attention: prompt chunks (causal, tokens × tokens) and decode (one query per sequence against
-  its context; a sliding window caps the context; latent attention attends over one
+  its context; a sliding window caps the context, a chunked layer reads its own chunk's keys
+  as vLLM cuts it at the chunk boundaries; latent attention attends over one
   ``kv_lora_rank + rope`` head, as vLLM's MLA decode does), through PyTorch's SDPA;
 - a mixture of experts' routed MLP (router, top-k, the experts the tokens route to);
 - the LM head over the rows that sample, and the sampler (softmax, an exponential race).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import math
 import statistics
@@ -83,6 +85,37 @@ class Attention:
     qk_dim: int = 0
     v_dim: int = 0
     rank: int = 0
+    # ``window`` is a chunk of chunked local attention (Llama 4's RoPE layers), not a sliding
+    # window: a query reads its own chunk's keys up to itself (launcher.model.modelspec
+    # KvGroup.pairs), which vLLM's ChunkedLocalAttention runs as the plain causal kernel over
+    # "virtual" sequences cut at the chunk boundaries (:meth:`pieces`)
+    chunked: bool = False
+
+    def decode_keys(self, context: int) -> int:
+        """The keys a decoder at ``context`` tokens (its new one among them) reads: all of
+        them; a sliding layer's last ``window``; a chunked layer's chunk up to its new token,
+        (context - 1) mod window + 1 (vLLM's ``tokens_in_last_block``)."""
+        if not self.window:
+            return context
+        if self.chunked:
+            return (context - 1) % self.window + 1
+        return min(context, self.window)
+
+    def pieces(self, tokens: int, depth: int) -> tuple[tuple[int, int], ...]:
+        """The (queries, keys) of the causal calls ``tokens`` new tokens after ``depth`` cached
+        ones are run as: one over all ``depth + tokens`` keys, bar a chunked layer's, which
+        vLLM cuts at its chunk boundaries (vllm/v1/attention/backends/utils.py
+        ``make_local_attention_virtual_batches``: each piece the chunk's queries over the
+        chunk's keys up to the last of them, through a block table of that chunk's pages)."""
+        if not (self.chunked and self.window) or tokens <= 0:
+            return ((tokens, depth + tokens),)
+        c, out, pos, end = self.window, [], depth, depth + tokens
+        while pos < end:
+            start = pos // c * c
+            stop = min(end, start + c)
+            out.append((stop - pos, stop - start))
+            pos = stop
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -122,8 +155,8 @@ def _shape_key(shape: StepShape) -> str:
         if not lin.get("layers"):
             lin.pop("layers", None)
     for a in raw["attention"]:  # fields added later are keyed only where set, so that a table
-        for f in _LATER_FIELDS:  # kept before them is still found for the same shape
-            if not a.get(f):
+        for f in (*_LATER_FIELDS, "chunked"):  # kept before them is still found for the same
+            if not a.get(f):  # shape (a chunked one is not: it was timed as sliding)
                 a.pop(f, None)
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -224,7 +257,7 @@ def _attention(a: Mapping[str, Any]) -> Attention:
     window = None if a.get("window") is None else _positive_int(a["window"], "window")
     qk, v, rank = (_positive_int(a.get(f, 0), f) for f in _LATER_FIELDS)
     return Attention(layers, heads, kv_heads, head_dim, window, a.get("latent") is True,
-                     qk, v, rank)
+                     qk, v, rank, a.get("chunked") is True and window is not None)
 
 
 def _shape(raw: Any) -> StepShape:
@@ -627,12 +660,24 @@ class _Ops:
                 return self.latent_prefill(a, queries, seqs)
             return self.latent_decode(a, context, seqs)
         kv_heads, head_dim = a.kv_heads, a.head_dim
+        gqa = a.heads != kv_heads
+        if a.chunked and a.window:
+            # as vLLM runs it: the decoder's chunk up to itself, a prompt's queries cut at the
+            # chunk boundaries into causal pieces, the pieces of one size batched together
+            cut = ((1, a.decode_keys(context)),) if queries == 1 else \
+                a.pieces(queries, context - queries)
+            calls = []
+            for (n, keys), count in Counter(cut).items():
+                q = self.randn(seqs * count, a.heads, n, head_dim)
+                k = self.randn(seqs * count, kv_heads, keys, head_dim)
+                v = self.randn(seqs * count, kv_heads, keys, head_dim)
+                calls.append((q, k, v, n == keys and n > 1))
+            return lambda: [sdpa(q, k, v, is_causal=c, enable_gqa=gqa) for q, k, v, c in calls]
         keys = min(context, a.window) if a.window else context
         q = self.randn(seqs, a.heads, queries, head_dim)
         k = self.randn(seqs, kv_heads, keys, head_dim)
         v = self.randn(seqs, kv_heads, keys, head_dim)
         causal = queries == keys and queries > 1
-        gqa = a.heads != kv_heads
         return lambda: sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     def flash_prefill(self, a: Attention, tokens: int, depth: int) -> Callable[[], object] | None:
@@ -650,17 +695,24 @@ class _Ops:
         if self.device == "cpu":
             return None
         if not a.latent:
-            return self._flash_varlen(tokens, depth, a.heads, a.kv_heads, a.head_dim,
-                                      a.head_dim, a.window)
+            if a.chunked:  # the chunk's pieces, each causal over its own chunk, no window
+                return self._flash_varlen(a.pieces(tokens, depth), a.heads, a.kv_heads,
+                                          a.head_dim, a.head_dim, None)
+            return self._flash_varlen(((tokens, depth + tokens),), a.heads, a.kv_heads,
+                                      a.head_dim, a.head_dim, a.window)
         if not (a.qk_dim and a.v_dim):
             return None
-        return self._flash_varlen(tokens, depth, a.heads, a.heads, a.qk_dim, a.v_dim, None)
+        return self._flash_varlen(((tokens, depth + tokens),), a.heads, a.heads, a.qk_dim,
+                                  a.v_dim, None)
 
-    def _flash_varlen(self, tokens: int, depth: int, heads: int, kv_heads: int, qk_dim: int,
-                      v_dim: int, window: int | None) -> Callable[[], object] | None:
-        """One sequence's chunk through ``vllm_flash_attn.flash_attn_varlen_func`` at the
-        version vLLM picks first (FA3 on Hopper, else FA2): causal from the chunk's last row
-        over the ``depth + tokens`` keys, as the FLASH_ATTN backend runs a chunk. vLLM's MLA
+    def _flash_varlen(self, pieces: Sequence[tuple[int, int]], heads: int, kv_heads: int,
+                      qk_dim: int, v_dim: int, window: int | None
+                      ) -> Callable[[], object] | None:
+        """A chunk through ``vllm_flash_attn.flash_attn_varlen_func`` at the version vLLM picks
+        first (FA3 on Hopper, else FA2), ``pieces`` its (queries, keys) sequences of one call:
+        one sequence's chunk causal from its last row over the ``depth + tokens`` keys, as the
+        FLASH_ATTN backend runs a chunk (a chunked layer's the chunk's pieces within each
+        attention chunk, :meth:`Attention.pieces`, as vLLM's virtual batches). vLLM's MLA
         prefill covers the same (query, key) pairs in a causal call over the new tokens and
         unmasked calls over the cached context's chunks, merged by their LSEs: that split, the
         merge and the context's decompression are not timed here. Where v's head dim differs
@@ -674,18 +726,22 @@ class _Ops:
             from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
 
             version = next(v for v in (3, 2) if is_fa_version_supported(v))
-            keys = depth + tokens
+            tokens = sum(n for n, _ in pieces)
+            keys = sum(k for _, k in pieces)
             q = self.randn(tokens, heads, qk_dim)
             k = self.randn(keys, kv_heads, qk_dim)
             v = self.randn(keys, kv_heads, v_dim)
-            cu_q = torch.tensor([0, tokens], dtype=torch.int32, device=self.device)
-            cu_k = torch.tensor([0, keys], dtype=torch.int32, device=self.device)
+            cu_q = torch.tensor([0, *itertools.accumulate(n for n, _ in pieces)],
+                                dtype=torch.int32, device=self.device)
+            cu_k = torch.tensor([0, *itertools.accumulate(k for _, k in pieces)],
+                                dtype=torch.int32, device=self.device)
+            most_q, most_k = max(n for n, _ in pieces), max(k for _, k in pieces)
             span = [window - 1, 0] if window else [-1, -1]
         except Exception:  # not installed, no version for this card
             return None
 
         def run(values: Any) -> Any:
-            return flash_attn_varlen_func(q, k, values, tokens, cu_q, keys, cu_seqlens_k=cu_k,
+            return flash_attn_varlen_func(q, k, values, most_q, cu_q, most_k, cu_seqlens_k=cu_k,
                                           softmax_scale=qk_dim ** -0.5, causal=True,
                                           window_size=span, fa_version=version)
 

@@ -85,8 +85,8 @@ def test_a_dense_shapes_table_key_is_the_one_kept_before_the_mla_and_layer_field
     raw = asdict(shape)
     for lin in raw["linears"]:  # a linear's layer count, added later (0: every layer)
         del lin["layers"]
-    for a in raw["attention"]:
-        for f in ("qk_dim", "v_dim", "rank"):
+    for a in raw["attention"]:  # and the chunked-attention flag (False here)
+        for f in ("qk_dim", "v_dim", "rank", "chunked"):
             del a[f]
     before = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
     assert shape.key() == before
