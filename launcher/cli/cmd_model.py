@@ -54,6 +54,7 @@ def format_model(m: ModelSpec) -> str:
             else ""
         ),
     ]
+    lines += [f"  note: {n}" for n in m.notes]
     for ctx in (c for c in CONTEXTS if c <= m.max_position_embeddings):
         lines.append(
             f"  one sequence of {ctx:>6} tokens: {m.kv_bytes(ctx) / GIB:6.2f} GiB of KV cache"

@@ -64,6 +64,10 @@ class HfShape:
     recurrent_layers: int = 0
     recurrent_conv_elems: int = 0
     recurrent_state_elems: int = 0
+    # ``linear_params`` module by module: (name, parameters), a mixture's routed experts as
+    # one module per layer (``model.layers.0.mlp.experts``, as vLLM fuses them), so that a
+    # checkpoint's list of modules left unquantized (quantization.Unquantized) can be counted
+    linear_modules: tuple[tuple[str, int], ...] = ()
 
 
 def _quiet() -> contextlib.AbstractContextManager[Any]:
@@ -129,6 +133,7 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
     import torch
 
     emb = head = linear = experts = other = towers = 0
+    modules: dict[str, int] = {}
     tied = bool(getattr(text, "tie_word_embeddings", getattr(conf, "tie_word_embeddings", True)))
     seen: set[int] = set()
     for name, module in model.named_modules():
@@ -149,17 +154,23 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
                 # (DeepSeek's shared_experts run for every token: dense, not routed)
                 linear += n
                 experts += n
+                fused = _experts_module(name)
+                modules[fused] = modules.get(fused, 0) + n
             elif isinstance(module, torch.nn.Linear) and pname == "weight" and "router" not in full:
                 linear += n
+                modules[name] = modules.get(name, 0) + n
             else:
                 other += n
     # Gemma 4's keys-equal-values layers ship k_proj only; vLLM loads it into both the K and V
     # slots of its fused QKV weight (vllm/model_executor/models/gemma4.py), so it holds a copy.
+    named = {id(mod): n for n, mod in model.named_modules()}
     for layer in _decoder_layers(model):
         attn = getattr(layer, "self_attn", None)
         k = getattr(attn, "k_proj", None)
         if getattr(attn, "use_alternative_attention", False) and k is not None:
             linear += k.weight.numel()
+            owner = named.get(id(k), "k_proj")
+            modules[owner] = modules.get(owner, 0) + k.weight.numel()
     layers, conv, state = _recurrent_state(model)
     return HfShape(
         model_type=model_type,
@@ -176,7 +187,18 @@ def _count(model: Any, conf: Any, text: Any, model_type: str, version: str) -> H
         recurrent_layers=layers,
         recurrent_conv_elems=conv,
         recurrent_state_elems=state,
+        linear_modules=tuple(modules.items()),
     )
+
+
+def _experts_module(name: str) -> str:
+    """The routed-experts module a parameter's module ``name`` belongs to: the name up to its
+    ``experts`` part (one expert's ``...mlp.experts.3.w1`` is ``...mlp.experts``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if "experts" in part and "shared_expert" not in part:
+            return ".".join(parts[:i + 1])
+    return name
 
 
 def _count_attr(module: Any, *names: str) -> int:
@@ -416,10 +438,11 @@ def _from_json(data: Any) -> HfShape:
     """The shape a cache file holds; TypeError/KeyError/ValueError when it holds anything else."""
     fields = dict(data)
     fields["attention"] = tuple(LayerAttention(**a) for a in fields["attention"])
+    fields["linear_modules"] = tuple((str(name), n) for name, n in fields["linear_modules"])
     found = HfShape(**fields)
     ints = (found.embedding_params, found.lm_head_params, found.linear_params,
             found.expert_params, found.other_params, found.rope_cache_elems,
-            found.tower_params)
+            found.tower_params, *(n for _, n in found.linear_modules))
     if not all(type(n) is int for n in ints) or not isinstance(found.text, dict):
         raise TypeError("not a shape")
     return found

@@ -153,6 +153,9 @@ class ModelSpec:
     # ``weight_bytes`` is Hopper's, the larger; weight_bytes_on gives another card's.
     load_growth_bytes: int = 0
     machete_zero_bytes: int = 0
+    # Why part of the checkpoint's quantization config was read otherwise than vLLM reads it,
+    # and what was assumed instead (quantization.modelopt_unquantized): one line each
+    notes: tuple[str, ...] = ()
 
     @property
     def lm_head_params(self) -> int:
@@ -518,15 +521,57 @@ def _split(cfg: Mapping[str, Any], t: Mapping[str, Any], hf: hfconfig.HfShape | 
 
 def _weight_bytes(sp: _Split, hf: hfconfig.HfShape | None, d: _Dims,
                   bits: float, overhead: float, dense_bytes: int, n_experts: int,
-                  per_token: int, experts_only: bool) -> int:
-    packed = sp.linear
+                  per_token: int, experts_only: bool, unquantized: int = 0) -> int:
+    """The weights' bytes: the quantizable linear layers packed, less ``unquantized`` of
+    them (a ModelOpt checkpoint's excluded modules), the rest at ``dense_bytes``."""
+    packed = max(0, sp.linear - unquantized)
     if experts_only:  # the experts only; attention, router, embeddings stay 16-bit
         experts = hf.expert_params if hf else max(0, int(d.layers * (d.mlp - d.active_mlp) /
                                                        max(1e-9, 1 - per_token / n_experts))
                                                    if n_experts else 0)
-        packed = min(sp.linear, experts)
+        packed = min(packed, experts)
     return int(packed * (bits / 8 + overhead) + (sp.linear - packed) * dense_bytes
                + sp.other * dense_bytes)
+
+
+def _field_modules(d: _Dims, n_experts: int, linear: int) -> tuple[tuple[str, int], ...]:
+    """The linear layers of a model transformers could not build, by the names a Llama-shaped
+    checkpoint gives them (an exclusion list is matched against names): each layer's q/k/v/o
+    projections from its heads, and its MLP as gate/up/down thirds or one experts module;
+    whatever the heads leave of the attention's count (biases) goes to q_proj. Their sum is
+    ``linear``, the count the weights are sized from."""
+    kv = d.kv * d.head_dim * d.hidden
+    attn = max(0, d.attn - 2 * d.hidden)
+    o = min(attn, d.heads * d.head_dim * d.hidden)
+    k = min(kv, (attn - o) // 2)
+    out: list[tuple[str, int]] = []
+    for i in range(d.layers):
+        at = f"model.layers.{i}"
+        out += [(f"{at}.self_attn.q_proj", attn - o - 2 * k), (f"{at}.self_attn.k_proj", k),
+                (f"{at}.self_attn.v_proj", k), (f"{at}.self_attn.o_proj", o)]
+        out += ([(f"{at}.mlp.experts", d.mlp)] if n_experts else
+                [(f"{at}.mlp.gate_proj", d.mlp // 3), (f"{at}.mlp.up_proj", d.mlp // 3),
+                 (f"{at}.mlp.down_proj", d.mlp - 2 * (d.mlp // 3))])
+    counted = sum(n for _, n in out)
+    return tuple(out) if counted == linear else (*out, ("model.layers", linear - counted))
+
+
+def _unquantized(cfg: Mapping[str, Any], t: Mapping[str, Any], hf: hfconfig.HfShape | None,
+                 d: _Dims, n_experts: int, linear: int) -> tuple[int, tuple[str, ...]]:
+    """(linear parameters a ModelOpt checkpoint leaves at 16 bits, notes): its exclusion list
+    (quantization.modelopt_unquantized) against the model's linear modules, transformers'
+    where it built the model, else named from the fields (:func:`_field_modules`). The LM
+    head, embeddings and towers are not among them: they are sized at 16 bits already."""
+    exclusions = quantization.modelopt_unquantized(cfg, t)
+    if exclusions is None:
+        return 0, ()
+    if exclusions.every:
+        return linear, exclusions.notes
+    if not exclusions.patterns:
+        return 0, exclusions.notes
+    modules = hf.linear_modules if hf and hf.linear_modules else _field_modules(d, n_experts,
+                                                                                 linear)
+    return min(linear, quantization.unquantized_params(exclusions, modules)), exclusions.notes
 
 
 def _dense_matrices(d: _Dims, intermediate: int, linear: int) -> dict[tuple[int, int], int]:
@@ -600,6 +645,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     params = sp.linear + sp.other
     growth = (quantization.LoadGrowth(0, 0) if n_experts
               else _load_growth(cfg, t, d, sp.linear))
+    unquantized, notes = _unquantized(cfg, t, hf, d, n_experts, sp.linear)
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,
@@ -622,7 +668,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         active_params=int(params - sp.inactive),
         weight_bytes=_weight_bytes(sp, hf, d, bits, overhead,
                                    _DTYPE_BYTES.get(dtype, 2), n_experts, per_token,
-                                   quantization.experts_only(cfg, t)) + growth.total,
+                                   quantization.experts_only(cfg, t),
+                                   unquantized) + growth.total,
         dtype="float16"
         if method in ("awq", "gptq")
         else ("bfloat16" if dtype in ("float32", "float") else dtype),
@@ -648,6 +695,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         recurrent_state_bytes=_recurrent_state_bytes(hf, t, model_type),
         load_growth_bytes=growth.total,
         machete_zero_bytes=growth.machete_zeros,
+        notes=notes,
     )
 
 

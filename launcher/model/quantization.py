@@ -5,8 +5,9 @@ them on a card (:func:`mixed_input_gemm`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 
@@ -37,7 +38,9 @@ def read(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[str | None, floa
         # OCP MX: 4-bit values and one 8-bit shared scale per 32 (gpt-oss quantizes only its
         # experts this way; spec_from_config keeps the other layers at 16 bits)
         return "mxfp4", 4.0, 1 / 32
-    if method == "modelopt":  # NVIDIA ModelOpt: quant_algo FP8, or NVFP4 (an FP8 scale per 16)
+    if method.startswith("modelopt"):  # NVIDIA ModelOpt: quant_algo FP8, or NVFP4 (an FP8
+        # scale per 16); vLLM names its NVFP4 config "modelopt_fp4" and takes any method so
+        # begun as ModelOpt's (ModelOptQuantConfigBase._extract_modelopt_quant_algo)
         return ("modelopt", *_modelopt_bits(_modelopt_algo(q), q))
     if method == "bitsandbytes":
         return "bitsandbytes", 4.0 if q.get("load_in_4bit") is True else 8.0, 0.0
@@ -90,6 +93,141 @@ def experts_only(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> bool:
     ignore = q.get("ignore")
     return (method == "compressed-tensors" and isinstance(ignore, list)
             and any(isinstance(i, str) and "self_attn" in i for i in ignore))
+
+
+# ------------------------------------------------ what a ModelOpt checkpoint leaves unquantized
+
+
+@dataclass(frozen=True)
+class Unquantized:
+    """The modules a ModelOpt checkpoint names as left unquantized (its exclusion list), which
+    vLLM loads at 16 bits (UnquantizedLinearMethod), matched as vLLM 0.32 matches them (see
+    :meth:`excludes`). ``every``: the list could not be read, so every quantizable layer is
+    taken at 16 bits (the larger size; vLLM refuses such a list at start-up). ``notes``: why an
+    entry was not read as vLLM would, one line each."""
+
+    patterns: tuple[str, ...] = ()
+    every: bool = False
+    notes: tuple[str, ...] = ()
+
+    def excludes(self, module: str) -> bool:
+        """Whether vLLM loads ``module`` (its checkpoint name, e.g.
+        ``model.layers.0.self_attn.q_proj``; a mixture's experts as the one module
+        ``model.layers.0.mlp.experts``) unquantized, by the rules of
+        ModelOptQuantConfigBase.is_layer_excluded (vllm/model_executor/layers/quantization/
+        modelopt.py): an entry equal to the module's name or to its fused name (q/k/v_proj ->
+        qkv_proj, gate/up_proj -> gate_up_proj: is_layer_skipped's exact match); an entry
+        found anywhere in the name (its substring rule for older ModelOpt exports, also with
+        a leading ``language_model.`` dropped); an entry that matches the name as a
+        shell-style wildcard (fnmatch); and for an experts module, any entry that holds its
+        name (is_layer_skipped's experts rule: one excluded expert excludes the fused MoE).
+        Where the model class has an hf_to_vllm_mapper vLLM first rewrites ``X*`` as ``X``
+        and ``X.*`` (apply_vllm_mapper); whether it has one depends on the class, so both
+        readings are taken, the module excluded if either excludes it (the larger size)."""
+        if self.every:
+            return True
+        names = _aliases(module)
+        return any(_entry_excludes(entry, name) for entry in self._entries() for name in names)
+
+    def _entries(self) -> tuple[str, ...]:
+        out = list(self.patterns)
+        for p in self.patterns:  # apply_vllm_mapper's rewrite of a trailing "*"
+            if len(p) >= 2 and p[-1] == "*" and p[-2] != ".":
+                out += [p[:-1], p[:-1] + ".*"]
+        return tuple(out)
+
+
+# vLLM fuses these checkpoint modules into one layer and matches the fused name too
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+# A multimodal model's language model is named ``model.language_model.`` by transformers 5 and
+# ``language_model.model.`` in older checkpoints (and vLLM's own classes): an exclusion
+# written against either names the same layers
+_LANGUAGE_MODEL = ("model.language_model.", "language_model.model.")
+
+
+def _aliases(module: str) -> tuple[str, ...]:
+    """``module``'s name as vLLM may see it: itself, its fused layer's, and the other spelling
+    of a multimodal model's language model."""
+    names = [module]
+    head, _, last = module.rpartition(".")
+    if last in _FUSED:
+        names.append(f"{head}.{_FUSED[last]}" if head else _FUSED[last])
+    for a, b in (_LANGUAGE_MODEL, _LANGUAGE_MODEL[::-1]):
+        names += [n.replace(a, b, 1) for n in list(names) if n.startswith(a)]
+    return tuple(names)
+
+
+def _entry_excludes(entry: str, name: str) -> bool:
+    """One exclusion entry against one spelling of a module's name (see Unquantized.excludes)."""
+    if entry == name or entry in name or fnmatchcase(name, entry):
+        return True
+    if name.startswith("language_model.") and entry in name.removeprefix("language_model."):
+        return True
+    # a mixture's experts (one fused layer in vLLM): excluded where an entry names one of them
+    # (is_layer_skipped takes any module named with "experts" so)
+    return "experts" in name and "experts" in entry and name in entry
+
+
+def modelopt_unquantized(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> Unquantized | None:
+    """The modules a ModelOpt checkpoint leaves unquantized, read where vLLM reads them
+    (ModelOptQuantConfigBase.from_config): the ``exclude_modules`` of its ``quantization``
+    block (hf_quant_config.json, or a copy of it in config.json), else config.json's own
+    ``ignore`` list. None for any other checkpoint. Total: a list or entry that cannot be
+    read gives the larger size and a note, never an exception.
+
+    A top-level ``exclude_modules`` beside no ``quantization`` block is not where vLLM looks
+    (it then quantizes those modules, and a checkpoint that stores them at 16 bits does not
+    load); it is read too, with a note, as the larger size."""
+    q = cfg.get("quantization_config") or t.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if not (method.startswith("modelopt") or ("quant_method" not in q and _modelopt_produced(q))):
+        return None
+    notes: list[str] = []
+    if "quantization" in q:
+        inner = q.get("quantization")
+        if not isinstance(inner, Mapping):
+            return Unquantized(every=True, notes=(
+                "ModelOpt's quantization block is not an object (vLLM refuses it): every "
+                "layer sized at 16 bits",))
+        lists = [("exclude_modules", inner.get("exclude_modules", []))]
+    else:
+        lists = [("ignore", q.get("ignore", []))]
+        if "exclude_modules" in q:
+            lists.append(("exclude_modules", q.get("exclude_modules")))
+            notes.append("exclude_modules outside a quantization block is not read by vLLM "
+                         "(it reads 'ignore' there); its modules are sized at 16 bits, the "
+                         "checkpoint's as stored")
+    patterns: list[str] = []
+    for key, value in lists:
+        if not isinstance(value, list):
+            return Unquantized(every=True, notes=(*notes, (
+                f"ModelOpt's {key} is a {type(value).__name__}, not a list (vLLM refuses it): "
+                "every layer sized at 16 bits"),))
+        odd = [v for v in value if not isinstance(v, str)]
+        if odd:
+            return Unquantized(every=True, notes=(*notes, (
+                f"ModelOpt's {key} holds {len(odd)} "
+                f"{'entry' if len(odd) == 1 else 'entries'} other than a module name "
+                f"({_short(odd[0])}; vLLM fails on it): every layer sized at 16 bits"),))
+        if "" in value:
+            notes.append(f"ModelOpt's {key} holds an empty entry, which vLLM finds in every "
+                         "module's name (its substring rule): every layer sized at 16 bits")
+        patterns += value
+    return Unquantized(tuple(patterns), False, tuple(notes))
+
+
+def unquantized_params(exclusions: Unquantized, modules: Iterable[tuple[str, int]]) -> int:
+    """The parameters of ``modules`` ((name, parameters) of each quantizable layer) that
+    ``exclusions`` leaves at 16 bits."""
+    return sum(n for name, n in modules if exclusions.excludes(name))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _modelopt_produced(q: Mapping[str, Any]) -> bool:

@@ -224,6 +224,7 @@ def describe_plan(topo: Topology, links: Links, m: ModelSpec, policy: Policy, ch
         *describe_topology(topo, links, chosen.gpus),
         *topo.notes,
         describe_model(m),
+        *m.notes,
         *describe_choice(chosen, cands, policy),
         *out,
         *describe_speed_source(chosen.kernel_table),
