@@ -159,16 +159,27 @@ def test_client_leaving_during_its_body_sends_nothing_upstream(proxy: ProxyProc,
     assert httpx.get(proxy.url + "/health").status_code == 200
 
 
+def queued_now(url: str) -> str:
+    return next(line for line in httpx.get(url + "/metrics").text.splitlines()
+                if line.startswith("toposerve_requests_queued "))
+
+
 def test_client_leaving_while_queued_frees_its_place(spawn_proxy: SpawnProxy, sim_url: str) -> None:
     p = spawn_proxy([sim_url], "--max-in-flight", "1", "--max-queue", "4")
-    sim_control(sim_url, ttft=0.5)
+    # The engine holds the first request in its slot until the queued client has left and the
+    # proxy has let go of its place, however slow the machine: held for a fixed 0.5 s instead,
+    # a test process held up between the queued request and its close let the slot free first,
+    # and the queued request was sent to the engine (generations 3).
+    sim_control(sim_url, hold=True)
     holder = threading.Thread(target=httpx.post, args=(p.url + "/v1/completions",),
-                              kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 10})
+                              kwargs={"json": {"prompt": "x", "max_tokens": 1}, "timeout": 30})
     holder.start()
     assert wait_for(lambda: sim_stats(sim_url)["running"] == 1)
     queued = _raw(p.url, _request({"prompt": "x", "max_tokens": 1}))
-    time.sleep(0.1)
+    assert wait_for(lambda: queued_now(p.url) == "toposerve_requests_queued 1.0")
     queued.close()
+    assert wait_for(lambda: queued_now(p.url) == "toposerve_requests_queued 0.0")
+    sim_control(sim_url, hold=False)
     holder.join()
     r = httpx.post(p.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
     assert r.status_code == 200
