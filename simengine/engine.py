@@ -17,11 +17,13 @@ Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/messages, /v1/res
 (vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total,
 vllm:generation_tokens_total), /version, and for tests /sim/stats (GET), /sim/reset (POST),
 /sim/control (POST JSON: fault, healthy, health_delay, refuse (true or seconds), ttft,
-itl, hold).
+itl, hold, let_go).
 ``hold: true`` holds every generation before its first token (headers not sent yet), as vLLM's
 /pause does, until ``hold: false`` lets them all go, each from that instant (``t0`` then; its
 ``ttft`` counts from there): a test holds requests in flight for exactly as long as it needs
-them there, instead of giving them a ttft long enough for a loaded machine.
+them there, instead of giving them a ttft long enough for a loaded machine. ``let_go: true``
+lets the held ones go the same way and keeps holding those that come after (a client's
+requests answered group by group: no moment without the hold between two groups).
 Faults: see simengine.faults.
 
 It is a raw asyncio protocol with httptools, one timer callback per token and pre-rendered byte
@@ -150,10 +152,14 @@ class SimEngine:
         """Hold generations before their first token (``on``), or let every held one go now."""
         self.holding = on
         if not on:
-            held, self.held = self.held, []
-            now = asyncio.get_running_loop().time()
-            for generation in held:
-                generation.release(now)
+            self.let_go()
+
+    def let_go(self) -> None:
+        """Let every held generation go now; a hold that is on stays on for those after."""
+        held, self.held = self.held, []
+        now = asyncio.get_running_loop().time()
+        for generation in held:
+            generation.release(now)
 
     def protocol_factory(self) -> _Connection:
         return _Connection(self)
@@ -312,6 +318,8 @@ def _control(eng: SimEngine, conn: _Connection, req: _Request) -> None:
         eng.itl = float(body.get("itl", eng.itl))
         if "hold" in body:
             eng.hold(bool(body["hold"]))
+        if body.get("let_go") is True:
+            eng.let_go()
     except (FaultSpecError, TypeError, ValueError) as exc:
         _error(conn, 400, str(exc))
         return
@@ -469,6 +477,9 @@ class _Generation:
         if self.eng.holding:
             self.eng.held.append(self)
             return
+        self._go()
+
+    def _go(self) -> None:
         self.first = self.t0 + self.eng.ttft
         self.itl = self.eng.itl
         if self.plan.stream:
@@ -479,8 +490,10 @@ class _Generation:
 
     def release(self, now: float) -> None:
         """Let a held generation go: its first token ``ttft`` after ``now``."""
+        if self.done:
+            return
         self.t0 = now
-        self._begin(now)
+        self._go()
 
     def _last_time(self) -> float:
         fault = self.plan.fault

@@ -131,6 +131,39 @@ def test_held_generations_start_when_let_go_and_not_before() -> None:
         assert times == pytest.approx([t0 + 1.0 + TTFT + k * ITL for k in range(5)], abs=1e-9)
 
 
+async def _let_go_then_held_on_a_virtual_clock() -> tuple[float, list[float], list[float]]:
+    """A stream sent while the engine holds, let go at 1 s with the hold kept on; a second one
+    sent at 2 s, held until the hold ends at 3 s: (t0, each one's token times)."""
+    from tests.server.virtual_clock import VirtualClockLoop
+
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualClockLoop)
+    engine = build_app(SimConfig(ttft=TTFT, itl=ITL))
+    engine.hold(True)
+    server = await loop.create_server(engine.protocol_factory, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    t0 = loop.time()
+    loop.call_at(t0 + 1.0, engine.let_go)
+    loop.call_at(t0 + 3.0, engine.hold, False)
+    body = {"prompt": "x", "max_tokens": 5, "ignore_eos": True, "stream": True}
+
+    async def later() -> list[float]:
+        await asyncio.sleep(2.0)
+        return await _timed_stream(port, body)
+
+    try:
+        first, second = await asyncio.gather(_timed_stream(port, body), later())
+    finally:
+        server.close()
+    return t0, first, second
+
+
+def test_let_go_starts_the_held_generations_and_keeps_holding_the_next_ones() -> None:
+    t0, first, second = virtual_clock.run(_let_go_then_held_on_a_virtual_clock())
+    assert first == pytest.approx([t0 + 1.0 + TTFT + k * ITL for k in range(5)], abs=1e-9)
+    assert second == pytest.approx([t0 + 3.0 + TTFT + k * ITL for k in range(5)], abs=1e-9)
+
+
 @pytest.mark.parametrize(("chat", "usage"), [(True, True), (True, False), (False, True),
                                              (False, False)])
 def test_stream_has_vllm_shape(sim_url: str, chat: bool, usage: bool) -> None:
