@@ -285,6 +285,11 @@ def served_utils(topo: Path) -> dict[str, float]:
 PLAN_ENV_DROPPED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE",
                     "TOPOSERVE_HOST_FREE_GIB", "XDG_CACHE_HOME")
 
+# the vLLM every table's engine ran (78 logged starts of results/2026-12-0*: "version 0.26.0"),
+# whose CUDA-graph rule the machine's plans assumed; not the CPU build installed here, which
+# leaves a GPU engine's release unknown (launcher/engine/detect.py served_vllm)
+TABLES_VLLM = "0.26.0"
+
 
 def plan_env(env: Mapping[str, str], cache: Path) -> dict[str, str]:
     """``env`` for a replayed plan: without :data:`PLAN_ENV_DROPPED`, its cache ``cache``
@@ -292,7 +297,7 @@ def plan_env(env: Mapping[str, str], cache: Path) -> dict[str, str]:
     ~/.cache/toposerve, whose `probe --measure` host timing a plan would take as the serving
     host's)."""
     return {**{k: v for k, v in env.items() if k not in PLAN_ENV_DROPPED},
-            "TOPOSERVE_CACHE": str(cache)}
+            "TOPOSERVE_CACHE": str(cache), "TOPOSERVE_VLLM_VERSION": TABLES_VLLM}
 
 
 def plan_line(case: str, scen: str, model: str, util: float, topo: Path,

@@ -156,8 +156,11 @@ def replanned(script: str, case: str, scen: str, out: Path, host: Path | None,
     the runs they recorded."""
     args = plan_args(case, scen, out, host)
     cache = out / "cache"
-    env = {**os.environ, **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {}),
-           **(extra_env or {})}
+    import issue22_now
+
+    # the tables' vLLM (issue22_now.TABLES_VLLM), as issue22_now.py's plans are made
+    env = {**os.environ, "TOPOSERVE_VLLM_VERSION": issue22_now.TABLES_VLLM,
+           **({"TOPOSERVE_CACHE": str(cache)} if cache.is_dir() else {}), **(extra_env or {})}
     with tempfile.TemporaryDirectory() as tmp:
         rec = Path(tmp) / "runs.json"
         got = subprocess.run([sys.executable, script, "--inner", str(rec), *args], cwd=ROOT,

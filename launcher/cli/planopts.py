@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from launcher.cli import agentopts, argtypes
+from launcher.engine import detect
 from launcher.engine.enginecmd import NodePlace
 from launcher.engine.vllmflags import last_value
 from launcher.errors import LauncherError, PlanError
@@ -105,6 +106,7 @@ def policy_from_args(args: argparse.Namespace, extra: Sequence[str] | None = Non
         fp8_weights=fp8_weights,
         cpu_offload_gib=offload,
         graph_tokens=engine_graph_tokens(flags),
+        vllm=detect.served_vllm(os.environ),
     )
 
 

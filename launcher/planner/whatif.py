@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import memfit
+from launcher.planner.cudagraphs import Requested
 from launcher.planner.plantypes import MIN_CONTEXT, Candidate, gib, label
 from launcher.probe.topology import Gpu
 
@@ -48,24 +49,28 @@ def _context(
     *,
     kv_bytes: int = 2,
     offload: float = 0.0,
+    graphs: Requested | None = None,
 ) -> int:
-    # the offloaded weights counted where every plan counts them: memfit.fit
-    f = memfit.fit(m, gpus, tp, pp, util, kv_bytes, offload)
+    # the offloaded weights counted where every plan counts them: memfit.fit, with the served
+    # engine's graphs on these GPUs (None: vLLM's default, and the logged release's rule)
+    on = graphs.on(g.cc for g in gpus) if graphs is not None else None
+    f = memfit.fit(m, gpus, tp, pp, util, kv_bytes, offload, on)
     return f.context if f.kv_budget > 0 else 0
 
 
 def options(
     m: ModelSpec, gpus: Sequence[Gpu], best: Candidate, util: float, wanted: int,
-    kv_bytes: int = 2,
+    kv_bytes: int = 2, *, graphs: Requested | None = None,
 ) -> list[Option]:
     """Alternatives to the closest candidate ``best`` (on ``gpus``), each with its context;
-    ``kv_bytes`` 1 when the KV cache is FP8 already (then it is not offered again)."""
+    ``kv_bytes`` 1 when the KV cache is FP8 already (then it is not offered again); ``graphs``:
+    the served engine's (Policy.cuda_graphs; None: vLLM's default), as the plan sized them."""
     tp, pp = best.tp, best.pp
     used = [g for g in gpus if g.index in best.gpus] or list(gpus)
     out: list[Option] = []
     where = label(best)
     if m.weight_bits > 8:
-        ctx = _context(variant(m, 8.0), used, tp, pp, util, kv_bytes=kv_bytes)
+        ctx = _context(variant(m, 8.0), used, tp, pp, util, kv_bytes=kv_bytes, graphs=graphs)
         out.append(
             Option(
                 f"FP8 weights (~{gib(variant(m, 8.0).weight_bytes)} GiB: `-- --quantization "
@@ -74,21 +79,21 @@ def options(
             )
         )
     if kv_bytes == 2:
-        ctx = _context(m, used, tp, pp, util, kv_bytes=1)
+        ctx = _context(m, used, tp, pp, util, kv_bytes=1, graphs=graphs)
         out.append(Option(f"an FP8 KV cache (`-- --kv-cache-dtype fp8`) on {where}", ctx))
     if m.weight_bits > 4:
         v = variant(m, 4.0)
         out.append(
             Option(
                 f"a 4-bit AWQ/GPTQ variant (~{gib(v.weight_bytes)} GiB) on {where}",
-                _context(v, used, tp, pp, util, kv_bytes=kv_bytes),
+                _context(v, used, tp, pp, util, kv_bytes=kv_bytes, graphs=graphs),
             )
         )
     card = min(gpus, key=lambda g: g.memory_bytes)
     for k in TP_SIZES:
         if k <= len(gpus) or m.num_heads % k:
             continue
-        ctx = _context(m, [card] * k, k, 1, util, kv_bytes=kv_bytes)
+        ctx = _context(m, [card] * k, k, 1, util, kv_bytes=kv_bytes, graphs=graphs)
         if ctx >= min(wanted, m.max_position_embeddings):
             out.append(Option(f"{k} GPUs like these as TP={k}", ctx))
             break
@@ -103,7 +108,8 @@ def options(
     if 0 < short <= held:
         more = min(float(-(-short // GIB)), math.floor(held / GIB * 10) / 10)
         gb = round(f.offload / GIB + more, 1)
-        ctx = _context(m, used, tp, pp, util, kv_bytes=kv_bytes, offload=gb * GIB)
+        ctx = _context(m, used, tp, pp, util, kv_bytes=kv_bytes, offload=gb * GIB,
+                       graphs=graphs)
         out.append(
             Option(
                 f"CPU offload of {gb:g} GiB of weights per GPU "

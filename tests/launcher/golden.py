@@ -69,7 +69,10 @@ def argv(topology: Path, model: Path, workload: str,
 
 @contextlib.contextmanager
 def pinned_machine() -> Iterator[None]:
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    # The GPU engine's vLLM: the release the golden GPU plans assume (the lent H200 and H100's
+    # 0.26, whose CUDA-graph rule memfit's figures were checked on), not the build installed here
+    # (engine/detect.served_vllm; a CPU build would leave the GPU engine's unknown).
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TOPOSERVE_VLLM_VERSION": "0.26.0"}
     for key in ("HOME", "XDG_CACHE_HOME", "HF_HOME"):  # where the model-shape cache lives
         if key in os.environ:
             env[key] = os.environ[key]

@@ -199,6 +199,9 @@ def test_a_replayed_plan_reads_nothing_of_this_host(env: dict[str, str]) -> None
     ~/.cache/toposerve, which a plan would take for the serving host's)."""
     got = NOW.plan_env(env, Path("/replay/cache"))
     assert got["TOPOSERVE_CACHE"] == "/replay/cache"
+    # the GPU engine's vLLM is the one the tables ran, not this host's installed build
+    assert got["TOPOSERVE_VLLM_VERSION"] == NOW.TABLES_VLLM == "0.26.0"
     assert not set(got) & set(NOW.PLAN_ENV_DROPPED)
-    assert {k: v for k, v in env.items() if k not in (*NOW.PLAN_ENV_DROPPED, "TOPOSERVE_CACHE")} \
-        == {k: v for k, v in got.items() if k != "TOPOSERVE_CACHE"}
+    set_here = (*NOW.PLAN_ENV_DROPPED, "TOPOSERVE_CACHE", "TOPOSERVE_VLLM_VERSION")
+    assert {k: v for k, v in env.items() if k not in set_here} \
+        == {k: v for k, v in got.items() if k not in set_here}
