@@ -292,6 +292,11 @@ class LinkHub:
     def close(self) -> None:
         self._closing.set()
         if self._server is not None:
+            # shut down first: on Linux close() alone leaves the socket listening while the
+            # accept loop's thread is blocked in accept() (the call holds it open), so the port
+            # went on taking connections and could not be bound again; shutdown wakes accept()
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
         with self._lock:
             for link in self._links.values():

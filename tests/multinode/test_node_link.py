@@ -116,6 +116,20 @@ def test_a_head_that_goes_away_is_noticed_by_the_node() -> None:
     assert lost == [{"lost": f"the head at 127.0.0.1:{h.port} closed the node link"}]
 
 
+def test_a_closed_hub_stops_listening_and_its_port_can_be_bound_again() -> None:
+    import socket
+
+    h = LinkHub("127.0.0.1", free_port(), HEAD, SECRET)
+    h.start()
+    socket.create_connection(("127.0.0.1", h.port), timeout=5).close()  # its accept loop is up
+    h.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", h.port), timeout=5)
+    again = LinkHub("127.0.0.1", h.port, HEAD, SECRET)
+    again.start()  # a restarted head listens on the same master port + 1
+    again.close()
+
+
 def test_an_unreachable_head_is_one_line_naming_address_port_and_what_to_check() -> None:
     port = free_port()  # nothing listens there
     waits: list[float] = []

@@ -3,6 +3,7 @@ holds (its descriptors, its memory), and a stand-in engine on a raw socket."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -267,6 +268,8 @@ def stand_in_engine(**settings: Any) -> Iterator[StandIn]:
         yield engine
     finally:
         stop.set()
+        with contextlib.suppress(OSError):  # wakes the accept loop, which close() alone does not
+            server.shutdown(socket.SHUT_RDWR)
         server.close()
 
 
@@ -335,6 +338,8 @@ def scripted_engine(script: Script) -> Iterator[str]:
         yield url
     finally:
         stop.set()
+        with contextlib.suppress(OSError):  # wakes the accept loop, which close() alone does not
+            server.shutdown(socket.SHUT_RDWR)
         server.close()
 
 
