@@ -12,9 +12,8 @@ from typing import Any
 from launcher.cli import argtypes, planopts
 from launcher.engine import nodesecret
 from launcher.engine.enginecmd import NodePlace
-from launcher.engine.planfile import agent_to_json, plan_to_json
 from launcher.engine.render import Rendered
-from launcher.pipeline.run import Planned, plan_and_render, render_at
+from launcher.pipeline.run import Planned, plan_and_render, plan_file, render_at
 from launcher.planner.costmodel import Prediction
 from launcher.planner.loadsim import SimulatedPrediction
 from launcher.planner.plan import Candidate, Plan
@@ -43,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
     planned = plan_and_render(planopts.plan_request(args, engine), os.environ)
     nodes = node_commands(args, planned)
     if args.json:
-        out = plan_to_json(planned.plan, planned.rendered)
-        if planned.agent is not None:
-            out["agent"] = agent_to_json(planned.agent)
+        out = plan_file(planned)  # what `serve --plan` reads back
         if nodes:
             out["node_commands"] = [
                 {"node_rank": r, "serve": serve, "argv": list(e.argv), "env": e.env}

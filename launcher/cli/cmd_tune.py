@@ -31,12 +31,11 @@ from rich.table import Table
 from launcher.cli import argtypes, planopts
 from launcher.cli.apikeys import collect_api_keys
 from launcher.engine.launchspec import LaunchSpec
-from launcher.engine.planfile import agent_to_json, plan_to_json
 from launcher.engine.serve import Runner, StopCut, StopRequested, Supervision
 from launcher.errors import LauncherError
 from launcher.model import tinymodel
 from launcher.pipeline.requests import EngineRequest, ServeRequest
-from launcher.pipeline.run import Planned, launch_spec, plan_and_render
+from launcher.pipeline.run import Planned, launch_spec, plan_and_render, plan_file
 from launcher.planner.plantypes import Workload
 from launcher.tune.loop import (
     OBJECTIVES,
@@ -251,9 +250,7 @@ def candidate_request(args: argparse.Namespace, cand: CandidateSpec,
 def tuned_plan_json(planned: Planned) -> dict[str, Any]:
     """The candidate's plan as `launcher plan --json` prints it for the same options (the
     command tune measured, rendered once), plus its vLLM flags for `serve --plan`."""
-    data = plan_to_json(planned.plan, planned.rendered)
-    if planned.agent is not None:
-        data["agent"] = agent_to_json(planned.agent)
+    data = plan_file(planned)
     data["vllm_extra_args"] = list(planned.extra_args)
     return data
 

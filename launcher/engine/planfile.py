@@ -6,8 +6,9 @@ file and give a plan or a one-line PlanError naming the field that is wrong. Pur
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from launcher.engine.render import Rendered
@@ -291,6 +292,74 @@ def agent_to_json(ap: AgentPlan) -> dict[str, Any]:
         "flags": [list(f.words) for f in ap.flags],
         "flag_reasons": [f.why for f in ap.flags],
     }
+
+
+EMBEDDED_MODEL = "embedded"  # model_ref of a plan made for the embedded tiny model (no --model)
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """The model a plan file was made for, recorded beside the plan by `plan --json` and `tune`,
+    so that `serve --plan FILE` serves that model (and refuses another)."""
+
+    # what vLLM was given: an absolute folder, a hub id, or EMBEDDED_MODEL; None: not recorded
+    # (a file written before the record was, or by hand)
+    ref: str | None
+    name: str  # the plan's own `model`: the folder's name or the hub id ("" where none)
+    revision: str | None = None  # the hub revision it was planned at
+    served_name: str | None = None
+    config_sha256: str | None = None  # of the config.json the plan was sized from
+
+
+def model_to_json(m: SavedModel) -> dict[str, Any]:
+    """The record's fields of a plan file (the name is the plan's own ``model``)."""
+    return {"model_ref": m.ref, "revision": m.revision, "served_name": m.served_name,
+            "config_sha256": m.config_sha256}
+
+
+def _shown(value: object) -> str:
+    """A value of the file in an error line: quoted, escaped, and short."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _plain(value: object, key: str) -> str:
+    """A string a command line can carry and an error line can show: no control characters,
+    line breaks or lone surrogates (none of which a folder name vLLM can load or a hub id has)."""
+    if not isinstance(value, str) or not value or any(
+            unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") for c in value):
+        raise _BadPlan(f"{key} must be a non-empty string of printable text, not {_shown(value)}")
+    return value
+
+
+def _model_ref(value: object) -> str:
+    ref = _plain(value, "model_ref")
+    org, _, name = ref.partition("/")
+    hub_id = ref.count("/") == 1 and org and name and not ref.startswith((".", "~"))
+    if ref != EMBEDDED_MODEL and not ref.startswith("/") and not hub_id:
+        raise _BadPlan(f"model_ref must be an absolute model folder, a hub id (org/name) or "
+                       f"{EMBEDDED_MODEL!r}, not {_shown(ref)}")
+    return ref
+
+
+def saved_model(d: Mapping[str, Any]) -> SavedModel:
+    """The model record of a plan file (:func:`model_to_json`); a PlanError in one line, naming
+    the field, for a record that is not one."""
+    try:
+        name = _text(d, "model", "")
+        if "model_ref" not in d:
+            return SavedModel(None, name)
+        revision, served, digest = (d.get(k) for k in ("revision", "served_name",
+                                                         "config_sha256"))
+        if digest is not None and not (isinstance(digest, str) and len(digest) == 64 and all(
+                c in "0123456789abcdef" for c in digest)):
+            raise _BadPlan(f"config_sha256 must be 64 hex digits, not {_shown(digest)}")
+        return SavedModel(_model_ref(d["model_ref"]), name,
+                          None if revision is None else _plain(revision, "revision"),
+                          None if served is None else _plain(served, "served_name"), digest)
+    except _BadPlan as exc:
+        raise PlanError(f"not a plan written by `launcher plan --json` ({exc}); write one with "
+                        "`launcher plan --model M --json > plan.json`") from None
 
 
 SAVED_AGENT_FLAG = "the agent plan saved in the plan file asks for it"

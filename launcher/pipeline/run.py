@@ -8,9 +8,11 @@ prints is the one `serve` runs and the one `tune` measures and writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,7 +24,17 @@ from launcher.engine import supervise
 from launcher.engine.enginecmd import NodePlace
 from launcher.engine.extras import EngineExtras, media_protection
 from launcher.engine.launchspec import LaunchSpec, ReplicaSpec, replica_specs
-from launcher.engine.planfile import plan_from_json, saved_agent_flags, saved_extra_args
+from launcher.engine.planfile import (
+    EMBEDDED_MODEL,
+    SavedModel,
+    agent_to_json,
+    model_to_json,
+    plan_from_json,
+    plan_to_json,
+    saved_agent_flags,
+    saved_extra_args,
+    saved_model,
+)
 from launcher.engine.render import Rendered, render
 from launcher.engine.vllmflags import OptionalFlag, installed_engine_flags, last_value
 from launcher.errors import LauncherError, ModelError, PlanError
@@ -78,10 +90,16 @@ def plan_and_render(request: PlanRequest, env: Mapping[str, str]) -> Planned:
     """The plan ``request`` asks for (or the saved one it names) and the engine command(s) that
     run it. ``env``: the launcher's environment (NVML's CUDA_VISIBLE_DEVICES, the cache, the
     user's VLLM_* settings)."""
+    saved: dict[str, Any] | None = None
+    noted: tuple[str, ...] = ()
+    if request.saved_plan is not None:  # read once: the model it names and the plan it holds
+        saved = read_plan_file(request.saved_plan)
+        request, noted = with_saved_model(request, saved)
     model_ref, default_name = resolve_model(request.model)
     model = load_model_spec(model_ref, revision=request.revision)
     topo = load_topology(request.topology, env)
-    chosen = choose(request, model, topo, env)
+    chosen = choose(request, model, topo, env, saved)
+    chosen = replace(chosen, notes=(*noted, *chosen.notes))
     engine = request.engine
     check_engine_group(chosen.plan, engine.place, engine.ray_address)
     port = engine.port if engine.port is not None else supervise.free_port(engine.host,
@@ -111,10 +129,13 @@ def render_at(planned: Planned, place: NodePlace | None) -> Rendered:
 
 
 def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
-           env: Mapping[str, str]) -> Chosen:
-    """The saved plan ``request`` names, or a new one planned for it."""
+           env: Mapping[str, str], saved: Mapping[str, Any] | None = None) -> Chosen:
+    """The saved plan ``request`` names (``saved``: its file, where already read), or a new one
+    planned for it."""
     if request.saved_plan is not None:
-        return read_saved_plan(request.saved_plan, topo, refuse_elsewhere=request.refuse_elsewhere)
+        data = read_plan_file(request.saved_plan) if saved is None else saved
+        return read_saved_plan(data, request.saved_plan, topo,
+                               refuse_elsewhere=request.refuse_elsewhere)
     # this model's kernel tables kept on this machine (`probe --measure --model`): plan, serve
     # and tune all plan with them, so that each runs the plan the others show
     tables, unusable = kerneltables.cached(model, topo, env)
@@ -160,16 +181,119 @@ def plan_with_agent(topo: Topology, model: ModelSpec, policy: Policy, ask: Agent
     return replace(final, reasons=(*kept, *ap.reasons)), ap
 
 
-def read_saved_plan(path: Path, topo: Topology, *, refuse_elsewhere: bool) -> Chosen:
-    """A plan file (`launcher plan --json`, `launcher tune`) as the plan to serve: its plan,
-    the vLLM flags a tuned plan won with and the flags of the agent plan it was made for."""
-    saved = read_plan_file(path)
+def read_saved_plan(saved: Mapping[str, Any], path: Path, topo: Topology, *,
+                    refuse_elsewhere: bool) -> Chosen:
+    """A plan file (`launcher plan --json`, `launcher tune`) read from ``path`` as the plan to
+    serve: its plan, the vLLM flags a tuned plan won with and the flags of the agent plan it was
+    made for."""
     chosen = plan_from_json(saved)
     elsewhere = plan_not_for_here(chosen, topo, path)
     if elsewhere and refuse_elsewhere:
         raise LauncherError(elsewhere)
     return Chosen(chosen, None, saved_agent_flags(saved), saved_extra_args(saved),
                   (elsewhere,) if elsewhere else ())
+
+
+def plan_file(planned: Planned) -> dict[str, Any]:
+    """The plan file `plan --json` prints and `tune` writes: the plan, the command(s) it
+    renders, the agent plan it was made for, and the model it was made for (which `serve --plan
+    FILE` serves, and checks a --model against)."""
+    data = plan_to_json(planned.plan, planned.rendered)
+    embedded = planned.request.model is None
+    data.update(model_to_json(SavedModel(
+        EMBEDDED_MODEL if embedded else planned.model_ref, planned.plan.model,
+        planned.request.revision, planned.served_name,
+        None if embedded else config_digest(planned.model.path))))
+    if planned.agent is not None:
+        data["agent"] = agent_to_json(planned.agent)
+    return data
+
+
+def config_digest(folder: str | None) -> str | None:
+    """sha256 of the config.json in ``folder`` (what the planner sized the model from), or None
+    where there is none to read."""
+    try:
+        return None if folder is None else hashlib.sha256(
+            (Path(folder) / "config.json").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+# the embedded model's folder name, which a plan file of an earlier release records as its model
+EMBEDDED_NAME = tinymodel.model_dir(Path(), tinymodel.TinyRecipe()).name
+
+
+def with_saved_model(request: PlanRequest,
+                     saved: Mapping[str, Any]) -> tuple[PlanRequest, tuple[str, ...]]:
+    """`serve --plan FILE`'s request for the model the file was made for: without --model that
+    model (at its revision, under its served name unless one is given); with --model, the same
+    model, else refused in one line (a note under --dry-run, as for a plan made for other GPUs).
+
+    The same model: the same folder (however --model reaches it) or hub id and revision; or a
+    copy of the folder elsewhere (the same folder name and config.json bytes: a node of a group
+    keeps its copy where it likes). A hub id and a local folder are never taken for each other,
+    though the folder be a snapshot of it: which revision a folder holds is not checked."""
+    path = request.saved_plan
+    m = saved_model(saved)
+    if m.ref is None:  # a file of an earlier release (or written by hand): the model's name only
+        if request.model is None:
+            if m.name != EMBEDDED_NAME:
+                named = f" (it names {m.name!r})" if m.name else ""
+                raise LauncherError(
+                    f"the plan {path} does not record which model it was made for{named}: pass "
+                    "that model with --model, or make the plan again (`launcher plan --model M "
+                    f"--json > {path}`)")
+            return request, ()
+        given = resolve_model(request.model)[1]
+        if m.name and given != m.name:
+            return _other_model(request, m.name, request.model, "")  # only names to compare
+        return request, ()
+    planned = None if m.ref == EMBEDDED_MODEL else m.ref
+    if request.model is None and planned is not None and planned.startswith("/") \
+            and not Path(planned).exists():
+        raise ModelError(
+            f"the plan {path} was made for the model at {planned}, which is not on this "
+            "machine: pass --model with this machine's copy of it, or make the plan here "
+            f"(`launcher plan --model M --json > {path}`)")
+    asked = request.model if request.model is not None else planned
+    given_ref = resolve_model(asked)[0]  # the one check of a model reference
+    if asked is None or (m.ref == EMBEDDED_MODEL
+                         and given_ref == str(tinymodel.ensure_tiny_model())):
+        given_ref = EMBEDDED_MODEL
+    revision = request.revision or m.revision
+    if given_ref != m.ref or revision != m.revision:
+        if not (given_ref.startswith("/") and m.ref.startswith("/") and revision is None
+                and Path(given_ref).name == Path(m.ref).name and m.config_sha256 is not None
+                and config_digest(given_ref) == m.config_sha256):
+            if request.model is None:  # the plan's own reference reaches another model now
+                raise LauncherError(
+                    f"the plan {path} was made for {m.ref}, which here is {given_ref}: make the "
+                    f"plan here (`launcher plan --model M --json > {path}`)")
+            hub_vs_local = given_ref.startswith("/") != m.ref.startswith("/")
+            why = (" (a local folder is not taken for a hub model, nor the other way: which "
+                   "revision a folder holds is not checked)" if hub_vs_local else "")
+            desc = ("the embedded model" if m.ref == EMBEDDED_MODEL
+                    else m.ref + (f" at revision {m.revision}" if m.revision else ""))
+            given = request.model + (f" --revision {request.revision}" if request.revision
+                                     else "")
+            return _other_model(request, desc, given, why)
+        revision = None  # a copy of the folder: no revision, as the plan had none
+    engine = request.engine
+    if engine.served_name is None and m.served_name is not None:
+        engine = replace(engine, served_name=m.served_name)
+    return replace(request, model=asked, revision=revision, engine=engine), ()
+
+
+def _other_model(request: PlanRequest, planned: str, given: str,
+                 why: str) -> tuple[PlanRequest, tuple[str, ...]]:
+    """A --model that is not the model the plan file was made for: refused, or the note of a
+    dry run."""
+    line = (f"the plan {request.saved_plan} was made for {planned}, not --model {given}{why}: "
+            f"make a plan for that model (`launcher plan --model {shlex.quote(request.model or '')}"
+            f" --json > {request.saved_plan}`) or drop --model to serve the plan's own")
+    if request.refuse_elsewhere:
+        raise LauncherError(line)
+    return request, (line,)
 
 
 def resolve_model(ref: str | None) -> tuple[str, str]:
