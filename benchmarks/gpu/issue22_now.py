@@ -34,6 +34,12 @@ the machine's, so each table is kept under OUT_DIR/cache with its key's versions
 this checkout's (device and driver as timed, the --topology's driver must be the table's; the
 shape as timed unless this checkout's step shape of the model has changed, whose new ops then
 come from the roofline) and the plans run with TOPOSERVE_CACHE there.
+
+Each plan simulates the load its scenario's run measured: the requests loadgen's config in
+RESULTS_DIR/CASE/SCENARIO.json counted (:func:`recorded_load`; tables 5 and 6 measured 64 at 32
+streams, 2 a stream, where loadgen's default and the planner's simulation have 4 a stream), by
+the planner's own simulation with its requests per stream set to the record's
+(:data:`PLAN_AT`); a record that names no count is planned as today, with a printed note.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import sys
 import tarfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -300,12 +307,90 @@ def plan_env(env: Mapping[str, str], cache: Path) -> dict[str, str]:
             "TOPOSERVE_CACHE": str(cache), "TOPOSERVE_VLLM_VERSION": TABLES_VLLM}
 
 
+@dataclass(frozen=True)
+class RecordedLoad:
+    """What a scenario's loadgen run measured, from its record's config: ``requests`` measured
+    (None: the config names none, loadgen's default of its release), ``warmup`` unmeasured
+    requests before them (None: not recorded), at ``concurrency`` streams."""
+
+    requests: int | None
+    warmup: int | None
+    concurrency: int | None
+
+
+def recorded_load(results: Path, case: str, scen: str) -> RecordedLoad | None:
+    """The load RESULTS/CASE/SCEN.json's run measured (its loadgen ``config``); None where the
+    scenario has no such record (the depth scenarios' runs are saved as depth-cold/-cached)."""
+    path = results / case / f"{scen}.json"
+    try:
+        config = json.loads(path.read_text()).get("config")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+
+    def count(key: str) -> int | None:
+        v = config.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    return RecordedLoad(count("requests"), count("warmup"), count("concurrency"))
+
+
+def scenario_streams(scen: str) -> int | None:
+    """The streams a scenario plans for (its --concurrency), None for one without (agent)."""
+    args = SCENARIOS[scen]
+    return int(args[args.index("--concurrency") + 1]) if "--concurrency" in args else None
+
+
+def requests_per_stream(load: RecordedLoad | None, scen: str) -> tuple[int | None, str]:
+    """The requests per stream a plan of ``scen`` simulates to be the run ``load`` measured,
+    and the line saying so; None (the planner's own, loadgen's default of 4 a stream) where
+    the record names no count. loadgen's warm-up is sent and answered before the measured
+    requests start (loadgen/api.py), and the planner simulates a warm engine, so the recorded
+    warm-up is said, not simulated. A count the streams do not divide evenly has no closed
+    loop of equal streams in the planner's simulation: refused, not rounded."""
+    streams = scenario_streams(scen)
+    if streams is None:
+        return None, f"{scen}: not a loadgen run at a concurrency; planned as today"
+    if load is None or load.requests is None:
+        return None, (f"{scen}: the record names no measured request count; planned as today "
+                      "(the planner's default per stream)")
+    if load.concurrency not in (None, streams):
+        raise SystemExit(f"{scen}: the record ran {load.concurrency} streams, the scenario "
+                         f"plans {streams}")
+    per, left = divmod(load.requests, streams)
+    if left or per < 1:
+        raise SystemExit(f"{scen}: {load.requests} measured requests over {streams} streams "
+                         "is no whole number a stream; the simulation sends equal streams")
+    warm = "not recorded" if load.warmup is None else f"{load.warmup} (not simulated: warm engine)"
+    return per, f"{scen}: {load.requests} measured requests ({per} a stream), warm-up {warm}"
+
+
+# `launcher plan` with the planner's simulation sending argv[1] requests a stream
+# (loadsim.LOADGEN_REQUESTS_PER_STREAM, which every simulated run and the plan's line read when
+# they run): the same simulation, at the count the record measured
+PLAN_AT = ("import sys\n"
+           "from launcher.planner import loadsim\n"
+           "loadsim.LOADGEN_REQUESTS_PER_STREAM = int(sys.argv.pop(1))\n"
+           "from launcher.cli.main import main\n"
+           "sys.exit(main())\n")
+
+
+def plan_command(per_stream: int | None) -> list[str]:
+    """The command a replayed plan starts with: `launcher plan`, sending ``per_stream``
+    requests a stream where given (:data:`PLAN_AT`)."""
+    if per_stream is None:
+        return [sys.executable, "-m", "launcher", "plan"]
+    return [sys.executable, "-c", PLAN_AT, str(per_stream), "plan"]
+
+
 def plan_line(case: str, scen: str, model: str, util: float, topo: Path,
               host: Path | None, compilation: str,
-              cache: Path) -> str:
+              cache: Path, per_stream: int | None = None) -> str:
     """One plan's line as issue22-table.sh's predict writes it, planned with ``cache`` as its
-    TOPOSERVE_CACHE (:func:`plan_env`)."""
-    cmd = [sys.executable, "-m", "launcher", "plan", "--json", "--model", str(MODELS / model),
+    TOPOSERVE_CACHE (:func:`plan_env`) and ``per_stream`` requests a stream (None: the
+    planner's default; :func:`requests_per_stream`)."""
+    cmd = [*plan_command(per_stream), "--json", "--model", str(MODELS / model),
            "--topology", str(topo), "--tp", "1", "--pp", "1", "--dp", "1",
            "--gpu-memory-utilization", str(util), *SCENARIOS[scen],
            *(["--host-timing", str(host)] if host else []),
@@ -382,13 +467,19 @@ def main() -> int:
         link = args.out / case
         if (args.results / case).is_dir() and not link.exists():
             link.symlink_to((args.results / case).resolve())
+    # each plan at the request count its scenario's run measured
+    per_stream: dict[tuple[str, str], int | None] = {}
+    for case, scen in jobs:
+        per_stream[case, scen], said = requests_per_stream(
+            recorded_load(args.results, case, scen), scen)
+        print(f"{case} {said}")
     with ThreadPoolExecutor(2) as pool:
         lines = list(pool.map(lambda j: plan_line(j[0], j[1], issue22_table.MODEL[j[0]],
                                                   util[j[0]], topologies.get(j[0], topology),
                                                   hosts.get(j[0]),
                                                   args.compilation_config
                                                   or ranges.get(j[0], RUNS_COMPILATION),
-                                                  cache),
+                                                  cache, per_stream[j]),
                                    jobs))
     (args.out / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} plans -> {args.out / 'predictions.jsonl'}")

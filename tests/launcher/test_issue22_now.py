@@ -205,3 +205,57 @@ def test_a_replayed_plan_reads_nothing_of_this_host(env: dict[str, str]) -> None
     set_here = (*NOW.PLAN_ENV_DROPPED, "TOPOSERVE_CACHE", "TOPOSERVE_VLLM_VERSION")
     assert {k: v for k, v in env.items() if k not in set_here} \
         == {k: v for k, v in got.items() if k not in set_here}
+
+
+T6 = REPO / "benchmarks" / "gpu" / "results" / "2026-12-03-h200-table6"
+
+
+def _record(tmp_path: Path, config: dict[str, Any]) -> Path:
+    (tmp_path / "case").mkdir()
+    (tmp_path / "case" / "c32.json").write_text(json.dumps({"config": config}))
+    return tmp_path
+
+
+def test_table_6s_32_streams_are_replayed_at_the_64_requests_it_measured() -> None:
+    """Helper 130: tables 5 and 6 measured 64 requests at 32 streams (2 a stream, after 32
+    warm-up), where the planner's simulation sends loadgen's default of 4 a stream; a replay at
+    128 scored their TTFT against a run they did not make."""
+    load = NOW.recorded_load(T6, "qwen17", "c32")
+    assert load == NOW.RecordedLoad(requests=64, warmup=32, concurrency=32)
+    per, said = NOW.requests_per_stream(load, "c32")
+    assert per == 2
+    assert "64 measured requests" in said
+    cmd = NOW.plan_command(per)
+    assert cmd[cmd.index(NOW.PLAN_AT) + 1:][:2] == ["2", "plan"]
+
+
+def test_a_record_with_64_requests_is_simulated_with_64(tmp_path: Path) -> None:
+    """The count reaches the planner's own simulation: the replayed plan's load_requests and
+    its line say 64, not the default's 128."""
+    results = _record(tmp_path, {"requests": 64, "warmup": 32, "concurrency": 32})
+    per, _ = NOW.requests_per_stream(NOW.recorded_load(results, "case", "c32"), "c32")
+    line = json.loads(NOW.plan_line("case", "c32", "qwen3-1.7b-shape", 0.3,
+                                    NOW.machine_topology(H200, tmp_path), None,
+                                    NOW.RUNS_COMPILATION, tmp_path / "cache", per))
+    assert line.get("load_requests") == 64, line
+
+
+def test_a_record_without_a_count_is_planned_as_today(tmp_path: Path) -> None:
+    results = _record(tmp_path, {"requests": None, "warmup": None, "concurrency": 32})
+    per, said = NOW.requests_per_stream(NOW.recorded_load(results, "case", "c32"), "c32")
+    assert per is None
+    assert "planned as today" in said
+    assert NOW.plan_command(None)[1:] == ["-m", "launcher", "plan"]
+    # no record at all (the depth scenarios are saved under other names): the same
+    assert NOW.requests_per_stream(NOW.recorded_load(results, "case", "single"), "single")[0] \
+        is None
+
+
+@pytest.mark.parametrize("config", [{"requests": 50, "concurrency": 32},
+                                    {"requests": 64, "concurrency": 16}])
+def test_a_count_the_simulation_cannot_send_is_refused(tmp_path: Path,
+                                                       config: dict[str, Any]) -> None:
+    """Uneven streams or another concurrency than the scenario's: refused, not rounded."""
+    load = NOW.recorded_load(_record(tmp_path, config), "case", "c32")
+    with pytest.raises(SystemExit):
+        NOW.requests_per_stream(load, "c32")
