@@ -107,6 +107,7 @@ def policy_from_args(args: argparse.Namespace, extra: Sequence[str] | None = Non
         cpu_offload_gib=offload,
         graph_tokens=engine_graph_tokens(flags),
         vllm=detect.served_vllm(os.environ),
+        kv_cache_given=(last_value(flags, "--kv-cache-dtype") or "auto").lower() != "auto",
     )
 
 

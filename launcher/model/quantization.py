@@ -398,3 +398,57 @@ def mixed_input_gemm(cc: tuple[int, int] | None) -> MixedInputGemm:
         f"Marlin: every {MARLIN_ROWS_PER_PASS} rows are their own pass, which streams and "
         "dequantizes all of the weights again" + ("" if cc is None or cc >= MARLIN_MIN_CC else
                                                   " (below 7.5 vLLM has no Marlin: assumed)"))
+
+
+def kv_cache_quantized(cfg: Mapping[str, Any], t: Mapping[str, Any]) -> tuple[int | None,
+                                                                             tuple[str, ...]]:
+    """(bytes per KV element, notes): the KV cache a checkpoint's quantization config asks
+    vLLM's ``--kv-cache-dtype auto`` for, read where vLLM 0.32 reads it; None where it asks for
+    none this planner sizes (the model's dtype then). Total: a key of the wrong shape gives None
+    and a note, never an exception.
+
+    ModelOpt (vllm/utils/torch_utils.get_kv_cache_quant_algo_string): the first set of
+    ``kv_cache_scheme`` and ``kv_cache_quant_algo``, in the ``quantization`` block then at the
+    top; "FP8", or a scheme ``{"dynamic": false, "num_bits": 8, "type": "float"}``, is fp8_e4m3.
+    compressed-tensors (attention.Attention.__init__): any ``kv_cache_scheme`` makes auto fp8;
+    only an 8-bit float one is taken at one byte here, another keeps 2 (the larger) with a note.
+    NVFP4 KV is not sized: 2 bytes, with a note."""
+    q = cfg.get("quantization_config") or t.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None, ()
+    method = str(q.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        scheme = q.get("kv_cache_scheme")
+        if scheme is None:
+            return None, ()
+        if isinstance(scheme, Mapping) and scheme.get("type") == "float" \
+                and scheme.get("num_bits") == 8:
+            return 1, ()
+        return None, (f"compressed-tensors kv_cache_scheme {_short(scheme)} is no 8-bit float "
+                      "scheme (vLLM makes --kv-cache-dtype auto fp8 for any): KV sized at 2 "
+                      "bytes per element, the larger",)
+    if not (method.startswith("modelopt") or ("quant_method" not in q and _modelopt_produced(q))):
+        return None, ()
+    inner = q.get("quantization", q)
+    if not isinstance(inner, Mapping):
+        return None, ()  # vLLM refuses the checkpoint; modelopt_unquantized says so
+    algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme")
+            or inner.get("kv_cache_quant_algo") or q.get("kv_cache_quant_algo"))
+    if not algo:
+        return None, ()
+    if isinstance(algo, Mapping):
+        if algo.get("dynamic") is False and algo.get("num_bits") == 8 \
+                and algo.get("type") == "float":
+            return 1, ()
+        name = "NVFP4" if algo.get("num_bits") == 4 and algo.get("type") == "float" else None
+    elif isinstance(algo, str):
+        if algo.lower() == "fp8":
+            return 1, ()
+        name = "NVFP4" if algo.lower() == "nvfp4" else None
+    else:
+        name = None
+    if name:
+        return None, ("ModelOpt asks for an NVFP4 KV cache, which this planner does not size: "
+                      "KV sized at 2 bytes per element, the larger",)
+    return None, (f"ModelOpt's KV cache setting {_short(algo)} is not one vLLM maps (it keeps "
+                  "the model's dtype): KV sized at 2 bytes per element",)

@@ -44,6 +44,7 @@ from launcher.model.toolcalls import chat_template, lacks_chat_template, tokeniz
 from launcher.pipeline import enginesteps, gpuperfs, hostcosts, kerneltables
 from launcher.pipeline.requests import PlanRequest, ServeRequest
 from launcher.planner.agent import AgentAsk, AgentPlan, agent_plan, agent_policy
+from launcher.planner.kvdtype import checkpoint_kv
 from launcher.planner.plan import Plan, plan
 from launcher.planner.plantypes import Policy
 from launcher.probe.topology import Topology, load_topology
@@ -139,7 +140,8 @@ def choose(request: PlanRequest, model: ModelSpec, topo: Topology,
     # this model's kernel tables kept on this machine (`probe --measure --model`): plan, serve
     # and tune all plan with them, so that each runs the plan the others show
     tables, unusable = kerneltables.cached(model, topo, env)
-    policy = replace(request.policy, kernels=tables)
+    # the KV dtype auto resolves to, before the agent planner sizes its rooms with it
+    policy = checkpoint_kv(replace(request.policy, kernels=tables), model)
     topo = replace(topo, notes=(*topo.notes, *unusable))  # kept tables that cannot be used
     topo = enginesteps.attach(topo, env)  # the CPU engine's step, where probe --measure timed it
     if request.host_timing is not None:  # the serving host's, timed there

@@ -784,7 +784,10 @@ def agent_plan(topo: Topology, m: ModelSpec, policy: Policy, base: Plan, ask: Ag
         options.append(Option("fp8", False, "FP8 KV cache: not proposed on these GPUs (compute "
                               "capability below 8.0 or unknown)"
                               if policy.kv_cache_bytes == 2 else
-                              "FP8 KV cache already asked for (your --kv-cache-dtype)", None))
+                              "FP8 KV cache already asked for (your --kv-cache-dtype)"
+                              if policy.kv_cache_given or m.kv_cache_quantized != 1 else
+                              "FP8 KV cache already in use (the checkpoint asks for it, and "
+                              "vLLM's --kv-cache-dtype auto takes it)", None))
     elif fit8:
         on["fp8"] = r = _best(fit8)
         options.append(Option("fp8", True, f"--kv-cache-dtype {r.kv_dtype}: one byte per KV "

@@ -181,9 +181,23 @@ def user_memory_flags(policy: Policy, m: ModelSpec) -> list[str]:
     if policy.fp8_weights and m.quantization == "fp8":
         out.append(f"--quantization fp8 (your vLLM flag): weights quantized to FP8 at load, "
                    f"{m.weight_bytes / GIB:.1f} GiB")
-    if policy.kv_cache_bytes == 1:
+    asked = m.kv_cache_quantized == 1 and not policy.kv_cache_given
+    auto = families.vllm_auto_kv_bytes(policy.vllm.release, m.kv_cache_quantized)
+    if asked and policy.kv_cache_bytes == 1 and auto == 1:
+        out.append(f"FP8 KV cache: the checkpoint's quantization config asks for one, which vLLM "
+                   f"{policy.vllm.version} takes under --kv-cache-dtype auto: one byte per KV "
+                   "element, twice the context in the same memory")
+    elif policy.kv_cache_bytes == 1:
         out.append("--kv-cache-dtype fp8 (your vLLM flag): one byte per KV element, twice the "
                    "context in the same memory")
+    elif asked and auto is None:
+        served = (f"vLLM {policy.vllm.version}" if policy.vllm.version
+                  else "the served vLLM") + f" ({policy.vllm.read_from})"
+        out.append("KV cache at 2 bytes per element: the checkpoint's quantization config asks "
+                   f"for an FP8 KV cache, but whether {served} takes it under --kv-cache-dtype "
+                   "auto is not known (the rule was read for vLLM "
+                   f"{', '.join('.'.join(map(str, r)) for r in sorted(families.AUTO_KV_RULES))}); "
+                   "passing --kv-cache-dtype fp8 (after --) would double the context")
     if policy.cpu_offload_gib:
         out.append(f"--cpu-offload-gb {policy.cpu_offload_gib:g} (your vLLM flag): that much "
                    "of each GPU's weights stays in CPU memory and crosses PCIe at every step; "

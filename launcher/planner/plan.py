@@ -15,6 +15,7 @@ from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, loadsim, memfit, whatif
 from launcher.planner.explain import describe_model, describe_plan, no_fit, settings
+from launcher.planner.kvdtype import checkpoint_kv
 from launcher.planner.layouts import Links, Shape, best_candidate, shapes, structural_reject
 from launcher.planner.multinode import multinode_candidates, per_node_note
 from launcher.planner.plantypes import (
@@ -196,6 +197,8 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
             "(`sudo nvidia-smi -i 0 -mig 0`, for each GPU, then reset it) or serve one MIG slice "
             "by hand (CUDA_VISIBLE_DEVICES=MIG-<uuid>)"
         )
+    # under --kv-cache-dtype auto, the KV dtype the served vLLM resolves for this checkpoint
+    policy = checkpoint_kv(policy, model)
     links = Links(topology, policy.cuda_graphs)
     if policy.nodes > 1:
         # the best layout on one node first (the same search), for replicas per node against

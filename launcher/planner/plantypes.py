@@ -65,6 +65,9 @@ class Policy:
     # default: the release the planner's figures were logged on): how much of the KV budget
     # its start-up takes for CUDA graphs (families.vllm_graph_estimate, through cuda_graphs)
     vllm: ServedVllm = LOGGED_VLLM
+    # whether kv_cache_bytes is the user's own --kv-cache-dtype (not auto), which always wins;
+    # else auto's, which the served release may resolve to the checkpoint's FP8 (kvdtype)
+    kv_cache_given: bool = False
 
     @property
     def cuda_graphs(self) -> cudagraphs.Requested:
