@@ -33,7 +33,7 @@ memory of its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from launcher.model import families
@@ -521,6 +521,74 @@ def null_block_bytes(m: ModelSpec, kv_dtype_bytes: int = 2, block: int = BLOCK_T
     span = _layers_per_group(sizes)  # a lone type's layers where there is one
     block = state_block_tokens(m, kv_dtype_bytes, block)
     return span * block * attention_token_bytes(m, kv_dtype_bytes)
+
+
+# vLLM's switch for chunked local attention (Llama 4) under its hybrid KV-cache manager
+# (vllm/envs.py). "1": each chunked layer keeps one chunk's blocks (ChunkedLocalAttentionSpec),
+# as this module sizes them. "0": vLLM turns the manager off for the model (vllm/config/vllm.py,
+# VllmConfig.__post_init__'s "latency regression" warning) and then gives every local layer
+# full-attention blocks (vllm/v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs ->
+# _promote_local_kv_cache_specs): the whole context's KV in all of them (:func:`local_kv_promoted`).
+# Its default is "1" in vLLM 0.19.1 and 0.32 (both read in their source) and has been since
+# vllm-project/vllm#29627 (merged 2025-12-16: attention metadata built once across the chunked
+# layers' groups, the regression the "0" default of #21761 stood for), so in 0.26 as well;
+# vllm-project/vllm#46553 asked for "0" again (a ROCm-only regression) and was closed. A plan
+# pins it to "1" (:func:`hybrid_kv_pin`): its context, sized at one chunk a chunked layer, then
+# holds whatever the serving shell or a later vLLM's default says.
+HYBRID_KV_ENV = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
+
+
+def hybrid_kv_allowed(env: Mapping[str, str]) -> bool:
+    """Whether vLLM keeps its hybrid KV-cache manager for a chunked-attention model under
+    ``env``: its own reading of :data:`HYBRID_KV_ENV` (``bool(int(value))``, "1" unset). A value
+    ``int`` cannot read stops vLLM's start; taken as off, the larger cache."""
+    try:
+        return bool(int(env.get(HYBRID_KV_ENV, "1")))
+    except ValueError:
+        return False
+
+
+def local_kv_promoted(m: ModelSpec) -> ModelSpec:
+    """``m``'s KV cache as vLLM holds it with the hybrid KV-cache manager off: where the model
+    has full-attention layers, every sliding-window and chunked layer holds full-attention
+    blocks, the whole context (``_promote_local_kv_cache_specs``; the attention itself still
+    reads only its window or chunk, so this is for sizing the cache, never for timing it), and
+    layers of one shape are then one type, as vLLM groups them. ``m`` itself where every
+    layer is local or none is."""
+    groups = [g for g in m.kv_groups if g.layers]
+    if not any(g.window for g in groups) or all(g.window for g in groups):
+        return m
+    merged: dict[tuple[int, int, bool], int] = {}
+    for g in groups:
+        key = (g.kv_heads, g.head_dim, g.latent)
+        merged[key] = merged.get(key, 0) + g.layers
+    full = tuple(KvGroup(n, heads, dim, latent=latent)
+                 for (heads, dim, latent), n in merged.items())
+    return replace(m, layer_kv=full, sliding_layers=0, sliding_window=None)
+
+
+def kv_as_cached(m: ModelSpec, env: Mapping[str, str]) -> ModelSpec:
+    """``m`` as vLLM's KV cache holds it under ``env``: a chunked-attention model's local layers
+    at full attention unless :func:`hybrid_kv_allowed`; ``m`` itself otherwise."""
+    if not m.chunked_layers or hybrid_kv_allowed(env):
+        return m
+    return local_kv_promoted(m)
+
+
+def hybrid_kv_pin(m: ModelSpec, context: int) -> tuple[dict[str, str], list[str]]:
+    """The environment a plan of ``m`` at ``context`` tokens gives vLLM so that its cache is
+    the one sized here (:data:`HYBRID_KV_ENV` = 1 for a chunked-attention model; nothing for
+    any other), with the reason line."""
+    if not m.chunked_layers:
+        return {}, []
+    whole = local_kv_promoted(m).kv_bytes(context) / max(1, m.kv_bytes(context))
+    return {HYBRID_KV_ENV: "1"}, [
+        f"{HYBRID_KV_ENV}=1 (vLLM's default, pinned): the context is sized with the "
+        f"{m.chunked_layers} chunked-attention layers keeping one {m.attention_chunk:,}-token "
+        f"chunk of KV each (vLLM's hybrid KV-cache manager); with it 0 vLLM turns that manager "
+        f"off and holds the whole context there too, {whole:.1f}x the KV of a {context:,}-token "
+        "request"
+    ]
 
 
 def longest_passing(fits: Callable[[int], bool], hi: int) -> int:

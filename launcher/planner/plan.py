@@ -222,6 +222,9 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     # the chosen layout at the host timing's rounds' speed, where its pace is unsteady
     pace_range, paced = loadsim.host_pace_span(model, policy, topology, chosen)
     env, engine_settings, why = settings(topology, chosen)
+    # the hybrid KV-cache manager the context was sized with (Llama 4's chunked layers)
+    pinned, pin_why = memfit.hybrid_kv_pin(model, chosen.max_model_len or 0)
+    env, why = {**env, **pinned}, [*why, *pin_why]
     if policy.nodes > 1:
         engine_settings = replace(engine_settings, distributed_backend="ray")
     reasons = (*describe_plan(topology, links, model, policy, chosen, cands, why, node_note),

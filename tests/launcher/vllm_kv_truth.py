@@ -58,6 +58,9 @@ class Engine:
     tp: int = 1
     batched_tokens: int = 8192
     in_flight: int = 2  # async scheduling: two batches scheduled before the first settles
+    # vLLM's hybrid KV-cache manager (off: every local layer of a model that also has full
+    # attention is given full-attention blocks, unify_hybrid_kv_cache_specs)
+    hybrid_kv: bool = True
 
 
 def _text(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +97,7 @@ def _config(engine: Engine, max_len: int, ssm_dtype: str) -> Any:
             num_gpu_blocks_override=None, prefix_cache_retention_interval=None,
             kv_cache_layout="LBNHC",
             get_resolved_kv_cache_layout=lambda: _layout("LBNHC")),
-        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+        scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=not engine.hybrid_kv),
         attention_config=SimpleNamespace(hisparse_config=None),
         speculative_config=None,
         device_config=SimpleNamespace(device_type="cuda"),
