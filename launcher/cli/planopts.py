@@ -14,7 +14,7 @@ from launcher.engine.vllmflags import last_value
 from launcher.errors import LauncherError, PlanError
 from launcher.pipeline.requests import EngineRequest, PlanRequest
 from launcher.planner import hardware
-from launcher.planner.plantypes import CPU_KV_CACHE_GIB, WORKLOADS, Policy
+from launcher.planner.plantypes import WORKLOADS, Policy
 from topocommon import jsontext
 
 DEFAULT_MASTER_PORT = 29500  # torch.distributed's usual one
@@ -185,16 +185,16 @@ def _whole(raw: object) -> int | None:
     return raw if isinstance(raw, int) and 0 <= raw <= 1 << 20 else None
 
 
-def cpu_kv_cache_gib(env: Mapping[str, str]) -> float:
-    """The KV cache the CPU engine will get: the user's VLLM_CPU_KVCACHE_SPACE (GiB) when it is a
-    positive number, else what render gives it, so that the planned context is the one vLLM
-    can hold."""
+def cpu_kv_cache_gib(env: Mapping[str, str]) -> float | None:
+    """The user's VLLM_CPU_KVCACHE_SPACE (GiB) when it is a positive number, which the CPU
+    engine will get, so that the planned context is the one vLLM can hold; else None: the plan
+    sizes the cache (plan.cpu_kv_space) and render gives the engine that one."""
     raw = env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
     try:
         value = float(raw)
     except ValueError:
-        return CPU_KV_CACHE_GIB
-    return value if 0 < value < float("inf") else CPU_KV_CACHE_GIB
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:

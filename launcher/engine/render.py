@@ -10,7 +10,7 @@ from launcher.engine.extras import EngineExtras
 from launcher.engine.vllmflags import keep_known
 from launcher.model.toolcalls import choose_tool_parser
 from launcher.planner.plan import Plan
-from launcher.planner.plantypes import CPU_KV_CACHE_GIB
+from launcher.planner.plantypes import CPU_KV_ENV, cpu_kv_cache_gib
 
 
 @dataclass(frozen=True)
@@ -142,10 +142,11 @@ def _cpu_env(plan: Plan, cpu_ids: Sequence[int], user_env: Mapping[str, str],
     if place is not None and place.headless and "VLLM_TARGET_DEVICE" not in user_env:
         # A headless node's process finds no platform by itself on the CPU build.
         env["VLLM_TARGET_DEVICE"] = "cpu"
-    if "VLLM_CPU_KVCACHE_SPACE" not in user_env:
+    if CPU_KV_ENV not in user_env:
         # vLLM's CPU backend reserves --gpu-memory-utilization of *host* memory unless a KV-cache
-        # size is given; on a shared machine that start-up check fails, so we size it.
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{CPU_KV_CACHE_GIB:g}"
+        # size is given; on a shared machine that start-up check fails, so we size it: the cache
+        # the plan sized its context for (plan.cpu_kv_space)
+        env[CPU_KV_ENV] = f"{cpu_kv_cache_gib(plan):g}"
     if "VLLM_USE_AOT_COMPILE" not in user_env:
         # vLLM 0.32's CPU engine (torch >= 2.10 turns AOT compile on) cannot load the AOT
         # artifact it saved ("'function' object has no attribute 'finalize_loading'") and

@@ -50,6 +50,7 @@ from launcher.planner import costmodel, hardware, kernelcost, memfit
 from launcher.planner.asyncsched import vllm_async_scheduling
 from launcher.planner.costmodel import Layout
 from launcher.planner.layouts import Links, candidate_layout
+from launcher.planner.plan import cpu_kv_space as plan_cpu_kv_space
 from launcher.planner.plantypes import Candidate, Plan, Policy, label
 from launcher.planner.schedsim import (
     SchedulerLimits,
@@ -939,7 +940,9 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     here). The sessions fit that cache or the cache must grow, or the context shrink. Where
     ``probe --measure`` timed the served engine here, the sessions' turns go through the
     scheduler's simulation with its timed step (:class:`CpuStep`); else one turn alone."""
-    budget = policy.cpu_kv_cache_gib * GIB
+    # the cache the CPU plan gives the engine (the user's, or sized for the model and host)
+    space = plan_cpu_kv_space(m, policy, topo, policy.nodes).gib
+    budget = space * GIB
     over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores)
     warm = costmodel.predict_cpu(m, policy.cpu_cores, prompt=ask.turn_tokens, gen=1,
                                  concurrency=1, step_overhead_s=over.seconds,
@@ -960,7 +963,7 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     # as on the GPUs: a cache holding one whole turn at least serves the sessions (the evicted
     # prefixes recomputed, the turns waiting for room); one holding none cannot run them
     options = [
-        Option("gpu", held >= 1, f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) "
+        Option("gpu", held >= 1, f"the CPU engine's KV cache ({space:g} GiB) "
                f"holds {held} of {ask.sessions} session(s)"
                + ("" if room.fits else (", the others' prefixes recomputed each turn" if held
                                         else f": not one turn of {ask.request_tokens:,} "
@@ -981,7 +984,7 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
         # as the GPU plan refuses sessions that no layout and no context holds: here the one
         # cache there is can still grow, which is the first fix
         raise ValueError(f"{ask.sessions} session(s) of {ask.request_tokens:,} tokens do not fit "
-                         f"the CPU engine's KV cache ({policy.cpu_kv_cache_gib:g} GiB) even with "
+                         f"the CPU engine's KV cache ({space:g} GiB) even with "
                          f"a short context: set VLLM_CPU_KVCACHE_SPACE={need_gib:g} (GiB of host "
                          "memory) or ask for fewer --sessions")
     choice, why = choose_option(options, ask)  # the GPU plan's rule: shorter only as the last

@@ -670,6 +670,23 @@ def cpu_context(
                            block=CPU_BLOCK_TOKENS, in_flight=CPU_BATCHES_IN_FLIGHT)
 
 
+def cpu_kv_holding(m: ModelSpec, tokens: int, batched_tokens: int = CPU_BATCHED_TOKENS) -> float:
+    """The smallest CPU KV cache whose :func:`cpu_context` is at least ``tokens`` (its inverse):
+    one request of ``tokens`` as vLLM's start-up check counts it (a hybrid's recurrent state
+    included, whatever the length) and the null block, with the margin kept."""
+    kv = (request_kv_bytes(m, tokens, batched_tokens, block=CPU_BLOCK_TOKENS,
+                           in_flight=CPU_BATCHES_IN_FLIGHT)
+          + null_block_bytes(m, block=CPU_BLOCK_TOKENS))
+    return budget_holding(kv, math.inf)
+
+
+def cpu_engine_bytes(m: ModelSpec) -> float:
+    """The CPU engine's own host memory besides its weights and KV cache: the peak of a forward
+    pass of its batched tokens, or of the sampler over its 256 sequences (:func:`activation_bytes`
+    at the CPU server's defaults)."""
+    return activation_bytes(m, 1, EngineLimits(CPU_BATCHED_TOKENS, 256))
+
+
 def pool_blocks(
     m: ModelSpec, kv_bytes: float, kv_dtype_bytes: int = 2, block: int = BLOCK_TOKENS
 ) -> int:

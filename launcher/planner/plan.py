@@ -8,8 +8,9 @@ workloads and keeps the best for the one asked. No NVML, environment, clock or l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, ModelSpec
@@ -19,6 +20,8 @@ from launcher.planner.kvdtype import checkpoint_kv
 from launcher.planner.layouts import Links, Shape, best_candidate, shapes, structural_reject
 from launcher.planner.multinode import multinode_candidates, per_node_note
 from launcher.planner.plantypes import (
+    CPU_KV_CACHE_GIB,
+    CPU_KV_ENV,
     MIN_CONTEXT,
     WORKLOADS,
     Candidate,
@@ -86,14 +89,85 @@ def _check_policy(m: ModelSpec, policy: Policy) -> None:
         )
 
 
-def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
+@dataclass(frozen=True)
+class CpuKv:
+    """The CPU engine's KV cache (VLLM_CPU_KVCACHE_SPACE) and the context it holds."""
+
+    gib: float  # whole GiB unless the user's own: vLLM reads the variable with int()
+    context: int  # memfit.cpu_context of it, or the length asked for
+    why: tuple[str, ...] = ()  # a reason line where the default was not kept
+
+
+def cpu_wanted_context(m: ModelSpec, policy: Policy) -> int:
+    """The context a CPU plan's KV cache must hold: MIN_CONTEXT, or a whole asked request where
+    that is longer, never past the model's positions; an asked --max-model-len shorter than
+    that instead. A longer asked length is passed through as asked (vLLM's own check refuses
+    it and `launcher serve` starts again at the length vLLM names), not sized for."""
+    useful = max(MIN_CONTEXT, policy.prompt_tokens + policy.gen_tokens)
+    if policy.max_model_len:
+        useful = min(useful, policy.max_model_len)
+    return max(1, min(useful, m.max_position_embeddings))
+
+
+def cpu_kv_space(m: ModelSpec, policy: Policy, topo: Topology, nodes: int = 1) -> CpuKv:
+    """The CPU engine's KV cache for ``m``: the user's VLLM_CPU_KVCACHE_SPACE where set, else
+    CPU_KV_CACHE_GIB where that holds :func:`cpu_wanted_context` (a hybrid's recurrent state
+    per sequence included), else the whole GiB that do. Refused (PlanError, one line) where
+    the cache holds less, or where the host's free memory (``topo.host_available_bytes``, when
+    known) cannot take this node's share of the weights, the engine's own peak and a cache per
+    worker. ``nodes``: the machines the layer stages are spread over (one worker per stage)."""
+    wanted = cpu_wanted_context(m, policy)
+    need = memfit.cpu_kv_holding(m, wanted)
+    sized = max(CPU_KV_CACHE_GIB, float(math.ceil(need / GIB)))
+    asked = policy.cpu_kv_cache_gib
+    gib_ = sized if asked is None else asked
+    context = memfit.cpu_context(m, gib_ * GIB)
+    if asked is not None and context < wanted:  # a cache the plan sizes holds it
+        raise PlanError(
+            f"VLLM_CPU_KVCACHE_SPACE={asked:g} holds {context:,} tokens of {m.name} on the CPU "
+            f"engine ({_kv_said(m)}), fewer than the {wanted:,} wanted: set it to {sized:g} "
+            "(GiB of host memory), or unset it and the plan sizes it")
+    workers = max(1, (policy.force_tp or 1) * (policy.force_pp or 1) // nodes)
+    weights = memfit.held_weight_bytes(m) / nodes
+    engine = memfit.cpu_engine_bytes(m)
+    total = weights + engine + workers * gib_ * GIB
+    have = topo.host_available_bytes
+    if have is not None and total > have:
+        raise PlanError(
+            f"{m.name} on the CPU engine needs {total / GIB:.1f} GiB of host memory "
+            f"({weights / GIB:.1f} GiB of weights, {workers * gib_:g} GiB of KV cache for a "
+            f"{wanted:,}-token context ({_kv_said(m)}), {engine / GIB:.1f} GiB of activations) "
+            f"and {have / GIB:.1f} GiB is free: serve a smaller or quantized model, free or add "
+            "RAM, or serve it on a GPU")
+    why: tuple[str, ...] = ()
+    if asked is None and sized > CPU_KV_CACHE_GIB:
+        host = ("host memory free not known" if have is None else
+                f"{total / GIB:.1f} of the host's {have / GIB:.1f} GiB free with the weights")
+        why = (f"CPU KV cache raised to VLLM_CPU_KVCACHE_SPACE={sized:g} ({CPU_KV_CACHE_GIB:g} "
+               f"GiB would hold {memfit.cpu_context(m, CPU_KV_CACHE_GIB * GIB):,} tokens, "
+               f"fewer than the {wanted:,} wanted; {_kv_said(m)}): {host}",)
+    return CpuKv(gib_, policy.max_model_len or context, why)
+
+
+def _kv_said(m: ModelSpec) -> str:
+    """A model's KV need in a few words: its recurrent state per sequence where it has one."""
+    state = memfit.request_kv_bytes(m, 1, memfit.CPU_BATCHED_TOKENS,
+                                    block=memfit.CPU_BLOCK_TOKENS,
+                                    in_flight=memfit.CPU_BATCHES_IN_FLIGHT)
+    return (f"{state / GIB:.2f} GiB a sequence before its first token" if m.recurrent_layers
+            else f"{memfit.cpu_kv_holding(m, MIN_CONTEXT) / GIB:.2f} GiB for "
+            f"{MIN_CONTEXT:,} tokens")
+
+
+def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology, nodes: int = 1) -> Plan:
     # A split asked for on the CPU engine runs as that many CPU worker processes (layer stages
     # over Ray's nodes when --ray-address is given); replicas are not offered on the CPU.
     tp, pp = policy.force_tp or 1, policy.force_pp or 1
     why = structural_reject(m, Shape(tp, pp, 1))
     if why:
         raise PlanError(f"{why.reason}; ask for a split the model allows")
-    context = policy.max_model_len or memfit.cpu_context(m, policy.cpu_kv_cache_gib * GIB)
+    kv = cpu_kv_space(m, policy, topo, nodes)
+    context = kv.context
     over = costmodel.cpu_step_overhead(topo.engine_step, policy.cpu_cores)
     pred = costmodel.predict_cpu(
         m,
@@ -106,7 +180,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         seq_s=over.seq_s,
     )
     measured = kernelcost.cpu_prediction(
-        m, policy.kernels, kv_bytes=policy.cpu_kv_cache_gib * GIB, prompt=policy.prompt_tokens,
+        m, policy.kernels, kv_bytes=kv.gib * GIB, prompt=policy.prompt_tokens,
         gen=policy.gen_tokens, concurrency=policy.streams, step_overhead=over,
     )
     if measured is not None:
@@ -141,6 +215,7 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
          "of DRAM bandwidth: ")
         + f"prefill {pred.prefill_tok_s:.0f} tok/s, decode {pred.decode_tok_s:.1f} tok/s",
         *(() if measured is not None else (over.why,)),
+        *kv.why,
         *split,
     )
     return Plan(
@@ -159,6 +234,8 @@ def _cpu_plan(m: ModelSpec, policy: Policy, topo: Topology) -> Plan:
         family=m.family,
         workload=policy.workload,
         gpu_memory_utilization=policy.gpu_memory_utilization,
+        # the cache the context was sized for: render gives the engine this one
+        env={CPU_KV_ENV: f"{kv.gib:g}"},
     )
 
 
@@ -185,10 +262,11 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
         # vLLM's --quantization fp8 quantizes a 16-bit checkpoint's linear layers at load
         model = replace(whatif.variant(model, 8.0), quantization="fp8")
     if not topology.gpus:
-        if policy.nodes > 1:
+        nodes = policy.nodes
+        if nodes > 1:
             # CPU nodes: one engine process per node, so the layer stages are the nodes.
-            policy = replace(policy, force_pp=policy.force_pp or policy.nodes, nodes=1)
-        return _cpu_plan(model, policy, topology)
+            policy = replace(policy, force_pp=policy.force_pp or nodes, nodes=1)
+        return _cpu_plan(model, policy, topology, nodes)
     # A card in MIG mode is its slices to CUDA, and NCCL joins none: vLLM cannot use it whole.
     usable = [g for g in topology.gpus if not g.mig_enabled]
     if not usable:

@@ -26,10 +26,13 @@ ENGINES: tuple[EngineKind, ...] = get_args(EngineKind)
 MIN_CONTEXT = 4096  # below this a coding agent cannot work; shorter only when asked for
 
 
-# What the CPU engine's KV cache is given unless the user sets VLLM_CPU_KVCACHE_SPACE: vLLM's
-# CPU backend otherwise reserves --gpu-memory-utilization of host memory, which fails on a
-# shared machine.
+# What the CPU engine's KV cache is given unless the user sets VLLM_CPU_KVCACHE_SPACE or the
+# model needs more for its context (plan.cpu_kv_space): vLLM's CPU backend otherwise reserves
+# --gpu-memory-utilization of host memory, which fails on a shared machine.
 CPU_KV_CACHE_GIB = 1.0
+# The variable a CPU plan's env sets to the cache its context was sized for (GiB; vLLM 0.32
+# reads it with int(): platforms/cpu.py), and render gives the engine.
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,9 @@ class Policy:
     max_num_seqs: int = 256
     internode_gbs: float = hardware.DEFAULT_INTERNODE_GBS
     cpu_cores: int = 4  # CPU engine only
-    # CPU engine only: the KV cache it is given (render sets VLLM_CPU_KVCACHE_SPACE to it)
-    cpu_kv_cache_gib: float = CPU_KV_CACHE_GIB
+    # CPU engine only: the user's VLLM_CPU_KVCACHE_SPACE (GiB); None: the plan sizes the cache
+    # (plan.cpu_kv_space) and render sets the variable to what the plan's env says
+    cpu_kv_cache_gib: float | None = None
     # vLLM flags among the user's own (after --) that change what fits: the planner sizes with
     # them instead of refusing what they make fit
     kv_cache_bytes: int = 2  # --kv-cache-dtype fp8*: 1
@@ -220,6 +224,15 @@ class Plan:
     # timing's rounds' speed, (low, high) between the two (loadsim.host_pace_span); its JSON is
     # predicted.host_pace_range. Empty: a steady pace (the figures stand as planned)
     host_pace_range: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def cpu_kv_cache_gib(plan: Plan) -> float:
+    """The KV cache (GiB) a CPU plan's context was sized for: its env's, else (a plan saved
+    before the plan carried it) CPU_KV_CACHE_GIB, the one such a plan was sized for."""
+    try:
+        return float(plan.env.get(CPU_KV_ENV, CPU_KV_CACHE_GIB))
+    except ValueError:
+        return CPU_KV_CACHE_GIB
 
 
 def mode_name(tp: int, pp: int, dp: int) -> Mode:

@@ -10,6 +10,7 @@ from launcher.cli.main import build_parser
 from launcher.cli.planopts import policy_from_args
 from launcher.planner.plantypes import Policy
 from tests.conftest import TOPOLOGIES
+from tests.launcher.paths import MODELS
 
 OPTIONS = ("--model", "m", "--topology", str(TOPOLOGIES / "h200x2-nvlink.nvml.json"),
            "--workload", "throughput", "--concurrency", "4", "--max-model-len", "8192",
@@ -53,17 +54,27 @@ def test_plan_text_names_the_prompt_length_it_predicted_for(
 
 @pytest.mark.parametrize(
     ("value", "gib"),
-    [("0.5", 0.5), ("4", 4.0), (" 2 ", 2.0), ("", 1.0), ("lots", 1.0), ("0", 1.0), ("-3", 1.0),
-     ("inf", 1.0), ("nan", 1.0)],
+    [("0.5", 0.5), ("4", 4.0), (" 2 ", 2.0), ("", None), ("lots", None), ("0", None),
+     ("-3", None), ("inf", None), ("nan", None)],
 )
-def test_the_cpu_plan_sizes_the_kv_cache_the_engine_will_really_get(value: str, gib: float) -> None:
+def test_the_cpu_plan_sizes_the_kv_cache_the_engine_will_really_get(
+        value: str, gib: float | None) -> None:
     from launcher.cli.planopts import cpu_kv_cache_gib
 
+    # None: no usable size of the user's, so the plan sizes the cache and render gives it
     assert cpu_kv_cache_gib({"VLLM_CPU_KVCACHE_SPACE": value}) == gib
 
 
-def test_without_the_variable_the_plan_and_render_agree_on_the_default() -> None:
+def test_without_the_variable_the_plan_sizes_the_cache_and_render_gives_the_engine_that_one(
+) -> None:
     from launcher.cli.planopts import cpu_kv_cache_gib
-    from launcher.planner.plantypes import CPU_KV_CACHE_GIB, Policy
+    from launcher.engine.render import EngineOptions, engine_command
+    from launcher.model.modelspec import load_model_spec
+    from launcher.planner.plan import plan
+    from launcher.planner.plantypes import CPU_KV_ENV, Policy
+    from launcher.probe.topology import Topology
 
-    assert cpu_kv_cache_gib({}) == CPU_KV_CACHE_GIB == Policy().cpu_kv_cache_gib
+    assert cpu_kv_cache_gib({}) is None is Policy().cpu_kv_cache_gib
+    p = plan(Topology(gpus=()), load_model_spec(str(MODELS / "gemma-4-31b")), Policy())
+    assert p.env[CPU_KV_ENV] == "3"  # 1 GiB holds 1,024 of its tokens, 3 the 4,096 wanted
+    assert engine_command(p, "m", EngineOptions(), {}).env[CPU_KV_ENV] == "3"
