@@ -189,12 +189,19 @@ def cpu_kv_cache_gib(env: Mapping[str, str]) -> float | None:
     """The user's VLLM_CPU_KVCACHE_SPACE (GiB) when it is a positive number, which the CPU
     engine will get, so that the planned context is the one vLLM can hold; else None: the plan
     sizes the cache (plan.cpu_kv_space) and render gives the engine that one."""
-    raw = env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
-    try:
-        value = float(raw)
-    except ValueError:
+    raw = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if raw == "":  # vLLM 0.32's CPU platform ignores it empty (platforms/cpu.py)
         return None
-    return value if 0 < value < float("inf") else None
+    try:
+        # and reads any other value with int(): "1.5" or "lots" stops the engine at its start
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise PlanError(f"VLLM_CPU_KVCACHE_SPACE={raw.strip()!r}: vLLM's CPU engine reads it as a "
+                        "whole number of GiB for its KV cache (e.g. 4); set one, or unset it to "
+                        "let the plan size the cache")
+    return float(value)
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:

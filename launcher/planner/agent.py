@@ -958,8 +958,9 @@ def cpu_agent_plan(m: ModelSpec, policy: Policy, ask: AgentAsk, topo: Topology) 
     room = replace(room, held=held)
     sim = _cpu_simulated(m, room, ask, CpuStep(m, policy.cpu_cores, over, over.pair_s or 0.0)
                          ) if over.measured and over.prefill is not None else None
+    # whole GiB: vLLM's CPU platform reads VLLM_CPU_KVCACHE_SPACE with int()
     need_gib = math.ceil(memfit.budget_holding(ask.sessions * room.request_bytes(
-        m, ask.request_tokens), room.cushion) / GIB * 10) / 10
+        m, ask.request_tokens), room.cushion) / GIB)
     # as on the GPUs: a cache holding one whole turn at least serves the sessions (the evicted
     # prefixes recomputed, the turns waiting for room); one holding none cannot run them
     options = [

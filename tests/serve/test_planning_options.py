@@ -52,17 +52,24 @@ def test_plan_text_names_the_prompt_length_it_predicted_for(
     assert "tok/s (3072-token prompt)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("value", "gib"),
-    [("0.5", 0.5), ("4", 4.0), (" 2 ", 2.0), ("", None), ("lots", None), ("0", None),
-     ("-3", None), ("inf", None), ("nan", None)],
-)
+@pytest.mark.parametrize(("value", "gib"), [("4", 4.0), (" 2 ", 2.0), ("", None)])
 def test_the_cpu_plan_sizes_the_kv_cache_the_engine_will_really_get(
         value: str, gib: float | None) -> None:
     from launcher.cli.planopts import cpu_kv_cache_gib
 
-    # None: no usable size of the user's, so the plan sizes the cache and render gives it
+    # None: no size of the user's, so the plan sizes the cache and render gives it
     assert cpu_kv_cache_gib({"VLLM_CPU_KVCACHE_SPACE": value}) == gib
+
+
+@pytest.mark.parametrize("value", ["0.5", "1.5", "lots", "0", "-3", "inf", "nan", "2GiB"])
+def test_a_cpu_kv_space_the_engine_cannot_read_is_refused_in_one_line(value: str) -> None:
+    from launcher.cli.planopts import cpu_kv_cache_gib
+    from launcher.errors import PlanError
+
+    # vLLM's CPU platform reads it with int(): the engine would stop at its start
+    with pytest.raises(PlanError, match="whole number of GiB") as err:
+        cpu_kv_cache_gib({"VLLM_CPU_KVCACHE_SPACE": value})
+    assert "\n" not in str(err.value)
 
 
 def test_without_the_variable_the_plan_sizes_the_cache_and_render_gives_the_engine_that_one(
