@@ -35,10 +35,11 @@ def _tp_pairs(topo: Topology, cand: Candidate) -> list[tuple[int, int]]:
     return out
 
 
-def settings(topo: Topology, cand: Candidate
+def settings(topo: Topology, cand: Candidate, m: ModelSpec
              ) -> tuple[dict[str, str], EngineSettings, list[str]]:
-    """Environment and vLLM settings the chosen layout needs on these links, each with its
-    reason."""
+    """Environment and vLLM settings the chosen layout needs on these links, and the hybrid
+    KV-cache manager ``m``'s context was sized with (memfit.hybrid_kv_pin: Llama 4's chunked
+    layers), each with its reason."""
     env: dict[str, str] = {}
     no_custom_all_reduce = False
     why: list[str] = []
@@ -74,7 +75,9 @@ def settings(topo: Topology, cand: Candidate
                 "VLLM_SKIP_P2P_CHECK=0: GeForce cards with P2P granted (patched driver): "
                 "let vLLM verify that peer copies really arrive before trusting them"
             )
-    return env, EngineSettings(disable_custom_all_reduce=no_custom_all_reduce), why
+    pinned, pin_why = memfit.hybrid_kv_pin(m, cand.max_model_len or 0)
+    return ({**env, **pinned}, EngineSettings(disable_custom_all_reduce=no_custom_all_reduce),
+            [*why, *pin_why])
 
 
 # ------------------------------------------------------------------------------------ reasons

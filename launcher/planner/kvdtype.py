@@ -16,7 +16,7 @@ from launcher.planner.plantypes import Policy
 def checkpoint_kv(policy: Policy, m: ModelSpec) -> Policy:
     """``policy`` with the KV bytes per element the served vLLM's auto gives ``m``: unchanged
     where the user named a dtype, the checkpoint asks for none, or the release's rule is not
-    known. Idempotent, so that each entry (pipeline.run.choose, planner.plan.plan) may apply it."""
+    known. Applied once, by pipeline.run.choose, before the plan and the agent plan read it."""
     if policy.kv_cache_given:
         return policy
     resolved = vllm_auto_kv_bytes(policy.vllm.release, m.kv_cache_quantized)

@@ -16,7 +16,6 @@ from launcher.errors import PlanError
 from launcher.model.modelspec import GIB, ModelSpec
 from launcher.planner import costmodel, hardware, kernelcost, loadsim, memfit, whatif
 from launcher.planner.explain import describe_model, describe_plan, no_fit, settings
-from launcher.planner.kvdtype import checkpoint_kv
 from launcher.planner.layouts import Links, Shape, best_candidate, shapes, structural_reject
 from launcher.planner.multinode import multinode_candidates, per_node_note
 from launcher.planner.plantypes import (
@@ -275,8 +274,6 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
             "(`sudo nvidia-smi -i 0 -mig 0`, for each GPU, then reset it) or serve one MIG slice "
             "by hand (CUDA_VISIBLE_DEVICES=MIG-<uuid>)"
         )
-    # under --kv-cache-dtype auto, the KV dtype the served vLLM resolves for this checkpoint
-    policy = checkpoint_kv(policy, model)
     links = Links(topology, policy.cuda_graphs)
     if policy.nodes > 1:
         # the best layout on one node first (the same search), for replicas per node against
@@ -299,10 +296,7 @@ def plan(topology: Topology, model: ModelSpec, policy: Policy | None = None) -> 
     cands = [chosen if c is picked else c for c in cands]
     # the chosen layout at the host timing's rounds' speed, where its pace is unsteady
     pace_range, paced = loadsim.host_pace_span(model, policy, topology, chosen)
-    env, engine_settings, why = settings(topology, chosen)
-    # the hybrid KV-cache manager the context was sized with (Llama 4's chunked layers)
-    pinned, pin_why = memfit.hybrid_kv_pin(model, chosen.max_model_len or 0)
-    env, why = {**env, **pinned}, [*why, *pin_why]
+    env, engine_settings, why = settings(topology, chosen, model)
     if policy.nodes > 1:
         engine_settings = replace(engine_settings, distributed_backend="ray")
     reasons = (*describe_plan(topology, links, model, policy, chosen, cands, why, node_note),

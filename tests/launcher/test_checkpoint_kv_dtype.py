@@ -20,7 +20,7 @@ from launcher.model.families import ServedVllm
 from launcher.model.modelspec import ModelSpec, spec_from_config
 from launcher.planner.agent import AgentAsk, agent_plan
 from launcher.planner.kvdtype import checkpoint_kv
-from launcher.planner.plan import Policy, plan
+from launcher.planner.plan import Plan, Policy, plan
 from launcher.probe.topology import load_topology
 from tests.launcher.paths import model, topo
 
@@ -43,9 +43,14 @@ def spec(q: dict[str, Any]) -> ModelSpec:
     return spec_from_config({**LLAMA, "quantization_config": q}, "generated")
 
 
+def planned(m: ModelSpec, policy: Policy) -> Plan:
+    """The plan of ``m``, its policy's KV dtype resolved first, as pipeline.run.choose hands it."""
+    return plan(load_topology(PAIR, {}), m, checkpoint_kv(policy, m))
+
+
 def held(m: ModelSpec, policy: Policy) -> int:
     """KV tokens the plan's context is: KV-bound here, so the cache's tokens."""
-    return plan(load_topology(PAIR, {}), m, policy).max_model_len
+    return planned(m, policy).max_model_len
 
 
 def test_a_modelopt_fp8_kv_checkpoint_on_vllm_032_holds_twice_the_kv_tokens() -> None:
@@ -54,7 +59,7 @@ def test_a_modelopt_fp8_kv_checkpoint_on_vllm_032_holds_twice_the_kv_tokens() ->
     on032 = Policy(vllm=V032)
     with_fp8, without = held(asks, on032), held(plain, on032)
     assert 1.8 * without < with_fp8 < 2.2 * without
-    p = plan(load_topology(PAIR, {}), asks, on032)
+    p = planned(asks, on032)
     assert any(r.startswith("FP8 KV cache: the checkpoint's quantization config asks")
                for r in p.reasons)
     assert not any("your vLLM flag" in r for r in p.reasons)
@@ -65,11 +70,11 @@ def test_an_unknown_vllm_release_keeps_2_bytes_and_says_fp8_would_double_the_con
     for served in (UNKNOWN, ServedVllm()):  # none read, and 0.26 (its rule not read)
         policy = Policy(vllm=served)
         assert held(asks, policy) == held(plain, policy)
-        p = plan(load_topology(PAIR, {}), asks, policy)
+        p = planned(asks, policy)
         assert any("asks for an FP8 KV cache" in r and "--kv-cache-dtype fp8" in r
                    and "double the context" in r for r in p.reasons), p.reasons
         assert not any("asks for an FP8 KV cache" in r
-                       for r in plan(load_topology(PAIR, {}), plain, policy).reasons)
+                       for r in planned(plain, policy).reasons)
 
 
 def test_the_users_own_kv_cache_dtype_wins_over_the_checkpoints() -> None:

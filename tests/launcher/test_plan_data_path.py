@@ -138,7 +138,8 @@ def test_a_plans_data_enters_each_planner_stage_once_in_order(
         traces: dict[str, Trace], case: str) -> None:
     t = traces[case]
     assert t.exit == (PlanError.exit_code if case == "no fit" else 0)
-    assert ["plan", *CASES[case][1]] == t.stages
+    # the policy's KV dtype for this checkpoint first (kvdtype), then the plan's stages
+    assert ["kvdtype", "plan", *CASES[case][1]] == t.stages
 
 
 @pytest.mark.parametrize("case", CASES)
