@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from simengine.client import stream
-from simengine.engine import SimConfig, build_app, spawn
+from simengine.engine import SimConfig, SimEngine, build_app, spawn
 from simengine.faults import Fault, FaultSpecError, parse_fault
 from simengine.tokens import messages_token_ids, prompt_token_ids
 from tests.server import virtual_clock
@@ -102,9 +102,12 @@ def test_a_stalled_engine_catches_up_instead_of_drifting() -> None:
     assert times[-1] == pytest.approx(t0 + TTFT + 29 * ITL, abs=1e-9)
 
 
-async def _held_streams_on_a_virtual_clock(n: int, release_at: float
-                                           ) -> tuple[float, list[list[float]]]:
-    """n streams sent while the engine holds, let go ``release_at`` s later: (t0, token times)."""
+HELD_BODY = {"prompt": "x", "max_tokens": 5, "ignore_eos": True, "stream": True}
+
+
+async def _holding_engine() -> tuple[SimEngine, asyncio.Server, int, float]:
+    """A simulated engine holding its generations, served on the virtual clock's loop: (the
+    engine, its server, its port, the loop's time now)."""
     from tests.server.virtual_clock import VirtualClockLoop
 
     loop = asyncio.get_running_loop()
@@ -112,10 +115,15 @@ async def _held_streams_on_a_virtual_clock(n: int, release_at: float
     engine = build_app(SimConfig(ttft=TTFT, itl=ITL))
     engine.hold(True)
     server = await loop.create_server(engine.protocol_factory, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    t0 = loop.time()
-    loop.call_at(t0 + release_at, engine.hold, False)
-    body = {"prompt": "x", "max_tokens": 5, "ignore_eos": True, "stream": True}
+    return engine, server, server.sockets[0].getsockname()[1], loop.time()
+
+
+async def _held_streams_on_a_virtual_clock(n: int, release_at: float
+                                           ) -> tuple[float, list[list[float]]]:
+    """n streams sent while the engine holds, let go ``release_at`` s later: (t0, token times)."""
+    engine, server, port, t0 = await _holding_engine()
+    asyncio.get_running_loop().call_at(t0 + release_at, engine.hold, False)
+    body = HELD_BODY
     try:
         times = await asyncio.gather(*(_timed_stream(port, body) for _ in range(n)))
     finally:
@@ -134,18 +142,11 @@ def test_held_generations_start_when_let_go_and_not_before() -> None:
 async def _let_go_then_held_on_a_virtual_clock() -> tuple[float, list[float], list[float]]:
     """A stream sent while the engine holds, let go at 1 s with the hold kept on; a second one
     sent at 2 s, held until the hold ends at 3 s: (t0, each one's token times)."""
-    from tests.server.virtual_clock import VirtualClockLoop
-
+    engine, server, port, t0 = await _holding_engine()
     loop = asyncio.get_running_loop()
-    assert isinstance(loop, VirtualClockLoop)
-    engine = build_app(SimConfig(ttft=TTFT, itl=ITL))
-    engine.hold(True)
-    server = await loop.create_server(engine.protocol_factory, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    t0 = loop.time()
     loop.call_at(t0 + 1.0, engine.let_go)
     loop.call_at(t0 + 3.0, engine.hold, False)
-    body = {"prompt": "x", "max_tokens": 5, "ignore_eos": True, "stream": True}
+    body = HELD_BODY
 
     async def later() -> list[float]:
         await asyncio.sleep(2.0)
